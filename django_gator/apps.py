@@ -1,0 +1,17 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+from django.utils.module_loading import autodiscover_modules
+
+
+class GatorConfig(AppConfig):
+    name = "django_gator"
+    label = "django_gator"
+    verbose_name = "Background jobs"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django_gator import checks  # noqa: F401 - registers the system checks
+
+        # Like admin.py: every installed app's `jobs` module registers its jobs.
+        autodiscover_modules("jobs")

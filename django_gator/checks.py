@@ -1,0 +1,147 @@
+"""System checks with stable ids: django_gator.E001 ...
+
+E001  USE_TZ is False (database times are UTC; local naive times would shift every schedule).
+E002  GATOR_DATABASE names no configured database.
+E003  A GATOR_* setting has a value of the wrong type or range.
+W001  SQLite without WAL journal mode (readers and the worker would block each other).
+W002  SQLite without IMMEDIATE transactions ("database is locked" escapes atomic blocks).
+E004  MariaDB older than 10.6 or MySQL older than 8.0 (no SKIP LOCKED).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+from django.db import connections
+
+from django_gator import conf
+
+NUMERIC_SETTINGS = {
+    "GATOR_CONCURRENCY": (1, None),
+    "GATOR_POLL_INTERVAL": (0.001, None),
+    "GATOR_HEARTBEAT_INTERVAL": (0.01, None),
+    "GATOR_HEARTBEAT_TIMEOUT": (0.05, None),
+    "GATOR_MAX_RESCUES": (1, None),
+    "GATOR_SHUTDOWN_TIMEOUT": (0, None),
+    "GATOR_MAX_PAYLOAD_BYTES": (2, None),
+    "GATOR_MAX_TRACEBACK_CHARS": (100, None),
+}
+
+
+@checks.register()
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    errors: list[checks.CheckMessage] = []
+    if not settings.USE_TZ:
+        errors.append(
+            checks.Error(
+                "django-gator needs USE_TZ = True.",
+                hint="Job times are stored and compared in UTC; set USE_TZ = True.",
+                id="django_gator.E001",
+            )
+        )
+    alias = conf.database()
+    if alias not in settings.DATABASES:
+        errors.append(
+            checks.Error(
+                f"GATOR_DATABASE = {alias!r} is not a key of DATABASES.",
+                hint=f"Use one of {sorted(settings.DATABASES)}.",
+                id="django_gator.E002",
+            )
+        )
+    for name, (low, high) in NUMERIC_SETTINGS.items():
+        value = conf.get(name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            errors.append(
+                checks.Error(
+                    f"{name} must be a number, got {value!r}.",
+                    id="django_gator.E003",
+                )
+            )
+        elif value < low or (high is not None and value > high):
+            errors.append(
+                checks.Error(
+                    f"{name} = {value!r} is out of range (at least {low}).",
+                    id="django_gator.E003",
+                )
+            )
+    if conf.heartbeat_timeout() <= conf.heartbeat_interval():
+        errors.append(
+            checks.Error(
+                f"GATOR_HEARTBEAT_TIMEOUT ({conf.heartbeat_timeout()}) must be longer than "
+                f"GATOR_HEARTBEAT_INTERVAL ({conf.heartbeat_interval()}).",
+                hint="Use a timeout of several intervals, or live workers will be rescued.",
+                id="django_gator.E003",
+            )
+        )
+    return errors
+
+
+@checks.register(checks.Tags.database)
+def check_database(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    alias = conf.database()
+    if alias not in settings.DATABASES or (databases is not None and alias not in databases):
+        return []
+    connection = connections[alias]
+    if connection.vendor == "sqlite":
+        return _check_sqlite(alias, connection)
+    if connection.vendor == "mysql":
+        return _check_mysql(alias, connection)
+    return []
+
+
+def _check_sqlite(alias: str, connection: Any) -> list[checks.CheckMessage]:
+    messages: list[checks.CheckMessage] = []
+    name = str(connection.settings_dict.get("NAME", ""))
+    if name == ":memory:" or name.startswith("file::memory:"):
+        return messages
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA journal_mode")
+        mode = cursor.fetchone()[0]
+    if str(mode).lower() != "wal":
+        messages.append(
+            checks.Warning(
+                f"SQLite database {alias!r} is in {mode!r} journal mode, not WAL.",
+                hint=(
+                    'Add "init_command": "PRAGMA journal_mode=WAL;" to its OPTIONS, so '
+                    "workers and web requests do not block each other."
+                ),
+                id="django_gator.W001",
+            )
+        )
+    if str(connection.settings_dict.get("OPTIONS", {}).get("transaction_mode", "")).upper() != (
+        "IMMEDIATE"
+    ):
+        messages.append(
+            checks.Warning(
+                f"SQLite database {alias!r} does not use IMMEDIATE transactions.",
+                hint=(
+                    'Add "transaction_mode": "IMMEDIATE" to its OPTIONS; otherwise an atomic() '
+                    'block that dispatches a job can fail with "database is locked" while a '
+                    "worker writes."
+                ),
+                id="django_gator.W002",
+            )
+        )
+    return messages
+
+
+def _check_mysql(alias: str, connection: Any) -> list[checks.CheckMessage]:
+    connection.ensure_connection()
+    if connection.mysql_is_mariadb:
+        minimum, product = (10, 6), "MariaDB"
+    else:
+        minimum, product = (8, 0, 1), "MySQL"
+    version = connection.mysql_version
+    if version < minimum:
+        return [
+            checks.Error(
+                f"{product} {'.'.join(map(str, version))} on {alias!r} has no SKIP LOCKED.",
+                hint=f"django-gator needs {product} {'.'.join(map(str, minimum))} or newer.",
+                id="django_gator.E004",
+            )
+        ]
+    return []

@@ -1,0 +1,88 @@
+"""MySQL 8 / MariaDB 10.6+: SELECT ... FOR UPDATE SKIP LOCKED in a short READ COMMITTED
+transaction, then one UPDATE of the picked ids.
+
+MySQL has no partial indexes, so migration 0002 adds a virtual column ``ready_rank``
+(``-priority`` while the job is waiting or failed, NULL otherwise) and the index
+``(queue, ready_rank, next_execution_at, id)``. The claim walks that index in order and stops
+after ``limit`` rows; without it InnoDB would lock every row it scanned and SKIP LOCKED would
+starve the other workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from django.db import transaction
+
+from django_gator.engines.base import JOB_COLUMNS, ClaimedJob, Engine, InsertRow
+
+READY_INDEX = "gator_job_ready_my"
+
+
+class MySQLEngine(Engine):
+    vendor = "mysql"
+    now_sql = "UTC_TIMESTAMP(6)"
+
+    def json_append_sql(self, column: str) -> str:
+        return f"JSON_ARRAY_APPEND(COALESCE({column}, '[]'), '$', JSON_EXTRACT(%s, '$'))"
+
+    def ready_condition(self) -> str:
+        return "ready_rank IS NOT NULL"
+
+    def insert_jobs(
+        self, rows: Sequence[InsertRow], notify: set[str] | None = None
+    ) -> list[tuple[int, datetime, datetime]]:
+        if self.connection.features.can_return_rows_from_bulk_insert:
+            return super().insert_jobs(rows, notify)
+        # MySQL 8 has no INSERT ... RETURNING: one row at a time, reading the new id.
+        out = []
+        with self.write_transaction() as cursor:
+            for row in rows:
+                cursor.execute(
+                    f"INSERT INTO {self.job_table} (name, args, kwargs, queue, priority, state, "
+                    "attempts, rescues, next_execution_at, created_at, last_error, chain_id, "
+                    "chain_position, chain) VALUES (%s, %s, %s, %s, %s, 'waiting', 0, 0, "
+                    f"COALESCE(%s, {self.now_sql}), {self.now_sql}, '', %s, %s, %s)",
+                    [
+                        row.name,
+                        row.args,
+                        row.kwargs,
+                        row.queue,
+                        row.priority,
+                        self.adapt_dt(row.run_at),
+                        row.chain_id,
+                        row.chain_position,
+                        row.chain,
+                    ],
+                )
+                job_id = cursor.lastrowid
+                cursor.execute(
+                    f"SELECT created_at, next_execution_at FROM {self.job_table} WHERE id = %s",
+                    [job_id],
+                )
+                created_at, next_at = cursor.fetchone()
+                out.append((job_id, self.to_dt(created_at), self.to_dt(next_at)))
+        return out
+
+    def claim(self, worker_id: str, queue: str, limit: int) -> list[ClaimedJob]:
+        select = (
+            f"SELECT {JOB_COLUMNS} FROM {self.job_table} FORCE INDEX ({READY_INDEX})"
+            f" WHERE queue = %s AND ready_rank IS NOT NULL"
+            f" AND next_execution_at <= {self.now_sql}"
+            " ORDER BY ready_rank, next_execution_at, id LIMIT %s FOR UPDATE SKIP LOCKED"
+        )
+        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+            cursor.execute(select, [queue, limit])
+            rows = cursor.fetchall()
+            if not rows:
+                return []
+            ids = [row[0] for row in rows]
+            cursor.execute(
+                f"UPDATE {self.job_table} SET state = 'running', attempts = attempts + 1,"
+                f" reserved_by = %s, locked_at = {self.now_sql},"
+                f" started_at = COALESCE(started_at, {self.now_sql})"
+                f" WHERE id IN ({', '.join(['%s'] * len(ids))})",
+                [worker_id, *ids],
+            )
+        return [self.claimed(row, attempts_offset=1) for row in rows]

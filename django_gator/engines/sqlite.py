@@ -1,0 +1,59 @@
+"""SQLite: one writer at a time. The claim is a single UPDATE ... RETURNING statement, which
+takes SQLite's write lock before it reads, so two workers can never take the same row;
+multi-statement writes run in BEGIN IMMEDIATE transactions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from django_gator.engines.base import JOB_COLUMNS, READY_SQL, ClaimedJob, Engine
+
+
+class SQLiteEngine(Engine):
+    vendor = "sqlite"
+    # The format Django stores (UTC, no zone); '%%' because Django's cursor uses %s params.
+    now_sql = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+    # 9 parameters a row, under SQLite's default limit of 32766 variables.
+    insert_chunk = 3000
+
+    def json_append_sql(self, column: str) -> str:
+        return f"json_insert(COALESCE({column}, '[]'), '$[#]', json(%s))"
+
+    @contextmanager
+    def write_transaction(self) -> Iterator[Any]:
+        connection = self.connection
+        if connection.in_atomic_block:
+            # Part of a caller's transaction (its mode is the caller's choice; see checks.py).
+            with connection.cursor() as cursor:
+                yield cursor
+            return
+        connection.ensure_connection()
+        with connection.cursor() as cursor:
+            # Take the write lock up front: a deferred transaction that reads and then writes
+            # fails with SQLITE_BUSY when another connection wrote in between.
+            cursor.execute("BEGIN IMMEDIATE", [])
+            try:
+                yield cursor
+            except BaseException:
+                cursor.execute("ROLLBACK", [])
+                raise
+            cursor.execute("COMMIT", [])
+
+    def claim(self, worker_id: str, queue: str, limit: int) -> list[ClaimedJob]:
+        sql = (
+            f"UPDATE {self.job_table} SET state = 'running', attempts = attempts + 1,"
+            f" reserved_by = %s, locked_at = {self.now_sql},"
+            f" started_at = COALESCE(started_at, {self.now_sql})"
+            f" WHERE id IN (SELECT id FROM {self.job_table}"
+            f"  WHERE queue = %s AND {READY_SQL} AND next_execution_at <= {self.now_sql}"
+            "  ORDER BY priority DESC, next_execution_at, id LIMIT %s)"
+            f" RETURNING {JOB_COLUMNS}"
+        )
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, [worker_id, queue, limit])
+            rows = cursor.fetchall()
+        jobs = [self.claimed(row) for row in rows]
+        jobs.sort(key=lambda j: (-j.priority, j.id))
+        return jobs

@@ -1,0 +1,35 @@
+"""The exceptions django-gator raises, all under :class:`GatorError`."""
+
+from __future__ import annotations
+
+
+class GatorError(Exception):
+    """Base class of every error raised by django-gator itself."""
+
+
+class JobNotRegistered(GatorError, LookupError):
+    """A job name that is not in the registry (a row from an older deploy, or a typo)."""
+
+    def __init__(self, name: str, suggestions: list[str] | None = None) -> None:
+        self.name = name
+        self.suggestions = suggestions or []
+        message = f"job name {name!r} is not registered"
+        if self.suggestions:
+            message += "; did you mean " + " or ".join(repr(s) for s in self.suggestions) + "?"
+        super().__init__(message)
+
+
+class AlreadyRegistered(GatorError):
+    """Two different classes tried to register under one job name."""
+
+
+class PayloadTooLarge(GatorError, ValueError):
+    """The JSON payload of a job is larger than ``GATOR_MAX_PAYLOAD_BYTES``."""
+
+
+class JobTimeout(GatorError):
+    """A job ran longer than its ``timeout``."""
+
+
+class WorkerLost(GatorError):
+    """The worker running a job stopped heartbeating (killed, frozen or cut off)."""

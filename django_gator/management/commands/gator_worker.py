@@ -1,0 +1,137 @@
+"""``manage.py gator_worker``: run jobs."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_gator import conf
+from django_gator.worker import WorkerProcess
+from django_gator.worker.queues import QueueSpec, parse_queue_spec
+
+
+def queue_spec(text: str) -> QueueSpec:
+    try:
+        return parse_queue_spec(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be zero or more seconds, got {text!r}")
+    return value
+
+
+class Command(BaseCommand):
+    help = "Run background jobs: claim due jobs from the database and run them in threads."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "-q",
+            "--queue",
+            dest="queues",
+            action="append",
+            type=queue_spec,
+            default=[],
+            metavar="NAME[,WEIGHT]",
+            help=(
+                "A queue to work on, with an optional weight (default 1); repeat for more "
+                "queues. With different weights a queue is picked in proportion to its weight "
+                "while several have work. Default: every queue, equally."
+            ),
+        )
+        parser.add_argument(
+            "-c",
+            "--concurrency",
+            type=positive_int,
+            default=None,
+            help="Executor threads (default GATOR_CONCURRENCY, "
+            f"{conf.DEFAULTS['GATOR_CONCURRENCY']}).",
+        )
+        parser.add_argument(
+            "--burst",
+            action="store_true",
+            help="Run what is due now, then exit (for cron, CI and tests).",
+        )
+        parser.add_argument(
+            "--shutdown-timeout",
+            type=seconds,
+            default=None,
+            help="Seconds running jobs get to finish after SIGINT/SIGTERM (default "
+            "GATOR_SHUTDOWN_TIMEOUT).",
+        )
+        parser.add_argument(
+            "--poll-interval",
+            type=seconds,
+            default=None,
+            help="Seconds between looks for due jobs while idle (default GATOR_POLL_INTERVAL).",
+        )
+
+    def handle(
+        self,
+        *,
+        queues: list[QueueSpec],
+        concurrency: int | None,
+        burst: bool,
+        shutdown_timeout: float | None,
+        poll_interval: float | None,
+        verbosity: int,
+        **options: Any,
+    ) -> None:
+        seen: set[str] = set()
+        for spec in queues:
+            if spec.name in seen:
+                raise CommandError(f"queue {spec.name!r} is listed twice", returncode=2)
+            seen.add(spec.name)
+        _configure_logging(verbosity)
+        try:
+            worker = WorkerProcess(
+                queues,
+                concurrency=concurrency,
+                burst=burst,
+                shutdown_timeout=shutdown_timeout,
+                poll_interval=poll_interval,
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc), returncode=2) from None
+        code = worker.run()
+        if worker.forced_exit:
+            # Executor threads are still inside user code; leave without waiting for them.
+            # Their jobs were handed back to `waiting` before this point.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            logging.shutdown()
+            os._exit(code)
+        if code:
+            sys.exit(code)
+
+
+def _configure_logging(verbosity: int) -> None:
+    """Show the worker's log lines unless the project's LOGGING already routes them."""
+    logger = logging.getLogger("django_gator")
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))

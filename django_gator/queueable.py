@@ -1,0 +1,294 @@
+"""Job classes, the ``@job`` decorator and the registry.
+
+The registry maps a job name to its class. It is the only way a row's ``name`` becomes code:
+the worker never imports a module or resolves a dotted path taken from the database, so a
+tampered row can at worst end ``dead`` with "job name ... is not registered".
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import inspect
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from django_gator import validation
+from django_gator.exceptions import AlreadyRegistered, JobNotRegistered
+from django_gator.retry import Interval, Retry
+
+if TYPE_CHECKING:
+    from datetime import datetime, timedelta
+
+    from django_gator.models import Job
+
+#: Keyword names that dispatch() takes for itself; a handler cannot use them as parameters.
+DISPATCH_OPTIONS = frozenset({"wait", "at", "queue", "priority", "on_commit"})
+
+_registry: dict[str, type[Queueable]] = {}
+_registry_lock = threading.Lock()
+
+
+def register(cls: type[Queueable]) -> type[Queueable]:
+    """Add a job class to the registry under ``cls.name``."""
+    name = cls.name
+    with _registry_lock:
+        existing = _registry.get(name)
+        if existing is not None and existing is not cls and not _same_definition(existing, cls):
+            raise AlreadyRegistered(
+                f"job name {name!r} is already registered by {existing.__module__}."
+                f"{existing.__qualname__}; give one of them another `name`"
+            )
+        _registry[name] = cls
+    return cls
+
+
+def _same_definition(a: type, b: type) -> bool:
+    # The same class body executed twice (a module re-imported by the autoreloader or a test).
+    return (a.__module__, a.__qualname__) == (b.__module__, b.__qualname__)
+
+
+def unregister(name: str) -> None:
+    with _registry_lock:
+        _registry.pop(name, None)
+
+
+def get_job_class(name: str) -> type[Queueable]:
+    """The class registered under ``name``; :class:`JobNotRegistered` if there is none."""
+    try:
+        return _registry[name]
+    except (KeyError, TypeError):
+        matches: list[str] = []
+        if isinstance(name, str) and len(name) <= 1000:
+            matches = difflib.get_close_matches(name, list(_registry), n=3)
+        raise JobNotRegistered(name if isinstance(name, str) else repr(name), matches) from None
+
+
+def registered_jobs() -> dict[str, type[Queueable]]:
+    with _registry_lock:
+        return dict(_registry)
+
+
+class Queueable:
+    """Base class of a job: subclass it, write ``handle()``, then ``MyJob.dispatch(...)``.
+
+    Class attributes set the defaults of every dispatch:
+
+    ``name``: the registered job name (default ``"module.QualName"``).
+    ``queue``: queue name (default ``"default"``).
+    ``priority``: -100 to 100, higher runs first within a queue (default 0).
+    ``retry``: a :class:`~django_gator.Retry` policy; None sends a failing job to ``dead``.
+    ``timeout``: seconds a run may take; None for no limit.
+
+    While ``handle()`` runs, ``self.job_id``, ``self.attempt`` (1 for the first run) and
+    ``self.queue`` describe the job being run.
+    """
+
+    name: ClassVar[str]
+    queue: str = "default"
+    priority: ClassVar[int] = 0
+    retry: ClassVar[Retry | None] = None
+    timeout: ClassVar[float | None] = None
+
+    _gator_signature: ClassVar[inspect.Signature]
+
+    def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if abstract:
+            return
+        if "name" not in cls.__dict__:
+            cls.name = f"{cls.__module__}.{cls.__qualname__}"
+        validation.validate_name(cls.name)
+        validation.validate_queue(cls.queue)
+        validation.validate_priority(cls.priority)
+        validation.validate_timeout(cls.timeout)
+        if cls.retry is not None and not isinstance(cls.retry, Retry):
+            raise TypeError(
+                f"{cls.__qualname__}.retry must be a django_gator.Retry or None, got {cls.retry!r}"
+            )
+        if cls.handle is Queueable.handle:
+            raise TypeError(f"{cls.__qualname__} must define handle()")
+        signature = cls._handler_signature()
+        clash = DISPATCH_OPTIONS & {
+            p.name
+            for p in signature.parameters.values()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        }
+        if clash:
+            raise TypeError(
+                f"{cls.__qualname__}.handle() has the parameter(s) {sorted(clash)}, which "
+                f"dispatch() takes as options ({', '.join(sorted(DISPATCH_OPTIONS))}); "
+                "rename them"
+            )
+        cls._gator_signature = signature
+        register(cls)
+
+    @classmethod
+    def _handler_signature(cls) -> inspect.Signature:
+        signature = inspect.signature(cls.handle)
+        # Drop `self`.
+        params = list(signature.parameters.values())[1:]
+        return signature.replace(parameters=params)
+
+    def __init__(self, *, job_id: int | None = None, attempt: int = 1, queue: str | None = None):
+        self.job_id = job_id
+        self.attempt = attempt
+        self.queue = queue if queue is not None else type(self).queue
+
+    def handle(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    def retry_decision(self, exc: BaseException, retry_count: int) -> Interval | bool | None:
+        """Decide what happens after ``handle()`` raised ``exc``.
+
+        Return seconds to wait, ``"exponential"``, or ``False`` to send the job to ``dead``
+        now; ``None`` (the default) applies the class's ``retry`` policy. ``retry_count`` is
+        how many retries the job has had before this failure (0 after the first attempt).
+        The policy's ``max_retries`` still caps the number of retries.
+        """
+        return None
+
+    @classmethod
+    def check_arguments(cls, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        """Raise TypeError if ``handle()`` could not be called with these arguments."""
+        try:
+            cls._gator_signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{cls.name}: arguments do not fit handle(): {exc}") from None
+
+    @classmethod
+    def dispatch(
+        cls,
+        *args: Any,
+        wait: timedelta | float | None = None,
+        at: datetime | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        on_commit: bool | str | None = None,
+        **kwargs: Any,
+    ) -> Job:
+        """Enqueue one run of this job; returns the new :class:`~django_gator.models.Job`."""
+        from django_gator.dispatch import enqueue
+
+        return enqueue(
+            cls,
+            [(args, kwargs)],
+            wait=wait,
+            at=at,
+            queue=queue,
+            priority=priority,
+            on_commit=on_commit,
+        )[0]
+
+    @classmethod
+    def dispatch_many(
+        cls,
+        arguments: Iterable[Sequence[Any] | Mapping[str, Any]],
+        *,
+        wait: timedelta | float | None = None,
+        at: datetime | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        on_commit: bool | str | None = None,
+    ) -> list[Job]:
+        """Enqueue one run per item in a single INSERT; returns the new rows in order.
+
+        Each item is a list of positional arguments, or a dict of keyword arguments.
+        """
+        from django_gator.dispatch import enqueue
+
+        items: list[tuple[Sequence[Any], Mapping[str, Any]]] = []
+        for index, item in enumerate(arguments):
+            if isinstance(item, Mapping):
+                items.append(((), item))
+            elif isinstance(item, list | tuple):
+                items.append((item, {}))
+            else:
+                raise TypeError(
+                    f"dispatch_many() item {index} is a {type(item).__name__}; pass a list of "
+                    "positional arguments or a dict of keyword arguments"
+                )
+        return enqueue(
+            cls, items, wait=wait, at=at, queue=queue, priority=priority, on_commit=on_commit
+        )
+
+
+class FunctionJob(Queueable, abstract=True):
+    """The class ``@job`` builds around a plain function."""
+
+    func: ClassVar[Callable[..., Any]]
+
+    @classmethod
+    def _handler_signature(cls) -> inspect.Signature:
+        return inspect.signature(cls.func)
+
+    def handle(self, *args: Any, **kwargs: Any) -> Any:
+        return type(self).func(*args, **kwargs)
+
+
+class JobFunction:
+    """What ``@job`` returns: still callable as the plain function, plus ``dispatch``."""
+
+    def __init__(self, func: Callable[..., Any], job_class: type[FunctionJob]) -> None:
+        self.func = func
+        self.job_class = job_class
+        self.name = job_class.name
+        functools.update_wrapper(self, func)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.func(*args, **kwargs)
+
+    def dispatch(self, *args: Any, **kwargs: Any) -> Job:
+        return self.job_class.dispatch(*args, **kwargs)
+
+    def dispatch_many(self, arguments: Iterable[Any], **options: Any) -> list[Job]:
+        return self.job_class.dispatch_many(arguments, **options)
+
+    def __repr__(self) -> str:
+        return f"<job {self.name}>"
+
+
+_UNSET: Any = object()
+
+
+def job(
+    func: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    queue: str = _UNSET,
+    priority: int = _UNSET,
+    retry: Retry | None = _UNSET,
+    timeout: float | None = _UNSET,
+) -> Any:
+    """Turn a function into a job: ``@job`` or ``@job(queue="critical", retry=Retry(...))``."""
+
+    def wrap(f: Callable[..., Any]) -> JobFunction:
+        attrs: dict[str, Any] = {
+            "func": staticmethod(f),
+            "__module__": f.__module__,
+            "__qualname__": f.__qualname__,
+            "__doc__": f.__doc__,
+            "name": name or f"{f.__module__}.{f.__qualname__}",
+        }
+        for key, value in (
+            ("queue", queue),
+            ("priority", priority),
+            ("retry", retry),
+            ("timeout", timeout),
+        ):
+            if value is not _UNSET:
+                attrs[key] = value
+        job_class = type(f.__name__, (FunctionJob,), attrs)
+        return JobFunction(f, job_class)
+
+    return wrap(func) if func is not None else wrap
+
+
+def resolve_job_class(target: type[Queueable] | JobFunction) -> type[Queueable]:
+    """Accept a Queueable subclass or a ``@job`` function wherever a job is named."""
+    if isinstance(target, JobFunction):
+        return target.job_class
+    if isinstance(target, type) and issubclass(target, Queueable) and hasattr(target, "name"):
+        return target
+    raise TypeError(f"expected a Queueable subclass or a @job function, got {target!r}")

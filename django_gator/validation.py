@@ -1,0 +1,169 @@
+"""Validation of everything a caller hands to dispatch: arguments, queues, priorities, times.
+
+Errors name the bad value and where it sits (``args[1]['when']``), so the caller can fix
+the call without reading our source.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from django_gator.exceptions import PayloadTooLarge
+
+QUEUE_RE = re.compile(r"[A-Za-z0-9_.:\-]+")
+# Mirrors of the column sizes in models.py (which cannot be imported before apps are ready).
+PRIORITY_MIN = -100
+PRIORITY_MAX = 100
+QUEUE_MAX_LENGTH = 100
+NAME_MAX_LENGTH = 255
+_ATOMS = (str, int, float)
+
+
+def short_repr(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_json(value: object, path: str) -> None:
+    """Raise TypeError unless ``value`` comes back equal from ``json.loads(json.dumps(...))``.
+
+    Accepted: dict with str keys, list, str, int, finite float, bool, None (and subclasses of
+    str, int and float, which compare equal after the trip). Refused with the path and type
+    of the first offender: tuples (they come back as lists), sets, bytes, datetimes, Decimals,
+    model instances, NaN and infinities, and dicts with non-str keys.
+    """
+    stack: list[tuple[object, str]] = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if item is None or isinstance(item, bool | str | int):
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                raise TypeError(
+                    f"{where} is {item!r}, which JSON cannot represent; "
+                    "pass None or a finite number"
+                )
+            continue
+        if type(item) is list:
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
+            continue
+        if type(item) is dict:
+            for key, v in item.items():
+                if not isinstance(key, str):
+                    raise TypeError(
+                        f"{where} has the key {short_repr(key)} of type "
+                        f"{_type_name(key)}; JSON object keys must be str"
+                    )
+                stack.append((v, f"{where}[{key!r}]"))
+            continue
+        hint = " (tuples come back as lists: pass a list)" if isinstance(item, tuple) else ""
+        raise TypeError(
+            f"{where} is a {_type_name(item)} ({short_repr(item)}), which does not round-trip "
+            f"through JSON{hint}; pass JSON-compatible values (str, int, float, bool, None, "
+            "list, dict with str keys), e.g. an id instead of a model instance"
+        )
+
+
+def _type_name(value: object) -> str:
+    cls = type(value)
+    module = cls.__module__
+    return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
+
+
+def dumps(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def encode_payload(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, str]:
+    """Validate and serialize one job's arguments; returns (args_json, kwargs_json)."""
+    args_list = list(args)
+    check_json(args_list, "args")
+    kwargs_dict = dict(kwargs)
+    check_json(kwargs_dict, "kwargs")
+    args_json, kwargs_json = dumps(args_list), dumps(kwargs_dict)
+    limit = int(getattr(settings, "GATOR_MAX_PAYLOAD_BYTES", 1_048_576))
+    size = len(args_json.encode()) + len(kwargs_json.encode())
+    if size > limit:
+        raise PayloadTooLarge(
+            f"job payload is {size} bytes, over GATOR_MAX_PAYLOAD_BYTES={limit}; "
+            "store large data elsewhere and pass its id"
+        )
+    return args_json, kwargs_json
+
+
+def validate_queue(queue: object) -> str:
+    if not isinstance(queue, str):
+        raise ValueError(f"queue name must be a str, got {short_repr(queue)}")
+    if not queue or len(queue) > QUEUE_MAX_LENGTH or not QUEUE_RE.fullmatch(queue):
+        raise ValueError(
+            f"invalid queue name {short_repr(queue)}: use 1 to {QUEUE_MAX_LENGTH} letters, "
+            "digits, '_', '-', '.' or ':'"
+        )
+    return queue
+
+
+def validate_priority(priority: object) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ValueError(f"priority must be an int, got {short_repr(priority)}")
+    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise ValueError(
+            f"priority {priority} is out of range: use {PRIORITY_MIN} to {PRIORITY_MAX}"
+        )
+    return priority
+
+
+def validate_name(name: object) -> str:
+    if not isinstance(name, str) or not name or len(name) > NAME_MAX_LENGTH:
+        raise ValueError(
+            f"job name must be a non-empty str of at most {NAME_MAX_LENGTH} characters, "
+            f"got {short_repr(name)}"
+        )
+    if any(ch in name for ch in "\r\n\x00"):
+        raise ValueError(f"job name must not contain line breaks or NUL: {short_repr(name)}")
+    return name
+
+
+def validate_timeout(timeout: object) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise ValueError(f"timeout must be a number of seconds or None, got {short_repr(timeout)}")
+    if not 0 < timeout < math.inf:
+        raise ValueError(f"timeout must be a positive finite number, got {timeout!r}")
+    return float(timeout)
+
+
+def resolve_when(wait: object = None, at: object = None) -> datetime | None:
+    """Turn ``wait=`` / ``at=`` into an aware datetime, or None for "now, by database time"."""
+    if wait is not None and at is not None:
+        raise ValueError("pass either wait= or at=, not both")
+    if wait is not None:
+        if isinstance(wait, timedelta):
+            seconds = wait.total_seconds()
+        elif isinstance(wait, int | float) and not isinstance(wait, bool):
+            seconds = float(wait)
+        else:
+            raise ValueError(
+                f"wait= must be a timedelta or a number of seconds, got {short_repr(wait)}"
+            )
+        if not seconds >= 0 or math.isinf(seconds):
+            raise ValueError(f"wait= must be zero or positive and finite, got {short_repr(wait)}")
+        return timezone.now() + timedelta(seconds=seconds) if seconds else None
+    if at is not None:
+        if not isinstance(at, datetime):
+            raise ValueError(f"at= must be a datetime, got {short_repr(at)}")
+        if timezone.is_naive(at):
+            raise ValueError(
+                f"at= must be timezone-aware, got the naive datetime {at.isoformat()}; "
+                "use django.utils.timezone.make_aware() or datetime(..., tzinfo=...)"
+            )
+        return at
+    return None

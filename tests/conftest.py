@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from django.db import connection
+
+from django_gator.worker import WorkerProcess
+from django_gator.worker.queues import parse_queue_specs
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    import django
+    from django.conf import settings
+
+    engine = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
+    return f"django-gator: Django {django.get_version()}, database {engine}"
+
+
+def database_url() -> str:
+    """A DATABASE_URL for the test database, for worker subprocesses."""
+    s = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{s['NAME']}"
+    scheme = {"postgresql": "postgres", "mysql": "mysql"}[connection.vendor]
+    auth = quote(s["USER"] or "")
+    if s.get("PASSWORD"):
+        auth += ":" + quote(s["PASSWORD"])
+    host = s["HOST"] or "localhost"
+    port = f":{s['PORT']}" if s.get("PORT") else ""
+    return f"{scheme}://{auth}@{host}{port}/{s['NAME']}"
+
+
+def worker_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="tests.settings",
+        DATABASE_URL=database_url(),
+        GATOR_TEST_SUBPROCESS="1",
+        PYTHONPATH=str(ROOT),
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def spawn_worker() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """Start ``manage.py gator_worker`` subprocesses on the test database; killed at the end."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def spawn(
+        *args: str, env: dict[str, str] | None = None, **popen: object
+    ) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "django", "gator_worker", *args],
+            cwd=ROOT,
+            env=worker_env(**(env or {})),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            **popen,  # type: ignore[arg-type]
+        )
+        procs.append(proc)
+        return proc
+
+    yield spawn
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        if proc.stdout:
+            proc.stdout.close()
+
+
+def run_worker(*queues: str, concurrency: int = 2, **kwargs: object) -> WorkerProcess:
+    """Run a burst worker in this process until nothing is due; returns it."""
+    worker = WorkerProcess(
+        parse_queue_specs(queues),
+        concurrency=concurrency,
+        burst=True,
+        install_signal_handlers=False,
+        **kwargs,  # type: ignore[arg-type]
+    )
+    worker.run()
+    return worker
+
+
+def wait_for(
+    predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.05
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")

@@ -1,0 +1,87 @@
+"""Settings for the test suite. The database comes from DATABASE_URL (default: a SQLite
+file, so that tests with threads and subprocesses share it)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import environ
+
+env = environ.Env()
+
+SECRET_KEY = "django-gator-tests"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ALLOWED_HOSTS = ["*"]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+_sqlite_path = os.path.join(tempfile.gettempdir(), "django-gator-tests.sqlite3")
+DATABASES = {"default": env.db_url("DATABASE_URL", default=f"sqlite:///{_sqlite_path}")}
+_db = DATABASES["default"]
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    _db.setdefault("OPTIONS", {}).update(
+        {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
+    )
+    if "GATOR_TEST_SUBPROCESS" not in os.environ:
+        # A file, not :memory:, so worker threads and subprocesses see the same database.
+        _db["TEST"] = {
+            "NAME": os.path.join(tempfile.gettempdir(), f"django-gator-test-{os.getpid()}.sqlite3")
+        }
+elif _db["ENGINE"] == "django.db.backends.mysql":
+    _db.setdefault("OPTIONS", {}).update({"charset": "utf8mb4"})
+    _db["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django_gator",
+    "tests.testapp",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "tests.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+# Fast heartbeats so crash tests finish in seconds; subprocess workers inherit these.
+GATOR_HEARTBEAT_INTERVAL = float(os.environ.get("GATOR_HEARTBEAT_INTERVAL", "0.5"))
+GATOR_HEARTBEAT_TIMEOUT = float(os.environ.get("GATOR_HEARTBEAT_TIMEOUT", "3"))
+GATOR_POLL_INTERVAL = float(os.environ.get("GATOR_POLL_INTERVAL", "0.05"))
+GATOR_SHUTDOWN_TIMEOUT = float(os.environ.get("GATOR_SHUTDOWN_TIMEOUT", "10"))
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {
+        "django_gator": {
+            "handlers": ["console"],
+            "level": os.environ.get("GATOR_LOG_LEVEL", "WARNING"),
+        }
+    },
+}
