@@ -18,7 +18,9 @@ ALLOWED_HOSTS = ["*"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 _sqlite_path = os.path.join(tempfile.gettempdir(), "django-gator-tests.sqlite3")
-DATABASES = {"default": env.db_url("DATABASE_URL", default=f"sqlite:///{_sqlite_path}")}
+DATABASES = {
+    "default": env.db_url_config(os.environ.get("DATABASE_URL") or f"sqlite:///{_sqlite_path}")
+}
 _db = DATABASES["default"]
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     _db.setdefault("OPTIONS", {}).update(
@@ -73,6 +75,7 @@ GATOR_HEARTBEAT_INTERVAL = float(os.environ.get("GATOR_HEARTBEAT_INTERVAL", "0.5
 GATOR_HEARTBEAT_TIMEOUT = float(os.environ.get("GATOR_HEARTBEAT_TIMEOUT", "3"))
 GATOR_POLL_INTERVAL = float(os.environ.get("GATOR_POLL_INTERVAL", "0.05"))
 GATOR_SHUTDOWN_TIMEOUT = float(os.environ.get("GATOR_SHUTDOWN_TIMEOUT", "10"))
+GATOR_MAX_RESCUES = int(os.environ.get("GATOR_MAX_RESCUES", "3"))
 
 LOGGING = {
     "version": 1,

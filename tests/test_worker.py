@@ -1,0 +1,279 @@
+"""The worker, run in this process in burst mode: what it runs, what it records."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from django_gator.engines import get_engine
+from django_gator.models import Job, JobState
+from tests.conftest import run_worker
+from tests.testapp.jobs import (
+    Boom,
+    BoomWithRetry,
+    Echo,
+    ExitsProcess,
+    Record,
+    ReturnsObject,
+    add,
+    record_kw,
+)
+from tests.testapp.models import Execution
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_runs_each_dispatched_job_exactly_once_and_records_results():
+    plain = Echo.dispatch(1, "two", three=[3])
+    overridden = Echo.dispatch("q", queue="other", priority=-5)
+    past = Echo.dispatch("at", at=timezone.now() - timedelta(seconds=1))
+    bulk = add.dispatch_many([[1, 2], {"a": 10, "b": 20}])
+    kw = record_kw.dispatch(label="kw")
+    recorded = Record.dispatch_many([["r1"], ["r2"], ["r3"]])
+
+    worker = run_worker(concurrency=3)
+
+    assert worker.processed == 9
+    assert Job.objects.exclude(state=JobState.SUCCEEDED).count() == 0
+    assert Job.objects.get(pk=plain.pk).result == {
+        "args": [1, "two"],
+        "kwargs": {"three": [3]},
+        "queue": "echo",
+    }
+    assert Job.objects.get(pk=overridden.pk).result["queue"] == "other"
+    assert Job.objects.get(pk=past.pk).result["args"] == ["at"]
+    assert [Job.objects.get(pk=j.pk).result for j in bulk] == [3, 30]
+    assert Execution.objects.filter(label="kw").count() == 1
+    assert Job.objects.get(pk=kw.pk).attempts == 1
+    ledger = sorted(Execution.objects.exclude(label="kw").values_list("job_id", "attempt"))
+    assert ledger == sorted((j.pk, 1) for j in recorded)
+    for job in Job.objects.all():
+        assert job.started_at is not None
+        assert job.finished_at is not None
+        assert job.finished_at >= job.started_at
+        assert job.reserved_by == worker.worker_id
+
+
+def test_future_jobs_wait_for_their_time():
+    later = Echo.dispatch("later", wait=timedelta(hours=1))
+    at = Echo.dispatch("at", at=timezone.now() + timedelta(minutes=5))
+    now = Echo.dispatch("now")
+
+    run_worker()
+
+    assert Job.objects.get(pk=now.pk).state == JobState.SUCCEEDED
+    assert Job.objects.get(pk=later.pk).state == JobState.WAITING
+    assert Job.objects.get(pk=at.pk).state == JobState.WAITING
+    assert Job.objects.get(pk=later.pk).attempts == 0
+
+
+def test_a_raising_job_without_retry_policy_goes_dead_with_its_traceback():
+    job = Boom.dispatch("kaboom <b>")
+
+    worker = run_worker()
+
+    job.refresh_from_db()
+    assert job.state == JobState.DEAD
+    assert job.attempts == 1
+    assert job.finished_at is not None
+    assert job.last_error == "RuntimeError: kaboom <b>"
+    assert job.args == ["kaboom <b>"]  # the payload is kept
+    [entry] = job.errors
+    assert entry["class"] == "RuntimeError"
+    assert entry["message"] == "kaboom <b>"
+    assert entry["attempt"] == 1
+    assert entry["worker"] == worker.worker_id
+    assert "raise RuntimeError(message)" in entry["traceback"]
+    assert "tests/testapp/jobs.py" in entry["traceback"]
+
+
+def test_a_retry_policy_schedules_the_next_attempt_on_its_queue():
+    job = BoomWithRetry.dispatch()
+
+    run_worker()
+
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED
+    assert job.queue == "retries"
+    delay = (job.next_execution_at - job.locked_at).total_seconds()
+    assert 59 <= delay <= 61
+    assert [e["message"] for e in job.errors] == ["attempt 1 failed"]
+
+
+def test_retries_run_until_the_policy_is_exhausted_keeping_every_error():
+    job = BoomWithRetry.dispatch()
+    for expected_state in (JobState.FAILED, JobState.FAILED, JobState.DEAD):
+        Job.objects.filter(pk=job.pk).update(next_execution_at=timezone.now())
+        run_worker()
+        job.refresh_from_db()
+        assert job.state == expected_state
+    assert job.attempts == 3
+    assert [e["message"] for e in job.errors] == [
+        "attempt 1 failed",
+        "attempt 2 failed",
+        "attempt 3 failed",
+    ]
+
+
+def test_an_unknown_job_name_goes_dead_and_the_worker_goes_on():
+    bad = Job.objects.create(name="os.system", args=["echo pwned"], kwargs={})
+    good = Echo.dispatch("fine")
+
+    run_worker()
+
+    bad.refresh_from_db()
+    assert bad.state == JobState.DEAD
+    assert "job name 'os.system' is not registered" in bad.last_error
+    assert bad.errors[0]["class"] == "django_gator.exceptions.JobNotRegistered"
+    assert Job.objects.get(pk=good.pk).state == JobState.SUCCEEDED
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        ({"not": "a list"}, {}, "args must be a JSON array"),
+        ([], ["not", "an", "object"], "kwargs must be a JSON object"),
+    ],
+)
+def test_a_row_with_undecodable_arguments_goes_dead(args, kwargs, message):
+    bad = Job.objects.create(name=Echo.name, args=args, kwargs=kwargs)
+
+    run_worker()
+
+    bad.refresh_from_db()
+    assert bad.state == JobState.DEAD
+    assert message in bad.last_error
+
+
+def test_sys_exit_in_a_job_fails_the_job_not_the_worker():
+    job = ExitsProcess.dispatch()
+    after = Echo.dispatch("after")
+
+    run_worker(concurrency=1)
+
+    job.refresh_from_db()
+    assert job.state == JobState.DEAD
+    assert job.last_error == "SystemExit: 3"
+    assert Job.objects.get(pk=after.pk).state == JobState.SUCCEEDED
+
+
+def test_a_non_json_return_value_is_not_stored_but_the_job_succeeds():
+    job = ReturnsObject.dispatch()
+
+    run_worker()
+
+    job.refresh_from_db()
+    assert job.state == JobState.SUCCEEDED
+    assert job.result is None
+
+
+def test_higher_priority_runs_first_within_a_queue():
+    low = Record.dispatch("low", priority=-10)
+    mid = Record.dispatch_many([["mid1"], ["mid2"]])
+    high = Record.dispatch("high", priority=50)
+
+    run_worker(concurrency=1)
+
+    order = list(Execution.objects.order_by("id").values_list("job_id", flat=True))
+    assert order == [high.pk, mid[0].pk, mid[1].pk, low.pk]
+
+
+def test_a_worker_only_takes_jobs_from_its_queues():
+    mine = Echo.dispatch("mine", queue="mine")
+    theirs = Echo.dispatch("theirs", queue="theirs")
+
+    run_worker("mine,3", "spare")
+
+    assert Job.objects.get(pk=mine.pk).state == JobState.SUCCEEDED
+    assert Job.objects.get(pk=theirs.pk).state == JobState.WAITING
+
+
+def test_outcome_writes_are_compare_and_set_on_the_claim():
+    engine = get_engine("default")
+    job = Echo.dispatch("cas")
+    [claim] = engine.claim("worker-a", "echo", 10)
+    assert claim.attempts == 1
+
+    # Another worker, or a stale attempt number, cannot write this claim's outcome.
+    assert engine.mark_succeeded("worker-b", [(claim.id, claim.attempts, None)]) == []
+    assert engine.mark_succeeded("worker-a", [(claim.id, claim.attempts + 1, None)]) == []
+    assert Job.objects.get(pk=job.pk).state == JobState.RUNNING
+    assert engine.mark_succeeded("worker-a", [(claim.id, claim.attempts, '"ok"')]) == [job.pk]
+    # Once written, the same write does nothing a second time.
+    assert engine.mark_succeeded("worker-a", [(claim.id, claim.attempts, '"ok"')]) == []
+    job.refresh_from_db()
+    assert (job.state, job.result) == (JobState.SUCCEEDED, "ok")
+
+
+def test_a_claim_is_never_handed_out_twice():
+    engine = get_engine("default")
+    Echo.dispatch_many([[i] for i in range(5)])
+
+    first = engine.claim("worker-a", "echo", 3)
+    second = engine.claim("worker-b", "echo", 10)
+
+    assert len(first) == 3
+    assert len(second) == 2
+    assert not {j.id for j in first} & {j.id for j in second}
+    assert engine.claim("worker-c", "echo", 10) == []
+
+
+def test_released_claims_go_back_to_waiting_without_charging_the_attempt():
+    engine = get_engine("default")
+    job = Echo.dispatch("release")
+    [claim] = engine.claim("worker-a", "echo", 1)
+
+    assert engine.release("worker-a", [(claim.id, claim.attempts)]) == [job.pk]
+
+    job.refresh_from_db()
+    assert (job.state, job.attempts, job.started_at) == (JobState.WAITING, 0, None)
+    [again] = engine.claim("worker-b", "echo", 1)
+    assert again.attempts == 1
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'")
+def test_postgres_claim_uses_the_partial_ready_index():
+    Echo.dispatch_many([[i] for i in range(50)])
+    with connection.cursor() as cursor:
+        cursor.execute("SET enable_seqscan = off")
+        cursor.execute(
+            "EXPLAIN SELECT id FROM django_gator_job WHERE queue = 'echo' AND "
+            "state IN ('waiting', 'failed') AND next_execution_at <= statement_timestamp() "
+            "ORDER BY priority DESC, next_execution_at, id LIMIT 10 FOR UPDATE SKIP LOCKED"
+        )
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("RESET enable_seqscan")
+    assert "gator_job_ready" in plan
+    assert "Sort" not in plan
+
+
+@pytest.mark.skipif("connection.vendor != 'mysql'")
+def test_mysql_claim_walks_the_ready_index_in_order():
+    Echo.dispatch_many([[i] for i in range(50)])
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "EXPLAIN SELECT id FROM django_gator_job FORCE INDEX (gator_job_ready_my) "
+            "WHERE queue = 'echo' AND ready_rank IS NOT NULL AND "
+            "next_execution_at <= UTC_TIMESTAMP(6) ORDER BY ready_rank, next_execution_at, id "
+            "LIMIT 10 FOR UPDATE SKIP LOCKED"
+        )
+        columns = [c[0] for c in cursor.description]
+        [row] = [dict(zip(columns, r, strict=True)) for r in cursor.fetchall()]
+    assert row["key"] == "gator_job_ready_my"
+    assert "filesort" not in (row["Extra"] or "")
+
+
+@pytest.mark.skipif("connection.vendor != 'sqlite'")
+def test_sqlite_claim_uses_the_partial_ready_index():
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "EXPLAIN QUERY PLAN SELECT id FROM django_gator_job WHERE queue = 'echo' AND "
+            "state IN ('waiting', 'failed') AND next_execution_at <= '2100-01-01' "
+            "ORDER BY priority DESC, next_execution_at, id LIMIT 10"
+        )
+        plan = " ".join(str(row[-1]) for row in cursor.fetchall())
+    assert "gator_job_ready" in plan
+    assert "TEMP B-TREE" not in plan

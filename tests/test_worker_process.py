@@ -1,0 +1,167 @@
+"""The worker as a real process: command line, signals, crashes and concurrency."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from django_gator.models import Job, JobState, Worker
+from tests.conftest import ROOT, wait_for, worker_env
+from tests.testapp.jobs import Echo, KillsWorker, RecordOnce, Sleep
+from tests.testapp.models import Execution
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def output(proc: subprocess.Popen[bytes]) -> str:
+    assert proc.stdout is not None
+    return proc.stdout.read().decode(errors="replace")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-q", "high,0"], "queue weight 0 in 'high,0' must be from 1 to 1000"),
+        (["-q", "high,abc"], "queue weight 'abc' in 'high,abc' is not a whole number"),
+        (["-q", ",3"], "queue spec ',3' has no queue name"),
+        (["-q", "a b"], "invalid queue name 'a b'"),
+        (["-q", "high", "-q", "high,2"], "queue 'high' is listed twice"),
+        (["--concurrency", "0"], "must be at least 1, got 0"),
+        (["--concurrency", "many"], "'many' is not a whole number"),
+        (["--shutdown-timeout", "-1"], "must be zero or more seconds"),
+    ],
+)
+def test_bad_command_line_exits_2_naming_the_value(args, message):
+    proc = subprocess.run(
+        [sys.executable, "-m", "django", "gator_worker", *args],
+        cwd=ROOT,
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert Worker.objects.count() == 0
+
+
+def test_burst_worker_process_drains_and_exits_0(spawn_worker):
+    jobs = Echo.dispatch_many([[i] for i in range(20)])
+
+    proc = spawn_worker("--burst", "--concurrency", "3")
+
+    assert proc.wait(timeout=60) == 0, output(proc)
+    assert Job.objects.filter(pk__in=[j.pk for j in jobs], state=JobState.SUCCEEDED).count() == 20
+    assert Worker.objects.count() == 0  # unregistered on a clean exit
+
+
+def test_sigterm_lets_running_jobs_finish_then_exits_0(spawn_worker):
+    job = Sleep.dispatch(1.5, label="graceful")
+    proc = spawn_worker("--concurrency", "2")
+    wait_for(lambda: Job.objects.get(pk=job.pk).state == JobState.RUNNING)
+    queued_after = Echo.dispatch("not started")
+
+    proc.send_signal(signal.SIGTERM)
+
+    assert proc.wait(timeout=30) == 0, output(proc)
+    job.refresh_from_db()
+    assert job.state == JobState.SUCCEEDED
+    assert Execution.objects.filter(label="graceful").count() == 1
+    # Claimed after the signal or not at all: it must still be runnable, uncharged.
+    queued_after.refresh_from_db()
+    assert queued_after.state in (JobState.WAITING, JobState.SUCCEEDED)
+    if queued_after.state == JobState.WAITING:
+        assert queued_after.attempts == 0
+
+
+def test_a_second_signal_exits_now_and_hands_the_job_back(spawn_worker):
+    job = Sleep.dispatch(60, label="interrupted")
+    proc = spawn_worker()
+    wait_for(lambda: Job.objects.get(pk=job.pk).state == JobState.RUNNING)
+
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+
+    assert proc.wait(timeout=30) == 0, output(proc)
+    assert time.monotonic() - started < 10
+    job.refresh_from_db()
+    assert job.state == JobState.WAITING
+    assert job.attempts == 0  # not charged
+    assert Execution.objects.filter(label="interrupted").count() == 0
+
+
+def test_shutdown_timeout_bounds_the_wait_for_running_jobs(spawn_worker):
+    job = Sleep.dispatch(60, label="slow")
+    proc = spawn_worker("--shutdown-timeout", "1")
+    wait_for(lambda: Job.objects.get(pk=job.pk).state == JobState.RUNNING)
+
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+
+    assert proc.wait(timeout=30) == 0, output(proc)
+    assert time.monotonic() - started < 10
+    assert Job.objects.get(pk=job.pk).state == JobState.WAITING
+
+
+def test_two_worker_processes_never_run_a_job_twice(spawn_worker):
+    jobs = RecordOnce.dispatch_many([[f"j{i}"] for i in range(400)])
+
+    procs = [spawn_worker("--burst", "--concurrency", "4") for _ in range(2)]
+
+    for proc in procs:
+        assert proc.wait(timeout=120) == 0, output(proc)
+    # RecordOnce writes (job_id, attempt=0) under a unique key: a second run of any job
+    # would fail and leave its row dead.
+    assert Job.objects.filter(state=JobState.SUCCEEDED).count() == len(jobs)
+    assert Execution.objects.count() == len(jobs)
+    per_pid = Execution.objects.values_list("pid", flat=True).distinct()
+    assert len(per_pid) == 2, "both workers should have taken part"
+
+
+def test_a_sigkilled_worker_loses_nothing(spawn_worker):
+    job = Sleep.dispatch(30, label="victim")
+    victim = spawn_worker()
+    wait_for(lambda: Job.objects.get(pk=job.pk).state == JobState.RUNNING)
+    Job.objects.filter(pk=job.pk).update(args=[0.1])  # the rerun is quick
+
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=10)
+    rescuer = spawn_worker()
+
+    wait_for(lambda: Job.objects.get(pk=job.pk).state == JobState.SUCCEEDED, timeout=60)
+    rescuer.send_signal(signal.SIGTERM)
+    assert rescuer.wait(timeout=30) == 0, output(rescuer)
+    job.refresh_from_db()
+    assert job.rescues == 1
+    assert job.attempts == 2  # the lost run counts as an attempt
+    assert job.errors[0]["class"] == "django_gator.exceptions.WorkerLost"
+    assert Execution.objects.filter(label="victim").count() == 1
+
+
+def test_a_job_that_kills_its_worker_ends_dead_as_a_poison_pill(spawn_worker):
+    pill = KillsWorker.dispatch()
+    healthy = Echo.dispatch_many([[i] for i in range(5)])
+    env = {"GATOR_MAX_RESCUES": "2"}
+
+    deadline = time.monotonic() + 90
+    while Job.objects.get(pk=pill.pk).state != JobState.DEAD:
+        assert time.monotonic() < deadline, "the poison pill never went dead"
+        proc = spawn_worker("--concurrency", "1", env=env)
+        try:
+            proc.wait(timeout=8)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+
+    pill.refresh_from_db()
+    assert pill.rescues == 2
+    assert "poison pill" in pill.last_error
+    assert Job.objects.filter(
+        pk__in=[j.pk for j in healthy], state=JobState.SUCCEEDED
+    ).count() == len(healthy)
