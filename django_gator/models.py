@@ -126,6 +126,10 @@ class Job(models.Model):
 
     class Meta:
         ordering = ["-id"]
+        permissions = [
+            ("retry_job", "Can retry dead and failed jobs"),
+            ("cancel_job", "Can cancel jobs that have not started"),
+        ]
         indexes = [
             # The claim: WHERE state IN ready AND queue = %s AND next_execution_at <= now
             # ORDER BY priority DESC, next_execution_at, id. Partial, so it only holds ready

@@ -277,3 +277,36 @@ def test_sqlite_claim_uses_the_partial_ready_index():
         plan = " ".join(str(row[-1]) for row in cursor.fetchall())
     assert "gator_job_ready" in plan
     assert "TEMP B-TREE" not in plan
+
+
+def test_rescue_takes_back_only_jobs_whose_worker_stopped_heartbeating():
+    from django_gator.models import Worker
+    from django_gator.worker import WorkerProcess
+
+    engine = get_engine("default")
+    Worker.objects.create(id="alive", hostname="h", pid=1, concurrency=1)
+    Worker.objects.create(
+        id="stale",
+        hostname="h",
+        pid=2,
+        concurrency=1,
+        heartbeat_at=timezone.now() - timedelta(minutes=10),
+    )
+    Echo.dispatch_many([["a"], ["b"], ["c"]])
+    [alive_job] = engine.claim("alive", "echo", 1)
+    [stale_job] = engine.claim("stale", "echo", 1)
+    [orphan_job] = engine.claim("never-registered", "echo", 1)
+
+    WorkerProcess(install_signal_handlers=False)._rescue()
+
+    states = {
+        job.pk: (job.state, job.rescues, job.attempts)
+        for job in Job.objects.filter(pk__in=[alive_job.id, stale_job.id, orphan_job.id])
+    }
+    assert states == {
+        alive_job.id: (JobState.RUNNING, 0, 1),
+        stale_job.id: (JobState.WAITING, 1, 1),
+        orphan_job.id: (JobState.WAITING, 1, 1),
+    }
+    assert set(Worker.objects.values_list("id", flat=True)) == {"alive"}
+    assert "stopped heartbeating" in Job.objects.get(pk=stale_job.id).last_error

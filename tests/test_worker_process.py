@@ -165,3 +165,20 @@ def test_a_job_that_kills_its_worker_ends_dead_as_a_poison_pill(spawn_worker):
     assert Job.objects.filter(
         pk__in=[j.pk for j in healthy], state=JobState.SUCCEEDED
     ).count() == len(healthy)
+
+
+def test_a_long_job_on_a_live_worker_runs_exactly_once(spawn_worker):
+    # Runs for twice the heartbeat timeout (3 s in tests) while a second worker is looking
+    # for lost jobs: the owner's heartbeat keeps it from being rescued.
+    job = Sleep.dispatch(6, label="long")
+    owner = spawn_worker("--concurrency", "1")
+    wait_for(lambda: Job.objects.get(pk=job.pk).state == JobState.RUNNING)
+    watcher = spawn_worker("--concurrency", "1")
+
+    wait_for(lambda: Job.objects.get(pk=job.pk).state == JobState.SUCCEEDED, timeout=30)
+    for proc in (owner, watcher):
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, output(proc)
+    job.refresh_from_db()
+    assert (job.attempts, job.rescues, job.errors) == (1, 0, None)
+    assert Execution.objects.filter(label="long").count() == 1
