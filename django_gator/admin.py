@@ -11,13 +11,12 @@ import json
 from typing import Any
 
 from django.contrib import admin, messages
-from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 
-from django_gator.models import Job, JobState, Worker
+from django_gator.models import Job, JobQuerySet, JobState, Worker
 
 
 def _pretty(value: Any) -> SafeString:
@@ -140,7 +139,7 @@ class JobAdmin(admin.ModelAdmin):
         )
 
     @admin.action(description="Retry the selected dead or failed jobs now", permissions=["retry"])
-    def retry_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+    def retry_jobs(self, request: HttpRequest, queryset: JobQuerySet) -> None:
         selected = queryset.count()
         changed = queryset.retry()
         self.message_user(request, f"{changed} job(s) queued to run again.", messages.SUCCESS)
@@ -154,7 +153,7 @@ class JobAdmin(admin.ModelAdmin):
     @admin.action(
         description="Cancel the selected jobs that have not started", permissions=["cancel"]
     )
-    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+    def cancel_jobs(self, request: HttpRequest, queryset: JobQuerySet) -> None:
         selected = queryset.count()
         changed = queryset.cancel()
         self.message_user(request, f"{changed} job(s) cancelled.", messages.SUCCESS)

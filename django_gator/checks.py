@@ -131,6 +131,7 @@ def _check_sqlite(alias: str, connection: Any) -> list[checks.CheckMessage]:
 
 def _check_mysql(alias: str, connection: Any) -> list[checks.CheckMessage]:
     connection.ensure_connection()
+    minimum: tuple[int, ...]
     if connection.mysql_is_mariadb:
         minimum, product = (10, 6), "MariaDB"
     else:

@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
-EXPONENTIAL = "exponential"
+EXPONENTIAL: Literal["exponential"] = "exponential"
 #: The longest single wait the exponential policy produces, in seconds.
 MAX_BACKOFF = 7 * 24 * 3600
 #: Jitter added to exponential waits, as a fraction of the base wait.

@@ -3,6 +3,8 @@ there. This adds its equivalent: a virtual column that is ``-priority`` while th
 waiting or failed and NULL otherwise, and an index that the claim query walks in order.
 Other databases skip this migration."""
 
+from typing import Any
+
 from django.db import migrations
 
 MYSQL_FORWARD = [
@@ -18,8 +20,8 @@ MYSQL_BACKWARD = [
 ]
 
 
-def _run(statements):
-    def run(apps, schema_editor):
+def _run(statements: list[str]) -> Any:
+    def run(apps: Any, schema_editor: Any) -> None:
         if schema_editor.connection.vendor != "mysql":
             return
         for sql in statements:
