@@ -24,6 +24,8 @@ DEFAULTS: dict[str, Any] = {
     "GATOR_HEARTBEAT_TIMEOUT": 30.0,
     "GATOR_MAX_RESCUES": 3,
     "GATOR_SHUTDOWN_TIMEOUT": 30.0,
+    # PostgreSQL: worker bookkeeping writes skip the WAL flush (see README).
+    "GATOR_ASYNC_COMMIT": True,
     # Seconds a worker thread keeps its database connection when CONN_MAX_AGE is 0.
     "GATOR_WORKER_CONN_MAX_AGE": 300,
     # Characters of a traceback kept per attempt in the error history.

@@ -2,29 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db.models.base import ModelState
 
 from django_gator import conf, validation
 from django_gator.engines import InsertRow, get_engine
 from django_gator.logutil import safe
 from django_gator.models import Job, JobState
+from django_gator.queueable import is_registered
 
 if TYPE_CHECKING:
     from django_gator.queueable import Queueable
 
 logger = logging.getLogger("django_gator.dispatch")
-
-#: The fields dispatch fills on the Job objects it returns, in Job._meta order.
-_RETURNED_FIELDS = [
-    f.attname
-    for f in Job._meta.concrete_fields
-    if f.attname not in {"chain_id", "chain_position", "chain"}
-]
 
 
 def enqueue(
@@ -37,6 +33,7 @@ def enqueue(
     priority: int | None = None,
     on_commit: bool | str | None = None,
     chain: tuple[str, int, str] | None = None,
+    many: bool = False,
 ) -> list[Job]:
     """Validate and insert one job per (args, kwargs) item; returns the rows in order.
 
@@ -45,17 +42,24 @@ def enqueue(
     INSERT itself waits for that alias's transaction to commit and is dropped on rollback;
     use it when the jobs table lives in another database than the caller's transaction.
     """
+    if not is_registered(job_class):
+        raise TypeError(
+            f"{job_class.__qualname__} is not a registered job (an abstract base?); "
+            "dispatch a concrete subclass"
+        )
     queue = validation.validate_queue(job_class.queue if queue is None else queue)
     priority = validation.validate_priority(job_class.priority if priority is None else priority)
     run_at = validation.resolve_when(wait=wait, at=at)
     chain_id, chain_position, chain_json = chain if chain else (None, None, None)
+    limit = validation.max_payload_bytes()
     rows = []
+    payloads = []
     for index, (args, kwargs) in enumerate(items):
         try:
             job_class.check_arguments(args, kwargs)
-            args_json, kwargs_json = validation.encode_payload(args, kwargs)
+            args_json, kwargs_json = validation.encode_payload(args, kwargs, limit)
         except (TypeError, ValueError) as exc:
-            if len(items) > 1:
+            if many:
                 exc.args = (f"dispatch_many() item {index}: {exc}", *exc.args[1:])
             raise
         rows.append(
@@ -71,12 +75,16 @@ def enqueue(
                 chain=chain_json,
             )
         )
+        payloads.append((list(args), dict(kwargs)))
     if not rows:
         return []
     if on_commit is None:
         on_commit = conf.dispatch_on_commit()
     alias = conf.database()
-    jobs = [_unsaved(row, alias) for row in rows]
+    jobs = [
+        _unsaved(alias, row, args, kwargs)
+        for row, (args, kwargs) in zip(rows, payloads, strict=True)
+    ]
     if on_commit:
         commit_alias = DEFAULT_DB_ALIAS if on_commit is True else str(on_commit)
         transaction.on_commit(lambda: _insert(alias, rows, jobs), using=commit_alias)
@@ -85,27 +93,39 @@ def enqueue(
     return jobs
 
 
-def _unsaved(row: InsertRow, alias: str) -> Job:
-    job = Job(
-        name=row.name,
-        args=_loads(row.args),
-        kwargs=_loads(row.kwargs),
-        queue=row.queue,
-        priority=row.priority,
-        state=JobState.WAITING,
-        attempts=0,
-        rescues=0,
-        last_error="",
-        chain_position=row.chain_position,
-    )
-    job._state.db = alias
+_FIELDS = [f.attname for f in Job._meta.concrete_fields]
+_FIELD_INDEX = {name: i for i, name in enumerate(_FIELDS)}
+_BLANK = [None] * len(_FIELDS)
+for _name, _value in {
+    "state": JobState.WAITING.value,
+    "attempts": 0,
+    "rescues": 0,
+    "last_error": "",
+}.items():
+    _BLANK[_FIELD_INDEX[_name]] = _value
+
+
+def _unsaved(alias: str, row: InsertRow, args: list[Any], kwargs: dict[str, Any]) -> Job:
+    """The Job a dispatch returns, before its INSERT has filled in id and timestamps.
+
+    Built without ``Model.__init__`` (so without pre_init/post_init signals): ten times
+    faster, which matters for dispatch_many of thousands of rows."""
+    values = list(_BLANK)
+    values[_FIELD_INDEX["name"]] = row.name
+    values[_FIELD_INDEX["args"]] = args
+    values[_FIELD_INDEX["kwargs"]] = kwargs
+    values[_FIELD_INDEX["queue"]] = row.queue
+    values[_FIELD_INDEX["priority"]] = row.priority
+    values[_FIELD_INDEX["next_execution_at"]] = row.run_at
+    values[_FIELD_INDEX["chain_id"]] = row.chain_id
+    values[_FIELD_INDEX["chain_position"]] = row.chain_position
+    values[_FIELD_INDEX["chain"]] = None if row.chain is None else json.loads(row.chain)
+    job = Job.__new__(Job)
+    job.__dict__.update(zip(_FIELDS, values, strict=True))
+    state = ModelState()
+    state.db = alias
+    job._state = state
     return job
-
-
-def _loads(text: str) -> Any:
-    import json
-
-    return json.loads(text)
 
 
 def _insert(alias: str, rows: list[InsertRow], jobs: list[Job]) -> None:

@@ -65,6 +65,12 @@ def get_job_class(name: str) -> type[Queueable]:
         raise JobNotRegistered(name if isinstance(name, str) else repr(name), matches) from None
 
 
+def is_registered(job_class: type) -> bool:
+    """Whether ``job_class`` is the class registered under its name."""
+    name = getattr(job_class, "name", None)
+    return isinstance(name, str) and _registry.get(name) is job_class
+
+
 def registered_jobs() -> dict[str, type[Queueable]]:
     with _registry_lock:
         return dict(_registry)
@@ -92,6 +98,7 @@ class Queueable:
     timeout: ClassVar[float | None] = None
 
     _gator_signature: ClassVar[inspect.Signature]
+    _gator_accepts_anything: ClassVar[bool]
 
     def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -122,6 +129,11 @@ class Queueable:
                 "rename them"
             )
         cls._gator_signature = signature
+        kinds = [p.kind for p in signature.parameters.values()]
+        cls._gator_accepts_anything = kinds == [
+            inspect.Parameter.VAR_POSITIONAL,
+            inspect.Parameter.VAR_KEYWORD,
+        ] or kinds == [inspect.Parameter.VAR_POSITIONAL]
         register(cls)
 
     @classmethod
@@ -152,6 +164,10 @@ class Queueable:
     @classmethod
     def check_arguments(cls, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         """Raise TypeError if ``handle()`` could not be called with these arguments."""
+        if cls._gator_accepts_anything and (
+            not kwargs or len(cls._gator_signature.parameters) == 2
+        ):
+            return
         try:
             cls._gator_signature.bind(*args, **kwargs)
         except TypeError as exc:
@@ -210,7 +226,14 @@ class Queueable:
                     "positional arguments or a dict of keyword arguments"
                 )
         return enqueue(
-            cls, items, wait=wait, at=at, queue=queue, priority=priority, on_commit=on_commit
+            cls,
+            items,
+            wait=wait,
+            at=at,
+            queue=queue,
+            priority=priority,
+            on_commit=on_commit,
+            many=True,
         )
 
 

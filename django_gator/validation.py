@@ -24,7 +24,14 @@ PRIORITY_MIN = -100
 PRIORITY_MAX = 100
 QUEUE_MAX_LENGTH = 100
 NAME_MAX_LENGTH = 255
-_ATOMS = (str, int, float)
+#: Deepest nesting of lists and dicts accepted in arguments.
+MAX_DEPTH = 100
+#: Largest int accepted, in bits (Python refuses to print ints of over ~4300 digits).
+MAX_INT_BITS = 14_000
+#: Floats from this size up come back from PostgreSQL's jsonb as ints.
+FLOAT_LIMIT = 1e16
+_FAST_INT = 2**63
+_BAD_CHARS = re.compile("[\x00\ud800-\udfff]")
 
 
 def short_repr(value: object, limit: int = 80) -> str:
@@ -33,17 +40,41 @@ def short_repr(value: object, limit: int = 80) -> str:
 
 
 def check_json(value: object, path: str) -> None:
-    """Raise TypeError unless ``value`` comes back equal from ``json.loads(json.dumps(...))``.
+    """Raise TypeError unless ``value`` comes back equal from a trip through JSON and the
+    database's JSON column.
 
     Accepted: dict with str keys, list, str, int, finite float, bool, None (and subclasses of
     str, int and float, which compare equal after the trip). Refused with the path and type
     of the first offender: tuples (they come back as lists), sets, bytes, datetimes, Decimals,
-    model instances, NaN and infinities, and dicts with non-str keys.
+    model instances, NaN and infinities, dicts with non-str keys, strings with NUL or lone
+    surrogates (PostgreSQL's jsonb and UTF-8 cannot hold them), floats of 1e16 and more
+    (jsonb hands them back as ints), ints of over 14,000 bits and nesting over
+    :data:`MAX_DEPTH` levels.
     """
-    stack: list[tuple[object, str]] = [(value, path)]
+    # Fast path: a flat list or dict of plain atoms (most job arguments).
+    if isinstance(value, list) and type(value) is list:
+        if all(_plain(v) for v in value):
+            return
+    elif (
+        isinstance(value, dict)
+        and type(value) is dict
+        and all(type(k) is str and _clean_str(k) and _plain(v) for k, v in value.items())
+    ):
+        return
+    stack: list[tuple[object, str, int]] = [(value, path, 0)]
     while stack:
-        item, where = stack.pop()
-        if item is None or isinstance(item, bool | str | int):
+        item, where, depth = stack.pop()
+        if item is None or isinstance(item, bool):
+            continue
+        if isinstance(item, str):
+            _check_str(item, where)
+            continue
+        if isinstance(item, int):
+            if item.bit_length() > MAX_INT_BITS:
+                raise TypeError(
+                    f"{where} is an int of {item.bit_length()} bits, over the {MAX_INT_BITS} "
+                    "that JSON is used with here; pass it as a str"
+                )
             continue
         if isinstance(item, float):
             if not math.isfinite(item):
@@ -51,9 +82,16 @@ def check_json(value: object, path: str) -> None:
                     f"{where} is {item!r}, which JSON cannot represent; "
                     "pass None or a finite number"
                 )
+            if abs(item) >= FLOAT_LIMIT:
+                raise TypeError(
+                    f"{where} is the float {item!r}; PostgreSQL's jsonb hands floats of 1e16 "
+                    "and more back as ints: pass it as a str or an int"
+                )
             continue
+        if depth >= MAX_DEPTH and type(item) in (list, dict):
+            raise TypeError(f"{where} is nested deeper than {MAX_DEPTH} levels")
         if type(item) is list:
-            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
+            stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(item))
             continue
         if type(item) is dict:
             for key, v in item.items():
@@ -62,7 +100,8 @@ def check_json(value: object, path: str) -> None:
                         f"{where} has the key {short_repr(key)} of type "
                         f"{_type_name(key)}; JSON object keys must be str"
                     )
-                stack.append((v, f"{where}[{key!r}]"))
+                _check_str(key, f"{where} key {short_repr(key)}")
+                stack.append((v, f"{where}[{key!r}]", depth + 1))
             continue
         hint = " (tuples come back as lists: pass a list)" if isinstance(item, tuple) else ""
         raise TypeError(
@@ -72,31 +111,69 @@ def check_json(value: object, path: str) -> None:
         )
 
 
+def _plain(v: object) -> bool:
+    kind = type(v)
+    if kind is str:
+        return _clean_str(v)  # type: ignore[arg-type]
+    if kind is int:
+        return -_FAST_INT <= v < _FAST_INT  # type: ignore[operator]
+    return kind is bool or v is None
+
+
+def _clean_str(text: str) -> bool:
+    return _BAD_CHARS.search(text) is None
+
+
+def _check_str(text: str, where: str) -> None:
+    bad = _BAD_CHARS.search(text)
+    if bad is not None:
+        raise TypeError(
+            f"{where} contains the character {bad.group()!r} at index {bad.start()}, which "
+            "cannot be stored in JSON here (NUL and lone surrogates are refused)"
+        )
+
+
 def _type_name(value: object) -> str:
     cls = type(value)
     module = cls.__module__
     return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def dumps(value: object) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    """Compact JSON (one shared encoder: json.dumps() with options builds one per call)."""
+    return _ENCODER.encode(value)
 
 
-def encode_payload(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, str]:
+def encode_payload(
+    args: Sequence[Any], kwargs: Mapping[str, Any], limit: int | None = None
+) -> tuple[str, str]:
     """Validate and serialize one job's arguments; returns (args_json, kwargs_json)."""
     args_list = list(args)
     check_json(args_list, "args")
     kwargs_dict = dict(kwargs)
     check_json(kwargs_dict, "kwargs")
-    args_json, kwargs_json = dumps(args_list), dumps(kwargs_dict)
-    limit = int(getattr(settings, "GATOR_MAX_PAYLOAD_BYTES", 1_048_576))
-    size = len(args_json.encode()) + len(kwargs_json.encode())
+    args_json = dumps(args_list) if args_list else "[]"
+    kwargs_json = dumps(kwargs_dict) if kwargs_dict else "{}"
+    if limit is None:
+        limit = max_payload_bytes()
+    size = _utf8_len(args_json) + _utf8_len(kwargs_json)
     if size > limit:
         raise PayloadTooLarge(
             f"job payload is {size} bytes, over GATOR_MAX_PAYLOAD_BYTES={limit}; "
             "store large data elsewhere and pass its id"
         )
     return args_json, kwargs_json
+
+
+def max_payload_bytes() -> int:
+    return int(getattr(settings, "GATOR_MAX_PAYLOAD_BYTES", 1_048_576))
+
+
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode())
 
 
 def validate_queue(queue: object) -> str:
@@ -149,14 +226,24 @@ def resolve_when(wait: object = None, at: object = None) -> datetime | None:
         if isinstance(wait, timedelta):
             seconds = wait.total_seconds()
         elif isinstance(wait, int | float) and not isinstance(wait, bool):
-            seconds = float(wait)
+            try:
+                seconds = float(wait)
+            except OverflowError:
+                raise ValueError(
+                    f"wait= is too far in the future, got {short_repr(wait)}"
+                ) from None
         else:
             raise ValueError(
                 f"wait= must be a timedelta or a number of seconds, got {short_repr(wait)}"
             )
         if not seconds >= 0 or math.isinf(seconds):
             raise ValueError(f"wait= must be zero or positive and finite, got {short_repr(wait)}")
-        return timezone.now() + timedelta(seconds=seconds) if seconds else None
+        if not seconds:
+            return None
+        try:
+            return timezone.now() + timedelta(seconds=seconds)
+        except OverflowError:
+            raise ValueError(f"wait= is too far in the future, got {short_repr(wait)}") from None
     if at is not None:
         if not isinstance(at, datetime):
             raise ValueError(f"at= must be a datetime, got {short_repr(at)}")

@@ -77,6 +77,10 @@ GATOR_POLL_INTERVAL = float(os.environ.get("GATOR_POLL_INTERVAL", "0.05"))
 GATOR_SHUTDOWN_TIMEOUT = float(os.environ.get("GATOR_SHUTDOWN_TIMEOUT", "10"))
 GATOR_MAX_RESCUES = int(os.environ.get("GATOR_MAX_RESCUES", "3"))
 
+if os.environ.get("GATOR_TEST_DB_NAME") and _db["ENGINE"] != "django.db.backends.sqlite3":
+    # Separate test databases for test runs that share a server at the same time.
+    _db.setdefault("TEST", {})["NAME"] = os.environ["GATOR_TEST_DB_NAME"]
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

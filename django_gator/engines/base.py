@@ -7,6 +7,7 @@ rescued, re-claimed or changed by an operator): the caller logs it and writes no
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -66,18 +67,32 @@ class Failure:
     last_error: str
 
 
+_ROW_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def loads(value: Any) -> Any:
     if isinstance(value, str | bytes | bytearray):
         return json.loads(value)
     return value
 
 
+class Listener:
+    """A wait for wakeups pushed by the database (PostgreSQL LISTEN)."""
+
+    def wait(self, timeout: float) -> set[str]:
+        """Queue names notified within ``timeout`` seconds (empty if none)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
 class Engine:
     vendor = ""
+    #: Whether listen() works: dispatch pushes a wakeup that workers can wait for.
+    can_listen = False
     #: SQL for "now" in database time, as stored by Django for this vendor.
     now_sql = "CURRENT_TIMESTAMP"
-    #: Rows per INSERT statement for dispatch_many.
-    insert_chunk = 1000
 
     def __init__(self, alias: str) -> None:
         from django_gator.models import Job, Worker
@@ -113,6 +128,10 @@ class Engine:
         with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
             yield cursor
 
+    def prepare_bookkeeping(self) -> None:
+        """Tune this thread's connection for the worker's own writes (claims, outcome
+        marks, heartbeats); called before each use, cheap when nothing changed."""
+
     def db_now(self) -> datetime:
         with self.connection.cursor() as cursor:
             cursor.execute(f"SELECT {self.now_sql}", [])
@@ -129,39 +148,66 @@ class Engine:
         """Insert jobs; returns (id, created_at, next_execution_at) per row, in order.
 
         ``notify``: queues whose idle workers should wake when the transaction commits
-        (engines that can push a wakeup do; the others' workers poll)."""
+        (engines that can push a wakeup do; the others' workers poll).
+
+        The rows travel as one JSON document expanded by the database (``json_each`` on
+        SQLite, ``JSON_TABLE`` on MariaDB), so a dispatch_many of any length is a single
+        INSERT with a single parameter. Only a document over :attr:`insert_bytes` is split,
+        and the parts share one transaction.
+        """
+        documents = self._row_documents(rows)
         out: list[tuple[int, datetime, datetime]] = []
-        with self.connection.cursor() as cursor:
-            for start in range(0, len(rows), self.insert_chunk):
-                chunk = rows[start : start + self.insert_chunk]
-                row_sql = (
-                    f"(%s, %s, %s, %s, %s, 'waiting', 0, 0, COALESCE(%s, {self.now_sql}), "
-                    f"{self.now_sql}, '', %s, %s, %s)"
-                )
-                params: list[Any] = []
-                for row in chunk:
-                    params += [
-                        row.name,
-                        row.args,
-                        row.kwargs,
-                        row.queue,
-                        row.priority,
-                        self.adapt_dt(row.run_at),
-                        row.chain_id,
-                        row.chain_position,
-                        row.chain,
-                    ]
-                cursor.execute(
-                    f"INSERT INTO {self.job_table} (name, args, kwargs, queue, priority, state, "
-                    "attempts, rescues, next_execution_at, created_at, last_error, chain_id, "
-                    "chain_position, chain) VALUES "
-                    + ", ".join([row_sql] * len(chunk))
-                    + " RETURNING id, created_at, next_execution_at",
-                    params,
-                )
+        parse = functools.lru_cache(maxsize=64)(self.to_dt)
+        context = self.write_transaction() if len(documents) > 1 else self.connection.cursor()
+        with context as cursor:
+            for document in documents:
+                cursor.execute(self.insert_sql(), [document])
                 returned = sorted(cursor.fetchall())
-                out += [(r[0], self.to_dt(r[1]), self.to_dt(r[2])) for r in returned]
+                out += [(r[0], parse(r[1]), parse(r[2])) for r in returned]
         return out
+
+    #: Largest JSON document of rows sent in one INSERT.
+    insert_bytes = 4_000_000
+
+    def insert_sql(self) -> str:
+        """An INSERT ... SELECT ... RETURNING id, created_at, next_execution_at over the
+        JSON document of rows ``%s`` (see _row_documents for its shape)."""
+        raise NotImplementedError
+
+    def _row_documents(self, rows: Sequence[InsertRow]) -> list[str]:
+        """JSON arrays of ``[name, args, kwargs, queue, priority, run_at, chain_id,
+        chain_position, chain]`` rows, each array under :attr:`insert_bytes`."""
+        documents: list[str] = []
+        parts: list[str] = []
+        size = 0
+        encode = _ROW_ENCODER.encode
+        for row in rows:
+            run_at = self.adapt_dt(row.run_at)
+            part = encode(
+                [
+                    row.name,
+                    row.args,
+                    row.kwargs,
+                    row.queue,
+                    row.priority,
+                    None if run_at is None else str(run_at),
+                    row.chain_id,
+                    row.chain_position,
+                    row.chain,
+                ]
+            )
+            if parts and size + len(part) > self.insert_bytes:
+                documents.append("[" + ",".join(parts) + "]")
+                parts, size = [], 0
+            parts.append(part)
+            size += len(part) + 1
+        documents.append("[" + ",".join(parts) + "]")
+        return documents
+
+    @contextmanager
+    def listen(self) -> Iterator[Listener]:
+        raise NotImplementedError(f"{self.vendor} has no LISTEN; workers poll")
+        yield  # pragma: no cover
 
     # -- claim -----------------------------------------------------------------------------
     def claim(self, worker_id: str, queue: str, limit: int) -> list[ClaimedJob]:

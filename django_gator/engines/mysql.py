@@ -65,6 +65,27 @@ class MySQLEngine(Engine):
                 out.append((job_id, self.to_dt(created_at), self.to_dt(next_at)))
         return out
 
+    def insert_sql(self) -> str:
+        text = "CHARACTER SET utf8mb4"
+        return (
+            f"INSERT INTO {self.job_table} (name, args, kwargs, queue, priority, state, "
+            "attempts, rescues, next_execution_at, created_at, last_error, chain_id, "
+            "chain_position, chain) SELECT j.name, j.a, j.k, j.queue, j.priority, 'waiting', "
+            f"0, 0, COALESCE(j.run_at, {self.now_sql}), {self.now_sql}, '', j.chain_id, "
+            "j.chain_position, j.chain FROM JSON_TABLE(%s, '$[*]' COLUMNS ("
+            "ord FOR ORDINALITY, "
+            f"name VARCHAR(255) {text} PATH '$[0]', "
+            f"a LONGTEXT {text} PATH '$[1]', "
+            f"k LONGTEXT {text} PATH '$[2]', "
+            f"queue VARCHAR(100) {text} PATH '$[3]', "
+            "priority SMALLINT PATH '$[4]', "
+            "run_at DATETIME(6) PATH '$[5]', "
+            "chain_id CHAR(32) PATH '$[6]', "
+            "chain_position SMALLINT PATH '$[7]', "
+            f"chain LONGTEXT {text} PATH '$[8]')) AS j ORDER BY j.ord "
+            "RETURNING id, created_at, next_execution_at"
+        )
+
     def claim(self, worker_id: str, queue: str, limit: int) -> list[ClaimedJob]:
         select = (
             f"SELECT {JOB_COLUMNS} FROM {self.job_table} FORCE INDEX ({READY_INDEX})"

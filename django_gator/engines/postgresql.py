@@ -3,60 +3,140 @@ and NOTIFY on dispatch (delivered by PostgreSQL only when the transaction commit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-from django_gator.engines.base import JOB_COLUMNS, READY_SQL, ClaimedJob, Engine, InsertRow
+from django_gator.engines.base import (
+    JOB_COLUMNS,
+    READY_SQL,
+    ClaimedJob,
+    Engine,
+    InsertRow,
+    Listener,
+)
 
 #: The LISTEN/NOTIFY channel; the payload is the queue name.
 CHANNEL = "django_gator"
 
 
+class PostgresListener(Listener):
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+
+    def wait(self, timeout: float) -> set[str]:
+        queues = set()
+        for notify in self.connection.notifies(timeout=timeout, stop_after=1):
+            queues.add(notify.payload)
+        # Drain whatever else arrived meanwhile without waiting.
+        for notify in self.connection.notifies(timeout=0):
+            queues.add(notify.payload)
+        return queues
+
+    def close(self) -> None:
+        self.connection.close()
+
+
 class PostgresEngine(Engine):
     vendor = "postgresql"
+    can_listen = True
     now_sql = "statement_timestamp()"
 
     def json_append_sql(self, column: str) -> str:
         return f"COALESCE({column}, '[]'::jsonb) || jsonb_build_array(%s::jsonb)"
 
+    #: (InsertRow attribute, SQL type of the parameter, SQL of the value in the SELECT list)
+    _INSERT_COLUMNS = (
+        ("name", "text", "{}"),
+        ("args", "text", "{}::jsonb"),
+        ("kwargs", "text", "{}::jsonb"),
+        ("queue", "text", "{}"),
+        ("priority", "smallint", "{}"),
+        ("run_at", "timestamptz", "COALESCE({}, statement_timestamp())"),
+        ("chain_id", "uuid", "{}"),
+        ("chain_position", "smallint", "{}"),
+        ("chain", "text", "{}::jsonb"),
+    )
+
     def insert_jobs(
         self, rows: Sequence[InsertRow], notify: set[str] | None = None
     ) -> list[tuple[int, datetime, datetime]]:
-        # Every column travels as one array: any number of rows is one statement with a
-        # fixed number of parameters (no 65535-parameter limit, one parse). The NOTIFY rides
-        # in the same statement and, like the rows, is only delivered on commit.
+        # One statement, whatever the number of rows: a column whose value is the same in
+        # every row is one parameter, the others travel as arrays through unnest(). The ids
+        # come back as one array, the NOTIFY rides along and, like the rows, is delivered
+        # only on commit.
+        select: list[str] = []
+        select_params: list[Any] = []
+        arrays: list[str] = []
+        array_params: list[Any] = []
+        for attr, sql_type, template in self._INSERT_COLUMNS:
+            values = [getattr(row, attr) for row in rows]
+            first = values[0]
+            if all(value == first for value in values):
+                select.append(template.format(f"%s::{sql_type}"))
+                select_params.append(first)
+            else:
+                select.append(template.format(f"u.{attr}"))
+                arrays.append(f"%s::{sql_type}[]")
+                array_params.append(values)
+        if arrays:
+            source = (
+                f"unnest({', '.join(arrays)}) AS u("
+                + ", ".join(
+                    attr
+                    for (attr, _, _), value in zip(self._INSERT_COLUMNS, select, strict=True)
+                    if "u." in value
+                )
+                + ")"
+            )
+        else:
+            source = "generate_series(1, %s)"
+            array_params = [len(rows)]
         sql = (
             f"WITH ins AS (INSERT INTO {self.job_table} (name, args, kwargs, queue, priority, "
-            "state, attempts, rescues, next_execution_at, created_at, last_error, chain_id, "
-            "chain_position, chain) "
-            "SELECT u.name, u.a::jsonb, u.k::jsonb, u.queue, u.priority, 'waiting', 0, 0, "
-            f"COALESCE(u.run_at, {self.now_sql}), {self.now_sql}, '', u.chain_id, "
-            "u.chain_position, u.chain::jsonb "
-            "FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::smallint[], "
-            "%s::timestamptz[], %s::uuid[], %s::smallint[], %s::text[]) "
-            "AS u(name, a, k, queue, priority, run_at, chain_id, chain_position, chain) "
-            "RETURNING id, created_at, next_execution_at) "
-            "SELECT ins.id, ins.created_at, ins.next_execution_at FROM ins, "
-            "(SELECT count(pg_notify(%s, q)) FROM unnest(%s::text[]) AS q) AS n"
+            "next_execution_at, chain_id, chain_position, chain, state, attempts, rescues, "
+            f"created_at, last_error) SELECT {', '.join(select)}, 'waiting', 0, 0, "
+            f"statement_timestamp(), '' FROM {source} RETURNING id) "
+            "SELECT (SELECT array_agg(id ORDER BY id) FROM ins), statement_timestamp(), "
+            "(SELECT count(pg_notify(%s, q)) FROM unnest(%s::text[]) AS q)"
         )
-        params: list[Any] = [
-            [r.name for r in rows],
-            [r.args for r in rows],
-            [r.kwargs for r in rows],
-            [r.queue for r in rows],
-            [r.priority for r in rows],
-            [r.run_at for r in rows],
-            [r.chain_id for r in rows],
-            [r.chain_position for r in rows],
-            [r.chain for r in rows],
-            CHANNEL,
-            sorted(notify or ()),
-        ]
+        params = [*select_params, *array_params, CHANNEL, sorted(notify or ())]
         with self.connection.cursor() as cursor:
             cursor.execute(sql, params)
-            returned = sorted(cursor.fetchall())
-        return [(r[0], r[1], r[2]) for r in returned]
+            ids, now, _ = cursor.fetchone()
+        return [(job_id, now, row.run_at or now) for job_id, row in zip(ids, rows, strict=True)]
+
+    @contextmanager
+    def listen(self) -> Iterator[Listener]:
+        """A connection of its own (not Django's), in autocommit, listening on CHANNEL."""
+        django_connection = self.connection
+        params = django_connection.get_connection_params()
+        raw = django_connection.get_new_connection(params)
+        try:
+            raw.autocommit = True
+            raw.execute(f"LISTEN {CHANNEL}")
+            yield PostgresListener(raw)
+        finally:
+            raw.close()
+
+    def prepare_bookkeeping(self) -> None:
+        """``synchronous_commit = off`` on the fetcher's and heartbeat's connections (never
+        on the executors', which run user code): a claim or an outcome mark then costs no
+        WAL flush. A PostgreSQL crash (not a clean restart) can undo the last moments of
+        such writes; the affected jobs simply run again, and a dispatch, which commits in
+        the caller's transaction, is never affected. GATOR_ASYNC_COMMIT = False turns this
+        off."""
+        from django_gator import conf
+
+        connection = self.connection
+        connection.ensure_connection()
+        raw = connection.connection
+        if getattr(raw, "_gator_bookkeeping", False) or not conf.get("GATOR_ASYNC_COMMIT"):
+            return
+        with connection.cursor() as cursor:
+            cursor.execute("SET synchronous_commit TO off", [])
+        raw._gator_bookkeeping = True
 
     def claim(self, worker_id: str, queue: str, limit: int) -> list[ClaimedJob]:
         sql = (

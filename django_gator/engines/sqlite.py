@@ -15,8 +15,6 @@ class SQLiteEngine(Engine):
     vendor = "sqlite"
     # The format Django stores (UTC, no zone); '%%' because Django's cursor uses %s params.
     now_sql = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
-    # 9 parameters a row, under SQLite's default limit of 32766 variables.
-    insert_chunk = 3000
 
     def json_append_sql(self, column: str) -> str:
         return f"json_insert(COALESCE({column}, '[]'), '$[#]', json(%s))"
@@ -40,6 +38,19 @@ class SQLiteEngine(Engine):
                 cursor.execute("ROLLBACK", [])
                 raise
             cursor.execute("COMMIT", [])
+
+    def insert_sql(self) -> str:
+        def col(index: int) -> str:
+            return f"json_extract(value, '$[{index}]')"
+
+        return (
+            f"INSERT INTO {self.job_table} (name, args, kwargs, queue, priority, state, "
+            "attempts, rescues, next_execution_at, created_at, last_error, chain_id, "
+            f"chain_position, chain) SELECT {col(0)}, {col(1)}, {col(2)}, {col(3)}, {col(4)}, "
+            f"'waiting', 0, 0, COALESCE({col(5)}, {self.now_sql}), {self.now_sql}, '', "
+            f"{col(6)}, {col(7)}, {col(8)} FROM json_each(%s) ORDER BY key "
+            "RETURNING id, created_at, next_execution_at"
+        )
 
     def claim(self, worker_id: str, queue: str, limit: int) -> list[ClaimedJob]:
         sql = (

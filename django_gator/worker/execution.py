@@ -144,3 +144,14 @@ def decide_retry(
             safe(job.name),
         )
         return True, None, queue
+
+
+def failure_for(job: ClaimedJob, worker_id: str, exc: BaseException) -> Failure:
+    """The outcome of ``job`` failing with ``exc`` outside ``handle()`` (a timeout), with the
+    job class's retry policy applied."""
+    try:
+        job_class = get_job_class(job.name)
+    except JobNotRegistered:
+        return _failure(job, worker_id, exc, None, force_dead=True)
+    instance = job_class(job_id=job.id, attempt=job.attempts, queue=job.queue)
+    return _failure(job, worker_id, exc, instance)

@@ -1,18 +1,24 @@
-"""The worker process: threads, signals, heartbeats, rescue and shutdown.
+"""The worker process: threads, signals, heartbeats, rescue, timeouts and shutdown.
 
 Threads (each with its own database connection, as Django gives every thread its own):
 
-- the *fetcher* claims up to as many jobs as there are free executor slots, in one statement
-  per queue, trying the queues in weighted random order;
-- *executors* (``--concurrency`` of them) run one job at a time and write its outcome;
+- the *fetcher* owns the claim loop: it writes the batched success marks of finished jobs,
+  then claims up to as many jobs as there are free executor slots (one statement per queue,
+  queues tried in weighted random order), and enforces job timeouts;
+- *executors* (``--concurrency`` of them) run one job at a time; a failure is written at
+  once, a success is handed to the fetcher to be written with others in one statement;
 - the *heartbeat* thread refreshes this worker's row and rescues the jobs of workers whose
-  heartbeat lapsed.
+  heartbeat lapsed;
+- on PostgreSQL a *listener* waits for NOTIFY from dispatch and wakes the fetcher, so an
+  idle worker starts a new job within milliseconds of its commit. Elsewhere the fetcher
+  polls, quickly after recent work and backing off to ``GATOR_POLL_INTERVAL``.
 
 Signal handlers only set flags; the main thread does the shutdown.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import json
 import logging
@@ -24,6 +30,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from secrets import token_hex
 from types import FrameType
@@ -40,9 +47,10 @@ from django.db import (
 from django_gator import conf
 from django_gator.engines import ClaimedJob, get_engine
 from django_gator.engines.base import Failure
-from django_gator.exceptions import WorkerLost
+from django_gator.exceptions import JobNotRegistered, JobTimeout, WorkerLost
 from django_gator.logutil import safe
-from django_gator.worker.execution import Success, error_entry, run_claimed
+from django_gator.queueable import get_job_class
+from django_gator.worker.execution import Success, error_entry, failure_for, run_claimed
 from django_gator.worker.queues import QueueSpec, weighted_order
 
 logger = logging.getLogger("django_gator.worker")
@@ -52,6 +60,15 @@ T = TypeVar("T")
 QUEUE_LIST_TTL = 2.0
 #: Longest pause between two tries of a write while the database is unreachable.
 MAX_BACKOFF = 5.0
+#: First idle poll after work was found (polling engines); doubles up to the poll interval.
+MIN_POLL = 0.005
+
+
+@dataclass(slots=True)
+class _Running:
+    job: ClaimedJob
+    thread: threading.Thread
+    deadline: float | None  # time.monotonic() after which the job has timed out
 
 
 class WorkerProcess:
@@ -86,19 +103,25 @@ class WorkerProcess:
         self.worker_id = f"{self.hostname}:{self.pid}:{token_hex(4)}"
         self.engine = get_engine(self.alias)
 
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._work_ready = threading.Condition(self._lock)  # executors wait here
+        self._fetch_needed = threading.Condition(self._lock)  # the fetcher waits here
         self._pending: deque[ClaimedJob] = deque()
-        self._running: dict[int, ClaimedJob] = {}
-        self._in_flight = 0
+        self._running: dict[int, _Running] = {}
+        self._succeeded: list[tuple[ClaimedJob, Success, float]] = []
+        self._in_flight = 0  # claimed and not finished: pending + running
+        self._notified = False
         self._stopping = False  # no more claims
         self._closing = False  # executors exit once the pending queue is empty
         self._forced = False
         self._signals = 0
+        self._executor_count = 0
         self._wake = threading.Event()
         self._done = threading.Event()
-        self._heartbeat_stop = threading.Event()
+        self._stop_background = threading.Event()
         self._threads: list[threading.Thread] = []
         self._queue_cache: tuple[float, list[str]] = (0.0, [])
+        self._listening = False
         self.processed = 0
         self.forced_exit = False
 
@@ -124,7 +147,6 @@ class WorkerProcess:
         )
         try:
             self._start_threads()
-            self._rescue()
             while not self._done.is_set() and not self._stopping:
                 self._wake.wait(0.5)
                 self._wake.clear()
@@ -142,15 +164,17 @@ class WorkerProcess:
 
     def request_stop(self) -> None:
         """Stop claiming; running jobs finish (up to the shutdown timeout)."""
-        with self._cond:
+        with self._lock:
             self._stopping = True
-            self._cond.notify_all()
+            self._fetch_needed.notify_all()
         self._wake.set()
 
     def force_stop(self) -> None:
         """Stop now: running jobs go back to ``waiting`` and the process exits."""
         self._forced = True
         self.request_stop()
+        with self._lock:
+            self._fetch_needed.notify_all()
 
     def _handle_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals += 1
@@ -174,15 +198,21 @@ class WorkerProcess:
         )
 
     def _start_threads(self) -> None:
-        for index in range(self.concurrency):
-            self._spawn(f"gator-executor-{index}", self._executor_loop)
+        for _ in range(self.concurrency):
+            self._spawn_executor()
+        if not self.burst and self.engine.can_listen:
+            self._listening = True
+            self._spawn("gator-listener", self._listen_loop)
+        self._spawn("gator-heartbeat", self._heartbeat_loop)
         self._spawn("gator-fetcher", self._fetcher_loop)
-        self._heartbeat_thread = self._spawn("gator-heartbeat", self._heartbeat_loop)
 
     def _spawn(self, name: str, target: Callable[[], None]) -> threading.Thread:
         def main() -> None:
             try:
                 target()
+            except BaseException:
+                logger.exception("Worker thread crashed thread=%s worker=%s", name, self.worker_id)
+                self.force_stop()
             finally:
                 connections.close_all()  # this thread's connections
 
@@ -191,17 +221,22 @@ class WorkerProcess:
         self._threads.append(thread)
         return thread
 
+    def _spawn_executor(self) -> threading.Thread:
+        self._executor_count += 1
+        return self._spawn(f"gator-executor-{self._executor_count}", self._executor_loop)
+
     def _shutdown(self) -> None:
-        with self._cond:
+        with self._lock:
             self._stopping = True
             unstarted = list(self._pending)
             self._pending.clear()
             self._in_flight -= len(unstarted)
             self._closing = True
-            self._cond.notify_all()
+            self._work_ready.notify_all()
+            self._fetch_needed.notify_all()
         if unstarted:
             # Claimed but never started: back to waiting, the attempt not charged.
-            self._retrying("release unstarted jobs", lambda: self._release(unstarted))
+            self._retrying("release unstarted jobs", functools.partial(self._release, unstarted))
         if not self._done.is_set():
             logger.info(
                 "Worker stopping id=%s running=%s timeout=%ss",
@@ -210,13 +245,19 @@ class WorkerProcess:
                 self.shutdown_timeout,
             )
         deadline = time.monotonic() + self.shutdown_timeout
-        with self._cond:
+        with self._lock:
             while self._running and not self._forced:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                self._cond.wait(min(remaining, 0.2))
-            interrupted = list(self._running.values())
+                self._fetch_needed.wait(min(remaining, 0.2))
+            interrupted = [r.job for r in self._running.values()]
+        self._stop_background.set()
+        for thread in self._threads:
+            if thread.name in ("gator-fetcher", "gator-heartbeat"):
+                thread.join(timeout=10)
+        # Successes the fetcher had not written yet.
+        self._flush_succeeded()
         if interrupted:
             self.forced_exit = True
             logger.warning(
@@ -224,12 +265,12 @@ class WorkerProcess:
                 self.worker_id,
                 ",".join(str(j.id) for j in interrupted),
             )
-            self._retrying("release interrupted jobs", lambda: self._release(interrupted))
-        self._heartbeat_stop.set()
-        for thread in self._threads:
-            if thread.name.startswith("gator-executor") and interrupted:
-                continue  # still inside user code; the process exits without them
-            thread.join(timeout=5)
+            self._retrying(
+                "release interrupted jobs", functools.partial(self._release, interrupted)
+            )
+        else:
+            for thread in self._threads:
+                thread.join(timeout=5)
         try:
             self.engine.unregister_worker(self.worker_id)
         except DatabaseError:
@@ -238,38 +279,58 @@ class WorkerProcess:
     # -- fetcher -----------------------------------------------------------------------
     def _fetcher_loop(self) -> None:
         failures = 0
+        idle_wait = MIN_POLL
         while True:
-            with self._cond:
-                if self._stopping:
-                    return
+            with self._lock:
+                while (
+                    not self._stopping
+                    and not self._succeeded
+                    and not self._notified
+                    and self._in_flight >= self.concurrency
+                ):
+                    self._fetch_needed.wait(self._watchdog_wait())
+                    self._enforce_timeouts()
+                stopping = self._stopping
                 free = self.concurrency - self._in_flight
-                if free <= 0:
-                    self._cond.wait(self.poll_interval)
-                    continue
                 idle = self._in_flight == 0
+                self._notified = False
+            self._flush_succeeded()
+            if stopping:
+                return
+            self._enforce_timeouts_locked()
+            if free <= 0:
+                continue
             try:
                 close_old_connections()
+                self.engine.prepare_bookkeeping()
                 jobs = self._claim(free)
                 failures = 0
             except Exception:
                 failures += 1
                 logger.exception("Claim failed; retrying worker=%s", self.worker_id)
                 _drop_connection(self.alias)
-                time.sleep(min(0.1 * 2**failures, MAX_BACKOFF))
+                self._stop_background.wait(min(0.1 * 2**failures, MAX_BACKOFF))
                 continue
-            with self._cond:
+            with self._lock:
                 stopping = self._stopping
                 if jobs and not stopping:
                     self._pending.extend(jobs)
                     self._in_flight += len(jobs)
-                    self._cond.notify_all()
+                    self._work_ready.notify(len(jobs))
+                    idle_wait = MIN_POLL
                     continue
                 if not jobs and not stopping:
-                    if self.burst and idle and self._in_flight == 0:
+                    if self.burst and idle and self._in_flight == 0 and not self._succeeded:
                         self._done.set()
                         self._wake.set()
                         return
-                    self._cond.wait(self.poll_interval)
+                    if self._listening:
+                        wait = self.poll_interval
+                    else:
+                        wait = idle_wait
+                        idle_wait = min(idle_wait * 2, self.poll_interval)
+                    if not self._succeeded and not self._notified:
+                        self._fetch_needed.wait(min(wait, self._watchdog_wait()))
                     continue
             if jobs:
                 # A stop came in while we were claiming: hand these straight back.
@@ -298,89 +359,152 @@ class WorkerProcess:
         self.rng.shuffle(names)
         return names
 
+    def _flush_succeeded(self) -> None:
+        """Write the success marks that executors handed over, in one statement."""
+        with self._lock:
+            batch, self._succeeded = self._succeeded, []
+        if not batch:
+            return
+        items = [(job.id, job.attempts, success.result) for job, success, _ in batch]
+        written = self._retrying(
+            f"record {len(batch)} successes",
+            lambda: self.engine.mark_succeeded(self.worker_id, items),
+        )
+        if written is None:
+            return
+        written_ids = set(written)
+        for job, _success, elapsed_ms in batch:
+            if job.id not in written_ids and not self._outcome_landed(job, "succeeded"):
+                _log_lost(job, "succeeded")
+                continue
+            if logger.isEnabledFor(logging.INFO):
+                logger.info(
+                    "Processed job id=%s name=%s result=succeeded queue=%s attempt=%s "
+                    "duration_ms=%.1f",
+                    job.id,
+                    safe(job.name),
+                    job.queue,
+                    job.attempts,
+                    elapsed_ms,
+                )
+
+    # -- timeouts ------------------------------------------------------------------------
+    def _watchdog_wait(self) -> float:
+        """Seconds until the next job deadline (called with the lock held)."""
+        deadlines = [r.deadline for r in self._running.values() if r.deadline is not None]
+        if not deadlines:
+            return self.poll_interval
+        return max(min(deadlines) - time.monotonic(), 0.001)
+
+    def _enforce_timeouts_locked(self) -> None:
+        with self._lock:
+            self._enforce_timeouts()
+
+    def _enforce_timeouts(self) -> None:
+        """Fail jobs that ran past their timeout and give their slot a fresh thread
+        (called with the lock held). The stuck thread gets a JobTimeout raised in it, which
+        interrupts Python code but not a blocking call; if it ever finishes, its outcome is
+        discarded by the compare-and-set."""
+        now = time.monotonic()
+        expired = [r for r in self._running.values() if r.deadline is not None and now > r.deadline]
+        for entry in expired:
+            del self._running[entry.job.id]
+            self._in_flight -= 1
+            self._spawn_executor()
+            job = entry.job
+            _interrupt(entry.thread, JobTimeout)
+            threading.Thread(
+                target=self._record_timeout, args=(job,), name="gator-timeout", daemon=True
+            ).start()
+
+    def _record_timeout(self, job: ClaimedJob) -> None:
+        try:
+            timeout = get_job_class(job.name).timeout
+            exc = JobTimeout(f"job ran longer than its timeout of {timeout:g} s")
+            outcome = failure_for(job, self.worker_id, exc)
+            written = self._retrying(
+                f"record timeout of job {job.id}",
+                lambda: self.engine.mark_failed(self.worker_id, job.id, job.attempts, outcome),
+            )
+            if written:
+                logger.warning(
+                    "Processed job id=%s name=%s result=%s queue=%s attempt=%s error=%s",
+                    job.id,
+                    safe(job.name),
+                    "dead" if outcome.dead else "failed",
+                    job.queue,
+                    job.attempts,
+                    safe(outcome.last_error),
+                )
+        finally:
+            connections.close_all()
+
     # -- executors -----------------------------------------------------------------------
     def _executor_loop(self) -> None:
+        me = threading.current_thread()
         while True:
-            with self._cond:
+            with self._lock:
                 while not self._pending and not self._closing:
-                    self._cond.wait()
+                    self._work_ready.wait()
                 if not self._pending:
                     return
                 job = self._pending.popleft()
-                self._running[job.id] = job
+                self._running[job.id] = _Running(job, me, _deadline(job))
             try:
-                self._execute(job)
+                outcome, elapsed_ms = self._execute(job)
             except BaseException:
                 logger.exception("Executor error id=%s", job.id)
-            finally:
-                with self._cond:
-                    self._running.pop(job.id, None)
-                    self._in_flight -= 1
-                    self.processed += 1
-                    self._cond.notify_all()
+                outcome = None
+            with self._lock:
+                entry = self._running.pop(job.id, None)
+                if entry is None:
+                    return  # timed out: a fresh thread has this slot; this one retires
+                self._in_flight -= 1
+                self.processed += 1
+                if isinstance(outcome, Success):
+                    self._succeeded.append((job, outcome, elapsed_ms))
+                self._fetch_needed.notify()
 
-    def _execute(self, job: ClaimedJob) -> None:
+    def _execute(self, job: ClaimedJob) -> tuple[Success | Failure, float]:
         close_old_connections()
         started = time.perf_counter()
-        outcome = run_claimed(job, self.worker_id)
-        elapsed_ms = (time.perf_counter() - started) * 1000
         try:
-            close_old_connections()
-            written = self._retrying(
-                f"record outcome of job {job.id}", lambda: self._record(job, outcome)
-            )
+            outcome = run_claimed(job, self.worker_id)
         finally:
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            close_old_connections()
             reset_queries()
+        if isinstance(outcome, Failure):
+            self._write_failure(job, outcome, elapsed_ms)
+        return outcome, elapsed_ms
+
+    def _write_failure(self, job: ClaimedJob, outcome: Failure, elapsed_ms: float) -> None:
+        result = "dead" if outcome.dead else "failed"
+        written = self._retrying(
+            f"record failure of job {job.id}",
+            lambda: self.engine.mark_failed(self.worker_id, job.id, job.attempts, outcome),
+        )
         if written is None:
             return
-        if isinstance(outcome, Success):
-            result = "succeeded"
-        else:
-            result = "dead" if outcome.dead else "failed"
-        if not written:
-            logger.warning(
-                "Job outcome discarded: the claim was lost (rescued or changed meanwhile) "
-                "id=%s name=%s result=%s",
-                job.id,
-                safe(job.name),
-                result,
-            )
+        if not written and not self._outcome_landed(job, result):
+            _log_lost(job, result)
             return
-        log = logger.info if result == "succeeded" else logger.warning
-        log(
-            "Processed job id=%s name=%s result=%s queue=%s attempt=%s duration_ms=%.1f%s",
+        logger.warning(
+            "Processed job id=%s name=%s result=%s queue=%s attempt=%s duration_ms=%.1f error=%s",
             job.id,
             safe(job.name),
             result,
             job.queue,
             job.attempts,
             elapsed_ms,
-            "" if isinstance(outcome, Success) else f" error={safe(outcome.last_error)}",
+            safe(outcome.last_error),
         )
 
-    def _record(self, job: ClaimedJob, outcome: Success | Failure) -> bool:
-        if isinstance(outcome, Success):
-            written = bool(
-                self.engine.mark_succeeded(self.worker_id, [(job.id, job.attempts, outcome.result)])
-            )
-            expected = "succeeded"
-        else:
-            written = self.engine.mark_failed(self.worker_id, job.id, job.attempts, outcome)
-            expected = "dead" if outcome.dead else "failed"
-        if written:
-            return True
-        # Zero rows: either an earlier try of this same write did commit (the connection
-        # broke before we saw the answer), or the claim is no longer ours.
-        state = self.engine.claim_state(job.id)
-        return (
-            state is not None
-            and state[0] == expected
-            and state[1:]
-            == (
-                job.attempts,
-                self.worker_id,
-            )
-        )
+    def _outcome_landed(self, job: ClaimedJob, expected: str) -> bool:
+        """After a compare-and-set changed no row: did an earlier try of this very write
+        commit (the connection broke before we saw the answer)?"""
+        state = self._retrying(f"read job {job.id}", lambda: self.engine.claim_state(job.id))
+        return state is not None and state == (expected, job.attempts, self.worker_id)
 
     def _release(self, jobs: Sequence[ClaimedJob]) -> None:
         released = self.engine.release(self.worker_id, [(j.id, j.attempts) for j in jobs])
@@ -390,12 +514,42 @@ class WorkerProcess:
             ",".join(map(str, released)) or "-",
         )
 
+    # -- wakeups -------------------------------------------------------------------------
+    def _listen_loop(self) -> None:
+        """PostgreSQL: wake the fetcher when a dispatch for one of our queues commits."""
+        wanted = {s.name for s in self.specs}
+        failures = 0
+        while not self._stop_background.is_set():
+            try:
+                with self.engine.listen() as listener:
+                    failures = 0
+                    while not self._stop_background.is_set():
+                        queues = listener.wait(1.0)
+                        if queues and (not wanted or wanted & queues):
+                            with self._lock:
+                                self._notified = True
+                                self._fetch_needed.notify()
+            except Exception:
+                failures += 1
+                logger.warning(
+                    "LISTEN connection failed; polling until it is back worker=%s",
+                    self.worker_id,
+                    exc_info=failures == 1,
+                )
+                self._stop_background.wait(min(0.1 * 2**failures, MAX_BACKOFF))
+
     # -- heartbeat and rescue ----------------------------------------------------------
     def _heartbeat_loop(self) -> None:
         interval = conf.heartbeat_interval()
-        while not self._heartbeat_stop.wait(interval):
+        try:
+            self._rescue()  # a worker that died just before we started
+        except Exception:
+            logger.exception("Rescue failed worker=%s", self.worker_id)
+            _drop_connection(self.alias)
+        while not self._stop_background.wait(interval):
             try:
                 close_old_connections()
+                self.engine.prepare_bookkeeping()
                 if not self.engine.heartbeat(self.worker_id):
                     logger.warning(
                         "Worker row was gone (declared lost by another worker); "
@@ -433,7 +587,7 @@ class WorkerProcess:
 
     # -- helpers -----------------------------------------------------------------------
     def _retrying(self, what: str, action: Callable[[], T]) -> T | None:
-        """Run a database write until it succeeds; the database may be restarting.
+        """Run a database operation until it succeeds; the database may be restarting.
 
         Gives up (returning None) only when the worker is being forced to stop; whatever
         was not written is then rescued by another worker after our heartbeat lapses."""
@@ -460,6 +614,33 @@ class WorkerProcess:
         if not self.specs:
             return "*"
         return ",".join(f"{s.name}:{s.weight}" for s in self.specs)
+
+
+def _deadline(job: ClaimedJob) -> float | None:
+    try:
+        timeout = get_job_class(job.name).timeout
+    except JobNotRegistered:
+        return None
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def _interrupt(thread: threading.Thread, exc_type: type[BaseException]) -> None:
+    """Raise ``exc_type`` in ``thread`` at its next Python instruction (best effort)."""
+    if thread.ident is None:
+        return
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread.ident), ctypes.py_object(exc_type)
+    )
+
+
+def _log_lost(job: ClaimedJob, result: str) -> None:
+    logger.warning(
+        "Job outcome discarded: the claim was lost (rescued or changed meanwhile) "
+        "id=%s name=%s result=%s",
+        job.id,
+        safe(job.name),
+        result,
+    )
 
 
 def _drop_connection(alias: str) -> None:

@@ -1,0 +1,120 @@
+"""Jobs and measurements for ``manage.py gator_bench``. Imported only by that command."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import connections
+
+from django_gator import conf
+from django_gator.models import Job
+from django_gator.queueable import Queueable
+from django_gator.worker import WorkerProcess
+from django_gator.worker.queues import QueueSpec
+
+QUEUE = "gator-bench"
+_started: dict[int, float] = {}
+_started_event = threading.Event()
+
+
+class BenchNoop(Queueable):
+    name = "django_gator.bench.noop"
+    queue = QUEUE
+
+    def handle(self, *args: Any) -> None:
+        return None
+
+
+class BenchLatency(Queueable):
+    """Notes the moment it starts, for the pickup-latency measurement."""
+
+    name = "django_gator.bench.latency"
+    queue = QUEUE
+
+    def handle(self) -> None:
+        assert self.job_id is not None
+        _started[self.job_id] = time.perf_counter()
+        _started_event.set()
+
+
+@dataclass
+class Report:
+    database: str
+    lines: list[tuple[str, str]] = field(default_factory=list)
+
+    def add(self, label: str, value: str) -> None:
+        self.lines.append((label, value))
+
+
+def clean() -> int:
+    deleted, _ = Job.objects.using(conf.database()).filter(queue=QUEUE).delete()
+    return deleted
+
+
+def timed(action: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+def bench_dispatch(count: int) -> float:
+    """Jobs per second, one dispatch() per job, each its own autocommit transaction."""
+    elapsed = timed(lambda: [BenchNoop.dispatch(i) for i in range(count)])
+    return count / elapsed
+
+
+def bench_dispatch_many(count: int, batch: int) -> float:
+    def run() -> None:
+        for start in range(0, count, batch):
+            BenchNoop.dispatch_many([[i] for i in range(start, min(start + batch, count))])
+
+    return count / timed(run)
+
+
+def bench_drain(count: int, concurrency: int, batch: int = 10_000) -> float:
+    """Jobs per second for one burst worker draining ``count`` no-op jobs."""
+    clean()
+    for start in range(0, count, batch):
+        BenchNoop.dispatch_many([[i] for i in range(start, min(start + batch, count))])
+    worker = WorkerProcess(
+        [QueueSpec(QUEUE)], concurrency=concurrency, burst=True, install_signal_handlers=False
+    )
+    elapsed = timed(worker.run)
+    done = Job.objects.using(conf.database()).filter(queue=QUEUE, state="succeeded").count()
+    if done != count:
+        raise RuntimeError(f"drain finished {done} of {count} jobs")
+    return count / elapsed
+
+
+def bench_latency(samples: int, concurrency: int) -> tuple[float, float]:
+    """(p50, p90) milliseconds from the commit of a dispatch to the start of the job, with
+    an idle worker running in this process."""
+    clean()
+    worker = WorkerProcess(
+        [QueueSpec(QUEUE)], concurrency=concurrency, install_signal_handlers=False
+    )
+    thread = threading.Thread(target=worker.run, name="gator-bench-worker", daemon=True)
+    thread.start()
+    latencies: list[float] = []
+    try:
+        time.sleep(0.5)  # let the worker settle into its idle wait
+        for _ in range(samples):
+            _started_event.clear()
+            committed = time.perf_counter()  # autocommit: committed when dispatch returns
+            job = BenchLatency.dispatch()
+            committed = (committed + time.perf_counter()) / 2
+            if not _started_event.wait(30):
+                raise RuntimeError("a latency job did not start within 30 s")
+            latencies.append((_started[job.pk] - committed) * 1000)
+            time.sleep(0.02)
+    finally:
+        worker.request_stop()
+        thread.join(30)
+        connections.close_all()
+    quantiles = statistics.quantiles(latencies, n=10)
+    return statistics.median(latencies), quantiles[8]

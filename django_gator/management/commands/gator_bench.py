@@ -1,0 +1,83 @@
+"""``manage.py gator_bench``: measure dispatch, drain and pickup latency on this database."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+from typing import Any
+
+import django
+from django.core.management.base import BaseCommand, CommandParser
+from django.db import connections
+
+from django_gator import conf
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+class Command(BaseCommand):
+    help = (
+        "Benchmark django-gator on the configured database with no-op jobs. Writes jobs to "
+        "the queue 'gator-bench' and deletes them afterwards."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--dispatch", type=positive_int, default=2000, help="single dispatches")
+        parser.add_argument(
+            "--dispatch-many", type=positive_int, default=100_000, help="jobs via dispatch_many"
+        )
+        parser.add_argument("--batch", type=positive_int, default=10_000, help="dispatch_many size")
+        parser.add_argument("--drain", type=positive_int, default=20_000, help="jobs to drain")
+        parser.add_argument("--concurrency", type=positive_int, default=8)
+        parser.add_argument("--latency", type=positive_int, default=200, help="latency samples")
+        parser.add_argument(
+            "--only",
+            choices=["dispatch", "dispatch_many", "drain", "latency"],
+            action="append",
+            help="run only these measurements (repeatable)",
+        )
+
+    def handle(self, **options: Any) -> None:
+        from django_gator import bench
+
+        only = set(options["only"] or ["dispatch", "dispatch_many", "drain", "latency"])
+        connection = connections[conf.database()]
+        connection.ensure_connection()
+        version = ".".join(map(str, connection.get_database_version()))
+        self.stdout.write(
+            f"django-gator benchmark: {connection.vendor} {version}, Django "
+            f"{django.get_version()}, Python {platform.python_version()}, "
+            f"{os.cpu_count()} CPUs, {platform.machine()}"
+        )
+        bench.clean()
+        try:
+            if "dispatch" in only:
+                rate = bench.bench_dispatch(options["dispatch"])
+                self._line("dispatch, one at a time (autocommit)", f"{rate:,.0f} jobs/s")
+            if "dispatch_many" in only:
+                rate = bench.bench_dispatch_many(options["dispatch_many"], options["batch"])
+                self._line(f"dispatch_many, {options['batch']:,} per call", f"{rate:,.0f} jobs/s")
+            if "drain" in only:
+                rate = bench.bench_drain(options["drain"], options["concurrency"], options["batch"])
+                self._line(
+                    f"drain {options['drain']:,} no-op jobs, 1 process, "
+                    f"{options['concurrency']} threads",
+                    f"{rate:,.0f} jobs/s",
+                )
+            if "latency" in only:
+                p50, p90 = bench.bench_latency(options["latency"], options["concurrency"])
+                self._line(
+                    f"pickup latency, commit to start ({options['latency']} samples)",
+                    f"p50 {p50:.1f} ms, p90 {p90:.1f} ms",
+                )
+        finally:
+            bench.clean()
+
+    def _line(self, label: str, value: str) -> None:
+        self.stdout.write(f"  {label:<55} {value}")
