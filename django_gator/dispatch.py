@@ -95,7 +95,7 @@ def enqueue(
 
 _FIELDS = [f.attname for f in Job._meta.concrete_fields]
 _FIELD_INDEX = {name: i for i, name in enumerate(_FIELDS)}
-_BLANK = [None] * len(_FIELDS)
+_BLANK: list[Any] = [None] * len(_FIELDS)
 for _name, _value in {
     "state": JobState.WAITING.value,
     "attempts": 0,
