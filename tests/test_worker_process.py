@@ -110,12 +110,14 @@ def test_shutdown_timeout_bounds_the_wait_for_running_jobs(spawn_worker):
 
 
 def test_two_worker_processes_never_run_a_job_twice(spawn_worker):
+    procs = [spawn_worker("--concurrency", "4") for _ in range(2)]
+    wait_for(lambda: Worker.objects.count() == 2)  # both idle and waiting for work
     jobs = RecordOnce.dispatch_many([[f"j{i}"] for i in range(400)])
 
-    procs = [spawn_worker("--burst", "--concurrency", "4") for _ in range(2)]
-
+    wait_for(lambda: not Job.objects.exclude(state=JobState.SUCCEEDED).exists(), timeout=120)
     for proc in procs:
-        assert proc.wait(timeout=120) == 0, output(proc)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, output(proc)
     # RecordOnce writes (job_id, attempt=0) under a unique key: a second run of any job
     # would fail and leave its row dead.
     assert Job.objects.filter(state=JobState.SUCCEEDED).count() == len(jobs)

@@ -255,17 +255,58 @@ class Engine:
         self, worker_id: str, done: Sequence[tuple[int, int, str | None]]
     ) -> list[int]:
         """Mark (id, attempts, result_json) claims succeeded; returns the ids written."""
-        written: list[int] = []
+        with self.connection.cursor() as cursor:
+            return self._mark_succeeded(cursor, worker_id, done)
+
+    #: A JSON value as a query parameter.
+    json_param = "%s"
+
+    #: Whether UPDATE ... RETURNING works (it does not on MySQL and MariaDB).
+    update_returning = True
+
+    def _mark_succeeded(
+        self, cursor: Any, worker_id: str, done: Sequence[tuple[int, int, str | None]]
+    ) -> list[int]:
+        """One UPDATE for the whole batch, each row matched on its claim."""
+        ids = [d[0] for d in done]
+        params: list[Any] = []
+        attempts_case = "CASE id " + " ".join("WHEN %s THEN %s" for _ in done) + " END"
+        for job_id, attempts, _ in done:
+            params += [job_id, attempts]
+        if any(d[2] is not None for d in done):
+            with_result = [d for d in done if d[2] is not None]
+            result_sql = (
+                "CASE id "
+                + " ".join(f"WHEN %s THEN {self.json_param}" for _ in with_result)
+                + " ELSE NULL END"
+            )
+            result_params = [v for d in with_result for v in (d[0], d[2])]
+        else:
+            result_sql, result_params = "NULL", []
         sql = (
             f"UPDATE {self.job_table} SET state = 'succeeded', finished_at = {self.now_sql}, "
-            f"result = %s WHERE {self.CLAIM_MATCH}"
+            f"result = {result_sql} WHERE id IN ({', '.join(['%s'] * len(ids))}) "
+            f"AND state = 'running' AND reserved_by = %s AND attempts = {attempts_case}"
         )
-        with self.write_transaction() as cursor:
-            for job_id, attempts, result in done:
-                cursor.execute(sql, [result, job_id, attempts, worker_id])
-                if cursor.rowcount == 1:
-                    written.append(job_id)
-        return written
+        all_params = [*result_params, *ids, worker_id, *params]
+        if self.update_returning:
+            cursor.execute(sql + " RETURNING id", all_params)
+            return [row[0] for row in cursor.fetchall()]
+        cursor.execute(sql, all_params)
+        # No RETURNING: all or, rarely, some; the caller checks any id not listed.
+        return ids if cursor.rowcount == len(ids) else []
+
+    def claim_and_mark(
+        self,
+        worker_id: str,
+        queue: str,
+        limit: int,
+        succeeded: Sequence[tuple[int, int, str | None]],
+    ) -> tuple[list[ClaimedJob], list[int]]:
+        """Write success marks and claim new jobs; engines whose commits are expensive do
+        both in one transaction."""
+        written = self.mark_succeeded(worker_id, succeeded) if succeeded else []
+        return self.claim(worker_id, queue, limit) if limit else [], written
 
     def mark_failed(self, worker_id: str, job_id: int, attempts: int, failure: Failure) -> bool:
         sql = (

@@ -10,10 +10,10 @@ starve the other workers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
-
-from django.db import transaction
+from typing import Any
 
 from django_gator.engines.base import JOB_COLUMNS, ClaimedJob, Engine, InsertRow
 
@@ -23,6 +23,37 @@ READY_INDEX = "gator_job_ready_my"
 class MySQLEngine(Engine):
     vendor = "mysql"
     now_sql = "UTC_TIMESTAMP(6)"
+    update_returning = False
+
+    @contextmanager
+    def write_transaction(self) -> Iterator[Any]:
+        connection = self.connection
+        if connection.in_atomic_block:
+            with connection.cursor() as cursor:
+                yield cursor
+            return
+        # START TRANSACTION ... COMMIT: two round trips fewer than toggling autocommit.
+        with connection.cursor() as cursor:
+            cursor.execute("START TRANSACTION", [])
+            try:
+                yield cursor
+            except BaseException:
+                cursor.execute("ROLLBACK", [])
+                raise
+            cursor.execute("COMMIT", [])
+
+    def claim_and_mark(
+        self,
+        worker_id: str,
+        queue: str,
+        limit: int,
+        succeeded: Sequence[tuple[int, int, str | None]],
+    ) -> tuple[list[ClaimedJob], list[int]]:
+        # One commit (one log flush) for the marks and the claim.
+        with self.write_transaction() as cursor:
+            written = self._mark_succeeded(cursor, worker_id, succeeded) if succeeded else []
+            jobs = self._claim(cursor, worker_id, queue, limit) if limit else []
+        return jobs, written
 
     def json_append_sql(self, column: str) -> str:
         return f"JSON_ARRAY_APPEND(COALESCE({column}, '[]'), '$', JSON_EXTRACT(%s, '$'))"
@@ -87,23 +118,26 @@ class MySQLEngine(Engine):
         )
 
     def claim(self, worker_id: str, queue: str, limit: int) -> list[ClaimedJob]:
+        with self.write_transaction() as cursor:
+            return self._claim(cursor, worker_id, queue, limit)
+
+    def _claim(self, cursor: Any, worker_id: str, queue: str, limit: int) -> list[ClaimedJob]:
         select = (
             f"SELECT {JOB_COLUMNS} FROM {self.job_table} FORCE INDEX ({READY_INDEX})"
             f" WHERE queue = %s AND ready_rank IS NOT NULL"
             f" AND next_execution_at <= {self.now_sql}"
             " ORDER BY ready_rank, next_execution_at, id LIMIT %s FOR UPDATE SKIP LOCKED"
         )
-        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
-            cursor.execute(select, [queue, limit])
-            rows = cursor.fetchall()
-            if not rows:
-                return []
-            ids = [row[0] for row in rows]
-            cursor.execute(
-                f"UPDATE {self.job_table} SET state = 'running', attempts = attempts + 1,"
-                f" reserved_by = %s, locked_at = {self.now_sql},"
-                f" started_at = COALESCE(started_at, {self.now_sql})"
-                f" WHERE id IN ({', '.join(['%s'] * len(ids))})",
-                [worker_id, *ids],
-            )
+        cursor.execute(select, [queue, limit])
+        rows = cursor.fetchall()
+        if not rows:
+            return []
+        ids = [row[0] for row in rows]
+        cursor.execute(
+            f"UPDATE {self.job_table} SET state = 'running', attempts = attempts + 1,"
+            f" reserved_by = %s, locked_at = {self.now_sql},"
+            f" started_at = COALESCE(started_at, {self.now_sql})"
+            f" WHERE id IN ({', '.join(['%s'] * len(ids))})",
+            [worker_id, *ids],
+        )
         return [self.claimed(row, attempts_offset=1) for row in rows]

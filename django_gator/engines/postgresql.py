@@ -41,6 +41,7 @@ class PostgresListener(Listener):
 class PostgresEngine(Engine):
     vendor = "postgresql"
     can_listen = True
+    json_param = "%s::jsonb"
     now_sql = "statement_timestamp()"
 
     def json_append_sql(self, column: str) -> str:

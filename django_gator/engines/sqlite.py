@@ -4,7 +4,7 @@ multi-statement writes run in BEGIN IMMEDIATE transactions."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -52,7 +52,25 @@ class SQLiteEngine(Engine):
             "RETURNING id, created_at, next_execution_at"
         )
 
+    def claim_and_mark(
+        self,
+        worker_id: str,
+        queue: str,
+        limit: int,
+        succeeded: Sequence[tuple[int, int, str | None]],
+    ) -> tuple[list[ClaimedJob], list[int]]:
+        if not succeeded or not limit:
+            return super().claim_and_mark(worker_id, queue, limit, succeeded)
+        with self.write_transaction() as cursor:
+            written = self._mark_succeeded(cursor, worker_id, succeeded)
+            jobs = self._claim(cursor, worker_id, queue, limit)
+        return jobs, written
+
     def claim(self, worker_id: str, queue: str, limit: int) -> list[ClaimedJob]:
+        with self.connection.cursor() as cursor:
+            return self._claim(cursor, worker_id, queue, limit)
+
+    def _claim(self, cursor: Any, worker_id: str, queue: str, limit: int) -> list[ClaimedJob]:
         sql = (
             f"UPDATE {self.job_table} SET state = 'running', attempts = attempts + 1,"
             f" reserved_by = %s, locked_at = {self.now_sql},"
@@ -62,9 +80,7 @@ class SQLiteEngine(Engine):
             "  ORDER BY priority DESC, next_execution_at, id LIMIT %s)"
             f" RETURNING {JOB_COLUMNS}"
         )
-        with self.connection.cursor() as cursor:
-            cursor.execute(sql, [worker_id, queue, limit])
-            rows = cursor.fetchall()
-        jobs = [self.claimed(row) for row in rows]
+        cursor.execute(sql, [worker_id, queue, limit])
+        jobs = [self.claimed(row) for row in cursor.fetchall()]
         jobs.sort(key=lambda j: (-j.priority, j.id))
         return jobs

@@ -114,19 +114,6 @@ class Migration(migrations.Migration):
                     ("cancel_job", "Can cancel jobs that have not started"),
                 ],
                 "indexes": [
-                    models.Index(
-                        models.F("queue"),
-                        models.OrderBy(models.F("priority"), descending=True),
-                        models.F("next_execution_at"),
-                        models.F("id"),
-                        condition=models.Q(("state__in", ["waiting", "failed"])),
-                        name="gator_job_ready",
-                    ),
-                    models.Index(
-                        condition=models.Q(("state", "running")),
-                        fields=["reserved_by"],
-                        name="gator_job_running",
-                    ),
                     models.Index(fields=["state", "finished_at"], name="gator_job_state_finished"),
                     models.Index(fields=["chain_id"], name="gator_job_chain"),
                 ],

@@ -294,22 +294,27 @@ class WorkerProcess:
                 free = self.concurrency - self._in_flight
                 idle = self._in_flight == 0
                 self._notified = False
-            self._flush_succeeded()
             if stopping:
+                self._flush_succeeded()
                 return
             self._enforce_timeouts_locked()
-            if free <= 0:
-                continue
+            with self._lock:
+                batch, self._succeeded = self._succeeded, []
             try:
                 close_old_connections()
                 self.engine.prepare_bookkeeping()
-                jobs = self._claim(free)
+                jobs, written = self._claim(max(free, 0), batch)
                 failures = 0
             except Exception:
                 failures += 1
                 logger.exception("Claim failed; retrying worker=%s", self.worker_id)
                 _drop_connection(self.alias)
+                with self._lock:
+                    self._succeeded[:0] = batch  # written next time (marks are idempotent)
                 self._stop_background.wait(min(0.1 * 2**failures, MAX_BACKOFF))
+                continue
+            self._report_succeeded(batch, written)
+            if free <= 0:
                 continue
             with self._lock:
                 stopping = self._stopping
@@ -337,16 +342,30 @@ class WorkerProcess:
                 self._retrying("release jobs", functools.partial(self._release, jobs))
             return
 
-    def _claim(self, limit: int) -> list[ClaimedJob]:
-        names = self._queue_order()
+    def _claim(
+        self, limit: int, succeeded: Sequence[tuple[ClaimedJob, Success, float]] = ()
+    ) -> tuple[list[ClaimedJob], list[int]]:
+        """Claim up to ``limit`` jobs across our queues, writing the ``succeeded`` marks in
+        the same round trip as the first claim (one commit where commits are costly)."""
+        marks = [(job.id, job.attempts, success.result) for job, success, _ in succeeded]
+        names = self._queue_order() if limit else []
+        if not names:
+            written = self.engine.mark_succeeded(self.worker_id, marks) if marks else []
+            return [], written
         claimed: list[ClaimedJob] = []
+        written = []
         for name in names:
-            claimed += self.engine.claim(self.worker_id, name, limit - len(claimed))
+            jobs, marked = self.engine.claim_and_mark(
+                self.worker_id, name, limit - len(claimed), marks
+            )
+            claimed += jobs
+            written += marked
+            marks = []
             if len(claimed) >= limit:
                 break
         if not claimed and not self.specs:
             self._queue_cache = (0.0, [])  # look for new queues next time
-        return claimed
+        return claimed, written
 
     def _queue_order(self) -> list[str]:
         if self.specs:
@@ -365,12 +384,18 @@ class WorkerProcess:
             batch, self._succeeded = self._succeeded, []
         if not batch:
             return
-        items = [(job.id, job.attempts, success.result) for job, success, _ in batch]
+        marks = [(job.id, job.attempts, success.result) for job, success, _ in batch]
         written = self._retrying(
             f"record {len(batch)} successes",
-            lambda: self.engine.mark_succeeded(self.worker_id, items),
+            lambda: self.engine.mark_succeeded(self.worker_id, marks),
         )
-        if written is None:
+        if written is not None:
+            self._report_succeeded(batch, written)
+
+    def _report_succeeded(
+        self, batch: Sequence[tuple[ClaimedJob, Success, float]], written: Sequence[int]
+    ) -> None:
+        if not batch:
             return
         written_ids = set(written)
         for job, _success, elapsed_ms in batch:
