@@ -1,0 +1,187 @@
+# django-gator developer tasks (GNU make).
+#
+#   make install       create $(VENV) and install the package with every extra (fast when current)
+#   make test          the test suite on SQLite, PostgreSQL and MariaDB/MySQL, one after another
+#   make test-sqlite | test-postgres | test-mysql
+#   make lint          ruff check, ruff format --check, mypy
+#   make demo          the demo project: migrate, admin user, demo jobs, a worker and runserver
+#   make demo-check    the demo project, non-interactive, checked (for CI)
+#   make clean         caches, build files, demo databases;  make distclean also removes venvs
+#
+# Variables, set on the command line: make test PYTHON=python3.12 VENV=.venv-dj6 DJANGO='Django>=6.1,<6.2'
+#   PYTHON VENV DJANGO PG_URL MYSQL_URL PYTEST_ARGS TEST_DB_SUFFIX DEMO_ADDR (see below). Without CI=true,
+#   make test skips (loudly) a database server that does not answer; with CI=true it fails.
+
+PYTHON      ?= python3
+VENV        ?= .venv
+# An extra pip requirement pinning the Django line, e.g. DJANGO='Django>=6.1,<6.2'.
+DJANGO      ?=
+PG_URL      ?= postgres://postgres@127.0.0.1:5432/test
+MYSQL_URL   ?= mysql://root@127.0.0.1:3306/test
+PYTEST_ARGS ?=
+# Optional: run the PostgreSQL/MariaDB tests in test_<name>_<suffix> instead of test_<name>
+# (through pytest-django's TOX_PARALLEL_ENV hook), so that runs sharing a server don't drop
+# each other's test database. .ci/run sets it.
+TEST_DB_SUFFIX ?=
+DEMO_ADDR   ?= 127.0.0.1:8000
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV_PY     := $(VENV)/bin/python
+VENV_ABS_PY := $(abspath $(VENV))/bin/python
+STAMP       := $(VENV)/.gator-installed
+# Records PYTHON and DJANGO, so that changing either reinstalls.
+VENV_CONFIG := $(VENV)/.gator-config
+INSTALL_CONFIG := python=$(PYTHON) django=$(DJANGO)
+
+.PHONY: help install sysdeps test test-sqlite test-postgres test-mysql check-dbs lint \
+        demo demo-check clean distclean FORCE
+
+help:
+	@sed -n '3,14s/^# \{0,1\}//p' $(MAKEFILE_LIST)
+
+# ---------------------------------------------------------------------------------------------
+# Installing
+
+# mysqlclient builds against the MariaDB/MySQL client library, found through pkg-config.
+define check_sysdeps
+if pkg-config --exists libmariadb 2>/dev/null || pkg-config --exists mysqlclient 2>/dev/null; then \
+  :; \
+elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+  echo "==> mysqlclient needs pkg-config and libmariadb-dev; installing them with apt-get"; \
+  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y pkg-config libmariadb-dev; \
+else \
+  echo "ERROR: the mysql extra (mysqlclient) needs pkg-config and the MariaDB or MySQL client" >&2; \
+  echo "       development files, and neither 'pkg-config --exists libmariadb' nor" >&2; \
+  echo "       'pkg-config --exists mysqlclient' succeeds. Install them, then re-run make:" >&2; \
+  echo "         Debian/Ubuntu:  sudo apt-get install pkg-config libmariadb-dev build-essential" >&2; \
+  echo "         Fedora/RHEL:    sudo dnf install pkgconf-pkg-config mariadb-connector-c-devel gcc" >&2; \
+  echo "         macOS:          brew install pkg-config mysql-client" >&2; \
+  exit 1; \
+fi
+endef
+
+sysdeps:
+	@$(check_sysdeps)
+
+install: $(STAMP)
+
+$(VENV_CONFIG): FORCE
+	@mkdir -p $(VENV)
+	@echo '$(INSTALL_CONFIG)' | cmp -s - $@ || echo '$(INSTALL_CONFIG)' > $@
+
+$(STAMP): pyproject.toml $(VENV_CONFIG)
+	@$(check_sysdeps)
+	@if [ ! -x $(VENV_PY) ]; then \
+	  echo "==> creating $(VENV) with $(PYTHON)"; \
+	  $(PYTHON) -m venv $(VENV) || exit 1; \
+	else \
+	  want=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])') || exit 1; \
+	  have=$$($(VENV_PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+	  if [ "$$want" != "$$have" ]; then \
+	    echo "ERROR: $(VENV) has Python $$have but PYTHON=$(PYTHON) is Python $$want." >&2; \
+	    echo "       Use another VENV=..., or remove $(VENV) to recreate it." >&2; \
+	    exit 1; \
+	  fi; \
+	fi
+	@echo "==> installing django-gator[postgres,mysql,dev]$(if $(DJANGO), and $(DJANGO)) into $(VENV)"
+	$(VENV_PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(VENV_PY) -m pip install --quiet --disable-pip-version-check \
+	  -e '.[postgres,mysql,dev]' $(if $(DJANGO),'$(DJANGO)')
+	@touch $@
+
+FORCE:
+
+# ---------------------------------------------------------------------------------------------
+# Tests
+
+# $(call header,what): a banner naming the database and the Django and Python versions.
+define header
+printf '\n==================== pytest on %s: %s ====================\n' '$(1)' \
+  "$$($(VENV_PY) -c 'import django, platform; print(f"Django {django.get_version()}, Python {platform.python_version()}")')"
+endef
+
+# $(call on_server_db,name,url): run the suite on a database server if it answers. When it
+# does not: a failure if CI=true, otherwise a loud SKIPPED line.
+define on_server_db
+shown=$$(echo '$(2)' | sed -E 's#(://[^:/@]*):[^@]*@#\1:***@#'); \
+if $(VENV_PY) scripts/db_ping.py --quiet '$(2)'; then \
+  $(call header,$(1)); \
+  $(if $(TEST_DB_SUFFIX),TOX_PARALLEL_ENV='$(TEST_DB_SUFFIX)') DATABASE_URL='$(2)' \
+    $(VENV_PY) -m pytest $(PYTEST_ARGS); \
+elif [[ "$${CI:-}" =~ ^([Tt]rue|TRUE|1|yes)$$ ]]; then \
+  echo; \
+  echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!" >&2; \
+  echo "!!! ERROR: $(1) is not reachable at $$shown" >&2; \
+  echo "!!! CI=$${CI}, so a missing database fails the build instead of skipping its tests." >&2; \
+  echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!" >&2; \
+  exit 1; \
+else \
+  echo; \
+  echo "******************************************************************************"; \
+  echo "*** SKIPPED: $(1) tests: $(1) is not reachable at $$shown"; \
+  echo "*** (start it, or point the URL elsewhere; under CI=true this is an error)"; \
+  echo "******************************************************************************"; \
+fi
+endef
+
+# All three, even if one fails; fails at the end if any did.
+test: install
+	@failed=""; \
+	$(MAKE) --no-print-directory test-sqlite || failed="$$failed SQLite"; \
+	$(MAKE) --no-print-directory test-postgres || failed="$$failed PostgreSQL"; \
+	$(MAKE) --no-print-directory test-mysql || failed="$$failed MariaDB/MySQL"; \
+	if [ -n "$$failed" ]; then echo; echo "==> make test FAILED on:$$failed" >&2; exit 1; fi; \
+	echo; echo "==> make test: passed (see above for any SKIPPED database)"
+
+test-sqlite: install
+	@$(call header,SQLite)
+	env -u DATABASE_URL $(VENV_PY) -m pytest $(PYTEST_ARGS)
+
+test-postgres: install
+	@$(call on_server_db,PostgreSQL,$(PG_URL))
+
+test-mysql: install
+	@$(call on_server_db,MariaDB/MySQL,$(MYSQL_URL))
+
+# Both servers must answer (used by .ci/run before anything else).
+check-dbs: install
+	@ok=1; \
+	$(VENV_PY) scripts/db_ping.py '$(PG_URL)' || ok=0; \
+	$(VENV_PY) scripts/db_ping.py '$(MYSQL_URL)' || ok=0; \
+	if [ $$ok = 0 ]; then \
+	  echo "!!! ERROR: a database server is not reachable (see above); PG_URL and MYSQL_URL" >&2; \
+	  echo "!!! choose them (now '$(PG_URL)' and '$(MYSQL_URL)')." >&2; \
+	  exit 1; \
+	fi
+
+# ---------------------------------------------------------------------------------------------
+# Lint: all three checks run; fails if any failed.
+
+lint: install
+	@status=0; \
+	echo "==> ruff check ."; $(VENV)/bin/ruff check . || status=1; \
+	echo "==> ruff format --check ."; $(VENV)/bin/ruff format --check . || status=1; \
+	echo "==> mypy django_gator"; $(VENV)/bin/mypy django_gator || status=1; \
+	if [ $$status != 0 ]; then echo "==> make lint FAILED" >&2; fi; \
+	exit $$status
+
+# ---------------------------------------------------------------------------------------------
+# Demo project (testproject/)
+
+demo: install
+	@PY='$(VENV_ABS_PY)' DEMO_ADDR='$(DEMO_ADDR)' bash scripts/demo.sh
+
+demo-check: install
+	@PY='$(VENV_ABS_PY)' bash scripts/demo-check.sh
+
+# ---------------------------------------------------------------------------------------------
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -f testproject/db.sqlite3 testproject/db.sqlite3-wal testproject/db.sqlite3-shm
+	find . -path './.venv*' -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV) .venv .venv-dj6

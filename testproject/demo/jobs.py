@@ -1,0 +1,144 @@
+"""The demo's jobs: one per django-gator feature.
+
+django_gator imports every installed app's ``jobs`` module at startup (like ``admin.py``), so
+defining a job here is all it takes for a worker to know it. Each job's registered name is
+``"<module>.<name>"``, e.g. ``"demo.jobs.SendWelcomeEmail"``: that name and the JSON
+arguments are all that is stored in the database.
+
+``manage.py demo_jobs`` dispatches them; ``manage.py gator_worker`` runs them. Every job is
+quick, so a burst worker (``gator_worker --burst``) finishes them in seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.contrib.sessions.models import Session
+from django.core.mail import send_mail
+from django.utils import timezone
+
+from django_gator import Queueable, Retry, job
+
+logger = logging.getLogger(__name__)
+
+
+# --- A class-based job: queue, priority and timeout ----------------------------------------------
+
+
+class SendWelcomeEmail(Queueable):
+    """Email a new user. The class attributes are the defaults of every dispatch."""
+
+    queue = "emails"  # workers can be told which queues to serve: gator_worker -q emails
+    priority = 10  # higher runs first within a queue (-100 to 100, default 0)
+    timeout = 30  # seconds a run may take, None = no limit (not enforced yet: see README)
+
+    def handle(self, email: str, name: str = "there", template: str = "welcome") -> dict[str, Any]:
+        # self.job_id, self.attempt (1 on the first run) and self.queue describe this run.
+        subject = "Welcome aboard!" if template == "welcome" else "Still there?"
+        send_mail(
+            subject,
+            f"Hi {name},\n\nthanks for signing up.\n\n(job #{self.job_id}, {template!r})",
+            "noreply@example.com",
+            [email],
+        )
+        logger.info("Sent %r email to %s (job #%s)", template, email, self.job_id)
+        # A JSON-serialisable return value is stored on the job row (Job.result).
+        return {"to": email, "template": template}
+
+
+# --- Function jobs: @job and @job(...) -----------------------------------------------------------
+
+
+@job(queue="images", timeout=60)
+def resize_image(image_id: int, width: int = 800) -> dict[str, int]:
+    """Make a thumbnail. ``resize_image(1)`` still calls the function directly;
+    ``resize_image.dispatch(1)`` runs it in a worker."""
+    # A real job would load the image, resize it and save it; we only work out the size.
+    height = width * 3 // 4
+    logger.info("Resized image %s to %sx%s", image_id, width, height)
+    return {"image_id": image_id, "width": width, "height": height}
+
+
+@job
+def clear_expired_sessions() -> int:
+    """Housekeeping with the plain ``@job`` form (queue "default", no retries)."""
+    deleted, _ = Session.objects.filter(expire_date__lt=timezone.now()).delete()
+    logger.info("Deleted %s expired sessions", deleted)
+    return deleted
+
+
+# --- Retries: a flaky dependency -----------------------------------------------------------------
+
+
+class SyncInventory(Queueable):
+    """Pull stock levels from a warehouse API that times out now and then.
+
+    On failure the job goes to ``failed`` and runs again ``interval`` seconds later, at most
+    ``max_retries`` more times, on the "retries" queue (so retries cannot crowd out fresh
+    work). Every failed attempt's error is kept in the job's error history.
+    """
+
+    retry = Retry(interval=1, max_retries=3, queue="retries")
+
+    def handle(self, warehouse: str) -> dict[str, Any]:
+        # Simulated outage: the first two attempts fail, the third gets through.
+        if self.attempt < 3:
+            raise ConnectionError(
+                f"warehouse {warehouse!r}: API timed out (simulated, attempt {self.attempt})"
+            )
+        logger.info("Synced inventory of %s on attempt %s", warehouse, self.attempt)
+        return {"warehouse": warehouse, "attempt": self.attempt}
+
+
+# --- retry_decision: choosing per error whether and when to retry --------------------------------
+
+
+class CardDeclined(Exception):
+    """The bank said no: trying again will not change its mind."""
+
+
+class GatewayTimeout(Exception):
+    """The payment gateway did not answer: worth another try soon."""
+
+
+class ChargeCard(Queueable):
+    """Charge an order. The class policy is exponential backoff (30 s, 31 s, 62 s, ...), but
+    ``retry_decision`` looks at the error first."""
+
+    queue = "payments"
+    priority = 20
+    retry = Retry(interval="exponential", max_retries=5)
+
+    def handle(self, order_id: int, amount_cents: int, card: str) -> dict[str, Any]:
+        # Stand-in for a payment gateway client; the card token picks the outcome.
+        if card == "tok_declined":
+            raise CardDeclined(f"order {order_id}: card declined (insufficient funds)")
+        if card == "tok_flaky" and self.attempt == 1:
+            raise GatewayTimeout(f"order {order_id}: gateway did not answer within 10 s")
+        logger.info("Charged %s cents for order %s", amount_cents, order_id)
+        return {"order_id": order_id, "charged_cents": amount_cents}
+
+    def retry_decision(self, exc: BaseException, retry_count: int) -> float | bool | None:
+        if isinstance(exc, CardDeclined):
+            return False  # dead now, retries or not
+        if isinstance(exc, GatewayTimeout):
+            return 1  # seconds: the gateway blips are short, don't wait 30 s
+        return None  # anything else: the class's Retry policy (exponential)
+
+
+# --- A job that always fails ---------------------------------------------------------------------
+
+
+class ImportLegacyOrders(Queueable):
+    """Import a CSV export from the old shop. The file has a bad row, so this always fails.
+
+    No ``retry`` policy: the first failure sends the job straight to ``dead``, with the error
+    (class, message, traceback, time, worker) recorded. Fix the data, then retry it from the
+    admin.
+    """
+
+    queue = "imports"
+
+    def handle(self, path: str) -> None:
+        raise ValueError(f"{path}, row 3: invalid date '2019-02-31' in column 'ordered_at'")

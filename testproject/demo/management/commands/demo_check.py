@@ -1,0 +1,174 @@
+"""``manage.py demo_check``: verify that the demo jobs ended the way they are meant to.
+
+Meant for a fresh database on which ``demo_jobs`` ran once and workers then processed
+everything (``make demo-check`` does exactly that). Also logs in to the admin with the test
+client. Exits non-zero, listing every problem, if anything is off.
+
+``manage.py demo_check --unfinished`` only prints how many jobs are not finished yet
+(waiting, running or failed-and-going-to-retry).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.contrib import admin
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.test import Client
+from django.test.utils import setup_test_environment
+from django.urls import reverse
+
+from demo.jobs import (
+    ChargeCard,
+    ImportLegacyOrders,
+    SendWelcomeEmail,
+    SyncInventory,
+    clear_expired_sessions,
+    resize_image,
+)
+from demo.management.commands.demo_superuser import PASSWORD, USERNAME
+from django_gator.models import Job, JobState
+
+UNFINISHED = (JobState.WAITING, JobState.RUNNING, JobState.FAILED)
+
+# How many rows of each job `demo_jobs` creates.
+EXPECTED_COUNTS = {
+    SendWelcomeEmail.name: 3,
+    resize_image.name: 4,
+    clear_expired_sessions.name: 1,
+    SyncInventory.name: 1,
+    ChargeCard.name: 2,
+    ImportLegacyOrders.name: 1,
+}
+
+
+def expected_outcome(job: Job) -> tuple[str, int, list[str]]:
+    """(final state, attempts, classes of the recorded errors) that ``job`` should end with."""
+    if job.name == SyncInventory.name:
+        return JobState.SUCCEEDED, 3, ["ConnectionError", "ConnectionError"]
+    if job.name == ChargeCard.name and job.kwargs.get("card") == "tok_flaky":
+        return JobState.SUCCEEDED, 2, ["demo.jobs.GatewayTimeout"]
+    if job.name == ChargeCard.name:
+        return JobState.DEAD, 1, ["demo.jobs.CardDeclined"]
+    if job.name == ImportLegacyOrders.name:
+        return JobState.DEAD, 1, ["ValueError"]
+    return JobState.SUCCEEDED, 1, []
+
+
+class Command(BaseCommand):
+    help = "Check that the demo jobs reached their expected states and that the admin loads."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--unfinished",
+            action="store_true",
+            help="Only print the number of jobs that are not finished yet.",
+        )
+
+    def handle(self, *args: Any, unfinished: bool, **options: Any) -> None:
+        if unfinished:
+            self.stdout.write(str(Job.objects.filter(state__in=UNFINISHED).count()))
+            return
+        problems = self.check_jobs() + self.check_admin()
+        if problems:
+            for problem in problems:
+                self.stderr.write(f"  FAIL: {problem}")
+            raise CommandError(f"demo check failed: {len(problems)} problem(s)")
+        self.stdout.write(self.style.SUCCESS("demo check passed"))
+
+    def check_jobs(self) -> list[str]:
+        problems = []
+        jobs = list(Job.objects.order_by("id"))
+        counts: dict[str, int] = {}
+        for job in jobs:
+            counts[job.name] = counts.get(job.name, 0) + 1
+        if counts != EXPECTED_COUNTS:
+            problems.append(f"jobs per name are {counts}, expected {EXPECTED_COUNTS}")
+
+        for job in jobs:
+            state, attempts, error_classes = expected_outcome(job)
+            errors = job.error_history
+            got_classes = [str(e.get("class")) for e in errors]
+            line = (
+                f"#{job.pk} {job.name}{job.args}{job.kwargs}: state={job.state} "
+                f"attempts={job.attempts} errors={got_classes}"
+            )
+            self.stdout.write(f"  {line}")
+            if job.state != state:
+                problems.append(f"{line}: expected state {state}")
+            if job.attempts != attempts:
+                problems.append(f"{line}: expected {attempts} attempt(s)")
+            if got_classes != error_classes:
+                problems.append(f"{line}: expected errors {error_classes}")
+            for entry in errors:
+                missing = [k for k in ("message", "traceback", "at", "worker") if not entry.get(k)]
+                if missing:
+                    problems.append(f"{line}: error entry lacks {missing}: {entry}")
+            if state == JobState.DEAD and not job.last_error:
+                problems.append(f"{line}: dead without last_error")
+            if state == JobState.SUCCEEDED and job.finished_at is None:
+                problems.append(f"{line}: succeeded without finished_at")
+
+        problems += self.check_dispatch_options(jobs)
+        return problems
+
+    def check_dispatch_options(self, jobs: list[Job]) -> list[str]:
+        problems = []
+        for job in jobs:
+            welcome = job.name == SendWelcomeEmail.name
+            # wait=2s: not started before it was due.
+            if (
+                welcome
+                and job.kwargs.get("template") == "reminder"
+                and (
+                    job.started_at is None
+                    or job.started_at - job.created_at < timedelta(seconds=1.9)
+                )
+            ):
+                problems.append(
+                    f"#{job.pk}: dispatched with wait=2s but created {job.created_at}, "
+                    f"started {job.started_at}"
+                )
+            if (
+                welcome
+                and job.kwargs.get("name") == "Alan"
+                and (job.queue, job.priority) != ("critical", 50)
+            ):
+                problems.append(
+                    f"#{job.pk}: dispatched with queue='critical', priority=50 but has "
+                    f"queue={job.queue!r}, priority={job.priority}"
+                )
+            if job.name == SyncInventory.name and job.queue != "retries":
+                problems.append(f"#{job.pk}: retried job should be on 'retries', is {job.queue!r}")
+            if job.name == resize_image.name and job.queue != "images":
+                problems.append(f"#{job.pk}: resize_image should be on 'images', is {job.queue!r}")
+        return problems
+
+    def check_admin(self) -> list[str]:
+        problems = []
+        setup_test_environment()  # lets the test client's host "testserver" in
+        client = Client()
+        response = client.get("/")
+        if response.status_code not in (301, 302) or response["Location"] != "/admin/":
+            problems.append(f"GET / should redirect to /admin/, got {response.status_code}")
+        response = client.get(reverse("admin:login"))
+        if response.status_code != 200 or b"Log in" not in response.content:
+            problems.append(f"admin login page: HTTP {response.status_code}")
+        else:
+            self.stdout.write("  admin login page loads")
+        if not client.login(username=USERNAME, password=PASSWORD):
+            problems.append(f"cannot log in to the admin as {USERNAME}/{PASSWORD}")
+            return problems
+        urls = [reverse("admin:index")]
+        if admin.site.is_registered(Job):
+            urls.append(reverse("admin:django_gator_job_changelist"))
+            urls += [
+                reverse("admin:django_gator_job_change", args=[j.pk]) for j in Job.objects.all()
+            ]
+        for url in urls:
+            response = client.get(url)
+            if response.status_code != 200:
+                problems.append(f"GET {url} as {USERNAME}: HTTP {response.status_code}")
+        self.stdout.write(f"  admin: logged in as {USERNAME!r}, {len(urls)} page(s) load")
+        return problems

@@ -1,0 +1,91 @@
+"""``manage.py demo_jobs``: enqueue one of each demo job, showing the ways to dispatch."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand
+from django.db import transaction
+
+from demo.jobs import (
+    ChargeCard,
+    ImportLegacyOrders,
+    SendWelcomeEmail,
+    SyncInventory,
+    clear_expired_sessions,
+    resize_image,
+)
+from django_gator.models import Job
+
+
+class Command(BaseCommand):
+    help = "Dispatch the demo jobs (run gator_worker to process them)."
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        jobs: list[tuple[str, Job]] = []
+
+        # Positional and keyword arguments, stored as JSON on the row.
+        jobs.append(("args + kwargs", SendWelcomeEmail.dispatch("ada@example.com", name="Ada")))
+        jobs.append(("@job function", resize_image.dispatch(42, width=1200)))
+        jobs.append(("bare @job", clear_expired_sessions.dispatch()))
+
+        # Several runs of one job in a single INSERT: lists are positional arguments,
+        # dicts keyword arguments.
+        for row in resize_image.dispatch_many([[101], [102], {"image_id": 103, "width": 400}]):
+            jobs.append(("dispatch_many", row))
+
+        # Scheduled: due in 2 seconds (also: wait=7200, or at=<aware datetime>).
+        jobs.append(
+            (
+                "wait=2s",
+                SendWelcomeEmail.dispatch(
+                    "grace@example.com",
+                    name="Grace",
+                    template="reminder",
+                    wait=timedelta(seconds=2),
+                ),
+            )
+        )
+
+        # Overriding the class's queue and priority for one dispatch.
+        jobs.append(
+            (
+                "queue/priority override",
+                SendWelcomeEmail.dispatch(
+                    "alan@example.com", name="Alan", queue="critical", priority=50
+                ),
+            )
+        )
+
+        # Inside a transaction the job row commits (or rolls back) with your own writes,
+        # and workers are woken only once it has committed.
+        with transaction.atomic():
+            jobs.append(("retries, then succeeds", SyncInventory.dispatch("berlin")))
+
+        # retry_decision: a timeout is retried after 1 s; a declined card is dead at once.
+        jobs.append(
+            (
+                "retry_decision: retried",
+                ChargeCard.dispatch(order_id=1001, amount_cents=4999, card="tok_flaky"),
+            )
+        )
+        jobs.append(
+            (
+                "retry_decision: dead",
+                ChargeCard.dispatch(order_id=1002, amount_cents=1999, card="tok_declined"),
+            )
+        )
+
+        # No retry policy and a failing handler: ends `dead`, with its error recorded.
+        jobs.append(("always fails", ImportLegacyOrders.dispatch("legacy/orders-2019.csv")))
+
+        for what, row in jobs:
+            self.stdout.write(
+                f"  #{row.pk:<5} {row.name:<36} queue={row.queue:<9} "
+                f"priority={row.priority:<4} {what}"
+            )
+        self.stdout.write(
+            self.style.SUCCESS(f"Dispatched {len(jobs)} demo jobs.")
+            + " Run `python manage.py gator_worker` to process them."
+        )
