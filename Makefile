@@ -3,6 +3,7 @@
 #   make install       create $(VENV) and install the package with every extra (fast when current)
 #   make test          the test suite on SQLite, PostgreSQL and MariaDB/MySQL, one after another
 #   make test-sqlite | test-postgres | test-mysql
+#   make test-chaos    10,000 jobs and 15 SIGKILLs of worker processes on PostgreSQL
 #   make lint          ruff check, ruff format --check, mypy
 #   make demo          the demo project: migrate, admin user, demo jobs, a worker and runserver
 #   make demo-check    the demo project, non-interactive, checked (for CI)
@@ -35,11 +36,11 @@ STAMP       := $(VENV)/.gator-installed
 VENV_CONFIG := $(VENV)/.gator-config
 INSTALL_CONFIG := python=$(PYTHON) django=$(DJANGO)
 
-.PHONY: help install sysdeps test test-sqlite test-postgres test-mysql check-dbs lint \
+.PHONY: help install sysdeps test test-sqlite test-postgres test-mysql test-chaos check-dbs lint \
         demo demo-check clean distclean FORCE
 
 help:
-	@sed -n '3,14s/^# \{0,1\}//p' $(MAKEFILE_LIST)
+	@sed -n '3,15s/^# \{0,1\}//p' $(MAKEFILE_LIST)
 
 # ---------------------------------------------------------------------------------------------
 # Installing
@@ -144,6 +145,15 @@ test-postgres: install
 
 test-mysql: install
 	@$(call on_server_db,MariaDB/MySQL,$(MYSQL_URL))
+
+# The larger crash test: 10,000 jobs, 3 worker processes, 15 random SIGKILLs (PostgreSQL).
+CHAOS_JOBS  ?= 10000
+CHAOS_KILLS ?= 15
+test-chaos: install
+	@$(call header,PostgreSQL chaos: $(CHAOS_JOBS) jobs / $(CHAOS_KILLS) SIGKILLs)
+	$(if $(TEST_DB_SUFFIX),TOX_PARALLEL_ENV='$(TEST_DB_SUFFIX)') DATABASE_URL='$(PG_URL)' \
+	  GATOR_CHAOS_JOBS=$(CHAOS_JOBS) GATOR_CHAOS_KILLS=$(CHAOS_KILLS) \
+	  $(VENV_PY) -m pytest tests/test_chaos.py -s $(PYTEST_ARGS)
 
 # Both servers must answer (used by .ci/run before anything else).
 check-dbs: install

@@ -54,21 +54,27 @@ def worker_env(**extra: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def spawn_worker() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
-    """Start ``manage.py gator_worker`` subprocesses on the test database; killed at the end."""
+def spawn_worker(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """Start ``manage.py gator_worker`` subprocesses on the test database; killed at the end.
+
+    Each one's output goes to a file (a pipe nobody reads could fill up and block it);
+    ``worker_output(proc)`` reads it."""
     procs: list[subprocess.Popen[bytes]] = []
 
     def spawn(
         *args: str, env: dict[str, str] | None = None, **popen: object
     ) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "django", "gator_worker", *args],
-            cwd=ROOT,
-            env=worker_env(**(env or {})),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            **popen,  # type: ignore[arg-type]
-        )
+        log_path = tmp_path / f"worker-{len(procs)}.log"
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "django", "gator_worker", *args],
+                cwd=ROOT,
+                env=worker_env(**(env or {})),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                **popen,  # type: ignore[arg-type]
+            )
+        proc.log_path = log_path  # type: ignore[attr-defined]
         procs.append(proc)
         return proc
 
@@ -77,8 +83,10 @@ def spawn_worker() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
-        if proc.stdout:
-            proc.stdout.close()
+
+
+def worker_output(proc: subprocess.Popen[bytes]) -> str:
+    return proc.log_path.read_text(errors="replace")  # type: ignore[attr-defined]
 
 
 def run_worker(*queues: str, concurrency: int = 2, **kwargs: object) -> WorkerProcess:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -310,3 +311,27 @@ def test_rescue_takes_back_only_jobs_whose_worker_stopped_heartbeating():
     }
     assert set(Worker.objects.values_list("id", flat=True)) == {"alive"}
     assert "stopped heartbeating" in Job.objects.get(pk=stale_job.id).last_error
+
+
+def test_a_job_past_its_timeout_fails_and_its_slot_is_freed():
+    from tests.testapp.jobs import TooSlow, TooSlowWithRetry
+
+    slow = TooSlow.dispatch(priority=10)
+    retried = TooSlowWithRetry.dispatch(priority=5)
+    after = Echo.dispatch("after", queue="default")
+
+    started = time.monotonic()
+    run_worker("default", concurrency=1)
+
+    assert time.monotonic() - started < 10
+    slow.refresh_from_db()
+    assert slow.state == JobState.DEAD
+    assert slow.last_error == (
+        "django_gator.exceptions.JobTimeout: job ran longer than its timeout of 0.5 s"
+    )
+    retried.refresh_from_db()
+    assert retried.state == JobState.FAILED  # its retry policy applies to a timeout
+    assert Job.objects.get(pk=after.pk).state == JobState.SUCCEEDED
+    # The interrupted runs never reached their last line.
+    time.sleep(0.2)
+    assert not Execution.objects.filter(job_id__in=[slow.pk, retried.pk]).exists()

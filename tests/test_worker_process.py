@@ -10,7 +10,7 @@ import time
 import pytest
 
 from django_gator.models import Job, JobState, Worker
-from tests.conftest import ROOT, wait_for, worker_env
+from tests.conftest import ROOT, wait_for, worker_env, worker_output
 from tests.testapp.jobs import Echo, KillsWorker, RecordOnce, Sleep
 from tests.testapp.models import Execution
 
@@ -18,8 +18,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def output(proc: subprocess.Popen[bytes]) -> str:
-    assert proc.stdout is not None
-    return proc.stdout.read().decode(errors="replace")
+    return worker_output(proc)
 
 
 @pytest.mark.parametrize(

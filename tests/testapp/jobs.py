@@ -89,3 +89,19 @@ def add(a: int, b: int) -> int:
 @job
 def record_kw(*, label: str) -> None:
     Execution.objects.create(job_id=0, attempt=0, pid=os.getpid(), label=label)
+
+
+class TooSlow(Queueable):
+    """Runs past its timeout in small steps (Python code, so the worker can interrupt it)."""
+
+    timeout = 0.5
+
+    def handle(self, seconds: float = 30) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+        Execution.objects.create(job_id=self.job_id, attempt=self.attempt, pid=os.getpid())
+
+
+class TooSlowWithRetry(TooSlow):
+    retry = Retry(interval=300, max_retries=1)
