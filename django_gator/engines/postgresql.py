@@ -63,6 +63,8 @@ class PostgresEngine(Engine):
     def insert_jobs(
         self, rows: Sequence[InsertRow], notify: set[str] | None = None
     ) -> list[tuple[int, datetime, datetime]]:
+        if len(rows) == 1:
+            return [self._insert_one(rows[0], notify)]
         # One statement, whatever the number of rows: a column whose value is the same in
         # every row is one parameter, the others travel as arrays through unnest(). The ids
         # come back as one array, the NOTIFY rides along and, like the rows, is delivered
@@ -107,6 +109,41 @@ class PostgresEngine(Engine):
             cursor.execute(sql, params)
             ids, now, _ = cursor.fetchone()
         return [(job_id, now, row.run_at or now) for job_id, row in zip(ids, rows, strict=True)]
+
+    def _insert_one(
+        self, row: InsertRow, notify: set[str] | None
+    ) -> tuple[int, datetime, datetime]:
+        """A single dispatch: a plain VALUES insert plans and runs faster than unnest()."""
+        insert = (
+            f"INSERT INTO {self.job_table} (name, args, kwargs, queue, priority, "
+            "next_execution_at, chain_id, chain_position, chain, state, attempts, rescues, "
+            "created_at, last_error) VALUES (%s, %s::jsonb, %s::jsonb, %s, %s, "
+            "COALESCE(%s::timestamptz, statement_timestamp()), %s::uuid, %s, %s::jsonb, "
+            "'waiting', 0, 0, statement_timestamp(), '') "
+            "RETURNING id, created_at, next_execution_at"
+        )
+        params: list[Any] = [
+            row.name,
+            row.args,
+            row.kwargs,
+            row.queue,
+            row.priority,
+            row.run_at,
+            row.chain_id,
+            row.chain_position,
+            row.chain,
+        ]
+        if notify:
+            [queue] = notify
+            insert = (
+                f"WITH ins AS ({insert}) SELECT ins.id, ins.created_at, "
+                "ins.next_execution_at, pg_notify(%s, %s) FROM ins"
+            )
+            params += [CHANNEL, queue]
+        with self.connection.cursor() as cursor:
+            cursor.execute(insert, params)
+            returned = cursor.fetchone()
+        return returned[0], returned[1], returned[2]
 
     @contextmanager
     def listen(self) -> Iterator[Listener]:
