@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 import time
@@ -76,19 +77,32 @@ def bench_dispatch_many(count: int, batch: int) -> float:
     return count / timed(run)
 
 
-def bench_drain(count: int, concurrency: int, batch: int = 10_000) -> float:
-    """Jobs per second for one burst worker draining ``count`` no-op jobs."""
+def rss_mb() -> float:
+    """This process's resident memory in MiB (Linux; 0.0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            pages = int(statm.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def bench_drain(count: int, concurrency: int, batch: int = 10_000) -> tuple[float, float, float]:
+    """(jobs per second, RSS MiB before, RSS MiB after) for one burst worker draining
+    ``count`` no-op jobs."""
     clean()
     for start in range(0, count, batch):
         BenchNoop.dispatch_many([[i] for i in range(start, min(start + batch, count))])
     worker = WorkerProcess(
         [QueueSpec(QUEUE)], concurrency=concurrency, burst=True, install_signal_handlers=False
     )
+    before = rss_mb()
     elapsed = timed(worker.run)
+    after = rss_mb()
     done = Job.objects.using(conf.database()).filter(queue=QUEUE, state="succeeded").count()
     if done != count:
         raise RuntimeError(f"drain finished {done} of {count} jobs")
-    return count / elapsed
+    return count / elapsed, before, after
 
 
 def bench_latency(samples: int, concurrency: int) -> tuple[float, float]:
@@ -98,7 +112,14 @@ def bench_latency(samples: int, concurrency: int) -> tuple[float, float]:
     worker = WorkerProcess(
         [QueueSpec(QUEUE)], concurrency=concurrency, install_signal_handlers=False
     )
-    thread = threading.Thread(target=worker.run, name="gator-bench-worker", daemon=True)
+
+    def run_worker() -> None:
+        try:
+            worker.run()
+        finally:
+            connections.close_all()  # this thread's own connection
+
+    thread = threading.Thread(target=run_worker, name="gator-bench-worker", daemon=True)
     thread.start()
     latencies: list[float] = []
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -117,7 +118,7 @@ def _unsaved(alias: str, row: InsertRow, args: list[Any], kwargs: dict[str, Any]
     values[_FIELD_INDEX["queue"]] = row.queue
     values[_FIELD_INDEX["priority"]] = row.priority
     values[_FIELD_INDEX["next_execution_at"]] = row.run_at
-    values[_FIELD_INDEX["chain_id"]] = row.chain_id
+    values[_FIELD_INDEX["chain_id"]] = uuid.UUID(row.chain_id) if row.chain_id else None
     values[_FIELD_INDEX["chain_position"]] = row.chain_position
     values[_FIELD_INDEX["chain"]] = None if row.chain is None else json.loads(row.chain)
     job = Job.__new__(Job)

@@ -120,7 +120,9 @@ class Job(models.Model):
     result = models.JSONField(null=True, blank=True, help_text="JSON return value of handle().")
     chain_id = models.UUIDField(null=True, blank=True)
     chain_position = models.PositiveSmallIntegerField(null=True, blank=True)
-    chain = models.JSONField(null=True, blank=True, help_text="Job names of the whole chain.")
+    chain = models.JSONField(
+        null=True, blank=True, help_text="The chain: its steps' job names and options."
+    )
 
     objects = JobQuerySet.as_manager()
 

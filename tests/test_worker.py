@@ -335,3 +335,16 @@ def test_a_job_past_its_timeout_fails_and_its_slot_is_freed():
     # The interrupted runs never reached their last line.
     time.sleep(0.2)
     assert not Execution.objects.filter(job_id__in=[slow.pk, retried.pk]).exists()
+
+
+def test_a_burst_worker_also_runs_jobs_that_its_jobs_dispatch():
+    from tests.testapp.jobs import Spawner
+
+    Spawner.dispatch("brand-new-queue")
+
+    run_worker(concurrency=2)  # every queue, found as they appear
+
+    assert set(Job.objects.values_list("queue", "state")) == {
+        ("default", JobState.SUCCEEDED),
+        ("brand-new-queue", JobState.SUCCEEDED),
+    }

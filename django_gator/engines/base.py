@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -243,7 +244,7 @@ class Engine:
             priority=row[5],
             attempts=row[6] + attempts_offset,
             rescues=row[7],
-            chain_id=row[8],
+            chain_id=uuid.UUID(str(row[8])) if row[8] else None,
             chain_position=row[9],
             chain=loads(row[10]),
         )
@@ -307,6 +308,32 @@ class Engine:
         both in one transaction."""
         written = self.mark_succeeded(worker_id, succeeded) if succeeded else []
         return self.claim(worker_id, queue, limit) if limit else [], written
+
+    def mark_succeeded_and_insert(
+        self, worker_id: str, done: tuple[int, int, str | None], rows: Sequence[InsertRow]
+    ) -> bool:
+        """Mark one claim succeeded and, only if that write landed, insert ``rows`` (the next
+        step of a chain) in the same transaction."""
+        with self.write_transaction() as cursor:
+            written = bool(self._mark_succeeded(cursor, worker_id, [done]))
+            if written and rows:
+                self.insert_jobs(rows, notify={row.queue for row in rows})
+        return written
+
+    def mark_failed_and_insert(
+        self,
+        worker_id: str,
+        job_id: int,
+        attempts: int,
+        failure: Failure,
+        rows: Sequence[InsertRow],
+    ) -> bool:
+        """mark_failed(), plus ``rows`` (a chain's error handler) in the same transaction."""
+        with self.write_transaction():
+            written = self.mark_failed(worker_id, job_id, attempts, failure)
+            if written and rows:
+                self.insert_jobs(rows, notify={row.queue for row in rows})
+        return written
 
     def mark_failed(self, worker_id: str, job_id: int, attempts: int, failure: Failure) -> bool:
         sql = (

@@ -28,18 +28,21 @@ class MySQLEngine(Engine):
     @contextmanager
     def write_transaction(self) -> Iterator[Any]:
         connection = self.connection
-        if connection.in_atomic_block:
+        if connection.in_atomic_block or getattr(connection, "_gator_in_transaction", False):
             with connection.cursor() as cursor:
                 yield cursor
             return
         # START TRANSACTION ... COMMIT: two round trips fewer than toggling autocommit.
         with connection.cursor() as cursor:
             cursor.execute("START TRANSACTION", [])
+            connection._gator_in_transaction = True
             try:
                 yield cursor
             except BaseException:
+                connection._gator_in_transaction = False
                 cursor.execute("ROLLBACK", [])
                 raise
+            connection._gator_in_transaction = False
             cursor.execute("COMMIT", [])
 
     def claim_and_mark(

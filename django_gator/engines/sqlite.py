@@ -22,7 +22,7 @@ class SQLiteEngine(Engine):
     @contextmanager
     def write_transaction(self) -> Iterator[Any]:
         connection = self.connection
-        if connection.in_atomic_block:
+        if connection.in_atomic_block or getattr(connection, "_gator_in_transaction", False):
             # Part of a caller's transaction (its mode is the caller's choice; see checks.py).
             with connection.cursor() as cursor:
                 yield cursor
@@ -32,11 +32,14 @@ class SQLiteEngine(Engine):
             # Take the write lock up front: a deferred transaction that reads and then writes
             # fails with SQLITE_BUSY when another connection wrote in between.
             cursor.execute("BEGIN IMMEDIATE", [])
+            connection._gator_in_transaction = True
             try:
                 yield cursor
             except BaseException:
+                connection._gator_in_transaction = False
                 cursor.execute("ROLLBACK", [])
                 raise
+            connection._gator_in_transaction = False
             cursor.execute("COMMIT", [])
 
     def insert_sql(self) -> str:

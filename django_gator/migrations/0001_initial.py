@@ -103,7 +103,9 @@ class Migration(migrations.Migration):
                 (
                     "chain",
                     models.JSONField(
-                        blank=True, help_text="Job names of the whole chain.", null=True
+                        blank=True,
+                        help_text="The chain: its steps' job names and options.",
+                        null=True,
                     ),
                 ),
             ],

@@ -31,6 +31,7 @@ class BadRow(GatorError):
 @dataclass(slots=True)
 class Success:
     result: str | None  # JSON, or None for a None / non-JSON return value
+    batched: bool = False  # left for the fetcher to write with other successes
 
 
 def qualified_name(exc: BaseException) -> str:

@@ -45,6 +45,7 @@ from django.db import (
 )
 
 from django_gator import conf
+from django_gator.chain import error_handler, next_step
 from django_gator.engines import ClaimedJob, get_engine
 from django_gator.engines.base import Failure
 from django_gator.exceptions import JobNotRegistered, JobTimeout, WorkerLost
@@ -373,7 +374,8 @@ class WorkerProcess:
         fetched_at, names = self._queue_cache
         if time.monotonic() - fetched_at > QUEUE_LIST_TTL:
             names = self.engine.ready_queues()
-            self._queue_cache = (time.monotonic(), names)
+            # An empty list is never trusted: a job may be inserted right after.
+            self._queue_cache = (time.monotonic() if names else 0.0, names)
         names = list(names)
         self.rng.shuffle(names)
         return names
@@ -486,11 +488,13 @@ class WorkerProcess:
                     return  # timed out: a fresh thread has this slot; this one retires
                 self._in_flight -= 1
                 self.processed += 1
-                if isinstance(outcome, Success):
+                if isinstance(outcome, Success) and outcome.batched:
                     self._succeeded.append((job, outcome, elapsed_ms))
                 self._fetch_needed.notify()
 
     def _execute(self, job: ClaimedJob) -> tuple[Success | Failure, float]:
+        """Run the job; write its outcome unless it is a plain success, which the fetcher
+        writes in a batch (returned as a Success with ``batched`` set)."""
         close_old_connections()
         started = time.perf_counter()
         try:
@@ -501,13 +505,47 @@ class WorkerProcess:
             reset_queries()
         if isinstance(outcome, Failure):
             self._write_failure(job, outcome, elapsed_ms)
+        elif job.chain_id is not None:
+            self._write_chain_success(job, outcome, elapsed_ms)
+        else:
+            outcome.batched = True
         return outcome, elapsed_ms
+
+    def _write_chain_success(self, job: ClaimedJob, outcome: Success, elapsed_ms: float) -> None:
+        """A chain step: its success mark and the next step's row in one transaction."""
+        following = next_step(job)
+        rows = [following] if following is not None else []
+        written = self._retrying(
+            f"record success of job {job.id}",
+            lambda: self.engine.mark_succeeded_and_insert(
+                self.worker_id, (job.id, job.attempts, outcome.result), rows
+            ),
+        )
+        if written is None:
+            return
+        if not written and not self._outcome_landed(job, "succeeded"):
+            _log_lost(job, "succeeded")
+            return
+        logger.info(
+            "Processed job id=%s name=%s result=succeeded queue=%s attempt=%s duration_ms=%.1f "
+            "chain=%s next=%s",
+            job.id,
+            safe(job.name),
+            job.queue,
+            job.attempts,
+            elapsed_ms,
+            job.chain_id,
+            safe(following.name) if following else "-",
+        )
 
     def _write_failure(self, job: ClaimedJob, outcome: Failure, elapsed_ms: float) -> None:
         result = "dead" if outcome.dead else "failed"
+        handler = error_handler(job) if outcome.dead and job.chain_id is not None else None
         written = self._retrying(
             f"record failure of job {job.id}",
-            lambda: self.engine.mark_failed(self.worker_id, job.id, job.attempts, outcome),
+            lambda: self.engine.mark_failed_and_insert(
+                self.worker_id, job.id, job.attempts, outcome, [handler] if handler else []
+            ),
         )
         if written is None:
             return

@@ -105,3 +105,60 @@ class TooSlow(Queueable):
 
 class TooSlowWithRetry(TooSlow):
     retry = Retry(interval=300, max_retries=1)
+
+
+class ChainStep(Queueable):
+    """Chain steps record '<Class>:<order>' in the ledger."""
+
+    def handle(self, order: str) -> str:
+        Execution.objects.create(
+            job_id=self.job_id,
+            attempt=self.attempt,
+            pid=os.getpid(),
+            label=f"{type(self).__name__}:{order}",
+        )
+        return type(self).__name__
+
+
+class FetchData(ChainStep):
+    queue = "chains"
+
+
+class ProcessData(ChainStep):
+    """Fails on its first two attempts, then succeeds."""
+
+    queue = "chains"
+    retry = Retry(interval=0, max_retries=3)
+
+    def handle(self, order: str) -> str:
+        if self.attempt < 3:
+            raise ConnectionError(f"flaky attempt {self.attempt}")
+        return super().handle(order)
+
+
+class NotifyUser(ChainStep):
+    queue = "chains"
+
+
+class BrokenStep(ChainStep):
+    queue = "chains"
+
+    def handle(self, order: str) -> str:
+        raise ValueError(f"cannot process {order}")
+
+
+class ChainFailed(Queueable):
+    queue = "chains"
+
+    def handle(self, chain_id: str, job_id: int) -> None:
+        Execution.objects.create(
+            job_id=job_id, attempt=0, pid=os.getpid(), label=f"on_error:{chain_id}"
+        )
+
+
+class Spawner(Queueable):
+    """Dispatches a job to another queue while it runs."""
+
+    def handle(self, target: str) -> None:
+        time.sleep(0.2)  # long enough for an idle fetcher to look for work meanwhile
+        Echo.dispatch("spawned", queue=target)

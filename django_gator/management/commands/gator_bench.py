@@ -64,11 +64,13 @@ class Command(BaseCommand):
                 rate = bench.bench_dispatch_many(options["dispatch_many"], options["batch"])
                 self._line(f"dispatch_many, {options['batch']:,} per call", f"{rate:,.0f} jobs/s")
             if "drain" in only:
-                rate = bench.bench_drain(options["drain"], options["concurrency"], options["batch"])
+                rate, before, after = bench.bench_drain(
+                    options["drain"], options["concurrency"], options["batch"]
+                )
                 self._line(
                     f"drain {options['drain']:,} no-op jobs, 1 process, "
                     f"{options['concurrency']} threads",
-                    f"{rate:,.0f} jobs/s",
+                    f"{rate:,.0f} jobs/s (RSS {before:.0f} -> {after:.0f} MiB)",
                 )
             if "latency" in only:
                 p50, p90 = bench.bench_latency(options["latency"], options["concurrency"])

@@ -1,0 +1,94 @@
+"""Chains: each step only after the previous one succeeded, written in one transaction."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from django.db import transaction
+
+from django_gator import Chain
+from django_gator.models import Job, JobState
+from tests.conftest import run_worker
+from tests.testapp.jobs import (
+    BrokenStep,
+    ChainFailed,
+    Echo,
+    FetchData,
+    NotifyUser,
+    ProcessData,
+    add,
+)
+from tests.testapp.models import Execution
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def ledger() -> list[str]:
+    return list(Execution.objects.order_by("id").values_list("label", flat=True))
+
+
+def test_steps_run_in_order_once_each_with_retries_of_a_step():
+    first = Chain(FetchData, ProcessData, NotifyUser).dispatch("order-7")
+
+    assert Job.objects.count() == 1  # only the first step exists until it succeeds
+    run_worker(concurrency=3)
+
+    assert ledger() == ["FetchData:order-7", "ProcessData:order-7", "NotifyUser:order-7"]
+    rows = list(Job.objects.order_by("chain_position"))
+    assert [(r.name, r.state, r.chain_position) for r in rows] == [
+        (FetchData.name, JobState.SUCCEEDED, 0),
+        (ProcessData.name, JobState.SUCCEEDED, 1),
+        (NotifyUser.name, JobState.SUCCEEDED, 2),
+    ]
+    assert {r.chain_id for r in rows} == {first.chain_id}
+    assert isinstance(first.chain_id, uuid.UUID)
+    assert rows[1].attempts == 3
+    assert [e["message"] for e in rows[1].errors] == ["flaky attempt 1", "flaky attempt 2"]
+    assert all(r.args == ["order-7"] for r in rows)
+
+
+def test_a_dead_step_stops_the_chain_and_runs_its_error_handler():
+    first = Chain(FetchData, BrokenStep, NotifyUser, on_error=ChainFailed).dispatch(order="o1")
+
+    run_worker(concurrency=2)
+
+    broken = Job.objects.get(name=BrokenStep.name)
+    assert broken.state == JobState.DEAD
+    assert not Job.objects.filter(name=NotifyUser.name).exists()
+    handler = Job.objects.get(name=ChainFailed.name)
+    assert handler.state == JobState.SUCCEEDED
+    assert handler.args == [str(first.chain_id), broken.pk]
+    assert ledger() == ["FetchData:o1", f"on_error:{first.chain_id}"]
+
+
+def test_chain_options_apply_to_every_step():
+    Chain(FetchData, NotifyUser).dispatch("x", queue="urgent", priority=7)
+
+    run_worker("urgent")
+
+    assert set(Job.objects.values_list("queue", "priority", "state")) == {
+        ("urgent", 7, JobState.SUCCEEDED)
+    }
+    assert Job.objects.count() == 2
+
+
+def test_a_chain_dispatched_in_a_rolled_back_transaction_never_runs():
+    def dispatch_then_fail() -> None:
+        with transaction.atomic():
+            Chain(FetchData, NotifyUser).dispatch("gone")
+            raise RuntimeError("roll back")
+
+    with pytest.raises(RuntimeError):
+        dispatch_then_fail()
+    assert not Job.objects.exists()
+
+
+def test_bad_chains_are_refused_at_dispatch():
+    with pytest.raises(ValueError, match="at least one job"):
+        Chain()
+    with pytest.raises(TypeError, match="expected a Queueable subclass"):
+        Chain(FetchData, "tests.testapp.jobs.NotifyUser")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"tests\.testapp\.jobs\.add: arguments do not fit"):
+        Chain(Echo, add).dispatch("only one argument")
+    assert not Job.objects.exists()
