@@ -129,6 +129,29 @@ class Engine:
         with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
             yield cursor
 
+    @contextmanager
+    def raw_transaction(self, begin: str) -> Iterator[Any]:
+        """A transaction opened with ``begin`` on the cursor itself, outside Django's
+        autocommit bookkeeping (fewer round trips than atomic() on some databases). Inside a
+        caller's atomic block, or one of ours, it joins that transaction instead."""
+        connection = self.connection
+        if connection.in_atomic_block or getattr(connection, "_gator_in_transaction", False):
+            with connection.cursor() as cursor:
+                yield cursor
+            return
+        connection.ensure_connection()
+        with connection.cursor() as cursor:
+            cursor.execute(begin, [])
+            connection._gator_in_transaction = True
+            try:
+                yield cursor
+            except BaseException:
+                connection._gator_in_transaction = False
+                cursor.execute("ROLLBACK", [])
+                raise
+            connection._gator_in_transaction = False
+            cursor.execute("COMMIT", [])
+
     def prepare_bookkeeping(self) -> None:
         """Tune this thread's connection for the worker's own writes (claims, outcome
         marks, heartbeats); called before each use, cheap when nothing changed."""
@@ -304,10 +327,21 @@ class Engine:
         limit: int,
         succeeded: Sequence[tuple[int, int, str | None]],
     ) -> tuple[list[ClaimedJob], list[int]]:
-        """Write success marks and claim new jobs; engines whose commits are expensive do
-        both in one transaction."""
+        """Write success marks and claim new jobs; with :attr:`mark_in_claim_transaction`
+        both happen in one transaction (one commit)."""
+        if self.mark_in_claim_transaction and succeeded and limit:
+            with self.write_transaction() as cursor:
+                written = self._mark_succeeded(cursor, worker_id, succeeded)
+                return self._claim(cursor, worker_id, queue, limit), written
         written = self.mark_succeeded(worker_id, succeeded) if succeeded else []
         return self.claim(worker_id, queue, limit) if limit else [], written
+
+    #: Whether success marks share the claim's transaction (where a commit is costly).
+    mark_in_claim_transaction = False
+
+    def _claim(self, cursor: Any, worker_id: str, queue: str, limit: int) -> list[ClaimedJob]:
+        """The claim on an open cursor, for engines that set mark_in_claim_transaction."""
+        raise NotImplementedError
 
     def mark_succeeded_and_insert(
         self, worker_id: str, done: tuple[int, int, str | None], rows: Sequence[InsertRow]

@@ -25,38 +25,13 @@ class MySQLEngine(Engine):
     now_sql = "UTC_TIMESTAMP(6)"
     update_returning = False
 
+    mark_in_claim_transaction = True
+
     @contextmanager
     def write_transaction(self) -> Iterator[Any]:
-        connection = self.connection
-        if connection.in_atomic_block or getattr(connection, "_gator_in_transaction", False):
-            with connection.cursor() as cursor:
-                yield cursor
-            return
         # START TRANSACTION ... COMMIT: two round trips fewer than toggling autocommit.
-        with connection.cursor() as cursor:
-            cursor.execute("START TRANSACTION", [])
-            connection._gator_in_transaction = True
-            try:
-                yield cursor
-            except BaseException:
-                connection._gator_in_transaction = False
-                cursor.execute("ROLLBACK", [])
-                raise
-            connection._gator_in_transaction = False
-            cursor.execute("COMMIT", [])
-
-    def claim_and_mark(
-        self,
-        worker_id: str,
-        queue: str,
-        limit: int,
-        succeeded: Sequence[tuple[int, int, str | None]],
-    ) -> tuple[list[ClaimedJob], list[int]]:
-        # One commit (one log flush) for the marks and the claim.
-        with self.write_transaction() as cursor:
-            written = self._mark_succeeded(cursor, worker_id, succeeded) if succeeded else []
-            jobs = self._claim(cursor, worker_id, queue, limit) if limit else []
-        return jobs, written
+        with self.raw_transaction("START TRANSACTION") as cursor:
+            yield cursor
 
     def json_append_sql(self, column: str) -> str:
         return f"JSON_ARRAY_APPEND(COALESCE({column}, '[]'), '$', JSON_EXTRACT(%s, '$'))"

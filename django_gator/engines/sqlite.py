@@ -4,7 +4,7 @@ multi-statement writes run in BEGIN IMMEDIATE transactions."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -19,28 +19,14 @@ class SQLiteEngine(Engine):
     def json_append_sql(self, column: str) -> str:
         return f"json_insert(COALESCE({column}, '[]'), '$[#]', json(%s))"
 
+    mark_in_claim_transaction = True
+
     @contextmanager
     def write_transaction(self) -> Iterator[Any]:
-        connection = self.connection
-        if connection.in_atomic_block or getattr(connection, "_gator_in_transaction", False):
-            # Part of a caller's transaction (its mode is the caller's choice; see checks.py).
-            with connection.cursor() as cursor:
-                yield cursor
-            return
-        connection.ensure_connection()
-        with connection.cursor() as cursor:
-            # Take the write lock up front: a deferred transaction that reads and then writes
-            # fails with SQLITE_BUSY when another connection wrote in between.
-            cursor.execute("BEGIN IMMEDIATE", [])
-            connection._gator_in_transaction = True
-            try:
-                yield cursor
-            except BaseException:
-                connection._gator_in_transaction = False
-                cursor.execute("ROLLBACK", [])
-                raise
-            connection._gator_in_transaction = False
-            cursor.execute("COMMIT", [])
+        # Take the write lock up front: a deferred transaction that reads and then writes
+        # fails with SQLITE_BUSY when another connection wrote in between.
+        with self.raw_transaction("BEGIN IMMEDIATE") as cursor:
+            yield cursor
 
     def insert_sql(self) -> str:
         def col(index: int) -> str:
@@ -54,20 +40,6 @@ class SQLiteEngine(Engine):
             f"{col(6)}, {col(7)}, {col(8)} FROM json_each(%s) ORDER BY key "
             "RETURNING id, created_at, next_execution_at"
         )
-
-    def claim_and_mark(
-        self,
-        worker_id: str,
-        queue: str,
-        limit: int,
-        succeeded: Sequence[tuple[int, int, str | None]],
-    ) -> tuple[list[ClaimedJob], list[int]]:
-        if not succeeded or not limit:
-            return super().claim_and_mark(worker_id, queue, limit, succeeded)
-        with self.write_transaction() as cursor:
-            written = self._mark_succeeded(cursor, worker_id, succeeded)
-            jobs = self._claim(cursor, worker_id, queue, limit)
-        return jobs, written
 
     def claim(self, worker_id: str, queue: str, limit: int) -> list[ClaimedJob]:
         with self.connection.cursor() as cursor:
