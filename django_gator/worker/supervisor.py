@@ -110,6 +110,7 @@ class WorkerProcess:
         self._pending: deque[ClaimedJob] = deque()
         self._running: dict[int, _Running] = {}
         self._succeeded: list[tuple[ClaimedJob, Success, float]] = []
+        self._timed_out: list[ClaimedJob] = []  # to be written by the fetcher
         self._in_flight = 0  # claimed and not finished: pending + running
         self._notified = False
         self._stopping = False  # no more claims
@@ -287,6 +288,7 @@ class WorkerProcess:
                     not self._stopping
                     and not self._succeeded
                     and not self._notified
+                    and not self._timed_out
                     and self._in_flight >= self.concurrency
                 ):
                     self._fetch_needed.wait(self._watchdog_wait())
@@ -295,10 +297,10 @@ class WorkerProcess:
                 free = self.concurrency - self._in_flight
                 idle = self._in_flight == 0
                 self._notified = False
+            self._record_timeouts()
             if stopping:
                 self._flush_succeeded()
                 return
-            self._enforce_timeouts_locked()
             with self._lock:
                 batch, self._succeeded = self._succeeded, []
             try:
@@ -423,48 +425,35 @@ class WorkerProcess:
             return self.poll_interval
         return max(min(deadlines) - time.monotonic(), 0.001)
 
-    def _enforce_timeouts_locked(self) -> None:
+    def _record_timeouts(self) -> None:
+        """Write the outcome of every job the watchdog took over (on the fetcher thread,
+        before the next claim, so a burst worker never exits with one unwritten)."""
         with self._lock:
             self._enforce_timeouts()
+            expired, self._timed_out = self._timed_out, []
+        for job in expired:
+            self._record_timeout(job)
 
     def _enforce_timeouts(self) -> None:
         """Fail jobs that ran past their timeout and give their slot a fresh thread
         (called with the lock held). The stuck thread gets a JobTimeout raised in it, which
-        interrupts Python code but not a blocking call; if it ever finishes, its outcome is
-        discarded by the compare-and-set."""
+        interrupts Python code but not a blocking call; when it finishes, it sees the job
+        is no longer its own and writes nothing."""
         now = time.monotonic()
         expired = [r for r in self._running.values() if r.deadline is not None and now > r.deadline]
         for entry in expired:
             del self._running[entry.job.id]
             self._in_flight -= 1
             self._spawn_executor()
-            job = entry.job
             _interrupt(entry.thread, JobTimeout)
-            threading.Thread(
-                target=self._record_timeout, args=(job,), name="gator-timeout", daemon=True
-            ).start()
+            self._timed_out.append(entry.job)
 
     def _record_timeout(self, job: ClaimedJob) -> None:
-        try:
-            timeout = get_job_class(job.name).timeout
-            exc = JobTimeout(f"job ran longer than its timeout of {timeout:g} s")
-            outcome = failure_for(job, self.worker_id, exc)
-            written = self._retrying(
-                f"record timeout of job {job.id}",
-                lambda: self.engine.mark_failed(self.worker_id, job.id, job.attempts, outcome),
-            )
-            if written:
-                logger.warning(
-                    "Processed job id=%s name=%s result=%s queue=%s attempt=%s error=%s",
-                    job.id,
-                    safe(job.name),
-                    "dead" if outcome.dead else "failed",
-                    job.queue,
-                    job.attempts,
-                    safe(outcome.last_error),
-                )
-        finally:
-            connections.close_all()
+        timeout = get_job_class(job.name).timeout or 0
+        exc = JobTimeout(f"job ran longer than its timeout of {timeout:g} s")
+        outcome = failure_for(job, self.worker_id, exc)
+        elapsed_ms = timeout * 1000
+        self._write_failure(job, outcome, elapsed_ms)
 
     # -- executors -----------------------------------------------------------------------
     def _executor_loop(self) -> None:
@@ -503,6 +492,12 @@ class WorkerProcess:
             elapsed_ms = (time.perf_counter() - started) * 1000
             close_old_connections()
             reset_queries()
+        with self._lock:
+            timed_out = job.id not in self._running
+        if timed_out:
+            # The watchdog took this job over and writes its JobTimeout outcome; whatever
+            # this thread ended with (often the JobTimeout raised into it) is not written.
+            return outcome, elapsed_ms
         if isinstance(outcome, Failure):
             self._write_failure(job, outcome, elapsed_ms)
         elif job.chain_id is not None:
