@@ -111,6 +111,7 @@ class WorkerProcess:
         self._running: dict[int, _Running] = {}
         self._succeeded: list[tuple[ClaimedJob, Success, float]] = []
         self._timed_out: list[ClaimedJob] = []  # to be written by the fetcher
+        self._retired: set[threading.Thread] = set()  # executors whose job timed out
         self._in_flight = 0  # claimed and not finished: pending + running
         self._notified = False
         self._stopping = False  # no more claims
@@ -212,6 +213,11 @@ class WorkerProcess:
         def main() -> None:
             try:
                 target()
+            except JobTimeout:
+                if threading.current_thread() not in self._retired:
+                    raise
+                # The JobTimeout raised into a timed-out executor arrived after its job
+                # had ended; the thread was retiring anyway.
             except BaseException:
                 logger.exception("Worker thread crashed thread=%s worker=%s", name, self.worker_id)
                 self.force_stop()
@@ -445,6 +451,7 @@ class WorkerProcess:
             del self._running[entry.job.id]
             self._in_flight -= 1
             self._spawn_executor()
+            self._retired.add(entry.thread)
             _interrupt(entry.thread, JobTimeout)
             self._timed_out.append(entry.job)
 
