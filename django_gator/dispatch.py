@@ -52,7 +52,7 @@ def enqueue(
     priority = validation.validate_priority(job_class.priority if priority is None else priority)
     run_at = validation.resolve_when(wait=wait, at=at)
     chain_id, chain_position, chain_json = chain if chain else (None, None, None)
-    limit = validation.max_payload_bytes()
+    limit = conf.max_payload_bytes()
     rows = []
     payloads = []
     for index, (args, kwargs) in enumerate(items):

@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.utils import timezone
 
+from django_gator import conf
 from django_gator.exceptions import PayloadTooLarge
 
 QUEUE_RE = re.compile(r"[A-Za-z0-9_.:\-]+")
@@ -158,7 +158,7 @@ def encode_payload(
     args_json = dumps(args_list) if args_list else "[]"
     kwargs_json = dumps(kwargs_dict) if kwargs_dict else "{}"
     if limit is None:
-        limit = max_payload_bytes()
+        limit = conf.max_payload_bytes()
     size = _utf8_len(args_json) + _utf8_len(kwargs_json)
     if size > limit:
         raise PayloadTooLarge(
@@ -166,10 +166,6 @@ def encode_payload(
             "store large data elsewhere and pass its id"
         )
     return args_json, kwargs_json
-
-
-def max_payload_bytes() -> int:
-    return int(getattr(settings, "GATOR_MAX_PAYLOAD_BYTES", 1_048_576))
 
 
 def _utf8_len(text: str) -> int:

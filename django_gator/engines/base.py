@@ -84,9 +84,6 @@ class Listener:
         """Queue names notified within ``timeout`` seconds (empty if none)."""
         raise NotImplementedError
 
-    def close(self) -> None:
-        raise NotImplementedError
-
 
 class Engine:
     vendor = ""

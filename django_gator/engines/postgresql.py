@@ -34,9 +34,6 @@ class PostgresListener(Listener):
             queues.add(notify.payload)
         return queues
 
-    def close(self) -> None:
-        self.connection.close()
-
 
 class PostgresEngine(Engine):
     vendor = "postgresql"
