@@ -4,6 +4,8 @@
 #   make test          the test suite on SQLite, PostgreSQL and MariaDB/MySQL, one after another
 #   make test-sqlite | test-postgres | test-mysql
 #   make test-chaos    10,000 jobs and 15 SIGKILLs of worker processes on PostgreSQL
+#   make test-browser  the admin screens in headless Chromium (Playwright), on SQLite
+#   make browser-deps  what test-browser needs: Chromium (apt-get, as root) and playwright
 #   make lint          ruff check, ruff format --check, mypy
 #   make demo          the demo project: migrate, admin user, demo jobs, a worker and runserver
 #   make demo-check    the demo project, non-interactive, checked (for CI)
@@ -37,10 +39,10 @@ VENV_CONFIG := $(VENV)/.gator-config
 INSTALL_CONFIG := python=$(PYTHON) django=$(DJANGO)
 
 .PHONY: help install sysdeps test test-sqlite test-postgres test-mysql test-chaos check-dbs lint \
-        demo demo-check clean distclean FORCE
+        browser-deps test-browser demo demo-check clean distclean FORCE
 
 help:
-	@sed -n '3,15s/^# \{0,1\}//p' $(MAKEFILE_LIST)
+	@sed -n '3,17s/^# \{0,1\}//p' $(MAKEFILE_LIST)
 
 # ---------------------------------------------------------------------------------------------
 # Installing
@@ -154,6 +156,30 @@ test-chaos: install
 	$(if $(TEST_DB_SUFFIX),TOX_PARALLEL_ENV='$(TEST_DB_SUFFIX)') DATABASE_URL='$(PG_URL)' \
 	  GATOR_CHAOS_JOBS=$(CHAOS_JOBS) GATOR_CHAOS_KILLS=$(CHAOS_KILLS) \
 	  $(VENV_PY) -m pytest tests/test_chaos.py -s $(PYTEST_ARGS)
+
+# The browser tests (tests/browser): Playwright for Python driving the system's Chromium
+# (GATOR_CHROMIUM, default /usr/bin/chromium; Playwright's own browser download is not used).
+# Opt-in: plain `make test` collects them too, and skips them when either is missing;
+# test-browser sets GATOR_BROWSER_TESTS=required, so there a missing one fails instead.
+browser-deps: install
+	@chromium="$${GATOR_CHROMIUM:-/usr/bin/chromium}"; \
+	if [ -x "$$chromium" ]; then \
+	  :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "==> the browser tests need Chromium; installing it with apt-get"; \
+	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium || exit 1; \
+	else \
+	  echo "ERROR: the browser tests need Chromium at $$chromium, and it is not there." >&2; \
+	  echo "       Install it (Debian/Ubuntu: sudo apt-get install chromium), or point" >&2; \
+	  echo "       GATOR_CHROMIUM at a Chromium or Chrome binary, then re-run make." >&2; \
+	  exit 1; \
+	fi
+	@echo "==> installing playwright into $(VENV) (the tests use the system Chromium)"
+	$(VENV_PY) -m pip install --quiet --disable-pip-version-check 'playwright>=1.40'
+
+test-browser: install browser-deps
+	@$(call header,SQLite (browser tests))
+	env -u DATABASE_URL GATOR_BROWSER_TESTS=required $(VENV_PY) -m pytest tests/browser $(PYTEST_ARGS)
 
 # Both servers must answer (used by .ci/run before anything else).
 check-dbs: install

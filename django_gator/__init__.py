@@ -8,15 +8,18 @@ Importing this package imports no models, so it is safe from settings or a model
 """
 
 from django_gator.chain import Chain
-from django_gator.exceptions import GatorError, JobNotRegistered
+from django_gator.exceptions import GatorError, JobCancelled, JobNotRegistered
 from django_gator.queueable import Queueable, get_job_class, job
 from django_gator.retry import Retry
+from django_gator.schedules import Cron
 
 __version__ = "0.1.0.dev0"
 
 __all__ = [
     "Chain",
+    "Cron",
     "GatorError",
+    "JobCancelled",
     "JobNotRegistered",
     "Queueable",
     "Retry",

@@ -1,8 +1,10 @@
 """The Job admin: a read-only browser of jobs; changes happen through permissioned actions.
 
-Admin actions are POST requests with Django's CSRF protection. Retrying needs the
-``django_gator.retry_job`` permission and cancelling ``django_gator.cancel_job``; deleting
-needs the usual delete permission.
+Admin actions are POST requests with Django's CSRF protection, each behind a confirmation
+page. Retrying needs the ``django_gator.retry_job`` permission and cancelling
+``django_gator.cancel_job``; deleting needs the usual delete permission. The dead-job screen
+and the dashboard live in :mod:`django_gator.admin_views`. Argument values named by
+``GATOR_REDACT`` are masked on every page.
 """
 
 from __future__ import annotations
@@ -10,13 +12,23 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
-from django.http import HttpRequest
+from django.core.paginator import Paginator
+from django.db.models import TextField
+from django.db.models.functions import Cast
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 
-from django_gator.models import Job, JobQuerySet, JobState, Worker
+from django_gator import admin_views, redaction, schedules
+from django_gator.models import Job, JobQuerySet, JobState, Schedule, ScheduleSource, Worker
+from django_gator.queueable import get_job_class, registered_jobs
+from django_gator.validation import encode_payload, validate_queue
 
 
 def _pretty(value: Any) -> SafeString:
@@ -24,26 +36,101 @@ def _pretty(value: Any) -> SafeString:
     return format_html('<pre class="gator-json">{}</pre>', text)
 
 
+class EstimatedCountPaginator(Paginator):
+    """Counts the unfiltered job list from the database's row estimate (a COUNT(*) of
+    millions of rows costs seconds on PostgreSQL); filtered lists are counted exactly."""
+
+    @cached_property
+    def count(self) -> int:
+        query = getattr(self.object_list, "query", None)
+        if query is not None and not query.where:
+            from django_gator import stats
+
+            total, _exact = stats.estimated_total(getattr(self.object_list, "db", None))
+            return total
+        return super().count
+
+
+class JobNameFilter(admin.SimpleListFilter):
+    """Job names from the registry (no DISTINCT over the table)."""
+
+    title = "job"
+    parameter_name = "name"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(name, name) for name in sorted(registered_jobs())]
+
+    def queryset(self, request: HttpRequest, queryset: Any) -> Any:
+        value = self.value()
+        return queryset.filter(name=value) if value else queryset
+
+
+class QueueFilter(admin.SimpleListFilter):
+    """Queues with unfinished or dead jobs: a skip scan of the claim index plus the few
+    running, failed and dead rows (Django's default filter reads every row for DISTINCT)."""
+
+    title = "queue"
+    parameter_name = "queue"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        from django_gator import conf
+        from django_gator.engines import get_engine
+
+        names = set(get_engine(conf.database()).ready_queues())
+        names.update(
+            Job.objects.filter(state__in=(JobState.RUNNING, JobState.FAILED, JobState.DEAD))
+            .order_by()
+            .values_list("queue", flat=True)
+            .distinct()
+        )
+        return [(name, name) for name in sorted(names)]
+
+    def queryset(self, request: HttpRequest, queryset: Any) -> Any:
+        value = self.value()
+        return queryset.filter(queue=value) if value else queryset
+
+
+class ErrorClassFilter(admin.SimpleListFilter):
+    """Error classes of the dead and failed jobs."""
+
+    title = "error class"
+    parameter_name = "error_class"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(name, name) for name in admin_views.error_class_choices()]
+
+    def queryset(self, request: HttpRequest, queryset: Any) -> Any:
+        value = self.value()
+        return queryset.filter(error_class=value) if value else queryset
+
+
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
+    paginator = EstimatedCountPaginator
     list_display = (
         "id",
         "name",
         "queue",
         "state",
-        "priority",
         "attempts",
         "next_execution_at",
-        "finished_at",
         "error_summary",
     )
-    list_filter = ("state", "queue", "created_at", "finished_at")
+    list_filter = (
+        "state",
+        QueueFilter,
+        JobNameFilter,
+        ErrorClassFilter,
+        "created_at",
+        "finished_at",
+    )
     search_fields = ("=id", "name", "last_error")
+    search_help_text = "Search by id, job name, error text or argument text."
     date_hierarchy = None
     list_per_page = 50
     show_full_result_count = False
     ordering = ("-id",)
-    actions = ("retry_jobs", "cancel_jobs")
+    actions = ("retry_jobs", "cancel_jobs", "delete_selected")
     fieldsets = (
         (None, {"fields": ("id", "name", "state", "queue", "priority")}),
         ("Payload", {"fields": ("args_pretty", "kwargs_pretty", "result_pretty")}),
@@ -59,8 +146,12 @@ class JobAdmin(admin.ModelAdmin):
                 )
             },
         ),
-        ("Attempts", {"fields": ("attempts", "rescues", "reserved_by", "last_error")}),
+        (
+            "Attempts",
+            {"fields": ("attempts", "rescues", "reserved_by", "error_class", "last_error_shown")},
+        ),
         ("Error history", {"fields": ("error_history_html",)}),
+        ("Operator actions", {"fields": ("operator_tools", "audit_html")}),
         ("Chain", {"fields": ("chain_id", "chain_position", "chain")}),
     )
     readonly_fields = (
@@ -80,8 +171,11 @@ class JobAdmin(admin.ModelAdmin):
         "attempts",
         "rescues",
         "reserved_by",
-        "last_error",
+        "error_class",
+        "last_error_shown",
         "error_history_html",
+        "operator_tools",
+        "audit_html",
         "chain_id",
         "chain_position",
         "chain",
@@ -100,25 +194,115 @@ class JobAdmin(admin.ModelAdmin):
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("django_gator.cancel_job")
 
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        """The operator tools (edit arguments and retry) only for users who may retry."""
+        fieldsets = super().get_fieldsets(request, obj)
+        if self.has_retry_permission(request):
+            return fieldsets
+        return [
+            (name, {**opts, "fields": tuple(f for f in opts["fields"] if f != "operator_tools")})
+            for name, opts in fieldsets
+        ]
+
+    def get_urls(self) -> list[URLPattern]:
+        def wrap(view: Any) -> Any:
+            return self.admin_site.admin_view(view)
+
+        own = [
+            path("dead/", wrap(self.dead_jobs_view), name="django_gator_job_dead"),
+            path("dashboard/", wrap(self.dashboard_view), name="django_gator_job_dashboard"),
+            path(
+                "<path:object_id>/edit-arguments/",
+                wrap(self.edit_arguments_view),
+                name="django_gator_job_edit_arguments",
+            ),
+        ]
+        return own + super().get_urls()
+
+    def dead_jobs_view(self, request: HttpRequest) -> HttpResponse:
+        return admin_views.dead_jobs(self, request)
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        return admin_views.dashboard(self, request)
+
+    def edit_arguments_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        return admin_views.edit_arguments(self, request, object_id)
+
+    def get_search_results(self, request: HttpRequest, queryset: Any, search_term: str) -> Any:
+        results, may_have_duplicates = super().get_search_results(request, queryset, search_term)
+        if search_term and not search_term.strip().isdigit():
+            by_args = queryset.annotate(_args_text=Cast("args", TextField())).filter(
+                _args_text__icontains=search_term.strip()
+            )
+            results = results | by_args.values_list("pk", flat=True).model.objects.filter(
+                pk__in=by_args.values("pk")
+            )
+        return results, may_have_duplicates
+
+    @staticmethod
+    def _secrets(job: Job) -> list[str]:
+        cache = job.__dict__.setdefault("_gator_secrets", {})
+        if "values" not in cache:
+            cache["values"] = redaction.secret_values(job.name, job.args, job.kwargs)
+        return list(cache["values"])
+
     @admin.display(description="last error")
     def error_summary(self, job: Job) -> str:
-        return Truncator(job.last_error).chars(80)
+        return Truncator(redaction.mask_text(job.last_error, self._secrets(job))).chars(60)
+
+    @admin.display(description="last error")
+    def last_error_shown(self, job: Job) -> str:
+        return redaction.mask_text(job.last_error, self._secrets(job))
 
     @admin.display(description="args")
     def args_pretty(self, job: Job) -> SafeString:
-        return _pretty(job.args)
+        return _pretty(redaction.redact_payload(job.name, job.args, job.kwargs)[0])
 
     @admin.display(description="kwargs")
     def kwargs_pretty(self, job: Job) -> SafeString:
-        return _pretty(job.kwargs)
+        return _pretty(redaction.redact_payload(job.name, job.args, job.kwargs)[1])
 
     @admin.display(description="result")
     def result_pretty(self, job: Job) -> SafeString:
-        return _pretty(job.result)
+        return _pretty(redaction.redact_value(job.result, redaction.keys_for(job.name)))
+
+    @admin.display(description="tools")
+    def operator_tools(self, job: Job) -> SafeString:
+        if job.state not in (JobState.DEAD, JobState.FAILED):
+            return format_html("<p>{}</p>", "Only dead and failed jobs can be edited.")
+        url = reverse("admin:django_gator_job_edit_arguments", args=[job.pk])
+        return format_html('<a class="button" href="{}">{}</a>', url, "Edit arguments and retry")
+
+    @admin.display(description="audit trail")
+    def audit_html(self, job: Job) -> SafeString:
+        entries = job.audit or []
+        if not entries:
+            return format_html("<p>{}</p>", "No operator action yet.")
+        return format_html_join(
+            "\n",
+            "<p>{} &middot; {} by <b>{}</b>{}</p>",
+            (
+                (
+                    e.get("at", ""),
+                    e.get("action", ""),
+                    e.get("by", "?"),
+                    f" (onto queue {e['queue']})" if e.get("queue") else "",
+                )
+                for e in entries
+            ),
+        )
 
     @admin.display(description="errors, oldest first")
     def error_history_html(self, job: Job) -> SafeString:
-        entries = job.error_history
+        secrets = self._secrets(job)
+        entries = [
+            {
+                **e,
+                "message": redaction.mask_text(str(e.get("message", "")), secrets),
+                "traceback": redaction.mask_text(str(e.get("traceback", "")), secrets),
+            }
+            for e in job.error_history
+        ]
         if not entries:
             return format_html("<p>{}</p>", "No errors.")
         return format_html_join(
@@ -138,32 +322,84 @@ class JobAdmin(admin.ModelAdmin):
             ),
         )
 
+    def _confirm(
+        self, request: HttpRequest, queryset: JobQuerySet, action: str, question: str
+    ) -> TemplateResponse | None:
+        """The confirmation page of a bulk action, or None once it was confirmed."""
+        if request.POST.get("post") == "yes":
+            return None
+        ids = list(queryset.values_list("pk", flat=True)[:10_000])
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Are you sure?",
+            "question": question.format(count=len(ids)),
+            "jobs": list(queryset.order_by("-id")[:20]),
+            "more": max(len(ids) - 20, 0),
+            "ids": ids,
+            "action": action,
+        }
+        return TemplateResponse(request, "admin/django_gator/job/confirm_action.html", context)
+
     @admin.action(description="Retry the selected dead or failed jobs now", permissions=["retry"])
-    def retry_jobs(self, request: HttpRequest, queryset: JobQuerySet) -> None:
+    def retry_jobs(self, request: HttpRequest, queryset: JobQuerySet) -> TemplateResponse | None:
+        confirm = self._confirm(
+            request,
+            queryset,
+            "retry_jobs",
+            "Retry {count} selected job(s)? Only dead and "
+            "failed ones run again; they keep their error history.",
+        )
+        if confirm is not None:
+            return confirm
+        target = request.POST.get("target_queue", "").strip() or None
+        if target is not None:
+            try:
+                validate_queue(target)
+            except ValueError as exc:
+                self.message_user(request, str(exc), messages.ERROR)
+                return None
         selected = queryset.count()
-        changed = queryset.retry()
+        changed = queryset.retry(by=request.user.get_username(), queue=target)
         self.message_user(request, f"{changed} job(s) queued to run again.", messages.SUCCESS)
         if changed < selected:
             self.message_user(
                 request,
-                f"{selected - changed} job(s) skipped: only dead and failed jobs can be retried.",
+                f"{selected - changed} job(s) skipped: only dead and failed jobs can be retried, "
+                "and a unique job not while another job holds its key.",
                 messages.WARNING,
             )
+        return None
 
     @admin.action(
-        description="Cancel the selected jobs that have not started", permissions=["cancel"]
+        description="Cancel the selected jobs (running ones are asked to stop)",
+        permissions=["cancel"],
     )
-    def cancel_jobs(self, request: HttpRequest, queryset: JobQuerySet) -> None:
+    def cancel_jobs(self, request: HttpRequest, queryset: JobQuerySet) -> TemplateResponse | None:
+        confirm = self._confirm(
+            request,
+            queryset,
+            "cancel_jobs",
+            "Cancel {count} selected job(s)? Waiting and "
+            "retrying ones never run again; running ones are asked to stop.",
+        )
+        if confirm is not None:
+            return confirm
         selected = queryset.count()
+        running = queryset.filter(state=JobState.RUNNING).count()
         changed = queryset.cancel()
-        self.message_user(request, f"{changed} job(s) cancelled.", messages.SUCCESS)
+        self.message_user(
+            request,
+            f"{changed} job(s) cancelled or, if running, asked to stop ({running} running).",
+            messages.SUCCESS,
+        )
         if changed < selected:
             self.message_user(
                 request,
-                f"{selected - changed} job(s) skipped: running and finished jobs cannot be "
-                "cancelled.",
+                f"{selected - changed} job(s) skipped: finished jobs cannot be cancelled.",
                 messages.WARNING,
             )
+        return None
 
 
 @admin.register(Worker)
@@ -178,4 +414,131 @@ class WorkerAdmin(admin.ModelAdmin):
         return False
 
 
-__all__ = ["JobAdmin", "JobState", "WorkerAdmin"]
+class ScheduleForm(forms.ModelForm):
+    """Validates what the worker would refuse: the cron expression, the job name (only
+    registered jobs), the time zone and the arguments."""
+
+    job_name = forms.ChoiceField(choices=())
+
+    class Meta:
+        model = Schedule
+        fields = (
+            "name",
+            "job_name",
+            "cron",
+            "timezone",
+            "args",
+            "kwargs",
+            "queue",
+            "priority",
+            "enabled",
+            "misfire",
+            "catch_up_limit",
+            "overlap",
+        )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        names = sorted(registered_jobs())
+        current = self.initial.get("job_name")
+        if current and current not in names:
+            names.append(current)  # shown, and refused on save (see clean_job_name)
+        self.fields["job_name"].choices = [(n, n) for n in names]  # type: ignore[attr-defined]
+
+    def clean_cron(self) -> str:
+        return self._check(schedules.validate_cron, self.cleaned_data["cron"])
+
+    def clean_timezone(self) -> str:
+        return self._check(schedules.validate_timezone, self.cleaned_data["timezone"])
+
+    def clean_job_name(self) -> str:
+        name = self.cleaned_data["job_name"]
+        self._check(get_job_class, name)
+        return str(name)
+
+    def clean_queue(self) -> str:
+        queue = self.cleaned_data.get("queue") or ""
+        if queue:
+            self._check(validate_queue, queue)
+        return queue
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        name, args, kwargs = data.get("job_name"), data.get("args"), data.get("kwargs")
+        if name and not self.errors.get("job_name"):
+            if not isinstance(args, list):
+                self.add_error("args", f"must be a JSON list, got {args!r}")
+            elif not isinstance(kwargs, dict):
+                self.add_error("kwargs", f"must be a JSON object, got {kwargs!r}")
+            else:
+                try:
+                    get_job_class(name).check_arguments(args, kwargs)
+                    encode_payload(args, kwargs)
+                except (TypeError, ValueError) as exc:
+                    self.add_error("args", str(exc))
+        return data
+
+    @staticmethod
+    def _check(func: Any, value: Any) -> Any:
+        try:
+            func(value)
+        except (LookupError, TypeError, ValueError) as exc:
+            raise forms.ValidationError(str(exc)) from None
+        return value
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(admin.ModelAdmin):
+    form = ScheduleForm
+    list_display = (
+        "name",
+        "job_name",
+        "cron",
+        "timezone",
+        "enabled",
+        "misfire",
+        "overlap",
+        "last_run_at",
+        "next_run_at",
+        "source",
+    )
+    list_filter = ("enabled", "source", "misfire")
+    search_fields = ("name", "job_name")
+    readonly_fields = ("source", "last_run_at", "next_run_at", "last_job_id", "anchor_at")
+    actions = ("run_now",)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is not None and obj.source != ScheduleSource.ADMIN:
+            # Declared in code or settings: each worker writes them at start-up.
+            return [f for f in ScheduleForm.Meta.fields if f != "enabled"] + list(
+                self.readonly_fields
+            )
+        return self.readonly_fields
+
+    def has_run_permission(self, request: HttpRequest) -> bool:
+        opts = self.opts
+        return bool(request.user.has_perm(f"{opts.app_label}.run_schedule"))
+
+    @admin.action(description="Run the selected schedules' jobs now", permissions=["run"])
+    def run_now(self, request: HttpRequest, queryset: Any) -> None:
+        dispatched = []
+        for schedule in queryset:
+            try:
+                job_class = get_job_class(schedule.job_name)
+                job = job_class.dispatch(
+                    *schedule.args,
+                    queue=schedule.queue or None,
+                    priority=schedule.priority,
+                    **schedule.kwargs,
+                )
+            except (LookupError, TypeError, ValueError) as exc:
+                self.message_user(request, f"{schedule.name}: {exc}", messages.ERROR)
+                continue
+            dispatched.append(f"{schedule.name} (job #{job.pk})")
+        if dispatched:
+            self.message_user(
+                request, "Dispatched: " + ", ".join(dispatched) + ".", messages.SUCCESS
+            )
+
+
+__all__ = ["JobAdmin", "JobState", "ScheduleAdmin", "WorkerAdmin"]

@@ -15,3 +15,12 @@ class GatorConfig(AppConfig):
 
         # Like admin.py: every installed app's `jobs` module registers its jobs.
         autodiscover_modules("jobs")
+
+        from django_gator import conf
+
+        if conf.uses_tasks_backend():
+            # Django tasks register with our backend when @task creates them.
+            from django_gator import tasks
+
+            tasks.connect_signals()
+            autodiscover_modules("tasks")

@@ -53,7 +53,15 @@ class Report:
 
 
 def clean() -> int:
-    deleted, _ = Job.objects.using(conf.database()).filter(queue=QUEUE).delete()
+    """Delete the benchmark's rows. On PostgreSQL also VACUUM the jobs table, so that each
+    measurement starts without the dead rows of the previous one (docs/benchmarks.md shows
+    what those cost)."""
+    alias = conf.database()
+    deleted, _ = Job.objects.using(alias).filter(queue=QUEUE).delete()
+    connection = connections[alias]
+    if connection.vendor == "postgresql" and not connection.in_atomic_block:
+        with connection.cursor() as cursor:
+            cursor.execute(f"VACUUM ANALYZE {connection.ops.quote_name(Job._meta.db_table)}")
     return deleted
 
 
@@ -103,6 +111,46 @@ def bench_drain(count: int, concurrency: int, batch: int = 10_000) -> tuple[floa
     if done != count:
         raise RuntimeError(f"drain finished {done} of {count} jobs")
     return count / elapsed, before, after
+
+
+def _bench_task_noop(i: int) -> None:
+    """The no-op task of the Tasks-framework drain (module level, as the framework wants)."""
+    return None
+
+
+def _bench_task() -> Any:
+    from django_gator.tasks import gator_backend
+
+    backend = gator_backend()
+    if backend.queues:
+        backend.queues.add(QUEUE)
+    return backend.task_class(func=_bench_task_noop, queue_name=QUEUE, backend=backend.alias)
+
+
+def bench_task_enqueue(count: int) -> float:
+    """Tasks per second through ``Task.enqueue()``, one at a time (autocommit)."""
+    task = _bench_task()
+    clean()
+    return count / timed(lambda: [task.enqueue(i) for i in range(count)])
+
+
+def bench_drain_tasks(count: int, concurrency: int, batch: int = 10_000) -> float:
+    """Tasks per second for one burst worker draining ``count`` no-op @task calls: the
+    same rows as ``Task.enqueue()`` makes, inserted in bulk, then run through the
+    framework layer (a get_result read and the framework's signals per task)."""
+    task = _bench_task()
+    job_class = task.get_backend().job_class(task)
+    clean()
+    for start in range(0, count, batch):
+        job_class.dispatch_many([[i] for i in range(start, min(start + batch, count))])
+    worker = WorkerProcess(
+        [QueueSpec(QUEUE)], concurrency=concurrency, burst=True, install_signal_handlers=False
+    )
+    elapsed = timed(worker.run)
+    done = Job.objects.using(conf.database()).filter(queue=QUEUE, state="succeeded").count()
+    if done != count:
+        raise RuntimeError(f"task drain finished {done} of {count} tasks")
+    return count / elapsed
 
 
 def bench_latency(samples: int, concurrency: int) -> tuple[float, float]:

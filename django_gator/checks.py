@@ -2,10 +2,15 @@
 
 E001  USE_TZ is False (database times are UTC; local naive times would shift every schedule).
 E002  GATOR_DATABASE names no configured database.
-E003  A GATOR_* setting has a value of the wrong type or range.
+E003  A GATOR_* setting has a value of the wrong type or range (or GATOR_MIDDLEWARE
+      names something that cannot be imported).
 W001  SQLite without WAL journal mode (readers and the worker would block each other).
 W002  SQLite without IMMEDIATE transactions ("database is locked" escapes atomic blocks).
 E004  MariaDB older than 10.6 or MySQL older than 8.0 (no SKIP LOCKED).
+E005  A schedule declared on a job class or in GATOR_SCHEDULES is invalid (bad cron
+      expression, unknown job, bad time zone, arguments that do not fit...).
+E006  A TASKS backend that is django_gator.tasks.GatorBackend has bad OPTIONS or QUEUES
+      (checked by the Tasks framework's own check).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
 from django_gator import conf
@@ -27,6 +33,9 @@ NUMERIC_SETTINGS = {
     "GATOR_SHUTDOWN_TIMEOUT": (0, None),
     "GATOR_MAX_PAYLOAD_BYTES": (2, None),
     "GATOR_MAX_TRACEBACK_CHARS": (100, None),
+    "GATOR_PRUNE_SUCCEEDED_AFTER": (0, None),
+    "GATOR_PRUNE_CANCELLED_AFTER": (0, None),
+    "GATOR_PRUNE_DEAD_AFTER": (0, None),
 }
 
 
@@ -75,7 +84,30 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="django_gator.E003",
             )
         )
+    try:
+        conf.middleware()
+    except ImproperlyConfigured as exc:
+        errors.append(checks.Error(str(exc), id="django_gator.E003"))
     return errors
+
+
+@checks.register()
+def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Schedules declared on job classes and in GATOR_SCHEDULES (admin ones are checked by
+    the admin form)."""
+    from django_gator.schedules import declared_schedules
+
+    try:
+        declared_schedules()
+    except ImproperlyConfigured as exc:
+        return [
+            checks.Error(
+                str(exc),
+                hint="Fix the schedule's definition; workers would not start its scheduler.",
+                id="django_gator.E005",
+            )
+        ]
+    return []
 
 
 @checks.register(checks.Tags.database)

@@ -6,9 +6,13 @@ Every value is read from ``django.conf.settings`` at the moment it is needed, so
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
 
 DEFAULTS: dict[str, Any] = {
     # Database alias that holds the jobs table.
@@ -30,6 +34,41 @@ DEFAULTS: dict[str, Any] = {
     "GATOR_WORKER_CONN_MAX_AGE": 300,
     # Characters of a traceback kept per attempt in the error history.
     "GATOR_MAX_TRACEBACK_CHARS": 20_000,
+    # Argument keys whose values the admin and the logs never show (case-insensitive).
+    "GATOR_REDACT": [
+        "password",
+        "passwd",
+        "secret",
+        "token",
+        "api_key",
+        "apikey",
+        "access_key",
+        "private_key",
+        "authorization",
+        "credit_card",
+        "card_number",
+        "cvv",
+    ],
+    # Dotted paths of middleware wrapped around every job's handle(), outermost first.
+    "GATOR_MIDDLEWARE": [],
+    # Run each job in the dispatching process as soon as its row is committed (tests).
+    "GATOR_IMMEDIATE": False,
+    # Cron schedules declared in settings: {name: {"job": ..., "cron": ..., ...}}.
+    "GATOR_SCHEDULES": {},
+    # Whether gator_worker runs the scheduler loop (it is safe on every worker).
+    "GATOR_SCHEDULER": True,
+    # Longest pause between two looks at the schedules, in seconds.
+    "GATOR_SCHEDULER_INTERVAL": 1.0,
+    # An occurrence older than this (seconds) when a worker sees it counts as missed.
+    "GATOR_SCHEDULE_MISFIRE_GRACE": 60.0,
+    # Days ScheduledRun rows are kept (they only need to outlive a worker's look).
+    "GATOR_SCHEDULE_RUN_RETENTION_DAYS": 7,
+    # Dotted path of a callable returning the scheduler's "now" (tests); None: database time.
+    "GATOR_SCHEDULER_CLOCK": None,
+    # gator_prune: seconds after finished_at that finished jobs are kept, per state.
+    "GATOR_PRUNE_SUCCEEDED_AFTER": 7 * 24 * 3600,
+    "GATOR_PRUNE_CANCELLED_AFTER": 7 * 24 * 3600,
+    "GATOR_PRUNE_DEAD_AFTER": 30 * 24 * 3600,
 }
 
 
@@ -73,5 +112,104 @@ def shutdown_timeout() -> float:
     return float(get("GATOR_SHUTDOWN_TIMEOUT"))
 
 
+def redact_keys() -> frozenset[str]:
+    keys = get("GATOR_REDACT")
+    if isinstance(keys, str) or not isinstance(keys, list | tuple | set | frozenset):
+        raise ImproperlyConfigured(f"GATOR_REDACT must be a list of key names, got {keys!r}")
+    return frozenset(str(k).lower() for k in keys)
+
+
 def max_traceback_chars() -> int:
     return int(get("GATOR_MAX_TRACEBACK_CHARS"))
+
+
+_middleware_lock = threading.Lock()
+_middleware_cache: tuple[tuple[str, ...], list[Callable[..., Any]]] = ((), [])
+
+
+def middleware() -> list[Callable[..., Any]]:
+    """``GATOR_MIDDLEWARE`` resolved: each path names a callable ``(job, call_next)``, or a
+    class that is instantiated once without arguments to make one."""
+    global _middleware_cache
+    paths = get("GATOR_MIDDLEWARE")
+    if isinstance(paths, str) or not isinstance(paths, list | tuple):
+        raise ImproperlyConfigured(
+            f"GATOR_MIDDLEWARE must be a list of dotted paths, got {paths!r}"
+        )
+    key = tuple(paths)
+    cached_key, cached = _middleware_cache
+    if cached_key == key:
+        return cached
+    with _middleware_lock:
+        resolved = [_load_middleware(path) for path in key]
+        _middleware_cache = (key, resolved)
+    return resolved
+
+
+def _load_middleware(path: object) -> Callable[..., Any]:
+    if not isinstance(path, str):
+        raise ImproperlyConfigured(f"GATOR_MIDDLEWARE entries must be dotted paths, got {path!r}")
+    try:
+        target = import_string(path)
+    except ImportError as exc:
+        raise ImproperlyConfigured(f"GATOR_MIDDLEWARE: cannot import {path!r}: {exc}") from exc
+    if isinstance(target, type):
+        target = target()
+    if not callable(target):
+        raise ImproperlyConfigured(
+            f"GATOR_MIDDLEWARE: {path!r} is not callable as middleware(job, call_next)"
+        )
+    return target
+
+
+def immediate() -> bool:
+    return bool(get("GATOR_IMMEDIATE"))
+
+
+def scheduler_enabled() -> bool:
+    return bool(get("GATOR_SCHEDULER"))
+
+
+def scheduler_interval() -> float:
+    return float(get("GATOR_SCHEDULER_INTERVAL"))
+
+
+def misfire_grace() -> float:
+    return float(get("GATOR_SCHEDULE_MISFIRE_GRACE"))
+
+
+def schedule_run_retention_days() -> float:
+    return float(get("GATOR_SCHEDULE_RUN_RETENTION_DAYS"))
+
+
+def scheduler_clock() -> Callable[[], Any] | None:
+    path = get("GATOR_SCHEDULER_CLOCK")
+    if path is None:
+        return None
+    if callable(path):
+        return path
+    return import_string(str(path))
+
+
+TASKS_BACKEND = "django_gator.tasks.GatorBackend"
+
+
+def uses_tasks_backend() -> bool:
+    """Whether a backend of Django's TASKS setting is ours."""
+    backends = getattr(settings, "TASKS", None) or {}
+    return isinstance(backends, dict) and any(
+        isinstance(entry, dict) and entry.get("BACKEND") == TASKS_BACKEND
+        for entry in backends.values()
+    )
+
+
+def prune_succeeded_after() -> float:
+    return float(get("GATOR_PRUNE_SUCCEEDED_AFTER"))
+
+
+def prune_cancelled_after() -> float:
+    return float(get("GATOR_PRUNE_CANCELLED_AFTER"))
+
+
+def prune_dead_after() -> float:
+    return float(get("GATOR_PRUNE_DEAD_AFTER"))

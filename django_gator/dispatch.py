@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.models.base import ModelState
 
-from django_gator import conf, validation
+from django_gator import conf, signals, validation
 from django_gator.engines import InsertRow, get_engine
 from django_gator.logutil import safe
 from django_gator.models import Job, JobState
@@ -55,10 +55,16 @@ def enqueue(
     limit = conf.max_payload_bytes()
     rows = []
     payloads = []
+    keyer = job_class(queue=queue) if job_class._gator_unique else None
     for index, (args, kwargs) in enumerate(items):
         try:
             job_class.check_arguments(args, kwargs)
             args_json, kwargs_json = validation.encode_payload(args, kwargs, limit)
+            unique_key = None
+            if keyer is not None:
+                unique_key = validation.validate_unique_key(
+                    keyer.unique_key(*args, **kwargs), job_class.name
+                )
         except (TypeError, ValueError) as exc:
             if many:
                 exc.args = (f"dispatch_many() item {index}: {exc}", *exc.args[1:])
@@ -74,6 +80,7 @@ def enqueue(
                 chain_id=chain_id,
                 chain_position=chain_position,
                 chain=chain_json,
+                unique_key=unique_key,
             )
         )
         payloads.append((list(args), dict(kwargs)))
@@ -88,9 +95,9 @@ def enqueue(
     ]
     if on_commit:
         commit_alias = DEFAULT_DB_ALIAS if on_commit is True else str(on_commit)
-        transaction.on_commit(lambda: _insert(alias, rows, jobs), using=commit_alias)
+        transaction.on_commit(lambda: _insert(job_class, alias, rows, jobs), using=commit_alias)
     else:
-        _insert(alias, rows, jobs)
+        _insert(job_class, alias, rows, jobs)
     return jobs
 
 
@@ -121,6 +128,8 @@ def _unsaved(alias: str, row: InsertRow, args: list[Any], kwargs: dict[str, Any]
     values[_FIELD_INDEX["chain_id"]] = uuid.UUID(row.chain_id) if row.chain_id else None
     values[_FIELD_INDEX["chain_position"]] = row.chain_position
     values[_FIELD_INDEX["chain"]] = None if row.chain is None else json.loads(row.chain)
+    values[_FIELD_INDEX["unique_key"]] = row.unique_key
+    values[_FIELD_INDEX["cancel_requested"]] = False
     job = Job.__new__(Job)
     job.__dict__.update(zip(_FIELDS, values, strict=True))
     state = ModelState()
@@ -129,25 +138,90 @@ def _unsaved(alias: str, row: InsertRow, args: list[Any], kwargs: dict[str, Any]
     return job
 
 
-def _insert(alias: str, rows: list[InsertRow], jobs: list[Job]) -> None:
+def _insert(job_class: type[Queueable], alias: str, rows: list[InsertRow], jobs: list[Job]) -> None:
     due_now = {row.queue for row in rows if row.run_at is None}
-    returned = get_engine(alias).insert_jobs(rows, notify=due_now)
-    for job, (job_id, created_at, next_execution_at) in zip(jobs, returned, strict=True):
-        job.pk = job_id
-        job.created_at = created_at
-        job.next_execution_at = next_execution_at
-        job._state.adding = False
+    engine = get_engine(alias)
+    if not job_class._gator_unique:
+        returned = engine.insert_jobs(rows, notify=due_now)
+        for job, (job_id, created_at, next_execution_at) in zip(jobs, returned, strict=True):
+            _saved(job, job_id, created_at, next_execution_at)
+        created = jobs
+    else:
+        created = []
+        existing: dict[int, list[Job]] = {}
+        for job, (job_id, created_at, next_at, new) in zip(
+            jobs, engine.insert_unique(rows, notify=due_now), strict=True
+        ):
+            if new:
+                _saved(job, job_id, created_at, next_at)
+                created.append(job)
+            else:
+                existing.setdefault(job_id, []).append(job)
+        if existing:
+            # "Dispatch returns the existing job": the objects handed out take its values.
+            for row in Job.objects.using(alias).filter(pk__in=list(existing)):
+                for job in existing[row.pk]:
+                    job.__dict__.update({name: getattr(row, name) for name in _FIELDS})
+                    job._state.adding = False
+    if not created:
+        return
+    signals.send(signals.job_dispatched, job_class, jobs=created)
     if logger.isEnabledFor(logging.INFO):
-        first = jobs[0]
-        if len(jobs) == 1:
+        first = created[0]
+        if len(created) == 1:
             logger.info(
                 "Enqueued job id=%s name=%s queue=%s", first.pk, safe(first.name), first.queue
             )
         else:
             logger.info(
                 "Enqueued jobs count=%s name=%s queue=%s first_id=%s",
-                len(jobs),
+                len(created),
                 safe(first.name),
                 first.queue,
                 first.pk,
             )
+    if conf.immediate():
+        # Jobs dispatched with wait= or at= are left for run_jobs() and its clock.
+        created_ids = {id(job) for job in created}
+        due = [
+            job.pk
+            for job, row in zip(jobs, rows, strict=True)
+            if id(job) in created_ids and row.run_at is None
+        ]
+        if due:
+            _after_commit(alias, lambda: run_immediately(alias, due))
+
+
+def _after_commit(alias: str, callback: Callable[[], None]) -> None:
+    """Run ``callback`` once the jobs' rows are committed: now in autocommit, or inside
+    nothing but a TestCase's transaction (which never commits); otherwise on commit."""
+    connection = connections[alias]
+    if all(getattr(block, "_from_testcase", False) for block in connection.atomic_blocks):
+        callback()
+    else:
+        transaction.on_commit(callback, using=alias)
+
+
+def run_immediately(alias: str, job_ids: list[int]) -> None:
+    """GATOR_IMMEDIATE: run these jobs, and the chain steps they lead to, in this thread.
+
+    A job that ends ``dead`` has its exception raised here (after its row was written),
+    so a test sees it; one that will be retried stays ``failed`` for run_jobs()."""
+    from django_gator.worker.inline import inline_worker_id, run_inline
+
+    worker_id = inline_worker_id()
+    todo = list(job_ids)
+    while todo:
+        outcome = run_inline(alias, todo.pop(0), worker_id)
+        if outcome is None:
+            continue
+        todo += outcome.follow_ups
+        if outcome.state == "dead" and outcome.exception is not None:
+            raise outcome.exception
+
+
+def _saved(job: Job, job_id: int, created_at: datetime, next_execution_at: datetime) -> None:
+    job.pk = job_id
+    job.created_at = created_at
+    job.next_execution_at = next_execution_at
+    job._state.adding = False

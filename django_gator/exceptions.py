@@ -33,3 +33,8 @@ class JobTimeout(GatorError):
 
 class WorkerLost(GatorError):
     """The worker running a job stopped heartbeating (killed, frozen or cut off)."""
+
+
+class JobCancelled(GatorError):
+    """Raised by a job (usually after ``self.cancel_requested()`` said so) to stop early:
+    the job ends ``cancelled``, with no retry."""

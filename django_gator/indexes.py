@@ -17,6 +17,8 @@ from typing import Any
 from django.db import models
 
 READY_STATES_SQL = "('waiting', 'failed')"
+#: States in which a unique job blocks a second dispatch with the same key.
+ACTIVE_STATES = ["waiting", "failed", "running"]
 
 
 def partial_indexes() -> list[models.Index]:
@@ -69,3 +71,94 @@ def drop(apps: Any, schema_editor: Any) -> None:
     job = apps.get_model("django_gator", "Job")
     for index in partial_indexes():
         schema_editor.remove_index(job, index)
+
+
+# -- unique jobs (migration 0003) ---------------------------------------------------------
+
+
+def unique_constraint() -> models.UniqueConstraint:
+    # At most one active row per (job name, unique key); finished rows never collide.
+    return models.UniqueConstraint(
+        fields=["name", "unique_key"],
+        condition=models.Q(unique_key__isnull=False, state__in=ACTIVE_STATES),
+        name="gator_job_unique",
+    )
+
+
+# MySQL and MariaDB: a virtual column that holds the key only while the job is active, under
+# a unique index (NULLs never collide).
+MYSQL_UNIQUE_FORWARD = [
+    "ALTER TABLE django_gator_job ADD COLUMN unique_active varchar(200) GENERATED ALWAYS AS "
+    "(CASE WHEN state IN ('waiting', 'failed', 'running') THEN unique_key ELSE NULL END) "
+    "VIRTUAL",
+    "CREATE UNIQUE INDEX gator_job_unique_my ON django_gator_job (name, unique_active)",
+]
+MYSQL_UNIQUE_BACKWARD = [
+    "DROP INDEX gator_job_unique_my ON django_gator_job",
+    "ALTER TABLE django_gator_job DROP COLUMN unique_active",
+]
+
+
+def create_unique(apps: Any, schema_editor: Any) -> None:
+    if schema_editor.connection.vendor == "mysql":
+        for sql in MYSQL_UNIQUE_FORWARD:
+            schema_editor.execute(sql)
+        return
+    job = apps.get_model("django_gator", "Job")
+    restore_claim_indexes(job, schema_editor)
+    schema_editor.add_constraint(job, unique_constraint())
+
+
+def restore_claim_indexes(job: Any, schema_editor: Any, *, unique: bool = False) -> None:
+    """Re-create the partial indexes of migration 0002 (and, with ``unique``, the unique
+    index of 0003) where they are missing.
+
+    On SQLite, a migration that changes the table in a way ALTER TABLE cannot (such as
+    adding a NOT NULL column) copies it into a new table built from the migration state, in
+    which these indexes do not appear: every such migration must call this afterwards.
+    """
+    connection = schema_editor.connection
+    with connection.cursor() as cursor:
+        existing = connection.introspection.get_constraints(cursor, job._meta.db_table)
+    for index in partial_indexes():
+        if index.name not in existing:
+            schema_editor.add_index(job, index)
+    if unique and unique_constraint().name not in existing:
+        schema_editor.add_constraint(job, unique_constraint())
+
+
+# -- the dead-job screen (migration 0005) --------------------------------------------------
+
+
+def groups_index() -> models.Index:
+    # Dead and failed jobs by name and error class. Partial, so that the claims and success
+    # marks of a busy queue (which change `state` on every row) never touch it. MySQL and
+    # MariaDB get none: their dead-job screen reads the dead rows through the
+    # (state, finished_at) index instead.
+    return models.Index(
+        fields=["state", "name", "error_class"],
+        name="gator_job_groups",
+        condition=models.Q(state__in=["dead", "failed"]),
+    )
+
+
+def create_groups_index(apps: Any, schema_editor: Any) -> None:
+    if schema_editor.connection.vendor == "mysql":
+        return
+    job = apps.get_model("django_gator", "Job")
+    restore_claim_indexes(job, schema_editor, unique=True)
+    schema_editor.add_index(job, groups_index())
+
+
+def drop_groups_index(apps: Any, schema_editor: Any) -> None:
+    if schema_editor.connection.vendor == "mysql":
+        return
+    schema_editor.remove_index(apps.get_model("django_gator", "Job"), groups_index())
+
+
+def drop_unique(apps: Any, schema_editor: Any) -> None:
+    if schema_editor.connection.vendor == "mysql":
+        for sql in MYSQL_UNIQUE_BACKWARD:
+            schema_editor.execute(sql)
+        return
+    schema_editor.remove_constraint(apps.get_model("django_gator", "Job"), unique_constraint())

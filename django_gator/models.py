@@ -7,11 +7,13 @@ and the domain verbs used by the admin and the management commands.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
-from django.db import models
+from django.db import IntegrityError, models, transaction
 from django.utils import timezone
+from django.utils.timezone import now as _now
 
 from django_gator.dbtime import DbNow
 from django_gator.validation import (
@@ -19,6 +21,7 @@ from django_gator.validation import (
     PRIORITY_MAX,
     PRIORITY_MIN,
     QUEUE_MAX_LENGTH,
+    UNIQUE_KEY_MAX_LENGTH,
 )
 
 
@@ -49,6 +52,16 @@ READY_STATES = (JobState.WAITING, JobState.FAILED)
 FINAL_STATES = (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED)
 
 
+def record(alias: str | None, ids: list[int], action: str, by: str, **details: Any) -> None:
+    """Append an operator action to the audit trail of the jobs ``ids``."""
+    from django_gator import conf
+    from django_gator.engines import get_engine
+
+    entry = {"at": timezone.now().isoformat(), "by": by, "action": action}
+    entry.update({k: v for k, v in details.items() if v is not None})
+    get_engine(alias or conf.database()).append_audit(ids, json.dumps(entry))
+
+
 class JobQuerySet(models.QuerySet["Job"]):
     def ready(self) -> JobQuerySet:
         """Jobs a worker may claim now."""
@@ -67,19 +80,80 @@ class JobQuerySet(models.QuerySet["Job"]):
         """Running jobs whose claim is older than ``before``."""
         return self.running().filter(locked_at__lt=before)
 
-    def retry(self) -> int:
+    def retry(self, *, by: str | None = None, queue: str | None = None) -> int:
         """Make dead and failed jobs due now; returns how many rows changed.
 
-        Attempts and the error history are kept: the next claim counts on from them.
+        Attempts and the error history are kept: the next claim counts on from them. A
+        unique job whose key is held by another waiting, failed or running job stays where
+        it is (two active jobs with one key would break the uniqueness). ``queue`` moves the
+        jobs onto another queue; ``by`` (who asked) is recorded in each job's audit trail.
         """
-        return self.filter(state__in=(JobState.DEAD, JobState.FAILED)).update(
-            state=JobState.WAITING, next_execution_at=DbNow(), finished_at=None
-        )
+        retryable = self.filter(state__in=(JobState.DEAD, JobState.FAILED))
+        changes: dict[str, Any] = {
+            "state": JobState.WAITING,
+            "next_execution_at": DbNow(),
+            "finished_at": None,
+            "cancel_requested": False,
+        }
+        if queue is not None:
+            changes["queue"] = queue
+        ids = list(retryable.values_list("pk", flat=True))
+        changed: list[int] = []
+        for start in range(0, len(ids), 5000):
+            chunk = ids[start : start + 5000]
+            try:
+                with transaction.atomic(using=retryable.db):
+                    retryable.filter(pk__in=chunk).update(**changes)
+                    changed += chunk
+                continue
+            except IntegrityError:
+                pass
+            # Some unique keys are taken: row by row, skipping those.
+            for pk in chunk:
+                try:
+                    with transaction.atomic(using=retryable.db):
+                        if retryable.filter(pk=pk).update(**changes):
+                            changed.append(pk)
+                except IntegrityError:
+                    continue
+        if changed and by is not None:
+            record(self.db, changed, "retry", by, queue=queue)
+        return len(changed)
+
+    def discard(self, *, by: str) -> int:
+        """End dead and failed jobs ``cancelled`` without running them again, recording
+        ``by`` in their audit trail; returns how many rows changed."""
+        discardable = self.filter(state__in=(JobState.DEAD, JobState.FAILED))
+        with transaction.atomic(using=self.db):
+            ids = list(discardable.select_for_update().values_list("pk", flat=True))
+            discardable.filter(pk__in=ids).update(state=JobState.CANCELLED, finished_at=DbNow())
+            if ids:
+                record(self.db, ids, "discard", by)
+        return len(ids)
 
     def cancel(self) -> int:
-        """Cancel jobs that have not started; running and finished rows are left alone."""
-        return self.filter(state__in=READY_STATES).update(
-            state=JobState.CANCELLED, finished_at=DbNow()
+        """Cancel jobs: waiting and failed ones end ``cancelled`` at once; running ones get
+        ``cancel_requested`` (the job sees it through ``self.cancel_requested()``, and ends
+        ``cancelled`` if it stops with an error or its worker is lost). Finished rows are left
+        alone. Returns how many rows changed; one UPDATE, so no row slips between the two.
+        """
+        ready = models.Q(state__in=READY_STATES)
+        return self.filter(
+            models.Q(state__in=READY_STATES) | models.Q(state=JobState.RUNNING)
+        ).update(
+            # state last: MySQL evaluates SET left to right, later assignments seeing the
+            # new values of earlier ones.
+            finished_at=models.Case(
+                models.When(ready, then=DbNow()), default=models.F("finished_at")
+            ),
+            cancel_requested=models.Case(
+                models.When(state=JobState.RUNNING, then=models.Value(True)),
+                default=models.F("cancel_requested"),
+            ),
+            state=models.Case(
+                models.When(ready, then=models.Value(JobState.CANCELLED.value)),
+                default=models.F("state"),
+            ),
         )
 
 
@@ -117,11 +191,33 @@ class Job(models.Model):
         null=True, blank=True, help_text="One entry per failed attempt, oldest first."
     )
     last_error = models.TextField(blank=True, default="", db_default="")
+    error_class = models.CharField(  # noqa: DJ001 - NULL until the first failure
+        max_length=255,
+        null=True,
+        blank=True,
+        help_text="Exception class of the last failed attempt (groups the dead-job screen).",
+    )
+    audit = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="Operator actions on this job (retries, edits, discards): who, when, what.",
+    )
     result = models.JSONField(null=True, blank=True, help_text="JSON return value of handle().")
     chain_id = models.UUIDField(null=True, blank=True)
     chain_position = models.PositiveSmallIntegerField(null=True, blank=True)
     chain = models.JSONField(
         null=True, blank=True, help_text="The chain: its steps' job names and options."
+    )
+    unique_key = models.CharField(  # noqa: DJ001 - NULL means "not unique"
+        max_length=UNIQUE_KEY_MAX_LENGTH,
+        null=True,
+        blank=True,
+        help_text="At most one waiting, failed or running job per job name and key.",
+    )
+    cancel_requested = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="Cancellation asked for while running; the job may stop early.",
     )
 
     objects = JobQuerySet.as_manager()
@@ -140,6 +236,8 @@ class Job(models.Model):
             models.Index(fields=["state", "finished_at"], name="gator_job_state_finished"),
             models.Index(fields=["chain_id"], name="gator_job_chain"),
         ]
+        # The dead-job screen's partial index (dead and failed rows only) is created by
+        # migration 0005 on PostgreSQL and SQLite; see django_gator.indexes.
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(priority__gte=PRIORITY_MIN, priority__lte=PRIORITY_MAX),
@@ -176,7 +274,8 @@ class Job(models.Model):
         return changed
 
     def cancel(self) -> bool:
-        """Cancel this job if it has not started."""
+        """Cancel this job if it has not started; ask a running one to stop (see
+        :meth:`JobQuerySet.cancel`). False if the job had already finished."""
         changed = Job.objects.filter(pk=self.pk).cancel() == 1
         if changed:
             self.refresh_from_db()
@@ -204,3 +303,127 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return self.id
+
+
+class ScheduleSource(models.TextChoices):
+    CODE = "code", "Job class"
+    SETTINGS = "settings", "GATOR_SCHEDULES"
+    ADMIN = "admin", "Admin"
+
+
+class MisfirePolicy(models.TextChoices):
+    SKIP = "skip", "Skip missed occurrences"
+    ONCE = "once", "Run once after a downtime"
+    CATCH_UP = "catch_up", "Run every missed occurrence (up to the limit)"
+
+
+class Schedule(models.Model):
+    """A cron schedule: every worker's scheduler dispatches ``job_name`` at each occurrence,
+    and the ``ScheduledRun`` table makes each occurrence run once across all of them."""
+
+    name = models.CharField(max_length=200, unique=True)
+    job_name = models.CharField(max_length=NAME_MAX_LENGTH, help_text="A registered job name.")
+    cron = models.CharField(
+        max_length=200, help_text="Five fields: minute hour day-of-month month day-of-week."
+    )
+    args = models.JSONField(default=list, blank=True)
+    kwargs = models.JSONField(default=dict, blank=True)
+    queue = models.CharField(
+        max_length=QUEUE_MAX_LENGTH, blank=True, default="", help_text="Empty: the job's queue."
+    )
+    priority = models.SmallIntegerField(
+        null=True, blank=True, help_text="Empty: the job's priority."
+    )
+    timezone = models.CharField(
+        max_length=64, default="UTC", help_text="IANA time zone the cron fields are read in."
+    )
+    enabled = models.BooleanField(default=True)
+    misfire = models.CharField(
+        max_length=16, choices=MisfirePolicy.choices, default=MisfirePolicy.ONCE
+    )
+    catch_up_limit = models.PositiveIntegerField(
+        default=100, help_text="Most missed occurrences run by the catch-up policy."
+    )
+    overlap = models.BooleanField(
+        default=True,
+        help_text="Dispatch even while the previous run is still waiting, retrying or running.",
+    )
+    source = models.CharField(
+        max_length=16, choices=ScheduleSource.choices, default=ScheduleSource.ADMIN
+    )
+    anchor_at = models.DateTimeField(
+        default=_now, help_text="Occurrences after this instant count."
+    )
+    last_run_at = models.DateTimeField(
+        null=True, blank=True, help_text="The last occurrence handled (run or skipped)."
+    )
+    next_run_at = models.DateTimeField(null=True, blank=True)
+    last_job_id = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(default=_now)
+    updated_at = models.DateTimeField(default=_now)
+
+    class Meta:
+        ordering = ["name"]
+        indexes = [models.Index(fields=["enabled", "next_run_at"], name="gator_schedule_due")]
+        permissions = [("run_schedule", "Can run a schedule's job now")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.cron} {self.timezone})"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Saving a new timing (cron or time zone) starts counting from now: occurrences of
+        the old timing are not caught up. next_run_at is recomputed either way."""
+        if self.pk is not None:
+            old = Schedule.objects.using(self._state.db or "default").filter(pk=self.pk)
+            previous = old.values_list("cron", "timezone").first()
+            if previous is not None and previous != (self.cron, self.timezone):
+                self.anchor_at = timezone.now()
+                self.last_run_at = None
+        self.updated_at = timezone.now()
+        self.next_run_at = self.compute_next_run()
+        if kwargs.get("update_fields") is not None:
+            kwargs["update_fields"] = {
+                *kwargs["update_fields"],
+                "anchor_at",
+                "last_run_at",
+                "next_run_at",
+                "updated_at",
+            }
+        super().save(*args, **kwargs)
+
+    def compute_next_run(self) -> datetime | None:
+        from django_gator.schedules import next_occurrence
+
+        after = self.anchor_at
+        if self.last_run_at is not None and self.last_run_at > after:
+            after = self.last_run_at
+        try:
+            return next_occurrence(self.cron, self.timezone, after)
+        except ValueError:
+            return None
+
+
+class ScheduledRun(models.Model):
+    """One occurrence of a schedule, handled once: the unique (schedule, occurrence_at) row
+    is inserted in the transaction that dispatches the job, so a second worker's insert
+    fails and it dispatches nothing."""
+
+    schedule = models.ForeignKey(Schedule, on_delete=models.CASCADE, related_name="runs")
+    occurrence_at = models.DateTimeField()
+    job_id = models.BigIntegerField(null=True, blank=True)
+    skipped = models.BooleanField(
+        default=False, help_text="Not dispatched: the previous run had not finished."
+    )
+    created_at = models.DateTimeField(default=_now)
+
+    class Meta:
+        ordering = ["-occurrence_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["schedule", "occurrence_at"], name="gator_schedule_occurrence_once"
+            )
+        ]
+        indexes = [models.Index(fields=["occurrence_at"], name="gator_scheduledrun_at")]
+
+    def __str__(self) -> str:
+        return f"{self.schedule_id} @ {self.occurrence_at.isoformat()}"

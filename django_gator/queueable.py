@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import difflib
 import functools
+import hashlib
 import inspect
+import json
+import math
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -22,6 +26,9 @@ if TYPE_CHECKING:
     from datetime import datetime, timedelta
 
     from django_gator.models import Job
+
+#: A middleware: called as ``middleware(job, call_next)``; returns what ``call_next()`` returns.
+Middleware = Callable[[Any, Callable[[], Any]], Any]
 
 #: Keyword names that dispatch() takes for itself; a handler cannot use them as parameters.
 DISPATCH_OPTIONS = frozenset({"wait", "at", "queue", "priority", "on_commit"})
@@ -86,9 +93,17 @@ class Queueable:
     ``priority``: -100 to 100, higher runs first within a queue (default 0).
     ``retry``: a :class:`~django_gator.Retry` policy; None sends a failing job to ``dead``.
     ``timeout``: seconds a run may take; None for no limit.
+    ``unique``: True allows one waiting, failed or running job per set of arguments (or
+    per :meth:`unique_key`); a dispatch while one exists returns that job.
+    ``atomic``: True runs ``handle()`` and the success mark in one transaction on the
+    jobs database, so effects written there apply exactly once.
+    ``middleware``: callables ``(job, call_next)`` wrapped around ``handle()``, inside
+    the ones of ``GATOR_MIDDLEWARE``.
+    ``schedule``: a cron string, a :class:`~django_gator.schedules.Cron`, or a list of
+    them: workers dispatch the job at each occurrence.
 
-    While ``handle()`` runs, ``self.job_id``, ``self.attempt`` (1 for the first run) and
-    ``self.queue`` describe the job being run.
+    While ``handle()`` runs, ``self.job_id``, ``self.attempt`` (1 for the first run),
+    ``self.queue``, ``self.args`` and ``self.kwargs`` describe the job being run.
     """
 
     name: ClassVar[str]
@@ -96,9 +111,20 @@ class Queueable:
     priority: ClassVar[int] = 0
     retry: ClassVar[Retry | None] = None
     timeout: ClassVar[float | None] = None
+    unique: ClassVar[bool] = False
+    atomic: ClassVar[bool] = False
+    middleware: ClassVar[Sequence[Middleware]] = ()
+    schedule: ClassVar[Any] = None
+    #: Argument keys (besides GATOR_REDACT) never shown in the admin or in log lines.
+    redact: ClassVar[Sequence[str]] = ()
+
+    #: Seconds between two database reads of cancel_requested().
+    cancel_check_interval: ClassVar[float] = 1.0
 
     _gator_signature: ClassVar[inspect.Signature]
     _gator_accepts_anything: ClassVar[bool]
+    _gator_unique: ClassVar[bool]
+    _gator_check_dispatch_options: ClassVar[bool] = True
 
     def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -116,13 +142,25 @@ class Queueable:
             )
         if cls.handle is Queueable.handle:
             raise TypeError(f"{cls.__qualname__} must define handle()")
+        for flag in ("unique", "atomic"):
+            if not isinstance(getattr(cls, flag), bool):
+                raise TypeError(
+                    f"{cls.__qualname__}.{flag} must be True or False, got {getattr(cls, flag)!r}"
+                )
+        if isinstance(cls.middleware, str | bytes) or not all(callable(m) for m in cls.middleware):
+            raise TypeError(
+                f"{cls.__qualname__}.middleware must be a list of callables "
+                f"(job, call_next), got {cls.middleware!r}"
+            )
+        cls.middleware = tuple(cls.middleware)
+        cls._gator_unique = cls.unique or cls.unique_key is not Queueable.unique_key
         signature = cls._handler_signature()
         clash = DISPATCH_OPTIONS & {
             p.name
             for p in signature.parameters.values()
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
         }
-        if clash:
+        if clash and cls._gator_check_dispatch_options:
             raise TypeError(
                 f"{cls.__qualname__}.handle() has the parameter(s) {sorted(clash)}, which "
                 f"dispatch() takes as options ({', '.join(sorted(DISPATCH_OPTIONS))}); "
@@ -143,13 +181,71 @@ class Queueable:
         params = list(signature.parameters.values())[1:]
         return signature.replace(parameters=params)
 
-    def __init__(self, *, job_id: int | None = None, attempt: int = 1, queue: str | None = None):
+    def __init__(
+        self,
+        *,
+        job_id: int | None = None,
+        attempt: int = 1,
+        queue: str | None = None,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ):
         self.job_id = job_id
         self.attempt = attempt
         self.queue = queue if queue is not None else type(self).queue
+        self.args = list(args)
+        self.kwargs = dict(kwargs or {})
+        self._cancel_seen = False
+        self._cancel_checked_at = -math.inf
 
     def handle(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError
+
+    def unique_key(self, *args: Any, **kwargs: Any) -> str | None:
+        """The key that makes a dispatch unique, from the dispatch's arguments.
+
+        With ``unique = True`` the default is a digest of the arguments, bound to
+        ``handle()``'s parameters (so ``dispatch(5)`` and ``dispatch(user_id=5)`` share a
+        key). Override it to choose what makes two jobs the same (``f"user:{user_id}"``);
+        return None to make one dispatch not unique. Keys are per job name.
+        """
+        if not type(self).unique:
+            return None
+        try:
+            bound = type(self)._gator_signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            identity: Any = bound.arguments
+        except TypeError:
+            identity = [args, kwargs]
+        text = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=repr)
+        return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+    def on_error(self, exc: BaseException) -> None:
+        """Called in the worker after each failed attempt (``self.attempt`` tells which),
+        before the failure is written. What it raises is logged and otherwise ignored."""
+
+    def cancel_requested(self) -> bool:
+        """Whether someone asked to cancel this running job (``Job.cancel()`` or the admin).
+
+        Check it between units of work and return, or raise :class:`JobCancelled`; the job
+        then ends ``cancelled``. Reads the database at most once per
+        ``cancel_check_interval`` seconds; once True it stays True.
+        """
+        if self._cancel_seen or self.job_id is None:
+            return self._cancel_seen
+        now = time.monotonic()
+        if now - self._cancel_checked_at < type(self).cancel_check_interval:
+            return False
+        self._cancel_checked_at = now
+        from django_gator import conf
+        from django_gator.models import Job
+
+        self._cancel_seen = (
+            Job.objects.using(conf.database())
+            .filter(pk=self.job_id, cancel_requested=True)
+            .exists()
+        )
+        return self._cancel_seen
 
     def retry_decision(self, exc: BaseException, retry_count: int) -> Interval | bool | None:
         """Decide what happens after ``handle()`` raised ``exc``.
@@ -283,8 +379,14 @@ def job(
     priority: int = _UNSET,
     retry: Retry | None = _UNSET,
     timeout: float | None = _UNSET,
+    unique: bool = _UNSET,
+    atomic: bool = _UNSET,
+    middleware: Sequence[Middleware] = _UNSET,
+    schedule: Any = _UNSET,
 ) -> Any:
-    """Turn a function into a job: ``@job`` or ``@job(queue="critical", retry=Retry(...))``."""
+    """Turn a function into a job: ``@job`` or ``@job(queue="critical", retry=Retry(...))``.
+
+    The options are the Queueable class attributes of the same names."""
 
     def wrap(f: Callable[..., Any]) -> JobFunction:
         attrs: dict[str, Any] = {
@@ -299,6 +401,10 @@ def job(
             ("priority", priority),
             ("retry", retry),
             ("timeout", timeout),
+            ("unique", unique),
+            ("atomic", atomic),
+            ("middleware", middleware),
+            ("schedule", schedule),
         ):
             if value is not _UNSET:
                 attrs[key] = value

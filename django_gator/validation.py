@@ -24,6 +24,7 @@ PRIORITY_MIN = -100
 PRIORITY_MAX = 100
 QUEUE_MAX_LENGTH = 100
 NAME_MAX_LENGTH = 255
+UNIQUE_KEY_MAX_LENGTH = 200
 #: Deepest nesting of lists and dicts accepted in arguments.
 MAX_DEPTH = 100
 #: Largest int accepted, in bits (Python refuses to print ints of over ~4300 digits).
@@ -202,6 +203,20 @@ def validate_name(name: object) -> str:
     if any(ch in name for ch in "\r\n\x00"):
         raise ValueError(f"job name must not contain line breaks or NUL: {short_repr(name)}")
     return name
+
+
+def validate_unique_key(key: object, job_name: str) -> str | None:
+    """A ``unique_key()`` result: a str of 1 to 200 characters, or None (not unique)."""
+    if key is None:
+        return None
+    if not isinstance(key, str):
+        raise TypeError(f"{job_name}.unique_key() must return a str or None, got {short_repr(key)}")
+    if not key or len(key) > UNIQUE_KEY_MAX_LENGTH or _BAD_CHARS.search(key):
+        raise ValueError(
+            f"{job_name}.unique_key() returned {short_repr(key)}: use 1 to "
+            f"{UNIQUE_KEY_MAX_LENGTH} characters, without NUL or lone surrogates"
+        )
+    return key
 
 
 def validate_timeout(timeout: object) -> float | None:

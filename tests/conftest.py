@@ -7,6 +7,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -111,3 +112,25 @@ def wait_for(
             return
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")
+
+
+#: A password that dead_jobs_for_operators() puts in arguments and error messages.
+SECRET = "hunter2-very-secret"
+
+
+def dead_jobs_for_operators() -> dict[str, list[Any]]:
+    """Dead jobs from real failed runs, for the admin tests: three logins that fail with
+    PermissionError (and succeed when retried), two Booms that always fail."""
+    from django_gator.models import Job
+    from tests.testapp.jobs import Boom, FailsFirstTime
+
+    FailsFirstTime.dispatch("alice", pin="pin-8642", password=SECRET)
+    FailsFirstTime.dispatch("bob", password=SECRET)
+    FailsFirstTime.dispatch("carol", password=SECRET)
+    Boom.dispatch("disk full")
+    Boom.dispatch("disk full again")
+    run_worker()
+    return {
+        "logins": list(Job.objects.filter(name=FailsFirstTime.name)),
+        "booms": list(Job.objects.filter(name=Boom.name)),
+    }

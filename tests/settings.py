@@ -48,6 +48,18 @@ INSTALLED_APPS = [
     "django_gator",
     "tests.testapp",
 ]
+try:
+    import django.tasks  # noqa: F401 - Django 6.0+
+except ImportError:
+    INSTALLED_APPS.append("django_tasks")  # the backport, on Django 5.2
+
+# Django's Tasks framework on django-gator (tests/testapp/tasks.py).
+TASKS = {
+    "default": {
+        "BACKEND": "django_gator.tasks.GatorBackend",
+        "QUEUES": ["default", "tasks", "critical"],
+    }
+}
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -74,6 +86,10 @@ TEMPLATES = [
 GATOR_HEARTBEAT_INTERVAL = float(os.environ.get("GATOR_HEARTBEAT_INTERVAL", "0.5"))
 GATOR_HEARTBEAT_TIMEOUT = float(os.environ.get("GATOR_HEARTBEAT_TIMEOUT", "3"))
 GATOR_POLL_INTERVAL = float(os.environ.get("GATOR_POLL_INTERVAL", "0.05"))
+GATOR_SCHEDULER_INTERVAL = float(os.environ.get("GATOR_SCHEDULER_INTERVAL", "0.05"))
+# The scheduler's clock: a file the test moves forward (see tests/clock.py), or real time.
+if os.environ.get("GATOR_TEST_CLOCK_FILE"):
+    GATOR_SCHEDULER_CLOCK = "tests.clock.file_clock"
 GATOR_SHUTDOWN_TIMEOUT = float(os.environ.get("GATOR_SHUTDOWN_TIMEOUT", "10"))
 GATOR_MAX_RESCUES = int(os.environ.get("GATOR_MAX_RESCUES", "3"))
 

@@ -7,7 +7,8 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.urls import reverse
 
-from django_gator.models import Job, JobState
+from django_gator.models import Job, JobState, Schedule
+from tests.testapp.jobs import Noop
 
 pytestmark = pytest.mark.django_db
 
@@ -82,10 +83,21 @@ def test_retry_action_requeues_dead_jobs_and_keeps_their_history():
     response = client.post(
         reverse(CHANGELIST), {"action": "retry_jobs", "_selected_action": [job.pk]}
     )
+    assert response.status_code == 200  # the confirmation page
+    assert "Retry 1 selected job(s)?" in response.content.decode()
+    job.refresh_from_db()
+    assert job.state == JobState.DEAD
+
+    response = client.post(
+        reverse(CHANGELIST),
+        {"action": "retry_jobs", "_selected_action": [job.pk], "post": "yes"},
+    )
 
     assert response.status_code == 302
     job.refresh_from_db()
     assert job.state == JobState.WAITING
+    assert job.audit[0]["action"] == "retry"
+    assert job.audit[0]["by"] == "op"
     assert job.attempts == 1
     assert len(job.errors) == 1
 
@@ -104,7 +116,7 @@ def test_actions_refuse_a_post_without_csrf_token():
     assert job.state == JobState.DEAD
 
 
-def test_cancel_action_leaves_running_and_finished_jobs_alone():
+def test_cancel_action_cancels_waiting_asks_running_and_leaves_finished_jobs_alone():
     waiting = Job.objects.create(name="x.Waiting")
     running = Job.objects.create(
         name="x.Running", state=JobState.RUNNING, reserved_by="w", locked_at="2026-01-01T00:00Z"
@@ -115,7 +127,11 @@ def test_cancel_action_leaves_running_and_finished_jobs_alone():
 
     client.post(
         reverse(CHANGELIST),
-        {"action": "cancel_jobs", "_selected_action": [waiting.pk, running.pk, done.pk]},
+        {
+            "action": "cancel_jobs",
+            "_selected_action": [waiting.pk, running.pk, done.pk],
+            "post": "yes",
+        },
     )
 
     states = dict(Job.objects.values_list("name", "state"))
@@ -124,6 +140,8 @@ def test_cancel_action_leaves_running_and_finished_jobs_alone():
         "x.Running": JobState.RUNNING,
         "x.Done": JobState.SUCCEEDED,
     }
+    requested = dict(Job.objects.values_list("name", "cancel_requested"))
+    assert requested == {"x.Waiting": False, "x.Running": True, "x.Done": False}
 
 
 def test_get_never_mutates(admin_client: Client):
@@ -133,3 +151,45 @@ def test_get_never_mutates(admin_client: Client):
 
     job.refresh_from_db()
     assert job.state == JobState.DEAD
+
+
+def test_schedule_admin_lists_next_runs_and_runs_a_schedule_now_with_permission():
+    schedule = Schedule(name="nightly", job_name=Noop.name, cron="0 3 * * *")
+    schedule.save()
+    viewer = staff("view_schedule")
+    client = Client()
+    client.force_login(viewer)
+    url = reverse("admin:django_gator_schedule_changelist")
+
+    listing = client.get(url)
+    assert listing.status_code == 200
+    assert "nightly" in listing.content.decode()
+    assert b"run_now" not in listing.content  # no permission, no action
+
+    client.post(url, {"action": "run_now", "_selected_action": [schedule.pk]})
+    assert not Job.objects.exists()
+
+    viewer.user_permissions.add(Permission.objects.get(codename="run_schedule"))
+    client.force_login(User.objects.get(pk=viewer.pk))
+    response = client.post(url, {"action": "run_now", "_selected_action": [schedule.pk]})
+    assert response.status_code == 302
+    assert Job.objects.get().name == Noop.name
+
+
+def test_schedule_admin_refuses_an_invalid_cron_expression(admin_client: Client):
+    response = admin_client.post(
+        reverse("admin:django_gator_schedule_add"),
+        {
+            "name": "bad",
+            "job_name": Noop.name,
+            "cron": "*/5 * * *",
+            "timezone": "UTC",
+            "args": "[]",
+            "kwargs": "{}",
+            "misfire": "once",
+            "catch_up_limit": "100",
+        },
+    )
+    assert response.status_code == 200
+    assert "has 4 fields; use 5" in response.content.decode()
+    assert not Schedule.objects.exists()

@@ -27,7 +27,14 @@ def test_gator_bench_reports_every_measurement_and_leaves_no_rows():
     )
 
     text = out.getvalue()
-    for label in ("dispatch, one at a time", "dispatch_many", "drain 40 no-op jobs", "p50"):
+    for label in (
+        "dispatch, one at a time",
+        "dispatch_many",
+        "drain 40 no-op jobs",
+        "p50",
+        "Task.enqueue()",
+        "drain 40 no-op @task calls",
+    ):
         assert label in text, text
     assert "jobs/s (RSS" in text
     assert not Job.objects.filter(queue="gator-bench").exists()

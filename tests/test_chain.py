@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import uuid
 
 import pytest
@@ -9,7 +10,7 @@ from django.db import transaction
 
 from django_gator import Chain
 from django_gator.models import Job, JobState
-from tests.conftest import run_worker
+from tests.conftest import run_worker, wait_for, worker_output
 from tests.testapp.jobs import (
     BrokenStep,
     ChainFailed,
@@ -17,6 +18,7 @@ from tests.testapp.jobs import (
     FetchData,
     NotifyUser,
     ProcessData,
+    SlowProcessData,
     add,
 )
 from tests.testapp.models import Execution
@@ -46,6 +48,45 @@ def test_steps_run_in_order_once_each_with_retries_of_a_step():
     assert rows[1].attempts == 3
     assert [e["message"] for e in rows[1].errors] == ["flaky attempt 1", "flaky attempt 2"]
     assert all(r.args == ["order-7"] for r in rows)
+
+
+def test_a_chain_survives_a_sigkill_between_steps(spawn_worker):
+    first = Chain(FetchData, SlowProcessData, NotifyUser).dispatch("order-9")
+    worker = spawn_worker("--concurrency", "2")
+
+    def second_step_on_its_good_attempt() -> bool:
+        step = Job.objects.filter(name=SlowProcessData.name).first()
+        return step is not None and step.state == JobState.RUNNING and step.attempts == 3
+
+    # Step 1 done, step 2 failed twice and now sleeps in its third attempt: kill the worker.
+    wait_for(second_step_on_its_good_attempt, timeout=30)
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(timeout=10)
+    assert ledger() == ["FetchData:order-9"]
+
+    replacement = spawn_worker("--concurrency", "2")
+    wait_for(
+        lambda: Job.objects.filter(name=NotifyUser.name, state=JobState.SUCCEEDED).exists(),
+        timeout=30,
+    )
+    replacement.send_signal(signal.SIGTERM)
+    assert replacement.wait(timeout=30) == 0, worker_output(replacement)
+
+    assert ledger() == ["FetchData:order-9", "SlowProcessData:order-9", "NotifyUser:order-9"]
+    rows = list(Job.objects.order_by("chain_position"))
+    assert [(r.name, r.state, r.chain_position) for r in rows] == [
+        (FetchData.name, JobState.SUCCEEDED, 0),
+        (SlowProcessData.name, JobState.SUCCEEDED, 1),
+        (NotifyUser.name, JobState.SUCCEEDED, 2),
+    ]
+    assert {r.chain_id for r in rows} == {first.chain_id}
+    step = rows[1]
+    assert step.attempts == 4  # two failures, the attempt lost with the worker, the success
+    assert [e["class"] for e in step.errors] == [
+        "ConnectionError",
+        "ConnectionError",
+        "django_gator.exceptions.WorkerLost",
+    ]
 
 
 def test_a_dead_step_stops_the_chain_and_runs_its_error_handler():

@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 from django.db.models import Count
 
-from django_gator.models import Job, JobState
+from django_gator.models import Job, JobState, Worker
 from tests.conftest import wait_for
 from tests.testapp.jobs import Record
 from tests.testapp.models import Execution
@@ -48,6 +48,12 @@ def test_random_sigkills_lose_nothing_and_rerun_only_jobs_in_flight(spawn_worker
         timeout=60 + JOBS / 50,
     )
     elapsed = time.monotonic() - started
+    # A worker started after the last kill may still be booting: SIGTERM before its handlers
+    # are installed would kill it outright. Its worker row appears once they are.
+    wait_for(
+        lambda: {p.pid for p in procs} <= set(Worker.objects.values_list("pid", flat=True)),
+        timeout=30,
+    )
     for proc in procs:
         proc.send_signal(signal.SIGTERM)
     for proc in procs:

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import IntegrityError, connections, transaction
 from django.utils.dateparse import parse_datetime
 
 READY_SQL = "state IN ('waiting', 'failed')"
 JOB_COLUMNS = (
-    "id, name, args, kwargs, queue, priority, attempts, rescues, chain_id, chain_position, chain"
+    "id, name, args, kwargs, queue, priority, attempts, rescues, chain_id, chain_position, chain, "
+    "next_execution_at"
 )
 
 
@@ -40,6 +41,7 @@ class ClaimedJob:
     chain_id: Any = None
     chain_position: int | None = None
     chain: Any = None
+    next_execution_at: Any = None  # as the database returned it (for keyset claims)
 
 
 @dataclass(slots=True)
@@ -55,6 +57,7 @@ class InsertRow:
     chain_id: str | None = None
     chain_position: int | None = None
     chain: str | None = None
+    unique_key: str | None = None
 
 
 @dataclass(slots=True)
@@ -62,13 +65,23 @@ class Failure:
     """What to write when an attempt failed."""
 
     dead: bool
-    retry_at: datetime | None
+    retry_in: float | None  # seconds from now (database time) to the retry; None: no retry
     queue: str
     error: str  # one error-history entry, as JSON
     last_error: str
+    cancelled: bool = False  # the job raised JobCancelled: end it ``cancelled``
+    exception: BaseException | None = None  # what was raised (not written; for signals)
 
+
+#: A claim position: (priority, next_execution_at, id) of the last job claimed.
+Keyset = tuple[int, Any, int]
 
 _ROW_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
+def error_class_of(summary: str) -> str:
+    """The exception class of a ``last_error`` summary ("Class: message" or "Class")."""
+    return summary.split(":", 1)[0].strip()[:255]
 
 
 def loads(value: Any) -> Any:
@@ -162,6 +175,9 @@ class Engine:
         """SQL that appends the JSON parameter ``%s`` to the array in ``column``."""
         raise NotImplementedError
 
+    #: SQL for "database now plus ``%s`` seconds" (NULL when the parameter is NULL).
+    later_sql = ""
+
     # -- dispatch --------------------------------------------------------------------------
     def insert_jobs(
         self, rows: Sequence[InsertRow], notify: set[str] | None = None
@@ -197,7 +213,7 @@ class Engine:
 
     def _row_documents(self, rows: Sequence[InsertRow]) -> list[str]:
         """JSON arrays of ``[name, args, kwargs, queue, priority, run_at, chain_id,
-        chain_position, chain]`` rows, each array under :attr:`insert_bytes`."""
+        chain_position, chain, unique_key]`` rows, each array under :attr:`insert_bytes`."""
         documents: list[str] = []
         parts: list[str] = []
         size = 0
@@ -215,6 +231,7 @@ class Engine:
                     row.chain_id,
                     row.chain_position,
                     row.chain,
+                    row.unique_key,
                 ]
             )
             if parts and size + len(part) > self.insert_bytes:
@@ -225,15 +242,89 @@ class Engine:
         documents.append("[" + ",".join(parts) + "]")
         return documents
 
+    # -- unique jobs ---------------------------------------------------------------------
+    #: Matches the active row of (name, unique_key) through the database's unique index.
+    unique_match_sql = "name = %s AND unique_key = %s AND state IN ('waiting', 'failed', 'running')"
+    #: Appended to the lookup of an active unique row: a read that sees the newest commit.
+    unique_lookup_lock = ""
+    #: Inserts tried per row before a dispatch of a unique job gives up.
+    UNIQUE_TRIES = 10
+
+    def insert_unique(
+        self, rows: Sequence[InsertRow], notify: set[str] | None = None
+    ) -> list[tuple[int, datetime, datetime, bool]]:
+        """Insert rows that carry a ``unique_key``; a row whose key already has a waiting,
+        failed or running job is not inserted, and that job's (id, created_at,
+        next_execution_at) comes back instead. The fourth item is True for a new row.
+
+        The database's unique index decides: a concurrent dispatch of the same key either
+        commits first (our INSERT fails inside a savepoint and we read its row) or waits for
+        ours. Rows go one at a time, each in its own savepoint, all in one transaction.
+        """
+        out: list[tuple[int, datetime, datetime, bool]] = []
+        seen: dict[tuple[str, str | None], tuple[int, datetime, datetime]] = {}
+        with transaction.atomic(using=self.alias):
+            for row in rows:
+                key = (row.name, row.unique_key)
+                if key in seen:
+                    out.append((*seen[key], False))
+                    continue
+                job_id, created_at, next_at, created = self._insert_or_find(row, notify)
+                seen[key] = (job_id, created_at, next_at)
+                out.append((job_id, created_at, next_at, created))
+        return out
+
+    def _insert_or_find(
+        self, row: InsertRow, notify: set[str] | None
+    ) -> tuple[int, datetime, datetime, bool]:
+        error: IntegrityError | None = None
+        for _ in range(self.UNIQUE_TRIES):
+            existing = self.find_unique(row.name, row.unique_key)
+            if existing is not None:
+                return (*existing, False)
+            try:
+                with transaction.atomic(using=self.alias):
+                    wake = {row.queue} if row.run_at is None and notify else None
+                    [inserted] = self.insert_jobs([row], notify=wake)
+            except IntegrityError as exc:
+                error = exc  # another dispatch took the key since our look: read its row
+                continue
+            return (*inserted, True)
+        raise IntegrityError(
+            f"could not insert or find the job {row.name!r} with unique key "
+            f"{row.unique_key!r} after {self.UNIQUE_TRIES} tries: {error}"
+        )
+
+    def find_unique(self, name: str, key: str | None) -> tuple[int, datetime, datetime] | None:
+        """(id, created_at, next_execution_at) of the active job holding ``key``, if any."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT id, created_at, next_execution_at FROM {self.job_table} "
+                f"WHERE {self.unique_match_sql}{self.unique_lookup_lock}",
+                [name, key],
+            )
+            row = cursor.fetchone()
+        return None if row is None else (row[0], self.to_dt(row[1]), self.to_dt(row[2]))
+
     @contextmanager
     def listen(self) -> Iterator[Listener]:
         raise NotImplementedError(f"{self.vendor} has no LISTEN; workers poll")
         yield  # pragma: no cover
 
     # -- claim -----------------------------------------------------------------------------
-    def claim(self, worker_id: str, queue: str, limit: int) -> list[ClaimedJob]:
-        """Atomically take up to ``limit`` due jobs of ``queue`` for ``worker_id``."""
+    def claim(
+        self, worker_id: str, queue: str, limit: int, after: Keyset | None = None
+    ) -> list[ClaimedJob]:
+        """Atomically take up to ``limit`` due jobs of ``queue`` for ``worker_id``.
+
+        ``after`` (engines with :attr:`supports_keyset`): only jobs of that priority placed
+        after that (next_execution_at, id) in the claim's order, so the index scan starts
+        past the rows the worker claimed last instead of stepping over their dead entries
+        again. Other engines ignore it."""
         raise NotImplementedError
+
+    #: Whether claim() honours ``after`` (see there).
+    supports_keyset = False
 
     def ready_queues(self) -> list[str]:
         """Names of the queues that hold waiting or failed jobs (a skip scan of the index)."""
@@ -267,6 +358,7 @@ class Engine:
             chain_id=uuid.UUID(str(row[8])) if row[8] else None,
             chain_position=row[9],
             chain=loads(row[10]),
+            next_execution_at=row[11] if len(row) > 11 else None,
         )
 
     # -- outcomes (compare-and-set on the claim) ----------------------------------------
@@ -323,6 +415,7 @@ class Engine:
         queue: str,
         limit: int,
         succeeded: Sequence[tuple[int, int, str | None]],
+        after: Keyset | None = None,
     ) -> tuple[list[ClaimedJob], list[int]]:
         """Write success marks and claim new jobs; with :attr:`mark_in_claim_transaction`
         both happen in one transaction (one commit)."""
@@ -331,7 +424,7 @@ class Engine:
                 written = self._mark_succeeded(cursor, worker_id, succeeded)
                 return self._claim(cursor, worker_id, queue, limit), written
         written = self.mark_succeeded(worker_id, succeeded) if succeeded else []
-        return self.claim(worker_id, queue, limit) if limit else [], written
+        return self.claim(worker_id, queue, limit, after) if limit else [], written
 
     #: Whether success marks share the claim's transaction (where a commit is costly).
     mark_in_claim_transaction = False
@@ -341,14 +434,20 @@ class Engine:
         raise NotImplementedError
 
     def mark_succeeded_and_insert(
-        self, worker_id: str, done: tuple[int, int, str | None], rows: Sequence[InsertRow]
+        self,
+        worker_id: str,
+        done: tuple[int, int, str | None],
+        rows: Sequence[InsertRow],
+        inserted: list[int] | None = None,
     ) -> bool:
         """Mark one claim succeeded and, only if that write landed, insert ``rows`` (the next
-        step of a chain) in the same transaction."""
+        step of a chain) in the same transaction; their ids are added to ``inserted``."""
         with self.write_transaction() as cursor:
             written = bool(self._mark_succeeded(cursor, worker_id, [done]))
             if written and rows:
-                self.insert_jobs(rows, notify={row.queue for row in rows})
+                ids = self.insert_jobs(rows, notify={row.queue for row in rows})
+                if inserted is not None:
+                    inserted += [r[0] for r in ids]
         return written
 
     def mark_failed_and_insert(
@@ -358,29 +457,53 @@ class Engine:
         attempts: int,
         failure: Failure,
         rows: Sequence[InsertRow],
+        inserted: list[int] | None = None,
     ) -> bool:
-        """mark_failed(), plus ``rows`` (a chain's error handler) in the same transaction."""
+        """mark_failed(), plus ``rows`` (a chain's error handler) in the same transaction;
+        their ids are added to ``inserted``."""
         with self.write_transaction():
             written = self.mark_failed(worker_id, job_id, attempts, failure)
             if written and rows:
-                self.insert_jobs(rows, notify={row.queue for row in rows})
+                ids = self.insert_jobs(rows, notify={row.queue for row in rows})
+                if inserted is not None:
+                    inserted += [r[0] for r in ids]
         return written
 
+    def claim_by_id(self, worker_id: str, job_id: int) -> ClaimedJob | None:
+        """Claim one waiting or failed job by id, due or not (run_jobs() and GATOR_IMMEDIATE
+        choose which job to run themselves); None if it is not claimable."""
+        with self.write_transaction() as cursor:
+            cursor.execute(
+                f"UPDATE {self.job_table} SET state = 'running', attempts = attempts + 1, "
+                f"reserved_by = %s, locked_at = {self.now_sql}, "
+                f"started_at = COALESCE(started_at, {self.now_sql}) "
+                f"WHERE id = %s AND {READY_SQL}",
+                [worker_id, job_id],
+            )
+            if cursor.rowcount != 1:
+                return None
+            cursor.execute(f"SELECT {JOB_COLUMNS} FROM {self.job_table} WHERE id = %s", [job_id])
+            return self.claimed(cursor.fetchone())
+
     def mark_failed(self, worker_id: str, job_id: int, attempts: int, failure: Failure) -> bool:
+        # A job whose cancellation was asked for ends cancelled, whatever its retry policy.
         sql = (
-            f"UPDATE {self.job_table} SET state = %s, "
-            f"next_execution_at = COALESCE(%s, next_execution_at), queue = %s, "
-            f"finished_at = CASE WHEN %s THEN {self.now_sql} ELSE NULL END, "
-            f"errors = {self.json_append_sql('errors')}, last_error = %s "
+            f"UPDATE {self.job_table} SET "
+            "state = CASE WHEN %s OR cancel_requested THEN 'cancelled' ELSE %s END, "
+            f"next_execution_at = COALESCE({self.later_sql}, next_execution_at), queue = %s, "
+            f"finished_at = CASE WHEN %s OR cancel_requested THEN {self.now_sql} ELSE NULL END, "
+            f"errors = {self.json_append_sql('errors')}, last_error = %s, error_class = %s "
             f"WHERE {self.CLAIM_MATCH}"
         )
         params = [
+            failure.cancelled,
             "dead" if failure.dead else "failed",
-            self.adapt_dt(failure.retry_at),
+            failure.retry_in,
             failure.queue,
-            failure.dead,
+            failure.dead or failure.cancelled,
             failure.error,
             failure.last_error,
+            error_class_of(failure.last_error),
             job_id,
             attempts,
             worker_id,
@@ -390,11 +513,17 @@ class Engine:
             return bool(cursor.rowcount == 1)
 
     def release(self, worker_id: str, claims: Sequence[tuple[int, int]]) -> list[int]:
-        """Give claims back to ``waiting`` without charging the attempt; returns ids written."""
+        """Give claims back to ``waiting`` without charging the attempt (``cancelled`` if
+        a cancellation was asked for); returns the ids written."""
         written: list[int] = []
         sql = (
-            f"UPDATE {self.job_table} SET state = 'waiting', attempts = attempts - 1, "
-            "started_at = CASE WHEN attempts <= 1 THEN NULL ELSE started_at END "
+            f"UPDATE {self.job_table} SET "
+            "state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'waiting' END, "
+            f"finished_at = CASE WHEN cancel_requested THEN {self.now_sql} ELSE NULL END, "
+            # started_at before attempts: MySQL evaluates SET left to right, later
+            # assignments seeing the new values of earlier ones.
+            "started_at = CASE WHEN attempts <= 1 THEN NULL ELSE started_at END, "
+            "attempts = attempts - 1 "
             f"WHERE {self.CLAIM_MATCH}"
         )
         with self.write_transaction() as cursor:
@@ -403,6 +532,17 @@ class Engine:
                 if cursor.rowcount == 1:
                     written.append(job_id)
         return written
+
+    def append_audit(self, ids: Sequence[int], entry: str) -> None:
+        """Append the JSON ``entry`` to the audit trail of each job in ``ids``."""
+        with self.connection.cursor() as cursor:
+            for start in range(0, len(ids), 1000):
+                chunk = list(ids[start : start + 1000])
+                cursor.execute(
+                    f"UPDATE {self.job_table} SET audit = {self.json_append_sql('audit')} "
+                    f"WHERE id IN ({', '.join(['%s'] * len(chunk))})",
+                    [entry, *chunk],
+                )
 
     def claim_state(self, job_id: int) -> tuple[str, int, str | None] | None:
         """(state, attempts, reserved_by) of a row, to explain a compare-and-set that missed."""
@@ -462,16 +602,18 @@ class Engine:
         error: str,
         last_error: str,
     ) -> bool:
-        """Take a job back from a lost worker: ``waiting`` again, or ``dead`` as a poison pill.
+        """Take a job back from a lost worker: ``waiting`` again, ``dead`` as a poison pill,
+        or ``cancelled`` if a cancellation was asked for.
 
         The owner's heartbeat is checked again in the same statement, so a worker that comes
         back between our read and this write keeps its job.
         """
         sql = (
-            f"UPDATE {self.job_table} SET state = %s, rescues = rescues + 1, "
-            f"next_execution_at = {self.now_sql}, "
-            f"finished_at = CASE WHEN %s THEN {self.now_sql} ELSE NULL END, "
-            f"errors = {self.json_append_sql('errors')}, last_error = %s "
+            f"UPDATE {self.job_table} SET "
+            "state = CASE WHEN cancel_requested THEN 'cancelled' ELSE %s END, "
+            f"rescues = rescues + 1, next_execution_at = {self.now_sql}, "
+            f"finished_at = CASE WHEN %s OR cancel_requested THEN {self.now_sql} ELSE NULL END, "
+            f"errors = {self.json_append_sql('errors')}, last_error = %s, error_class = %s "
             f"WHERE {self.CLAIM_MATCH} AND NOT EXISTS (SELECT 1 FROM {self.worker_table} w "
             "WHERE w.id = %s AND w.heartbeat_at >= %s)"
         )
@@ -480,6 +622,7 @@ class Engine:
             dead,
             error,
             last_error,
+            error_class_of(last_error),
             job_id,
             attempts,
             owner,

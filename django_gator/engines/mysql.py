@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-from django_gator.engines.base import JOB_COLUMNS, ClaimedJob, Engine, InsertRow
+from django_gator.engines.base import JOB_COLUMNS, ClaimedJob, Engine, InsertRow, Keyset
 
 READY_INDEX = "gator_job_ready_my"
 
@@ -23,6 +23,7 @@ READY_INDEX = "gator_job_ready_my"
 class MySQLEngine(Engine):
     vendor = "mysql"
     now_sql = "UTC_TIMESTAMP(6)"
+    later_sql = "TIMESTAMPADD(MICROSECOND, ROUND(%s * 1000000), UTC_TIMESTAMP(6))"
     update_returning = False
 
     mark_in_claim_transaction = True
@@ -39,6 +40,11 @@ class MySQLEngine(Engine):
     def ready_condition(self) -> str:
         return "ready_rank IS NOT NULL"
 
+    # The virtual column behind the unique index holds the key only while the job is active.
+    unique_match_sql = "name = %s AND unique_active = %s"
+    # A locking read sees rows committed after this transaction's snapshot was taken.
+    unique_lookup_lock = " LOCK IN SHARE MODE"
+
     def insert_jobs(
         self, rows: Sequence[InsertRow], notify: set[str] | None = None
     ) -> list[tuple[int, datetime, datetime]]:
@@ -51,8 +57,8 @@ class MySQLEngine(Engine):
                 cursor.execute(
                     f"INSERT INTO {self.job_table} (name, args, kwargs, queue, priority, state, "
                     "attempts, rescues, next_execution_at, created_at, last_error, chain_id, "
-                    "chain_position, chain) VALUES (%s, %s, %s, %s, %s, 'waiting', 0, 0, "
-                    f"COALESCE(%s, {self.now_sql}), {self.now_sql}, '', %s, %s, %s)",
+                    "chain_position, chain, unique_key) VALUES (%s, %s, %s, %s, %s, 'waiting', "
+                    f"0, 0, COALESCE(%s, {self.now_sql}), {self.now_sql}, '', %s, %s, %s, %s)",
                     [
                         row.name,
                         row.args,
@@ -63,6 +69,7 @@ class MySQLEngine(Engine):
                         row.chain_id,
                         row.chain_position,
                         row.chain,
+                        row.unique_key,
                     ],
                 )
                 job_id = cursor.lastrowid
@@ -79,9 +86,10 @@ class MySQLEngine(Engine):
         return (
             f"INSERT INTO {self.job_table} (name, args, kwargs, queue, priority, state, "
             "attempts, rescues, next_execution_at, created_at, last_error, chain_id, "
-            "chain_position, chain) SELECT j.name, j.a, j.k, j.queue, j.priority, 'waiting', "
-            f"0, 0, COALESCE(j.run_at, {self.now_sql}), {self.now_sql}, '', j.chain_id, "
-            "j.chain_position, j.chain FROM JSON_TABLE(%s, '$[*]' COLUMNS ("
+            "chain_position, chain, unique_key) SELECT j.name, j.a, j.k, j.queue, j.priority, "
+            f"'waiting', 0, 0, COALESCE(j.run_at, {self.now_sql}), {self.now_sql}, '', "
+            "j.chain_id, j.chain_position, j.chain, j.unique_key "
+            "FROM JSON_TABLE(%s, '$[*]' COLUMNS ("
             "ord FOR ORDINALITY, "
             f"name VARCHAR(255) {text} PATH '$[0]', "
             f"a LONGTEXT {text} PATH '$[1]', "
@@ -91,11 +99,14 @@ class MySQLEngine(Engine):
             "run_at DATETIME(6) PATH '$[5]', "
             "chain_id CHAR(32) PATH '$[6]', "
             "chain_position SMALLINT PATH '$[7]', "
-            f"chain LONGTEXT {text} PATH '$[8]')) AS j ORDER BY j.ord "
+            f"chain LONGTEXT {text} PATH '$[8]', "
+            f"unique_key VARCHAR(200) {text} PATH '$[9]')) AS j ORDER BY j.ord "
             "RETURNING id, created_at, next_execution_at"
         )
 
-    def claim(self, worker_id: str, queue: str, limit: int) -> list[ClaimedJob]:
+    def claim(
+        self, worker_id: str, queue: str, limit: int, after: Keyset | None = None
+    ) -> list[ClaimedJob]:
         with self.write_transaction() as cursor:
             return self._claim(cursor, worker_id, queue, limit)
 

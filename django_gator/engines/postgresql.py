@@ -14,6 +14,7 @@ from django_gator.engines.base import (
     ClaimedJob,
     Engine,
     InsertRow,
+    Keyset,
     Listener,
 )
 
@@ -40,6 +41,7 @@ class PostgresEngine(Engine):
     can_listen = True
     json_param = "%s::jsonb"
     now_sql = "statement_timestamp()"
+    later_sql = "statement_timestamp() + %s::float8 * interval '1 second'"
 
     def json_append_sql(self, column: str) -> str:
         return f"COALESCE({column}, '[]'::jsonb) || jsonb_build_array(%s::jsonb)"
@@ -55,6 +57,7 @@ class PostgresEngine(Engine):
         ("chain_id", "uuid", "{}"),
         ("chain_position", "smallint", "{}"),
         ("chain", "text", "{}::jsonb"),
+        ("unique_key", "text", "{}"),
     )
 
     def insert_jobs(
@@ -95,8 +98,8 @@ class PostgresEngine(Engine):
             array_params = [len(rows)]
         sql = (
             f"WITH ins AS (INSERT INTO {self.job_table} (name, args, kwargs, queue, priority, "
-            "next_execution_at, chain_id, chain_position, chain, state, attempts, rescues, "
-            f"created_at, last_error) SELECT {', '.join(select)}, 'waiting', 0, 0, "
+            "next_execution_at, chain_id, chain_position, chain, unique_key, state, attempts, "
+            f"rescues, created_at, last_error) SELECT {', '.join(select)}, 'waiting', 0, 0, "
             f"statement_timestamp(), '' FROM {source} RETURNING id) "
             "SELECT (SELECT array_agg(id ORDER BY id) FROM ins), statement_timestamp(), "
             "(SELECT count(pg_notify(%s, q)) FROM unnest(%s::text[]) AS q)"
@@ -113,9 +116,9 @@ class PostgresEngine(Engine):
         """A single dispatch: a plain VALUES insert plans and runs faster than unnest()."""
         insert = (
             f"INSERT INTO {self.job_table} (name, args, kwargs, queue, priority, "
-            "next_execution_at, chain_id, chain_position, chain, state, attempts, rescues, "
-            "created_at, last_error) VALUES (%s, %s::jsonb, %s::jsonb, %s, %s, "
-            "COALESCE(%s::timestamptz, statement_timestamp()), %s::uuid, %s, %s::jsonb, "
+            "next_execution_at, chain_id, chain_position, chain, unique_key, state, attempts, "
+            "rescues, created_at, last_error) VALUES (%s, %s::jsonb, %s::jsonb, %s, %s, "
+            "COALESCE(%s::timestamptz, statement_timestamp()), %s::uuid, %s, %s::jsonb, %s, "
             "'waiting', 0, 0, statement_timestamp(), '') "
             "RETURNING id, created_at, next_execution_at"
         )
@@ -129,6 +132,7 @@ class PostgresEngine(Engine):
             row.chain_id,
             row.chain_position,
             row.chain,
+            row.unique_key,
         ]
         if notify:
             [queue] = notify
@@ -173,11 +177,21 @@ class PostgresEngine(Engine):
             cursor.execute("SET synchronous_commit TO off", [])
         raw._gator_bookkeeping = True
 
-    def claim(self, worker_id: str, queue: str, limit: int) -> list[ClaimedJob]:
+    supports_keyset = True
+
+    def claim(
+        self, worker_id: str, queue: str, limit: int, after: Keyset | None = None
+    ) -> list[ClaimedJob]:
+        keyset, keyset_params = "", []
+        if after is not None:
+            # An index range that starts right after the last claimed row.
+            keyset = " AND priority = %s AND (next_execution_at, id) > (%s, %s)"
+            keyset_params = list(after)
         sql = (
             "WITH picked AS ("
             f" SELECT id FROM {self.job_table}"
             f" WHERE queue = %s AND {READY_SQL} AND next_execution_at <= {self.now_sql}"
+            f"{keyset}"
             " ORDER BY priority DESC, next_execution_at, id"
             " LIMIT %s FOR UPDATE SKIP LOCKED"
             f") UPDATE {self.job_table} AS j SET state = 'running', attempts = j.attempts + 1,"
@@ -187,7 +201,7 @@ class PostgresEngine(Engine):
             " RETURNING " + ", ".join(f"j.{c.strip()}" for c in JOB_COLUMNS.split(","))
         )
         with self.connection.cursor() as cursor:
-            cursor.execute(sql, [queue, limit, worker_id])
+            cursor.execute(sql, [queue, *keyset_params, limit, worker_id])
             rows = cursor.fetchall()
         jobs = [self.claimed(row) for row in rows]
         jobs.sort(key=_dequeue_order)

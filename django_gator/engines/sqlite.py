@@ -8,13 +8,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from django_gator.engines.base import JOB_COLUMNS, READY_SQL, ClaimedJob, Engine
+from django_gator.engines.base import JOB_COLUMNS, READY_SQL, ClaimedJob, Engine, Keyset
 
 
 class SQLiteEngine(Engine):
     vendor = "sqlite"
     # The format Django stores (UTC, no zone); '%%' because Django's cursor uses %s params.
     now_sql = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+    # NULL || '...' is NULL, and strftime() of a NULL modifier is NULL.
+    later_sql = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s || ' seconds')"
 
     def json_append_sql(self, column: str) -> str:
         return f"json_insert(COALESCE({column}, '[]'), '$[#]', json(%s))"
@@ -35,13 +37,15 @@ class SQLiteEngine(Engine):
         return (
             f"INSERT INTO {self.job_table} (name, args, kwargs, queue, priority, state, "
             "attempts, rescues, next_execution_at, created_at, last_error, chain_id, "
-            f"chain_position, chain) SELECT {col(0)}, {col(1)}, {col(2)}, {col(3)}, {col(4)}, "
-            f"'waiting', 0, 0, COALESCE({col(5)}, {self.now_sql}), {self.now_sql}, '', "
-            f"{col(6)}, {col(7)}, {col(8)} FROM json_each(%s) ORDER BY key "
+            f"chain_position, chain, unique_key) SELECT {col(0)}, {col(1)}, {col(2)}, {col(3)}, "
+            f"{col(4)}, 'waiting', 0, 0, COALESCE({col(5)}, {self.now_sql}), {self.now_sql}, '', "
+            f"{col(6)}, {col(7)}, {col(8)}, {col(9)} FROM json_each(%s) ORDER BY key "
             "RETURNING id, created_at, next_execution_at"
         )
 
-    def claim(self, worker_id: str, queue: str, limit: int) -> list[ClaimedJob]:
+    def claim(
+        self, worker_id: str, queue: str, limit: int, after: Keyset | None = None
+    ) -> list[ClaimedJob]:
         with self.connection.cursor() as cursor:
             return self._claim(cursor, worker_id, queue, limit)
 

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
-from django_gator import conf, retry
+from django.db import transaction
+
+from django_gator import conf, retry, signals
 from django_gator.engines.base import ClaimedJob, Failure
-from django_gator.exceptions import GatorError, JobNotRegistered
+from django_gator.exceptions import GatorError, JobCancelled, JobNotRegistered
 from django_gator.logutil import safe
 from django_gator.queueable import Queueable, get_job_class
 from django_gator.validation import check_json, dumps
@@ -32,6 +36,18 @@ class BadRow(GatorError):
 class Success:
     result: str | None  # JSON, or None for a None / non-JSON return value
     batched: bool = False  # left for the fetcher to write with other successes
+    # Atomic jobs: True if the success mark committed with handle()'s transaction, False if
+    # the claim was lost and the transaction rolled back; None for other jobs.
+    written: bool | None = None
+
+
+class ClaimLost(GatorError):
+    """Raised inside an atomic job's transaction when its success mark found the job no
+    longer ours: the transaction, and so the job's effects, roll back."""
+
+
+#: Writes a success mark: called with the result JSON, returns whether the mark landed.
+Commit = Callable[[str | None], bool]
 
 
 def qualified_name(exc: BaseException) -> str:
@@ -63,22 +79,80 @@ def error_entry(
     return dumps(entry), summary[:LAST_ERROR_CHARS]
 
 
-def run_claimed(job: ClaimedJob, worker_id: str) -> Success | Failure:
-    """Run ``job``'s handler; never raises (a BaseException from user code is an outcome)."""
+def call_handle(instance: Queueable) -> Any:
+    """``handle()`` wrapped in the middleware of ``GATOR_MIDDLEWARE`` (outermost first),
+    then the class's own."""
+    layers = [*conf.middleware(), *type(instance).middleware]
+    if not layers:
+        return instance.handle(*instance.args, **instance.kwargs)
+
+    def call(index: int) -> Any:
+        if index == len(layers):
+            return instance.handle(*instance.args, **instance.kwargs)
+        return layers[index](instance, lambda: call(index + 1))
+
+    return call(0)
+
+
+def run_claimed(job: ClaimedJob, worker_id: str, commit: Commit | None = None) -> Success | Failure:
+    """Run ``job``'s handler; never raises (a BaseException from user code is an outcome).
+
+    For a job class with ``atomic = True``, ``commit`` writes the success mark inside the
+    transaction that wraps the middleware and ``handle()``, so the job's effects and its
+    success commit together or not at all.
+    """
     instance: Queueable | None = None
+    started = time.perf_counter()
+    result_json: str | None = None
     try:
         job_class = get_job_class(job.name)
         if not isinstance(job.args, list):
             raise BadRow(f"job {job.id}: args must be a JSON array, got {safe(job.args, 80)}")
         if not isinstance(job.kwargs, dict):
             raise BadRow(f"job {job.id}: kwargs must be a JSON object, got {safe(job.kwargs, 80)}")
-        instance = job_class(job_id=job.id, attempt=job.attempts, queue=job.queue)
-        result = instance.handle(*job.args, **job.kwargs)
+        instance = job_class(
+            job_id=job.id, attempt=job.attempts, queue=job.queue, args=job.args, kwargs=job.kwargs
+        )
+        signals.send(signals.job_started, job_class, job=instance)
+        if job_class.atomic and commit is not None:
+            with transaction.atomic(using=conf.database()):
+                result_json = _result_json(job, call_handle(instance))
+                if not commit(result_json):
+                    raise ClaimLost(f"job {job.id} is no longer claimed by {worker_id}")
+            outcome: Success | Failure = Success(result_json, written=True)
+        else:
+            outcome = Success(_result_json(job, call_handle(instance)))
+    except ClaimLost:
+        outcome = Success(result_json, written=False)
     except (JobNotRegistered, BadRow) as exc:
         return _failure(job, worker_id, exc, None, force_dead=True)
     except BaseException as exc:
-        return _failure(job, worker_id, exc, instance)
-    return Success(_result_json(job, result))
+        outcome = _failure(job, worker_id, exc, instance)
+    finished(instance, outcome, time.perf_counter() - started)
+    return outcome
+
+
+def finished(instance: Queueable | None, outcome: Success | Failure, duration: float) -> None:
+    """Send job_finished for an attempt whose outcome is decided."""
+    if instance is None:
+        return
+    job_class = type(instance)
+    if not signals.job_finished.has_listeners(job_class):
+        return
+    if isinstance(outcome, Success):
+        state, exc = "succeeded", None
+    else:
+        state, exc = outcome_state(outcome, instance), outcome.exception
+    signals.send(
+        signals.job_finished, job_class, job=instance, state=state, exception=exc, duration=duration
+    )
+
+
+def outcome_state(outcome: Failure, instance: Queueable | None) -> str:
+    """The state a failure will write (cancellation asked for wins over a retry)."""
+    if outcome.cancelled or (instance is not None and instance._cancel_seen):
+        return "cancelled"
+    return "dead" if outcome.dead else "failed"
 
 
 def _result_json(job: ClaimedJob, result: Any) -> str | None:
@@ -104,10 +178,25 @@ def _failure(
 ) -> Failure:
     error, summary = error_entry(exc, attempt=job.attempts, worker_id=worker_id)
     dead, delay, queue = True, None, job.queue
-    if not force_dead and instance is not None:
+    cancelled = isinstance(exc, JobCancelled)
+    if not force_dead and not cancelled and instance is not None:
         dead, delay, queue = decide_retry(instance, exc, job)
-    retry_at = None if dead else datetime.now(UTC) + timedelta(seconds=delay or 0)
-    return Failure(dead=dead, retry_at=retry_at, queue=queue, error=error, last_error=summary)
+    # Milliseconds: SQLite reads the delay back from its decimal text.
+    retry_in = None if dead or cancelled else round(float(delay or 0), 3)
+    if instance is not None and not cancelled:
+        try:
+            instance.on_error(exc)
+        except Exception:
+            logger.exception("on_error() raised id=%s name=%s", job.id, safe(job.name))
+    return Failure(
+        dead=dead and not cancelled,
+        retry_in=retry_in,
+        queue=queue,
+        error=error,
+        last_error=summary,
+        cancelled=cancelled,
+        exception=exc,
+    )
 
 
 def decide_retry(
@@ -154,5 +243,9 @@ def failure_for(job: ClaimedJob, worker_id: str, exc: BaseException) -> Failure:
         job_class = get_job_class(job.name)
     except JobNotRegistered:
         return _failure(job, worker_id, exc, None, force_dead=True)
-    instance = job_class(job_id=job.id, attempt=job.attempts, queue=job.queue)
-    return _failure(job, worker_id, exc, instance)
+    instance = job_class(
+        job_id=job.id, attempt=job.attempts, queue=job.queue, args=job.args, kwargs=job.kwargs
+    )
+    outcome = _failure(job, worker_id, exc, instance)
+    finished(instance, outcome, float(job_class.timeout or 0))
+    return outcome

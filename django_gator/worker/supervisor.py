@@ -47,11 +47,18 @@ from django.db import (
 from django_gator import conf
 from django_gator.chain import error_handler, next_step
 from django_gator.engines import ClaimedJob, get_engine
-from django_gator.engines.base import Failure
+from django_gator.engines.base import Failure, Keyset
 from django_gator.exceptions import JobNotRegistered, JobTimeout, WorkerLost
 from django_gator.logutil import safe
 from django_gator.queueable import get_job_class
-from django_gator.worker.execution import Success, error_entry, failure_for, run_claimed
+from django_gator.redaction import mask_text, secret_values
+from django_gator.worker.execution import (
+    Success,
+    error_entry,
+    failure_for,
+    outcome_state,
+    run_claimed,
+)
 from django_gator.worker.queues import QueueSpec, weighted_order
 
 logger = logging.getLogger("django_gator.worker")
@@ -63,6 +70,10 @@ QUEUE_LIST_TTL = 2.0
 MAX_BACKOFF = 5.0
 #: First idle poll after work was found (polling engines); doubles up to the poll interval.
 MIN_POLL = 0.005
+#: Longest run of keyset claims between two full claims, in seconds. A job of higher
+#: priority (or one dispatched with an ``at=`` in the past) that arrives while a worker
+#: drains a backlog is claimed at the latest after this long.
+KEYSET_FULL_EVERY = 0.25
 
 
 @dataclass(slots=True)
@@ -86,6 +97,7 @@ class WorkerProcess:
         alias: str | None = None,
         install_signal_handlers: bool = True,
         rng: random.Random | None = None,
+        scheduler: bool | None = None,
     ) -> None:
         self.specs = list(queues)
         self.concurrency = concurrency or conf.concurrency()
@@ -97,6 +109,10 @@ class WorkerProcess:
         )
         self.poll_interval = conf.poll_interval() if poll_interval is None else poll_interval
         self.alias = alias or conf.database()
+        # Burst workers drain and exit; they leave the schedules to long-running workers.
+        self.run_scheduler = (
+            conf.scheduler_enabled() and not burst if scheduler is None else scheduler
+        )
         self.install_signal_handlers = install_signal_handlers
         self.rng = rng or random.Random()
         self.hostname = socket.gethostname()
@@ -124,6 +140,8 @@ class WorkerProcess:
         self._stop_background = threading.Event()
         self._threads: list[threading.Thread] = []
         self._queue_cache: tuple[float, list[str]] = (0.0, [])
+        self._keysets: dict[str, Keyset] = {}  # per queue: the last job claimed
+        self._full_claims: dict[str, float] = {}  # per queue: time.monotonic() of the last
         self._listening = False
         self.processed = 0
         self.forced_exit = False
@@ -139,8 +157,9 @@ class WorkerProcess:
                 connections.settings[alias]["CONN_MAX_AGE"] = max_age
 
     def _run(self) -> int:
-        self._retrying("register worker", self._register)
+        # Handlers first: once the worker row exists, a SIGTERM is a graceful stop.
         previous = self._install_signals() if self.install_signal_handlers else {}
+        self._retrying("register worker", self._register)
         logger.info(
             "Worker started id=%s queues=%s concurrency=%s burst=%s",
             self.worker_id,
@@ -208,6 +227,8 @@ class WorkerProcess:
             self._spawn("gator-listener", self._listen_loop)
         self._spawn("gator-heartbeat", self._heartbeat_loop)
         self._spawn("gator-fetcher", self._fetcher_loop)
+        if self.run_scheduler:
+            self._spawn("gator-scheduler", self._scheduler_loop)
 
     def _spawn(self, name: str, target: Callable[[], None]) -> threading.Thread:
         def main() -> None:
@@ -364,17 +385,50 @@ class WorkerProcess:
         claimed: list[ClaimedJob] = []
         written = []
         for name in names:
-            jobs, marked = self.engine.claim_and_mark(
-                self.worker_id, name, limit - len(claimed), marks
-            )
-            claimed += jobs
+            want = limit - len(claimed)
+            hint = self._keyset_hint(name)
+            jobs, marked = self.engine.claim_and_mark(self.worker_id, name, want, marks, after=hint)
             written += marked
             marks = []
+            if hint is not None and len(jobs) < want:
+                # The backlog after the keyset ran short: a full claim for the rest, which
+                # also sees higher priorities and back-dated jobs.
+                more, _ = self.engine.claim_and_mark(self.worker_id, name, want - len(jobs), [])
+                jobs += more
+                hint = None
+            self._remember_keyset(name, jobs, full=hint is None, full_batch=len(jobs) >= want)
+            claimed += jobs
             if len(claimed) >= limit:
                 break
         if not claimed and not self.specs:
             self._queue_cache = (0.0, [])  # look for new queues next time
         return claimed, written
+
+    def _keyset_hint(self, queue: str) -> Keyset | None:
+        """Where to start this queue's claim: after the last job claimed, while the queue
+        drains a backlog (the previous claim filled its batch) and a full claim ran within
+        KEYSET_FULL_EVERY seconds; None for a full claim."""
+        if not self.engine.supports_keyset:
+            return None
+        keyset = self._keysets.get(queue)
+        if keyset is None:
+            return None
+        if time.monotonic() - self._full_claims.get(queue, 0.0) > KEYSET_FULL_EVERY:
+            return None
+        return keyset
+
+    def _remember_keyset(
+        self, queue: str, jobs: Sequence[ClaimedJob], *, full: bool, full_batch: bool
+    ) -> None:
+        if not self.engine.supports_keyset:
+            return
+        if full:
+            self._full_claims[queue] = time.monotonic()
+        if not jobs or not full_batch:
+            self._keysets.pop(queue, None)  # no backlog: the next claim is a full one
+            return
+        last = max(jobs, key=lambda j: (-j.priority, j.next_execution_at, j.id))
+        self._keysets[queue] = (last.priority, last.next_execution_at, last.id)
 
     def _queue_order(self) -> list[str]:
         if self.specs:
@@ -493,8 +547,9 @@ class WorkerProcess:
         writes in a batch (returned as a Success with ``batched`` set)."""
         close_old_connections()
         started = time.perf_counter()
+        commit = functools.partial(self._commit_atomic, job)
         try:
-            outcome = run_claimed(job, self.worker_id)
+            outcome = run_claimed(job, self.worker_id, commit)
         finally:
             elapsed_ms = (time.perf_counter() - started) * 1000
             close_old_connections()
@@ -507,11 +562,46 @@ class WorkerProcess:
             return outcome, elapsed_ms
         if isinstance(outcome, Failure):
             self._write_failure(job, outcome, elapsed_ms)
+        elif outcome.written is not None:
+            self._report_atomic(job, outcome, elapsed_ms)
         elif job.chain_id is not None:
             self._write_chain_success(job, outcome, elapsed_ms)
         else:
             outcome.batched = True
         return outcome, elapsed_ms
+
+    def _commit_atomic(self, job: ClaimedJob, result: str | None) -> bool:
+        """An atomic job's success mark (and its chain's next step), written inside the
+        transaction that ran handle(); False if the job is no longer ours."""
+        following = next_step(job) if job.chain_id is not None else None
+        return self.engine.mark_succeeded_and_insert(
+            self.worker_id,
+            (job.id, job.attempts, result),
+            [following] if following is not None else [],
+        )
+
+    def _report_atomic(self, job: ClaimedJob, outcome: Success, elapsed_ms: float) -> None:
+        if not outcome.written:
+            # The mark found the job taken back (rescued, or cancelled by an operator): the
+            # job's transaction rolled back, so its effects are undone, and whoever holds
+            # the job now decides what happens to it.
+            logger.warning(
+                "Lost job; its transaction rolled back id=%s name=%s attempt=%s worker=%s",
+                job.id,
+                safe(job.name),
+                job.attempts,
+                self.worker_id,
+            )
+            return
+        logger.info(
+            "Processed job id=%s name=%s result=succeeded queue=%s attempt=%s duration_ms=%.1f "
+            "atomic=yes",
+            job.id,
+            safe(job.name),
+            job.queue,
+            job.attempts,
+            elapsed_ms,
+        )
 
     def _write_chain_success(self, job: ClaimedJob, outcome: Success, elapsed_ms: float) -> None:
         """A chain step: its success mark and the next step's row in one transaction."""
@@ -541,7 +631,7 @@ class WorkerProcess:
         )
 
     def _write_failure(self, job: ClaimedJob, outcome: Failure, elapsed_ms: float) -> None:
-        result = "dead" if outcome.dead else "failed"
+        result = outcome_state(outcome, None)
         handler = error_handler(job) if outcome.dead and job.chain_id is not None else None
         written = self._retrying(
             f"record failure of job {job.id}",
@@ -562,14 +652,17 @@ class WorkerProcess:
             job.queue,
             job.attempts,
             elapsed_ms,
-            safe(outcome.last_error),
+            safe(mask_text(outcome.last_error, secret_values(job.name, job.args, job.kwargs))),
         )
 
     def _outcome_landed(self, job: ClaimedJob, expected: str) -> bool:
         """After a compare-and-set changed no row: did an earlier try of this very write
         commit (the connection broke before we saw the answer)?"""
         state = self._retrying(f"read job {job.id}", lambda: self.engine.claim_state(job.id))
-        return state is not None and state == (expected, job.attempts, self.worker_id)
+        if state is None or state[1:] != (job.attempts, self.worker_id):
+            return False
+        # A failure turns into "cancelled" when a cancellation was asked for.
+        return state[0] == expected or (expected != "succeeded" and state[0] == "cancelled")
 
     def _release(self, jobs: Sequence[ClaimedJob]) -> None:
         released = self.engine.release(self.worker_id, [(j.id, j.attempts) for j in jobs])
@@ -626,6 +719,29 @@ class WorkerProcess:
             except Exception:
                 logger.exception("Heartbeat failed worker=%s", self.worker_id)
                 _drop_connection(self.alias)
+
+    def _scheduler_loop(self) -> None:
+        """Dispatch the due occurrences of the cron schedules (see worker.scheduler)."""
+        from django_gator.worker.scheduler import Scheduler
+
+        scheduler: Scheduler | None = None
+        failures = 0
+        while not self._stop_background.is_set():
+            try:
+                close_old_connections()
+                if scheduler is None:
+                    candidate = Scheduler(self.alias)
+                    candidate.sync_declared()
+                    scheduler = candidate
+                scheduler.tick()
+                failures = 0
+            except Exception:
+                failures += 1
+                logger.exception("Scheduler failed; retrying worker=%s", self.worker_id)
+                _drop_connection(self.alias)
+                self._stop_background.wait(min(0.1 * 2**failures, MAX_BACKOFF))
+                continue
+            self._stop_background.wait(conf.scheduler_interval())
 
     def _rescue(self) -> None:
         """Take back the running jobs of workers whose heartbeat lapsed."""

@@ -12,13 +12,18 @@ quick, so a burst worker (``gator_worker --burst``) finishes them in seconds.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib.sessions.models import Session
 from django.core.mail import send_mail
-from django.utils import timezone
+from django.dispatch import receiver
+from django.utils import timezone, translation
 
-from django_gator import Queueable, Retry, job
+from demo.models import LoyaltyEntry
+from django_gator import Cron, JobCancelled, Queueable, Retry, job
+from django_gator.signals import job_finished
 
 logger = logging.getLogger(__name__)
 
@@ -60,9 +65,10 @@ def resize_image(image_id: int, width: int = 800) -> dict[str, int]:
     return {"image_id": image_id, "width": width, "height": height}
 
 
-@job
+@job(schedule=Cron("0 4 * * *", timezone="Europe/Berlin"))
 def clear_expired_sessions() -> int:
-    """Housekeeping with the plain ``@job`` form (queue "default", no retries)."""
+    """Housekeeping, dispatched by the workers' scheduler every night at 04:00 Berlin time
+    (and by ``demo_jobs`` once). Queue "default", no retries."""
     deleted, _ = Session.objects.filter(expire_date__lt=timezone.now()).delete()
     logger.info("Deleted %s expired sessions", deleted)
     return deleted
@@ -142,3 +148,116 @@ class ImportLegacyOrders(Queueable):
 
     def handle(self, path: str) -> None:
         raise ValueError(f"{path}, row 3: invalid date '2019-02-31' in column 'ordered_at'")
+
+    def on_error(self, exc: BaseException) -> None:
+        # Runs in the worker after each failed attempt; if it raised, the error would be
+        # logged and the failure recorded all the same.
+        logger.error("Legacy import failed, tell the data team: %s", exc)
+
+
+# --- Middleware: code wrapped around handle() ----------------------------------------------------
+
+
+def log_duration(job: Queueable, call_next: Callable[[], Any]) -> Any:
+    """Global middleware (GATOR_MIDDLEWARE in testproject/settings.py): times every job."""
+    started = time.perf_counter()
+    try:
+        return call_next()
+    finally:
+        logger.debug(
+            "%s #%s took %.1f ms", job.name, job.job_id, (time.perf_counter() - started) * 1000
+        )
+
+
+def in_customer_language(job: Queueable, call_next: Callable[[], Any]) -> Any:
+    """Per-class middleware: run the job in the language it was dispatched with."""
+    with translation.override(job.kwargs.get("language", "en")):
+        return call_next()
+
+
+class SendInvoice(Queueable):
+    queue = "emails"
+    middleware = [in_customer_language]
+
+    def handle(self, order_id: int, language: str = "en") -> str:
+        return f"invoice for order {order_id} rendered in {translation.get_language()}"
+
+
+# --- Signals: watch every job from one place -----------------------------------------------------
+
+
+@receiver(job_finished, sender=ChargeCard)
+def alert_on_dead_payment(sender: type, job: Queueable, state: str, **kwargs: Any) -> None:
+    if state == "dead":
+        order_id = job.kwargs.get("order_id")
+        logger.warning("Payment job #%s is dead; order %s needs a look", job.job_id, order_id)
+
+
+# --- Unique jobs: one pending run per key --------------------------------------------------------
+
+
+class RebuildSearchIndex(Queueable):
+    """Dispatching it again while one run is waiting (or running) returns that run: ten saves
+    in a row cost one rebuild, not ten."""
+
+    unique = True  # the key is the arguments; or define unique_key(self, section)
+
+    def handle(self, section: str) -> str:
+        return f"rebuilt the {section} index"
+
+
+# --- Chains: steps that run one after the other --------------------------------------------------
+
+
+class ReserveStock(Queueable):
+    queue = "orders"
+
+    def handle(self, order_id: int) -> str:
+        return f"reserved stock for order {order_id}"
+
+
+class CapturePayment(Queueable):
+    queue = "orders"
+    retry = Retry(interval=1, max_retries=3)
+
+    def handle(self, order_id: int) -> str:
+        return f"captured payment for order {order_id}"
+
+
+class SendReceipt(Queueable):
+    queue = "orders"
+
+    def handle(self, order_id: int) -> str:
+        return f"sent the receipt for order {order_id}"
+
+
+# --- Cancellation: a long job that stops when asked ----------------------------------------------
+
+
+class ExportOrders(Queueable):
+    """Writes an export in batches and checks between them whether an operator cancelled it
+    (Job.cancel() or the admin's cancel action on the running row)."""
+
+    queue = "exports"
+
+    def handle(self, batches: int = 5) -> int:
+        for done in range(batches):
+            if self.cancel_requested():
+                raise JobCancelled(f"export stopped after {done} batches")
+            time.sleep(0.05)  # stand-in for writing one batch
+        return batches
+
+
+# --- Atomic jobs: effects and success commit together --------------------------------------------
+
+
+class AwardLoyaltyPoints(Queueable):
+    """The points row and the job's success mark commit in one transaction: if the worker
+    dies halfway, neither happened and the retry awards the points exactly once."""
+
+    atomic = True
+    retry = Retry(interval=1, max_retries=3)
+
+    def handle(self, order_id: int, points: int) -> int:
+        LoyaltyEntry.objects.create(order_id=order_id, points=points)
+        return points

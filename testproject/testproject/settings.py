@@ -88,6 +88,9 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 
+# Middleware wrapped around every job's handle() (see demo/jobs.py).
+GATOR_MIDDLEWARE = ["demo.jobs.log_duration"]
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -6,9 +6,10 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from django_gator import Queueable, Retry, job
+from django_gator import JobCancelled, Queueable, Retry, job
 from tests.testapp.models import Execution
 
 
@@ -162,3 +163,198 @@ class Spawner(Queueable):
     def handle(self, target: str) -> None:
         time.sleep(0.2)  # long enough for an idle fetcher to look for work meanwhile
         Echo.dispatch("spawned", queue=target)
+
+
+class SlowProcessData(ProcessData):
+    """ProcessData whose successful (third) attempt first sleeps: a window to SIGKILL its
+    worker in the middle of a chain."""
+
+    def handle(self, order: str) -> str:
+        if self.attempt == 3:
+            time.sleep(30)
+        return super().handle(order)
+
+
+# -- hooks, middleware, signals --------------------------------------------------------------
+
+#: What middleware and hooks saw, in order (in-process workers only).
+TRACE: list[Any] = []
+
+
+def outer_middleware(job: Queueable, call_next: Any) -> Any:
+    TRACE.append(("outer:before", job.job_id, job.attempt))
+    try:
+        return call_next()
+    finally:
+        TRACE.append(("outer:after", job.job_id))
+
+
+class TenantMiddleware:
+    """Class-based middleware: sets a context value around the job, from its kwargs."""
+
+    current: str | None = None
+
+    def __call__(self, job: Queueable, call_next: Any) -> Any:
+        previous, TenantMiddleware.current = TenantMiddleware.current, job.kwargs.get("tenant")
+        TRACE.append(("tenant:set", TenantMiddleware.current))
+        try:
+            return call_next()
+        finally:
+            TenantMiddleware.current = previous
+
+
+def doubling_middleware(job: Queueable, call_next: Any) -> Any:
+    return call_next() * 2
+
+
+class Wrapped(Queueable):
+    middleware = [TenantMiddleware(), doubling_middleware]
+
+    def handle(self, value: int, tenant: str = "") -> int:
+        TRACE.append(("handle", TenantMiddleware.current))
+        return value
+
+
+class SkippedByMiddleware(Queueable):
+    """A middleware may decide not to run the job at all."""
+
+    middleware = [lambda job, call_next: "skipped"]
+
+    def handle(self) -> str:
+        raise AssertionError("handle() must not run")
+
+
+class FailsWithHook(Queueable):
+    retry = Retry(interval=0, max_retries=1)
+
+    def handle(self, label: str) -> None:
+        raise KeyError(label)
+
+    def on_error(self, exc: BaseException) -> None:
+        TRACE.append(("on_error", self.job_id, self.attempt, type(exc).__name__))
+
+
+class BrokenHook(Queueable):
+    def handle(self) -> None:
+        raise ValueError("job failed")
+
+    def on_error(self, exc: BaseException) -> None:
+        raise RuntimeError("the hook itself failed")
+
+
+# -- unique jobs -----------------------------------------------------------------------------
+
+
+class UniqueReport(Queueable):
+    unique = True
+
+    def handle(self, account_id: int, period: str = "month") -> None:
+        Execution.objects.create(
+            job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label=f"{account_id}"
+        )
+
+
+class SyncUser(Queueable):
+    """Unique per user, whatever the other arguments."""
+
+    def unique_key(self, user_id: int, reason: str = "") -> str:
+        return f"user:{user_id}"
+
+    def handle(self, user_id: int, reason: str = "") -> None:
+        return None
+
+
+@job(unique=True)
+def refresh_feed(feed_id: int) -> None:
+    return None
+
+
+# -- cancellation ----------------------------------------------------------------------------
+
+
+class Cancellable(Queueable):
+    """Works in small steps and stops when asked to."""
+
+    cancel_check_interval = 0.01
+
+    def handle(self, seconds: float = 30) -> str:
+        Execution.objects.create(
+            job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label="started"
+        )
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.cancel_requested():
+                raise JobCancelled(f"job {self.job_id} stopped on request")
+            time.sleep(0.01)
+        return "finished"
+
+
+class FailsAfterCancel(Queueable):
+    """Ignores the request, then fails: with a retry policy it would run again."""
+
+    retry = Retry(interval=0, max_retries=5)
+
+    def handle(self, flag_file: str) -> None:
+        Path(flag_file).touch()
+        deadline = time.monotonic() + 30
+        while not self.cancel_requested() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        raise RuntimeError("failed after the cancel request")
+
+
+# -- atomic jobs -----------------------------------------------------------------------------
+
+
+class AtomicRecord(Queueable):
+    """Writes a ledger row inside its transaction; on its first attempt it can wait (touching
+    ``flag_file`` once the row is written) so a test can SIGKILL the worker before the
+    success mark."""
+
+    atomic = True
+    retry = Retry(interval=0, max_retries=3)
+
+    def handle(self, label: str, flag_file: str = "", hold: float = 0) -> str:
+        Execution.objects.create(
+            job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label=label
+        )
+        if flag_file and self.attempt == 1:
+            Path(flag_file).touch()
+            time.sleep(hold)
+        return label
+
+
+class AtomicBoom(Queueable):
+    """Writes a ledger row, then fails: the row must not survive."""
+
+    atomic = True
+
+    def handle(self, label: str) -> None:
+        Execution.objects.create(
+            job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label=label
+        )
+        raise RuntimeError("rolled back")
+
+
+class NotAtomicBoom(Queueable):
+    def handle(self, label: str) -> None:
+        Execution.objects.create(
+            job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label=label
+        )
+        raise RuntimeError("not rolled back")
+
+
+class FailsFirstTime(Queueable):
+    """No retry policy: dead after its first attempt; succeeds when an operator retries it."""
+
+    redact = ["pin"]
+
+    def handle(self, account: str, pin: str = "", password: str = "") -> str:
+        if self.attempt == 1:
+            raise PermissionError(f"login failed for {account} with password {password}")
+        return f"ok on attempt {self.attempt}"
+
+
+class RecordWithRetry(Record):
+    """Record, retried at once when it fails (for instance when its connection is killed)."""
+
+    retry = Retry(interval=0, max_retries=5)

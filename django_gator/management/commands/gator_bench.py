@@ -38,7 +38,7 @@ class Command(BaseCommand):
         parser.add_argument("--latency", type=positive_int, default=200, help="latency samples")
         parser.add_argument(
             "--only",
-            choices=["dispatch", "dispatch_many", "drain", "latency"],
+            choices=["dispatch", "dispatch_many", "drain", "latency", "tasks"],
             action="append",
             help="run only these measurements (repeatable)",
         )
@@ -46,7 +46,10 @@ class Command(BaseCommand):
     def handle(self, **options: Any) -> None:
         from django_gator import bench
 
-        only = set(options["only"] or ["dispatch", "dispatch_many", "drain", "latency"])
+        default = ["dispatch", "dispatch_many", "drain", "latency"]
+        if conf.uses_tasks_backend():
+            default.append("tasks")
+        only = set(options["only"] or default)
         connection = connections[conf.database()]
         connection.ensure_connection()
         version = ".".join(map(str, connection.get_database_version()))
@@ -71,6 +74,17 @@ class Command(BaseCommand):
                     f"drain {options['drain']:,} no-op jobs, 1 process, "
                     f"{options['concurrency']} threads",
                     f"{rate:,.0f} jobs/s (RSS {before:.0f} -> {after:.0f} MiB)",
+                )
+            if "tasks" in only:
+                rate = bench.bench_task_enqueue(options["dispatch"])
+                self._line("Task.enqueue(), one at a time (autocommit)", f"{rate:,.0f} tasks/s")
+                rate = bench.bench_drain_tasks(
+                    options["drain"], options["concurrency"], options["batch"]
+                )
+                self._line(
+                    f"drain {options['drain']:,} no-op @task calls, 1 process, "
+                    f"{options['concurrency']} threads",
+                    f"{rate:,.0f} tasks/s",
                 )
             if "latency" in only:
                 p50, p90 = bench.bench_latency(options["latency"], options["concurrency"])

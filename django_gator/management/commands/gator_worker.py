@@ -86,6 +86,11 @@ class Command(BaseCommand):
             default=None,
             help="Seconds between looks for due jobs while idle (default GATOR_POLL_INTERVAL).",
         )
+        parser.add_argument(
+            "--no-scheduler",
+            action="store_true",
+            help="Do not dispatch cron schedules from this worker (default: GATOR_SCHEDULER).",
+        )
 
     def handle(
         self,
@@ -95,6 +100,7 @@ class Command(BaseCommand):
         burst: bool,
         shutdown_timeout: float | None,
         poll_interval: float | None,
+        no_scheduler: bool,
         verbosity: int,
         **options: Any,
     ) -> None:
@@ -111,6 +117,7 @@ class Command(BaseCommand):
                 burst=burst,
                 shutdown_timeout=shutdown_timeout,
                 poll_interval=poll_interval,
+                scheduler=False if no_scheduler else None,
             )
         except ValueError as exc:
             raise CommandError(str(exc), returncode=2) from None

@@ -20,14 +20,22 @@ from django.test.utils import setup_test_environment
 from django.urls import reverse
 
 from demo.jobs import (
+    AwardLoyaltyPoints,
+    CapturePayment,
     ChargeCard,
+    ExportOrders,
     ImportLegacyOrders,
+    RebuildSearchIndex,
+    ReserveStock,
+    SendInvoice,
+    SendReceipt,
     SendWelcomeEmail,
     SyncInventory,
     clear_expired_sessions,
     resize_image,
 )
 from demo.management.commands.demo_superuser import PASSWORD, USERNAME
+from demo.models import LoyaltyEntry
 from django_gator.models import Job, JobState
 
 UNFINISHED = (JobState.WAITING, JobState.RUNNING, JobState.FAILED)
@@ -40,6 +48,13 @@ EXPECTED_COUNTS = {
     SyncInventory.name: 1,
     ChargeCard.name: 2,
     ImportLegacyOrders.name: 1,
+    SendInvoice.name: 1,
+    RebuildSearchIndex.name: 1,
+    ReserveStock.name: 1,
+    CapturePayment.name: 1,
+    SendReceipt.name: 1,
+    ExportOrders.name: 2,
+    AwardLoyaltyPoints.name: 1,
 }
 
 
@@ -53,6 +68,8 @@ def expected_outcome(job: Job) -> tuple[str, int, list[str]]:
         return JobState.DEAD, 1, ["demo.jobs.CardDeclined"]
     if job.name == ImportLegacyOrders.name:
         return JobState.DEAD, 1, ["ValueError"]
+    if job.name == ExportOrders.name and job.kwargs.get("batches") == 50:
+        return JobState.CANCELLED, 0, []
     return JobState.SUCCEEDED, 1, []
 
 
@@ -111,6 +128,23 @@ class Command(BaseCommand):
                 problems.append(f"{line}: succeeded without finished_at")
 
         problems += self.check_dispatch_options(jobs)
+        problems += self.check_features(jobs)
+        return problems
+
+    def check_features(self, jobs: list[Job]) -> list[str]:
+        problems = []
+        results = {job.name: job.result for job in jobs if job.state == JobState.SUCCEEDED}
+        if results.get(SendInvoice.name) != "invoice for order 1003 rendered in de":
+            problems.append(f"SendInvoice result {results.get(SendInvoice.name)!r}: middleware?")
+        chain = [job for job in jobs if job.chain_id is not None]
+        if (
+            sorted(job.chain_position or 0 for job in chain) != [0, 1, 2]
+            or len({job.chain_id for job in chain}) != 1
+        ):
+            problems.append(f"the chain's rows are {[(j.name, j.chain_position) for j in chain]}")
+        entries = list(LoyaltyEntry.objects.values_list("order_id", "points"))
+        if entries != [(1003, 50)]:
+            problems.append(f"loyalty entries are {entries}, expected [(1003, 50)]")
         return problems
 
     def check_dispatch_options(self, jobs: list[Job]) -> list[str]:
@@ -163,6 +197,9 @@ class Command(BaseCommand):
         urls = [reverse("admin:index")]
         if admin.site.is_registered(Job):
             urls.append(reverse("admin:django_gator_job_changelist"))
+            urls.append(reverse("admin:django_gator_job_dead"))
+            urls.append(reverse("admin:django_gator_job_dashboard"))
+            urls.append(reverse("admin:django_gator_schedule_changelist"))
             urls += [
                 reverse("admin:django_gator_job_change", args=[j.pk]) for j in Job.objects.all()
             ]

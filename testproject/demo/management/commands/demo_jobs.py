@@ -9,13 +9,21 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 
 from demo.jobs import (
+    AwardLoyaltyPoints,
+    CapturePayment,
     ChargeCard,
+    ExportOrders,
     ImportLegacyOrders,
+    RebuildSearchIndex,
+    ReserveStock,
+    SendInvoice,
+    SendReceipt,
     SendWelcomeEmail,
     SyncInventory,
     clear_expired_sessions,
     resize_image,
 )
+from django_gator import Chain
 from django_gator.models import Job
 
 
@@ -79,6 +87,29 @@ class Command(BaseCommand):
 
         # No retry policy and a failing handler: ends `dead`, with its error recorded.
         jobs.append(("always fails", ImportLegacyOrders.dispatch("legacy/orders-2019.csv")))
+
+        # Per-class middleware: rendered in German.
+        jobs.append(("middleware", SendInvoice.dispatch(1003, language="de")))
+
+        # A unique job dispatched twice: the second dispatch returns the first row.
+        first = RebuildSearchIndex.dispatch("products")
+        again = RebuildSearchIndex.dispatch("products")
+        assert again.pk == first.pk
+        jobs.append(("unique (dispatched twice)", first))
+
+        # A chain: each step is inserted when the previous one succeeds.
+        jobs.append(
+            ("chain, step 1 of 3", Chain(ReserveStock, CapturePayment, SendReceipt).dispatch(1003))
+        )
+
+        # Cancellation: one export cancelled before it starts, one that runs to the end.
+        cancelled = ExportOrders.dispatch(batches=50)
+        cancelled.cancel()
+        jobs.append(("cancelled before it ran", cancelled))
+        jobs.append(("checks cancel_requested()", ExportOrders.dispatch(batches=3)))
+
+        # An atomic job: its LoyaltyEntry row commits with its success, exactly once.
+        jobs.append(("atomic", AwardLoyaltyPoints.dispatch(order_id=1003, points=50)))
 
         for what, row in jobs:
             self.stdout.write(

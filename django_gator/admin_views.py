@@ -1,0 +1,373 @@
+"""The job admin's own pages: the dead-job screen and editing a dead job's arguments.
+
+Every page needs the job view permission; every change is a POST (CSRF-protected by the
+admin) that checks its own permission (``retry_job`` to retry or edit, ``cancel_job`` to
+discard) and is recorded in the jobs' audit trail with the user's name. Bulk changes go
+through a confirmation page that says how many jobs they touch.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, Max, Q
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.text import Truncator
+
+from django_gator import redaction, validation
+from django_gator.exceptions import JobNotRegistered
+from django_gator.models import Job, JobQuerySet, JobState, record
+from django_gator.queueable import get_job_class
+
+if TYPE_CHECKING:
+    from django.contrib.admin import ModelAdmin
+
+#: The states the dead-job screen shows: "dead", "failed" (retry pending) or both.
+SCREEN_STATES = {
+    "dead": (JobState.DEAD,),
+    "failed": (JobState.FAILED,),
+    "both": (JobState.DEAD, JobState.FAILED),
+}
+MAX_GROUPS = 200
+
+
+def _context(model_admin: ModelAdmin, request: HttpRequest, title: str) -> dict[str, Any]:
+    return {
+        **model_admin.admin_site.each_context(request),
+        "opts": model_admin.model._meta,
+        "title": title,
+        "has_view_permission": True,
+    }
+
+
+def _username(request: HttpRequest) -> str:
+    return str(request.user.get_username())
+
+
+def _filters(data: Any) -> dict[str, str]:
+    """The screen's filters from GET or POST data, as strings ('' when absent)."""
+    state = data.get("state", "dead")
+    return {
+        "state": state if state in SCREEN_STATES else "dead",
+        "name": str(data.get("name", "")),
+        "error_class": str(data.get("error_class", "")),
+        "queue": str(data.get("queue", "")),
+    }
+
+
+def _matching(filters: dict[str, str]) -> JobQuerySet:
+    jobs = Job.objects.filter(state__in=SCREEN_STATES[filters["state"]])
+    if filters["name"]:
+        jobs = jobs.filter(name=filters["name"])
+    if filters["error_class"]:
+        jobs = jobs.filter(error_class=filters["error_class"])
+    if filters["queue"]:
+        jobs = jobs.filter(queue=filters["queue"])
+    return jobs
+
+
+def dead_jobs(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
+    """Dead (and failed) jobs grouped by job name and error class."""
+    if not model_admin.has_view_permission(request):
+        raise PermissionDenied
+    if request.method == "POST":
+        return _dead_jobs_post(model_admin, request)
+    filters = _filters(request.GET)
+    jobs = _matching(filters)
+    groups: list[dict[str, Any]] = [
+        dict(group)
+        for group in jobs.values("name", "error_class")
+        .annotate(count=Count("id"), newest=Max("id"))
+        .order_by("-count", "name", "error_class")[:MAX_GROUPS]
+    ]
+    newest = Job.objects.in_bulk([g["newest"] for g in groups])
+    changelist = reverse("admin:django_gator_job_changelist")
+    for group in groups:
+        job = newest[group["newest"]]
+        secrets = redaction.secret_values(job.name, job.args, job.kwargs)
+        group["message"] = Truncator(redaction.mask_text(job.last_error, secrets)).chars(300)
+        group["at"] = job.finished_at or job.next_execution_at
+        group["queue"] = job.queue
+        query = {"name": group["name"], "error_class": group["error_class"] or ""}
+        query_states = SCREEN_STATES[filters["state"]]
+        if len(query_states) == 1:
+            query["state"] = query_states[0]
+        group["jobs_url"] = f"{changelist}?{urlencode(query)}"
+    context = {
+        **_context(model_admin, request, "Dead jobs"),
+        "filters": filters,
+        "states": list(SCREEN_STATES),
+        "groups": groups,
+        "total": jobs.count(),
+        "truncated": len(groups) == MAX_GROUPS,
+        "can_retry": request.user.has_perm("django_gator.retry_job"),
+        "can_discard": request.user.has_perm("django_gator.cancel_job"),
+        "names": sorted(
+            jobs.order_by().values_list("name", flat=True).distinct()[:500]
+            if not filters["name"]
+            else [filters["name"]]
+        ),
+    }
+    return TemplateResponse(request, "admin/django_gator/job/dead_jobs.html", context)
+
+
+def _dead_jobs_post(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
+    action = request.POST.get("action", "")
+    filters = _filters(request.POST)
+    here = (
+        reverse("admin:django_gator_job_dead")
+        + "?"
+        + urlencode({k: v for k, v in _filters(request.POST).items() if k == "state"})
+    )
+    if action == "retry":
+        if not request.user.has_perm("django_gator.retry_job"):
+            raise PermissionDenied
+    elif action == "discard":
+        if not request.user.has_perm("django_gator.cancel_job"):
+            raise PermissionDenied
+    else:
+        messages.error(request, f"Unknown action {action!r}.")
+        return HttpResponseRedirect(here)
+    target_queue = request.POST.get("target_queue", "").strip() or None
+    if target_queue is not None:
+        try:
+            validation.validate_queue(target_queue)
+        except ValueError as exc:
+            messages.error(request, str(exc))
+            return HttpResponseRedirect(here)
+    jobs = _matching(filters)
+    if request.POST.get("confirm") != "yes":
+        count = jobs.count()
+        context = {
+            **_context(model_admin, request, "Are you sure?"),
+            "action": action,
+            "count": count,
+            "filters": filters,
+            "target_queue": target_queue or "",
+            "groups": list(
+                jobs.values("name", "error_class").annotate(count=Count("id")).order_by("name")
+            )[:50],
+        }
+        return TemplateResponse(request, "admin/django_gator/job/confirm_bulk.html", context)
+    if action == "retry":
+        changed = jobs.retry(by=_username(request), queue=target_queue)
+        where = f" onto queue {target_queue!r}" if target_queue else ""
+        messages.success(request, f"{changed} job(s) queued to run again{where}.")
+    else:
+        changed = jobs.discard(by=_username(request))
+        messages.success(request, f"{changed} job(s) discarded (now cancelled).")
+    return HttpResponseRedirect(here)
+
+
+class ArgumentsError(ValueError):
+    """Edited arguments that cannot be stored or would not fit the job's handler."""
+
+
+def parse_arguments(job: Job, args_text: str, kwargs_text: str) -> tuple[list[Any], dict[str, Any]]:
+    """The edited (args, kwargs) of ``job``; values left as the redaction mask keep their
+    current (hidden) value. ArgumentsError names what is wrong."""
+    try:
+        args = json.loads(args_text)
+    except json.JSONDecodeError as exc:
+        raise ArgumentsError(f"args is not valid JSON: {exc}") from None
+    try:
+        kwargs = json.loads(kwargs_text)
+    except json.JSONDecodeError as exc:
+        raise ArgumentsError(f"kwargs is not valid JSON: {exc}") from None
+    if not isinstance(args, list):
+        raise ArgumentsError(f"args must be a JSON list, got {validation.short_repr(args)}")
+    if not isinstance(kwargs, dict):
+        raise ArgumentsError(f"kwargs must be a JSON object, got {validation.short_repr(kwargs)}")
+    args = _unmask(args, job.args)
+    kwargs = _unmask(kwargs, job.kwargs)
+    try:
+        validation.encode_payload(args, kwargs)
+        get_job_class(job.name).check_arguments(args, kwargs)
+    except JobNotRegistered:
+        pass  # nothing to check against; the worker will say so again
+    except (TypeError, ValueError) as exc:
+        raise ArgumentsError(str(exc)) from None
+    return args, kwargs
+
+
+def _unmask(edited: Any, original: Any) -> Any:
+    """Put back the hidden values that the form showed as the mask and the user kept."""
+    if edited == redaction.MASK:
+        return original
+    if isinstance(edited, dict) and isinstance(original, dict):
+        return {k: _unmask(v, original.get(k)) for k, v in edited.items()}
+    if isinstance(edited, list) and isinstance(original, list):
+        return [
+            _unmask(v, original[i] if i < len(original) else None) for i, v in enumerate(edited)
+        ]
+    return edited
+
+
+def edit_arguments(model_admin: ModelAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
+    """Edit a dead or failed job's arguments (recorded in its audit trail), then retry."""
+    if not request.user.has_perm("django_gator.retry_job"):
+        raise PermissionDenied
+    job = get_object_or_404(Job, pk=object_id)
+    detail = reverse("admin:django_gator_job_change", args=[job.pk])
+    if job.state not in (JobState.DEAD, JobState.FAILED):
+        messages.error(
+            request, f"Job {job.pk} is {job.state}: only dead and failed jobs can be edited."
+        )
+        return HttpResponseRedirect(detail)
+    shown_args, shown_kwargs = redaction.redact_payload(job.name, job.args, job.kwargs)
+    args_text = json.dumps(shown_args, indent=2, ensure_ascii=False)
+    kwargs_text = json.dumps(shown_kwargs, indent=2, ensure_ascii=False)
+    error = ""
+    if request.method == "POST":
+        args_text = request.POST.get("args", "")
+        kwargs_text = request.POST.get("kwargs", "")
+        try:
+            args, kwargs = parse_arguments(job, args_text, kwargs_text)
+        except ArgumentsError as exc:
+            error = str(exc)
+        else:
+            updated = Job.objects.filter(
+                pk=job.pk, state__in=(JobState.DEAD, JobState.FAILED)
+            ).update(args=args, kwargs=kwargs)
+            if not updated:
+                messages.error(request, f"Job {job.pk} changed meanwhile; nothing was saved.")
+                return HttpResponseRedirect(detail)
+            record(None, [job.pk], "edit_arguments", _username(request))
+            if request.POST.get("retry") == "on":
+                Job.objects.filter(pk=job.pk).retry(by=_username(request))
+                messages.success(request, f"Arguments of job {job.pk} saved; it will run again.")
+            else:
+                messages.success(request, f"Arguments of job {job.pk} saved.")
+            return HttpResponseRedirect(detail)
+    context = {
+        **_context(model_admin, request, f"Edit the arguments of job {job.pk}"),
+        "job": job,
+        "args_text": args_text,
+        "kwargs_text": kwargs_text,
+        "error": error,
+        "mask": redaction.MASK,
+    }
+    return TemplateResponse(request, "admin/django_gator/job/edit_arguments.html", context)
+
+
+def error_class_choices() -> list[str]:
+    """Error classes of dead and failed jobs (for the changelist filter)."""
+    values = (
+        Job.objects.filter(Q(state=JobState.DEAD) | Q(state=JobState.FAILED))
+        .exclude(error_class__isnull=True)
+        .order_by()
+        .values_list("error_class", flat=True)
+        .distinct()[:200]
+    )
+    return sorted(value for value in values if value)
+
+
+def throughput(minutes: int = 60) -> list[dict[str, Any]]:
+    """Succeeded and dead jobs per minute over the last ``minutes``, oldest first (read
+    through the (state, finished_at) index)."""
+    from datetime import timedelta
+
+    from django.db.models.functions import TruncMinute
+
+    from django_gator import conf
+    from django_gator.engines import get_engine
+
+    now = get_engine(conf.database()).db_now().replace(second=0, microsecond=0)
+    since = now - timedelta(minutes=minutes - 1)
+    rows = (
+        Job.objects.filter(state__in=(JobState.SUCCEEDED, JobState.DEAD), finished_at__gte=since)
+        .annotate(minute=TruncMinute("finished_at"))
+        .values("minute", "state")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    buckets = {since + timedelta(minutes=i): {"succeeded": 0, "dead": 0} for i in range(minutes)}
+    for row in rows:
+        minute = row["minute"]
+        if minute is None:
+            continue
+        key = minute.replace(second=0, microsecond=0)
+        if key in buckets:
+            buckets[key][row["state"]] += row["n"]
+    return [{"minute": minute, **counts} for minute, counts in sorted(buckets.items())]
+
+
+def chart_svg(points: list[dict[str, Any]], width: int = 720, height: int = 180) -> str:
+    """A server-rendered SVG of ``throughput()``: green bars for succeeded jobs per minute,
+    red for dead ones. No script, no external file: the admin works offline."""
+    from django.utils.html import escape
+
+    top = max([p["succeeded"] + p["dead"] for p in points] + [1])
+    pad_left, pad_bottom = 44, 20
+    plot_w, plot_h = width - pad_left - 4, height - pad_bottom - 8
+    bar_w = plot_w / max(len(points), 1)
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" class="gator-chart" '
+        f'aria-label="Jobs finished per minute over the last {len(points)} minutes">',
+        f'<line x1="{pad_left}" y1="8" x2="{pad_left}" y2="{8 + plot_h}" stroke="#999"/>',
+        f'<line x1="{pad_left}" y1="{8 + plot_h}" x2="{width - 4}" y2="{8 + plot_h}" '
+        'stroke="#999"/>',
+        f'<text x="{pad_left - 4}" y="16" font-size="11" text-anchor="end">{top}</text>',
+        f'<text x="{pad_left - 4}" y="{8 + plot_h}" font-size="11" text-anchor="end">0</text>',
+    ]
+    for i, point in enumerate(points):
+        x = pad_left + i * bar_w + 0.5
+        ok_h = plot_h * point["succeeded"] / top
+        dead_h = plot_h * point["dead"] / top
+        label = escape(
+            f"{point['minute']:%H:%M}: {point['succeeded']} succeeded, {point['dead']} dead"
+        )
+        parts.append(f"<g><title>{label}</title>")
+        if ok_h:
+            parts.append(
+                f'<rect x="{x:.1f}" y="{8 + plot_h - ok_h:.1f}" width="{max(bar_w - 1, 1):.1f}" '
+                f'height="{ok_h:.1f}" fill="#3a8c3a"/>'
+            )
+        if dead_h:
+            parts.append(
+                f'<rect x="{x:.1f}" y="{8 + plot_h - ok_h - dead_h:.1f}" '
+                f'width="{max(bar_w - 1, 1):.1f}" height="{dead_h:.1f}" fill="#c0392b"/>'
+            )
+        parts.append("</g>")
+    if points:
+        first, last = points[0]["minute"], points[-1]["minute"]
+        parts.append(
+            f'<text x="{pad_left}" y="{height - 4}" font-size="11">{first:%H:%M}</text>'
+            f'<text x="{width - 4}" y="{height - 4}" font-size="11" text-anchor="end">'
+            f"{last:%H:%M} UTC</text>"
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def dashboard(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
+    """Per-queue counts, the age of the oldest due job, the last hour's throughput and the
+    live workers."""
+    from django.utils.safestring import mark_safe
+
+    from django_gator import stats
+
+    if not model_admin.has_view_permission(request):
+        raise PermissionDenied
+    points = throughput()
+    total, exact = stats.estimated_total()
+    context = {
+        **_context(model_admin, request, "Job dashboard"),
+        "queues": stats.queue_stats(),
+        "workers": stats.workers(),
+        "chart": mark_safe(chart_svg(points)),  # noqa: S308 - built from numbers, escaped text
+        "succeeded_hour": sum(p["succeeded"] for p in points),
+        "dead_hour": sum(p["dead"] for p in points),
+        "total": total,
+        "total_estimated": not exact,
+        "refresh": request.GET.get("refresh", ""),
+    }
+    return TemplateResponse(request, "admin/django_gator/job/dashboard.html", context)

@@ -1,0 +1,239 @@
+"""``manage.py gator_prune``: delete finished jobs past their retention."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections, transaction
+
+from django_gator import conf
+from django_gator.engines import get_engine
+from django_gator.models import Job, JobState
+
+#: The states gator_prune may delete, in the order it deletes them, with the setting that
+#: holds each one's retention. Waiting, running and failed jobs are never deleted.
+RETENTION: dict[str, tuple[str, Callable[[], float]]] = {
+    JobState.SUCCEEDED.value: ("GATOR_PRUNE_SUCCEEDED_AFTER", conf.prune_succeeded_after),
+    JobState.CANCELLED.value: ("GATOR_PRUNE_CANCELLED_AFTER", conf.prune_cancelled_after),
+    JobState.DEAD.value: ("GATOR_PRUNE_DEAD_AFTER", conf.prune_dead_after),
+}
+DEFAULT_STATES = (JobState.SUCCEEDED.value, JobState.CANCELLED.value)
+DEFAULT_BATCH_SIZE = 10_000
+
+
+def whole_number(value: object, option: str) -> int:
+    """``value`` (a command-line str, or an int from call_command) as an int of at least 1."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    else:
+        try:
+            number = int(str(value).strip())
+        except ValueError:
+            raise CommandError(f"{option}: {value!r} is not a whole number", returncode=2) from None
+    if number < 1:
+        raise CommandError(f"{option} must be at least 1, got {number}", returncode=2)
+    return number
+
+
+def seconds(value: object, option: str) -> float:
+    """``value`` (a command-line str, or a number from call_command) as a finite number of
+    seconds, zero or more."""
+    try:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            number = float(value)
+        else:
+            number = float(str(value).strip())
+    except (ValueError, OverflowError):
+        raise CommandError(
+            f"{option}: {value!r} is not a finite number of seconds", returncode=2
+        ) from None
+    if not 0 <= number < math.inf:
+        raise CommandError(
+            f"{option} must be a finite number of seconds, zero or more, got {value!r}",
+            returncode=2,
+        )
+    return number
+
+
+def cutoff(now: datetime, retention: float) -> datetime | None:
+    """``now - retention``; None when that is before any date (nothing is old enough)."""
+    try:
+        return now - timedelta(seconds=retention)
+    except OverflowError:
+        return None
+
+
+class Command(BaseCommand):
+    help = (
+        "Delete finished jobs whose finished_at is older than their retention: succeeded "
+        "(GATOR_PRUNE_SUCCEEDED_AFTER) and cancelled (GATOR_PRUNE_CANCELLED_AFTER) jobs, and "
+        "dead ones (GATOR_PRUNE_DEAD_AFTER) with --dead. Waiting, running and failed jobs are "
+        "never deleted. Rows go in batches by primary key, one short transaction each, so "
+        "workers are never held up; times are the database's."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--state",
+            dest="states",
+            action="append",
+            default=[],
+            metavar="STATE",
+            help="Prune only this state: succeeded, cancelled or dead; repeat for more. "
+            "Default: succeeded and cancelled (and dead with --dead).",
+        )
+        parser.add_argument(
+            "--dead",
+            action="store_true",
+            help="Also delete dead jobs older than GATOR_PRUNE_DEAD_AFTER.",
+        )
+        parser.add_argument(
+            "--older-than",
+            default=None,
+            metavar="SECONDS",
+            help="Retention in seconds for every pruned state, instead of the settings.",
+        )
+        parser.add_argument(
+            "--batch-size",
+            default=DEFAULT_BATCH_SIZE,
+            metavar="N",
+            help=f"Rows deleted per transaction (default {DEFAULT_BATCH_SIZE:,}).",
+        )
+        parser.add_argument(
+            "--max-batches",
+            default=None,
+            metavar="N",
+            help="Stop after this many batches (default: until nothing is left to prune).",
+        )
+        parser.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="Print how many jobs would be deleted, and delete nothing.",
+        )
+
+    def handle(
+        self,
+        *,
+        states: Sequence[str],
+        dead: bool,
+        older_than: object,
+        batch_size: object,
+        max_batches: object,
+        dry_run: bool,
+        verbosity: int,
+        **options: Any,
+    ) -> None:
+        chosen = self._states(states, dead)
+        override = None if older_than is None else seconds(older_than, "--older-than")
+        batch = whole_number(batch_size, "--batch-size")
+        limit = None if max_batches is None else whole_number(max_batches, "--max-batches")
+        self.verbosity = verbosity
+
+        alias = conf.database()
+        now = get_engine(alias).db_now()
+        cutoffs: dict[str, datetime | None] = {}
+        for state in chosen:
+            setting, retention = RETENTION[state]
+            if override is not None:
+                cutoffs[state] = cutoff(now, override)
+                continue
+            try:
+                value = retention()
+            except (TypeError, ValueError):
+                raise CommandError(
+                    f"{setting} must be a number of seconds, got {conf.get(setting)!r}"
+                ) from None
+            if not value >= 0:
+                raise CommandError(f"{setting} must be zero or more seconds, got {value!r}")
+            cutoffs[state] = cutoff(now, value)
+
+        if dry_run:
+            self._dry_run(alias, cutoffs)
+            return
+        self._prune(alias, cutoffs, batch, limit)
+
+    def _states(self, states: Sequence[str], dead: bool) -> list[str]:
+        wanted = set()
+        for state in states:
+            if state not in RETENTION:
+                raise CommandError(
+                    f"--state {state!r} is not one of {', '.join(RETENTION)} (waiting, running "
+                    "and failed jobs are never pruned)",
+                    returncode=2,
+                )
+            wanted.add(state)
+        if not wanted:
+            wanted.update(DEFAULT_STATES)
+        if dead:
+            wanted.add(JobState.DEAD.value)
+        return [state for state in RETENTION if state in wanted]
+
+    def _say(self, text: str) -> None:
+        if self.verbosity >= 1:
+            self.stdout.write(text)
+
+    def _dry_run(self, alias: str, cutoffs: dict[str, datetime | None]) -> None:
+        total = 0
+        for state, before in cutoffs.items():
+            count = 0 if before is None else _old(alias, state, before).count()
+            total += count
+            when = "(retention too long: none)" if before is None else before.isoformat()
+            self._say(f"would delete {count} {state} jobs finished before {when}")
+        self._say(f"would delete {total} jobs in all (dry run: nothing deleted)")
+
+    def _prune(
+        self, alias: str, cutoffs: dict[str, datetime | None], batch: int, limit: int | None
+    ) -> None:
+        total = 0
+        batches = 0
+        by_state = dict.fromkeys(cutoffs, 0)
+        stopped = False
+        for state, before in cutoffs.items():
+            if before is None:
+                continue
+            old = _old(alias, state, before)
+            while True:
+                if limit is not None and batches >= limit:
+                    stopped = True
+                    break
+                # The (state, finished_at) index in its own order: each batch reads only its
+                # rows, however many are left.
+                ids = list(old.order_by("finished_at", "id").values_list("id", flat=True)[:batch])
+                if not ids:
+                    break
+                deleted = _delete(alias, old, ids)
+                batches += 1
+                total += deleted
+                by_state[state] += deleted
+                self._say(f"deleted {deleted} (total {total})")
+                if len(ids) < batch:
+                    break
+            if stopped:
+                break
+        detail = ", ".join(f"{count} {state}" for state, count in by_state.items())
+        self._say(f"deleted {total} jobs ({detail})")
+        if stopped:
+            self._say(f"stopped after {batches} batches (--max-batches); more may be left")
+
+
+def _old(alias: str, state: str, before: datetime) -> Any:
+    """Jobs in ``state`` that finished before ``before``."""
+    return Job.objects.using(alias).filter(state=state, finished_at__lt=before)
+
+
+def _delete(alias: str, old: Any, ids: list[int]) -> int:
+    """Delete the rows of ``ids`` still in ``old`` (a row retried meanwhile stays), in one
+    transaction; returns how many jobs went."""
+    # SQLite limits the parameters of one statement; two more go to state and finished_at.
+    limit = connections[alias].features.max_query_params
+    step = max(1, limit - 10) if limit else len(ids)
+    deleted = 0
+    with transaction.atomic(using=alias):
+        for start in range(0, len(ids), step):
+            _, per_model = old.filter(pk__in=ids[start : start + step]).delete()
+            deleted += per_model.get(Job._meta.label, 0)
+    return deleted

@@ -1,0 +1,212 @@
+"""``manage.py gator_status``: queues, live workers and the size of the jobs table."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+from django.db import connections
+
+from django_gator import conf, stats
+from django_gator.engines import get_engine
+
+QUEUE_COLUMNS = (
+    "queue",
+    "ready",
+    "scheduled",
+    "running",
+    "failed(retrying)",
+    "dead",
+    "oldest due age",
+    "done/h",
+    "dead/h",
+)
+WORKER_COLUMNS = ("worker", "queues", "threads", "running", "heartbeat age", "running job ids")
+SUMMED = (
+    "ready",
+    "scheduled",
+    "running",
+    "failed",
+    "dead",
+    "succeeded_last_hour",
+    "dead_last_hour",
+)
+#: Running job ids shown per worker in the text output (--json lists them all).
+MAX_IDS_SHOWN = 10
+
+
+class Command(BaseCommand):
+    help = (
+        "Show each queue's jobs by state, the live workers and the size of the jobs table, "
+        "all by database time. "
+        "Queue columns: ready (waiting or failed, due now), scheduled (waiting or failed, due "
+        "later), running, failed(retrying) (failed jobs that will run again; also counted in "
+        "ready or scheduled), dead, oldest due age (how long the oldest ready job has waited), "
+        "done/h and dead/h (jobs that succeeded or died in the last hour, by finished_at). "
+        "With --json, one JSON document with the keys: now (ISO 8601 database time), database "
+        "(alias), vendor, queues (a list of objects with queue, ready, scheduled, running, "
+        "failed, dead, oldest_due_at, oldest_due_age (seconds or null), succeeded_last_hour, "
+        "dead_last_hour, succeeded and cancelled (null unless --exact)), workers (a list of "
+        "objects with id, hostname, pid, queues, concurrency, started_at, heartbeat_at, "
+        "heartbeat_age (seconds), running, running_job_ids) and total_rows (an object with "
+        "count and exact: false when count is the database's estimate)."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--json",
+            dest="as_json",
+            action="store_true",
+            help="Print one JSON document instead of tables (keys listed above).",
+        )
+        parser.add_argument(
+            "--exact",
+            action="store_true",
+            help="Also count every succeeded and cancelled job per queue (reads all of "
+            "them: slow on large tables).",
+        )
+
+    def handle(self, *, as_json: bool, exact: bool, **options: Any) -> None:
+        alias = conf.database()
+        now = get_engine(alias).db_now()
+        queues = stats.queue_stats(alias, exact=exact, now=now)
+        live = stats.workers(alias, now=now)
+        total, total_exact = stats.estimated_total(alias)
+        if as_json:
+            self._print_json(alias, now.isoformat(), queues, live, total, total_exact)
+            return
+        self._print_queues(queues, exact)
+        self.stdout.write("")
+        self._print_workers(live)
+        self.stdout.write("")
+        how = "exactly" if total_exact else "about (database estimate)"
+        self.stdout.write(f"Jobs table: {how} {total:,} rows. Database time {now.isoformat()}.")
+
+    def _print_json(
+        self,
+        alias: str,
+        now: str,
+        queues: list[stats.QueueStats],
+        live: list[stats.WorkerStats],
+        total: int,
+        total_exact: bool,
+    ) -> None:
+        document = {
+            "now": now,
+            "database": alias,
+            "vendor": connections[alias].vendor,
+            "queues": [q.as_dict() for q in queues],
+            "workers": [w.as_dict() for w in live],
+            "total_rows": {"count": total, "exact": total_exact},
+        }
+        self.stdout.write(json.dumps(document, indent=2, sort_keys=True))
+
+    def _print_queues(self, queues: list[stats.QueueStats], exact: bool) -> None:
+        columns = list(QUEUE_COLUMNS)
+        if exact:
+            columns += ["succeeded", "cancelled"]
+        rows = [_queue_row(q, exact) for q in queues]
+        if len(queues) > 1:
+            rows.append(_queue_row(_totals(queues, exact), exact))
+        self.stdout.write("Queues")
+        if not rows:
+            self.stdout.write("  (no waiting, running, failed or dead jobs)")
+            return
+        self._table(columns, rows)
+
+    def _print_workers(self, live: list[stats.WorkerStats]) -> None:
+        self.stdout.write(f"Workers ({len(live)} live)")
+        if not live:
+            self.stdout.write("  (none: no heartbeat within GATOR_HEARTBEAT_TIMEOUT)")
+            return
+        rows = []
+        for w in live:
+            ids = ", ".join(str(i) for i in w.running_job_ids[:MAX_IDS_SHOWN])
+            if w.running > MAX_IDS_SHOWN:
+                ids += f", ... (+{w.running - MAX_IDS_SHOWN})"
+            rows.append(
+                [
+                    w.id,
+                    _queues_text(w.queues),
+                    str(w.concurrency),
+                    str(w.running),
+                    format_age(w.heartbeat_age),
+                    ids or "-",
+                ]
+            )
+        self._table(WORKER_COLUMNS, rows, left=(0, 1, 5))
+
+    def _table(
+        self, columns: Sequence[str], rows: list[list[str]], left: Sequence[int] = (0,)
+    ) -> None:
+        widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
+
+        def line(cells: Sequence[str]) -> str:
+            parts = [
+                cell.ljust(width) if i in left else cell.rjust(width)
+                for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
+            ]
+            return "  " + "  ".join(parts).rstrip()
+
+        self.stdout.write(line(columns))
+        for row in rows:
+            self.stdout.write(line(row))
+
+
+def _totals(queues: list[stats.QueueStats], exact: bool) -> stats.QueueStats:
+    """The "(all)" row: sums, and the oldest due age of any queue."""
+    total = stats.QueueStats(queue="(all)")
+    for key in SUMMED:
+        setattr(total, key, sum(getattr(q, key) for q in queues))
+    ages = [q.oldest_due_age for q in queues if q.oldest_due_age is not None]
+    total.oldest_due_age = max(ages) if ages else None
+    if exact:
+        total.succeeded = sum(q.succeeded or 0 for q in queues)
+        total.cancelled = sum(q.cancelled or 0 for q in queues)
+    return total
+
+
+def _queue_row(q: stats.QueueStats, exact: bool) -> list[str]:
+    row = [
+        q.queue,
+        str(q.ready),
+        str(q.scheduled),
+        str(q.running),
+        str(q.failed),
+        str(q.dead),
+        "-" if q.oldest_due_age is None else format_age(q.oldest_due_age),
+        str(q.succeeded_last_hour),
+        str(q.dead_last_hour),
+    ]
+    if exact:
+        row += [str(q.succeeded), str(q.cancelled)]
+    return row
+
+
+def _queues_text(queues: list[Any]) -> str:
+    if not queues:
+        return "(all)"
+    parts = []
+    for item in queues:
+        if isinstance(item, list | tuple) and len(item) == 2:
+            name, weight = item
+            parts.append(str(name) if weight == 1 else f"{name},{weight}")
+        else:
+            parts.append(str(item))
+    return " ".join(parts)
+
+
+def format_age(seconds: float) -> str:
+    """``0.4s``, ``42s``, ``5m07s``, ``3h02m``, ``2d04h``."""
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"

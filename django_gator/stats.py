@@ -1,0 +1,249 @@
+"""Queue and worker figures for ``manage.py gator_status`` (and the admin).
+
+Every figure is computed against the database clock (one ``db_now()`` per call, so the
+numbers of one report agree with each other) and with one ``GROUP BY`` query per kind of
+figure, whatever the number of queues. The queries are written for a jobs table of millions
+of rows, most of them finished:
+
+- *ready* and *scheduled* read the partial index of ready rows (``gator_job_ready``: waiting
+  and failed jobs only) on PostgreSQL and SQLite, an index-only scan when the table is
+  vacuumed; finished rows never enter it.
+- *failed*, *running* and *dead* and the last-hour counts walk the ``(state, finished_at)``
+  index to the rows of those states.
+- Succeeded and cancelled jobs are not counted per queue unless asked for
+  (``exact=True``): that would read every finished row. :func:`estimated_total` gives the
+  size of the whole table from the database's statistics instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connections
+from django.db.models import Count, Min, Q
+
+from django_gator import conf
+from django_gator.engines import get_engine
+from django_gator.models import READY_STATES, Job, JobState, Worker
+
+#: The window of the ``*_last_hour`` counts, in seconds.
+LAST_HOUR = 3600.0
+
+
+@dataclass
+class QueueStats:
+    """One queue's figures. Counts are exact unless noted.
+
+    ``ready``: waiting and failed jobs whose ``next_execution_at`` has passed (a worker may
+    claim them now). ``scheduled``: waiting and failed jobs due later. ``failed``: jobs that
+    failed and will be retried; they are also counted in ``ready`` or ``scheduled``.
+    ``oldest_due_at`` / ``oldest_due_age``: the earliest ``next_execution_at`` of the ready
+    jobs and its age in seconds (how long the queue's head has waited); None when nothing is
+    ready. ``succeeded_last_hour`` / ``dead_last_hour``: jobs that ended in that state within
+    the last hour, by ``finished_at``. ``succeeded`` / ``cancelled``: totals, only with
+    ``queue_stats(exact=True)``, else None.
+    """
+
+    queue: str
+    ready: int = 0
+    scheduled: int = 0
+    running: int = 0
+    failed: int = 0
+    dead: int = 0
+    oldest_due_at: datetime | None = None
+    oldest_due_age: float | None = None
+    succeeded_last_hour: int = 0
+    dead_last_hour: int = 0
+    succeeded: int | None = None
+    cancelled: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: datetimes as ISO 8601 strings."""
+        data = asdict(self)
+        data["oldest_due_at"] = _iso(self.oldest_due_at)
+        return data
+
+
+@dataclass
+class WorkerStats:
+    """A live worker: its heartbeat is within ``GATOR_HEARTBEAT_TIMEOUT`` of database now.
+
+    ``queues``: ``[[name, weight], ...]`` as the worker registered them (empty: every
+    queue). ``heartbeat_age``: seconds since its last heartbeat. ``running_job_ids``: the
+    jobs it holds in state ``running``, lowest id first.
+    """
+
+    id: str
+    hostname: str
+    pid: int
+    queues: list[Any]
+    concurrency: int
+    started_at: datetime
+    heartbeat_at: datetime
+    heartbeat_age: float
+    running_job_ids: list[int] = field(default_factory=list)
+
+    @property
+    def running(self) -> int:
+        return len(self.running_job_ids)
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["started_at"] = _iso(self.started_at)
+        data["heartbeat_at"] = _iso(self.heartbeat_at)
+        data["running"] = self.running
+        return data
+
+
+def queue_stats(
+    alias: str | None = None, *, exact: bool = False, now: datetime | None = None
+) -> list[QueueStats]:
+    """Per-queue figures (see :class:`QueueStats`), sorted by queue name.
+
+    A queue appears when it has waiting, failed, running or dead jobs, or jobs that
+    succeeded within the last hour (or, with ``exact``, any succeeded or cancelled job).
+
+    Three queries whatever the number of queues (four with ``exact``): the ready index for
+    ready/scheduled/oldest, the ``(state, finished_at)`` index for failed/running/dead, and
+    the same index over the last hour for the recent outcomes. ``exact=True`` also counts
+    every succeeded and cancelled row, which reads all of them: keep it for small tables.
+    ``now`` defaults to the database's clock.
+    """
+    alias = alias or conf.database()
+    if now is None:
+        now = get_engine(alias).db_now()
+    jobs = Job.objects.using(alias).order_by()
+    by_queue: dict[str, QueueStats] = {}
+
+    def entry(queue: str) -> QueueStats:
+        stats = by_queue.get(queue)
+        if stats is None:
+            stats = by_queue[queue] = QueueStats(queue=queue)
+            if exact:
+                stats.succeeded = stats.cancelled = 0
+        return stats
+
+    # Only the columns of the partial ready index (queue, next_execution_at, id): PostgreSQL
+    # can answer from the index alone.
+    ready_rows = (
+        jobs.filter(state__in=READY_STATES)
+        .values("queue")
+        .annotate(
+            ready=Count("id", filter=Q(next_execution_at__lte=now)),
+            total=Count("id"),
+            oldest=Min("next_execution_at"),
+        )
+    )
+    for row in ready_rows:
+        stats = entry(row["queue"])
+        stats.ready = row["ready"]
+        stats.scheduled = row["total"] - row["ready"]
+        oldest = row["oldest"]
+        if oldest is not None and oldest <= now:
+            stats.oldest_due_at = oldest
+            stats.oldest_due_age = max(0.0, (now - oldest).total_seconds())
+
+    state_rows = (
+        jobs.filter(state__in=(JobState.FAILED, JobState.RUNNING, JobState.DEAD))
+        .values("queue", "state")
+        .annotate(count=Count("id"))
+    )
+    for counted in state_rows:
+        setattr(entry(counted["queue"]), str(counted["state"]), counted["count"])
+
+    since = now - timedelta(seconds=LAST_HOUR)
+    recent_rows = (
+        jobs.filter(state__in=(JobState.SUCCEEDED, JobState.DEAD), finished_at__gte=since)
+        .values("queue", "state")
+        .annotate(count=Count("id"))
+    )
+    for recent in recent_rows:
+        setattr(entry(recent["queue"]), f"{recent['state']}_last_hour", recent["count"])
+
+    if exact:
+        final_rows = (
+            jobs.filter(state__in=(JobState.SUCCEEDED, JobState.CANCELLED))
+            .values("queue", "state")
+            .annotate(count=Count("id"))
+        )
+        for final in final_rows:
+            setattr(entry(final["queue"]), str(final["state"]), final["count"])
+
+    return [by_queue[name] for name in sorted(by_queue)]
+
+
+def estimated_total(alias: str | None = None) -> tuple[int, bool]:
+    """The number of rows in the jobs table: ``(count, exact)``.
+
+    PostgreSQL: ``pg_class.reltuples``, kept by VACUUM and ANALYZE (autovacuum), so it lags
+    behind recent inserts and deletes; an exact ``COUNT(*)`` only when the table was never
+    analyzed. MySQL/MariaDB: ``information_schema.TABLES.TABLE_ROWS``, InnoDB's estimate
+    (it can be off by tens of percent, and MySQL 8 caches it for
+    ``information_schema_stats_expiry`` seconds). SQLite: an exact ``COUNT(*)``; SQLite keeps
+    no row estimate, and its tables are small enough.
+    """
+    alias = alias or conf.database()
+    connection = connections[alias]
+    table = Job._meta.db_table
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)",
+                [connection.ops.quote_name(table)],
+            )
+            row = cursor.fetchone()
+            # -1 (PostgreSQL 14+) or 0 with no pages: never vacuumed nor analyzed.
+            if row is not None and row[0] is not None and row[0] > 0:
+                return int(row[0]), False
+        elif connection.vendor == "mysql":
+            cursor.execute(
+                "SELECT TABLE_ROWS FROM information_schema.TABLES "
+                "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s",
+                [table],
+            )
+            row = cursor.fetchone()
+            if row is not None and row[0] is not None:
+                return int(row[0]), False
+    return Job.objects.using(alias).count(), True
+
+
+def workers(alias: str | None = None, *, now: datetime | None = None) -> list[WorkerStats]:
+    """Live workers (heartbeat within ``GATOR_HEARTBEAT_TIMEOUT`` of database now), oldest
+    first, each with the ids of the jobs it is running. Two queries."""
+    alias = alias or conf.database()
+    if now is None:
+        now = get_engine(alias).db_now()
+    cutoff = now - timedelta(seconds=conf.heartbeat_timeout())
+    live = [
+        WorkerStats(
+            id=w.id,
+            hostname=w.hostname,
+            pid=w.pid,
+            queues=list(w.queues or []),
+            concurrency=w.concurrency,
+            started_at=w.started_at,
+            heartbeat_at=w.heartbeat_at,
+            heartbeat_age=max(0.0, (now - w.heartbeat_at).total_seconds()),
+        )
+        for w in Worker.objects.using(alias)
+        .filter(heartbeat_at__gte=cutoff)
+        .order_by("started_at", "id")
+    ]
+    if live:
+        by_id = {w.id: w for w in live}
+        running = (
+            Job.objects.using(alias)
+            .filter(state=JobState.RUNNING, reserved_by__in=list(by_id))
+            .order_by("id")
+            .values_list("reserved_by", "id")
+        )
+        for owner, job_id in running:
+            if owner in by_id:
+                by_id[owner].running_job_ids.append(job_id)
+    return live
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()

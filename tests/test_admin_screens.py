@@ -1,0 +1,249 @@
+"""The dead-job screen, editing a dead job's arguments, the dashboard, and redaction of
+secrets in admin pages and log lines."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+from django.urls import reverse
+
+from django_gator.models import Job, JobState
+from tests.conftest import SECRET, dead_jobs_for_operators, run_worker
+from tests.testapp.jobs import Boom, FailsFirstTime, Noop
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+DEAD = "admin:django_gator_job_dead"
+
+
+def operator(*perms: str, name: str = "op") -> Client:
+    user = User.objects.create_user(name, password="pw", is_staff=True)
+    for codename in ("view_job", *perms):
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+dead_jobs = dead_jobs_for_operators
+
+
+def test_dead_jobs_are_grouped_by_name_and_error_class():
+    dead_jobs()
+    page = operator().get(reverse(DEAD)).content.decode()
+
+    assert "5 jobs match" in page
+    assert "PermissionError" in page
+    assert "RuntimeError" in page
+    assert page.count('class="gator-group"') == 2
+    assert "disk full again" in page  # the newest message of its group
+    assert SECRET not in page  # the password is in the error message, and masked
+    assert "[redacted]" in page
+    assert "Retry group" not in page  # no retry permission
+
+
+def test_retrying_a_group_asks_first_then_runs_it_again_keeping_history():
+    groups = dead_jobs()
+    client = operator("retry_job")
+    form = {
+        "action": "retry",
+        "state": "dead",
+        "name": FailsFirstTime.name,
+        "error_class": "PermissionError",
+        "target_queue": "recovery",
+    }
+
+    confirm = client.post(reverse(DEAD), form)
+    assert confirm.status_code == 200
+    assert "Retry 3 jobs" in confirm.content.decode()
+    assert Job.objects.filter(state=JobState.DEAD).count() == 5
+
+    done = client.post(reverse(DEAD), {**form, "confirm": "yes"})
+    assert done.status_code == 302
+    logins = Job.objects.filter(pk__in=[j.pk for j in groups["logins"]])
+    assert set(logins.values_list("state", "queue")) == {(JobState.WAITING, "recovery")}
+    assert Job.objects.filter(name=Boom.name, state=JobState.DEAD).count() == 2
+
+    run_worker("recovery")
+    for job in logins:
+        job.refresh_from_db()
+        assert (job.state, job.attempts, job.result) == (
+            JobState.SUCCEEDED,
+            2,
+            "ok on attempt 2",
+        )
+        assert len(job.errors) == 1  # the first attempt's error is kept
+        assert job.audit == [
+            {"at": job.audit[0]["at"], "by": "op", "action": "retry", "queue": "recovery"}
+        ]
+
+
+def test_retry_all_matching_and_discard_with_a_record_of_who():
+    dead_jobs()
+    client = operator("retry_job", "cancel_job")
+    client.post(
+        reverse(DEAD),
+        {"action": "discard", "state": "dead", "name": Boom.name, "confirm": "yes"},
+    )
+    booms = Job.objects.filter(name=Boom.name)
+    assert set(booms.values_list("state", flat=True)) == {JobState.CANCELLED}
+    assert all(job.audit[-1]["action"] == "discard" for job in booms)
+    assert all(job.audit[-1]["by"] == "op" for job in booms)
+
+    client.post(reverse(DEAD), {"action": "retry", "state": "dead", "confirm": "yes"})
+    assert Job.objects.filter(state=JobState.WAITING).count() == 3
+
+
+def test_changes_need_their_permission_and_a_csrf_token():
+    dead_jobs()
+    form = {"action": "retry", "state": "dead", "confirm": "yes"}
+    assert operator().post(reverse(DEAD), form).status_code == 403
+    assert (
+        operator("retry_job", name="op2")
+        .post(reverse(DEAD), {**form, "action": "discard"})
+        .status_code
+        == 403
+    )
+
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(User.objects.get(username="op2"))
+    assert strict.post(reverse(DEAD), form).status_code == 403
+    assert Job.objects.filter(state=JobState.DEAD).count() == 5
+    # GET never changes anything, whatever its parameters.
+    operator("retry_job", name="op3").get(reverse(DEAD), form)
+    assert Job.objects.filter(state=JobState.DEAD).count() == 5
+
+
+def test_a_bad_target_queue_is_refused_with_its_name():
+    dead_jobs()
+    response = operator("retry_job").post(
+        reverse(DEAD),
+        {"action": "retry", "state": "dead", "target_queue": "no spaces", "confirm": "yes"},
+        follow=True,
+    )
+    assert "queue name &#x27;no spaces&#x27;" in response.content.decode()
+    assert Job.objects.filter(state=JobState.DEAD).count() == 5
+
+
+def test_editing_a_dead_jobs_arguments_is_validated_recorded_and_keeps_hidden_values():
+    groups = dead_jobs()
+    job = next(j for j in groups["logins"] if j.args == ["alice"])
+    url = reverse("admin:django_gator_job_edit_arguments", args=[job.pk])
+    client = operator("retry_job")
+
+    form = client.get(url).content.decode()
+    assert SECRET not in form
+    assert "pin-8642" not in form  # redacted by the class's own `redact`
+    assert "[redacted]" in form
+
+    bad = client.post(url, {"args": "[", "kwargs": "{}"}).content.decode()
+    assert "args is not valid JSON" in bad
+    bad = client.post(url, {"args": '["x"]', "kwargs": '{"nope": 1}'}).content.decode()
+    assert "arguments do not fit handle()" in bad
+    bad = client.post(url, {"args": '{"a": 1}', "kwargs": "{}"}).content.decode()
+    assert "args must be a JSON list" in bad
+    job.refresh_from_db()
+    assert job.args == ["alice"]
+
+    response = client.post(
+        url,
+        {
+            "args": '["alice-renamed"]',
+            "kwargs": '{"pin": "[redacted]", "password": "[redacted]"}',
+            "retry": "on",
+        },
+    )
+    assert response.status_code == 302
+    job.refresh_from_db()
+    assert job.args == ["alice-renamed"]
+    assert job.kwargs == {"pin": "pin-8642", "password": SECRET}  # the hidden values kept
+    assert [e["action"] for e in job.audit] == ["edit_arguments", "retry"]
+    assert job.state == JobState.WAITING
+
+
+def test_only_dead_and_failed_jobs_can_be_edited():
+    job = Noop.dispatch()
+    client = operator("retry_job")
+    url = reverse("admin:django_gator_job_edit_arguments", args=[job.pk])
+    response = client.post(url, {"args": "[1]", "kwargs": "{}"}, follow=True)
+    assert "only dead and failed jobs can be edited" in response.content.decode()
+    assert operator(name="viewer").get(url).status_code == 403
+
+
+def test_job_pages_mask_secrets_in_payload_and_errors(admin_client: Client):
+    groups = dead_jobs()
+    job = next(j for j in groups["logins"] if j.args == ["alice"])
+    detail = admin_client.get(reverse("admin:django_gator_job_change", args=[job.pk]))
+    listing = admin_client.get(reverse("admin:django_gator_job_changelist"))
+    for page in (detail.content.decode(), listing.content.decode()):
+        assert SECRET not in page
+        assert "pin-8642" not in page
+    assert "[redacted]" in detail.content.decode()
+
+
+def test_worker_log_lines_mask_secrets(caplog):
+    FailsFirstTime.dispatch("dave", password=SECRET)
+    with caplog.at_level(logging.INFO):
+        run_worker()
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "login failed for dave" in text
+    assert SECRET not in text
+
+
+def test_the_changelist_searches_argument_text(admin_client: Client):
+    dead_jobs()
+    Noop.dispatch("needle-in-args")
+    page = admin_client.get(
+        reverse("admin:django_gator_job_changelist"), {"q": "needle-in"}
+    ).content.decode()
+    assert "1 result" in page or page.count('class="action-select"') == 1
+
+
+def test_the_dashboard_shows_queues_throughput_and_workers(admin_client: Client):
+    dead_jobs()
+    Noop.dispatch()
+    Noop.dispatch(wait=3600)
+    page = admin_client.get(reverse("admin:django_gator_job_dashboard")).content.decode()
+    assert 'id="gator-queues"' in page
+    assert "<svg" in page
+    assert "Last hour: 0 succeeded, 5 dead" in page
+    assert "No live worker." in page
+    assert "<script" not in page.split('id="content-main"')[1].split("</svg>")[0]
+
+
+def test_the_edit_button_shows_only_to_users_who_may_retry():
+    groups = dead_jobs()
+    job = groups["logins"][0]
+    url = reverse("admin:django_gator_job_change", args=[job.pk])
+    assert "Edit arguments and retry" not in operator().get(url).content.decode()
+    assert "Edit arguments and retry" in operator("retry_job", name="r").get(url).content.decode()
+
+
+def test_the_dashboard_says_when_the_row_count_is_an_estimate(admin_client: Client):
+    from django_gator.stats import estimated_total
+
+    Noop.dispatch()
+    total, exact = estimated_total()
+    page = admin_client.get(reverse("admin:django_gator_job_dashboard")).content.decode()
+    assert ("About" in page) is (not exact)
+    assert f"{total} job rows" in page
+
+
+def test_the_dead_job_screens_index_holds_only_dead_and_failed_rows():
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, Job._meta.db_table)
+    if connection.vendor == "mysql":
+        assert "gator_job_groups" not in constraints  # no partial indexes there
+        return
+    assert constraints["gator_job_groups"]["columns"] == ["state", "name", "error_class"]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_get_indexdef('gator_job_groups'::regclass)")
+            definition = cursor.fetchone()[0]
+        assert "WHERE" in definition
+        assert "dead" in definition

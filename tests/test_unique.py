@@ -1,0 +1,182 @@
+"""Unique jobs: one waiting, failed or running job per job name and key, enforced by the
+database's unique index (a partial index on PostgreSQL and SQLite, a virtual column on
+MariaDB)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import IntegrityError, close_old_connections, connections, transaction
+
+from django_gator import conf
+from django_gator.models import Job, JobState
+from tests.conftest import run_worker
+from tests.testapp.jobs import Record, SyncUser, UniqueReport, refresh_feed
+from tests.testapp.models import Execution
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_second_dispatch_returns_the_waiting_job():
+    first = UniqueReport.dispatch(7)
+    second = UniqueReport.dispatch(7)
+    other = UniqueReport.dispatch(8)
+
+    assert second.pk == first.pk
+    assert second.unique_key == first.unique_key
+    assert first.unique_key.startswith("sha256:")
+    assert other.pk != first.pk
+    assert Job.objects.count() == 2
+
+
+def test_the_default_key_binds_arguments_to_the_handler():
+    by_position = UniqueReport.dispatch(7, "month")
+    by_keyword = UniqueReport.dispatch(account_id=7)
+    by_default = UniqueReport.dispatch(7, period="month")
+    other_period = UniqueReport.dispatch(7, period="year")
+
+    assert by_position.pk == by_keyword.pk == by_default.pk
+    assert other_period.pk != by_position.pk
+
+
+def test_unique_key_method_chooses_what_makes_jobs_the_same():
+    first = SyncUser.dispatch(1, reason="signup")
+    again = SyncUser.dispatch(1, reason="profile edit")
+    other = SyncUser.dispatch(2)
+
+    assert again.pk == first.pk
+    assert again.kwargs == {"reason": "signup"}  # the existing job, as it was dispatched
+    assert first.unique_key == "user:1"
+    assert other.unique_key == "user:2"
+
+
+def test_function_jobs_can_be_unique():
+    assert refresh_feed.dispatch(3).pk == refresh_feed.dispatch(3).pk
+    assert Job.objects.filter(name=refresh_feed.name).count() == 1
+
+
+def test_a_finished_job_frees_its_key():
+    first = UniqueReport.dispatch(7)
+    run_worker()
+    assert first.refresh_state() == JobState.SUCCEEDED
+
+    second = UniqueReport.dispatch(7)
+    assert second.pk != first.pk
+    assert Job.objects.filter(state=JobState.WAITING).count() == 1
+
+
+def test_running_and_failed_jobs_hold_their_key():
+    first = UniqueReport.dispatch(7)
+    Job.objects.filter(pk=first.pk).update(
+        state=JobState.RUNNING, reserved_by="w", locked_at=first.created_at
+    )
+    assert UniqueReport.dispatch(7).pk == first.pk
+    Job.objects.filter(pk=first.pk).update(state=JobState.FAILED)
+    assert UniqueReport.dispatch(7).pk == first.pk
+    Job.objects.filter(pk=first.pk).update(state=JobState.DEAD)
+    assert UniqueReport.dispatch(7).pk != first.pk
+
+
+def test_dispatch_many_deduplicates_within_the_batch_and_against_the_table():
+    existing = UniqueReport.dispatch(1)
+    jobs = UniqueReport.dispatch_many([[1], [2], [2], {"account_id": 3}, [3, "month"]])
+
+    assert jobs[0].pk == existing.pk
+    assert jobs[1].pk == jobs[2].pk
+    assert jobs[3].pk == jobs[4].pk
+    assert len({j.pk for j in jobs}) == 3
+    assert Job.objects.count() == 3
+
+
+def test_the_database_refuses_a_second_active_row_with_the_same_key():
+    job = UniqueReport.dispatch(7)
+    clone = Job(name=job.name, args=[7], kwargs={}, unique_key=job.unique_key)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        clone.save()
+    # Another job name may use the same key.
+    Job.objects.create(name=Record.name, unique_key=job.unique_key)
+
+
+def test_a_rolled_back_dispatch_frees_the_key():
+    with transaction.atomic():
+        UniqueReport.dispatch(7)
+        transaction.set_rollback(True)
+    assert not Job.objects.exists()
+    assert UniqueReport.dispatch(7).pk is not None
+
+
+def test_on_commit_dispatch_fills_in_the_existing_job_on_commit():
+    first = UniqueReport.dispatch(7)
+    with transaction.atomic():
+        deferred = UniqueReport.dispatch(7, on_commit=True)
+        assert deferred.pk is None
+    assert deferred.pk == first.pk
+    assert deferred.state == JobState.WAITING
+
+
+def test_retrying_a_dead_job_whose_key_is_taken_leaves_it_dead():
+    old = UniqueReport.dispatch(7)
+    Job.objects.filter(pk=old.pk).update(state=JobState.DEAD)
+    new = UniqueReport.dispatch(7)
+    other = UniqueReport.dispatch(8)
+    Job.objects.filter(pk=other.pk).update(state=JobState.DEAD)
+
+    assert Job.objects.filter(pk__in=[old.pk, other.pk]).retry() == 1
+    assert old.refresh_state() == JobState.DEAD
+    assert other.refresh_state() == JobState.WAITING
+    assert new.refresh_state() == JobState.WAITING
+
+
+def test_bad_unique_keys_are_refused_with_the_value():
+    class BadKey(SyncUser):
+        name = "tests.BadKey"
+
+        def unique_key(self, user_id: int, reason: str = "") -> object:
+            return user_id  # not a str
+
+    with pytest.raises(TypeError, match=r"BadKey.unique_key\(\) must return a str or None, got 5"):
+        BadKey.dispatch(5)
+
+    class LongKey(SyncUser):
+        name = "tests.LongKey"
+
+        def unique_key(self, user_id: int, reason: str = "") -> str:
+            return "k" * 201
+
+    with pytest.raises(ValueError, match="use 1 to 200 characters"):
+        LongKey.dispatch(5)
+    assert not Job.objects.exists()
+
+
+def test_twenty_threads_dispatching_the_same_job_create_one_row():
+    barrier = threading.Barrier(20)
+    results: list[int] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def dispatch() -> None:
+        try:
+            barrier.wait(timeout=30)
+            job = UniqueReport.dispatch(42)
+            with lock:
+                results.append(job.pk)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            close_old_connections()
+            connections[conf.database()].close()
+
+    threads = [threading.Thread(target=dispatch) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    assert not errors, errors
+    assert len(results) == 20
+    assert len(set(results)) == 1
+    assert Job.objects.filter(name=UniqueReport.name).count() == 1
+
+    run_worker()
+    assert Execution.objects.count() == 1
