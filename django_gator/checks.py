@@ -6,7 +6,9 @@ E003  A GATOR_* setting has a value of the wrong type or range (or GATOR_MIDDLEW
       names something that cannot be imported).
 W001  SQLite without WAL journal mode (readers and the worker would block each other).
 W002  SQLite without IMMEDIATE transactions ("database is locked" escapes atomic blocks).
-E004  MariaDB older than 10.6 or MySQL older than 8.0 (no SKIP LOCKED).
+E004  MariaDB older than 10.6 or MySQL older than 8.0.1 (no SKIP LOCKED).
+      W001, W002 and E004 look at the database, so like Django's own database checks they
+      run only when a database is named: ``migrate``, ``check --database``, the test runner.
 E005  A schedule declared on a job class or in GATOR_SCHEDULES is invalid (bad cron
       expression, unknown job, bad time zone, arguments that do not fit...).
 E006  A TASKS backend that is django_gator.tasks.GatorBackend has bad OPTIONS or QUEUES
@@ -45,7 +47,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     if not settings.USE_TZ:
         errors.append(
             checks.Error(
-                "django-gator needs USE_TZ = True.",
+                f"USE_TZ is {settings.USE_TZ!r}; django-gator needs USE_TZ = True.",
                 hint="Job times are stored and compared in UTC; set USE_TZ = True.",
                 id="django_gator.E001",
             )
@@ -114,8 +116,11 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
 def check_database(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
+    # Like Django's own database checks: only when asked for a database (``migrate``,
+    # ``check --database``, the test runner). Plain ``manage.py check`` must not connect
+    # (an unreachable server would crash it; SQLite would create its file).
     alias = conf.database()
-    if alias not in settings.DATABASES or (databases is not None and alias not in databases):
+    if databases is None or alias not in databases or alias not in settings.DATABASES:
         return []
     connection = connections[alias]
     if connection.vendor == "sqlite":
@@ -144,12 +149,13 @@ def _check_sqlite(alias: str, connection: Any) -> list[checks.CheckMessage]:
                 id="django_gator.W001",
             )
         )
-    if str(connection.settings_dict.get("OPTIONS", {}).get("transaction_mode", "")).upper() != (
-        "IMMEDIATE"
-    ):
+    transaction_mode = connection.settings_dict.get("OPTIONS", {}).get("transaction_mode")
+    if str(transaction_mode or "").upper() != "IMMEDIATE":
+        current = "no transaction_mode" if transaction_mode is None else repr(transaction_mode)
         messages.append(
             checks.Warning(
-                f"SQLite database {alias!r} does not use IMMEDIATE transactions.",
+                f"SQLite database {alias!r} does not use IMMEDIATE transactions "
+                f"(OPTIONS has {current}).",
                 hint=(
                     'Add "transaction_mode": "IMMEDIATE" to its OPTIONS; otherwise an atomic() '
                     'block that dispatches a job can fail with "database is locked" while a '

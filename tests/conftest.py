@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -134,3 +135,38 @@ def dead_jobs_for_operators() -> dict[str, list[Any]]:
         "logins": list(Job.objects.filter(name=FailsFirstTime.name)),
         "booms": list(Job.objects.filter(name=Boom.name)),
     }
+
+
+def stop_worker(proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    """SIGTERM a worker subprocess and assert it exits 0 (its log in the message if not).
+
+    Waits for its worker row first: before its signal handlers are installed, a SIGTERM
+    kills a worker outright, and the row appears once they are."""
+    from django_gator.models import Worker
+
+    wait_for(lambda: Worker.objects.filter(pid=proc.pid).exists(), timeout=30)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"no exit {timeout} s after SIGTERM:\n{worker_output(proc)}") from None
+    assert code == 0, worker_output(proc)
+
+
+@pytest.fixture
+def booby_trapped_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[str, Path]]:
+    """An importable module whose import leaves a marker file: (module name, marker path).
+    Its ``Job`` class and ``run`` function would exit the process if anything called them."""
+    name = f"gator_trap_{uuid.uuid4().hex}"
+    marker = tmp_path / "imported.marker"
+    (tmp_path / f"{name}.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).write_text('imported')\n"
+        "class Job:\n    def handle(self, *args, **kwargs):\n        raise SystemExit('pwned')\n"
+        "def run(*args, **kwargs):\n    raise SystemExit('pwned')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name, marker
+    sys.modules.pop(name, None)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -13,7 +12,8 @@ import pytest
 from django.db import connection
 
 from django_gator.models import Job, JobState
-from tests.conftest import ROOT, wait_for, worker_output
+from tests.chaos import kill_worker_connections
+from tests.conftest import ROOT, stop_worker, wait_for, worker_output
 from tests.testapp.jobs import RecordWithRetry, Sleep
 from tests.testapp.models import Execution
 
@@ -51,36 +51,10 @@ def test_a_frozen_worker_is_rescued_and_its_late_writes_change_nothing(spawn_wor
         assert proc.wait(timeout=30) == 0, worker_output(proc)
 
 
-def _kill_other_connections() -> int:
-    """Kill every other connection to the test database; returns how many."""
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-            return int(cursor.fetchone()[0])
-        cursor.execute(
-            "SELECT id FROM information_schema.PROCESSLIST "
-            "WHERE db = DATABASE() AND id <> CONNECTION_ID()"
-        )
-        ids = [row[0] for row in cursor.fetchall()]
-        for connection_id in ids:
-            try:
-                cursor.execute(f"KILL CONNECTION {int(connection_id)}")
-            except Exception:  # it ended by itself meanwhile
-                continue
-        return len(ids)
-
-
 @pytest.mark.django_db(transaction=True)
 def test_killed_database_connections_lose_nothing(spawn_worker):
     if connection.vendor == "sqlite":
         pytest.skip("SQLite has no server connections to kill")
-    if connection.vendor == "mysql":
-        # Passes locally, but in two CI runs on MariaDB the drain did not finish (or the
-        # worker did not stop) after the kills: an open problem, tracked under issue 7.
-        pytest.skip("known open problem on MariaDB after KILL CONNECTION (issue 7)")
     # A job whose own query meets the killed connection fails like any job and is retried
     # by its policy; what must not happen is a job lost, stuck running, or a dead worker.
     jobs = RecordWithRetry.dispatch_many([{"label": f"k{i}", "sleep": 0.005} for i in range(400)])
@@ -90,20 +64,14 @@ def test_killed_database_connections_lose_nothing(spawn_worker):
     killed = 0
     for _ in range(3):
         time.sleep(0.4)
-        killed += _kill_other_connections()
+        killed += kill_worker_connections()
     assert killed > 0
 
     wait_for(lambda: not Job.objects.exclude(state=JobState.SUCCEEDED).exists(), timeout=120)
     for proc in workers:
         assert proc.poll() is None, worker_output(proc)  # still alive
-        proc.send_signal(signal.SIGTERM)
     for proc in workers:
-        try:
-            code = proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise AssertionError(f"no exit 30 s after SIGTERM:\n{worker_output(proc)}") from None
-        assert code == 0, worker_output(proc)
+        stop_worker(proc)
     ids = [j.pk for j in jobs]
     assert Job.objects.filter(pk__in=ids, state=JobState.SUCCEEDED).count() == len(ids)
     assert set(Execution.objects.values_list("job_id", flat=True)) == set(ids)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -136,22 +135,6 @@ def test_non_string_names_are_refused_not_crashed_on(name):
         get_job_class(name)
 
     assert repr(name) in str(excinfo.value)
-
-
-@pytest.fixture
-def booby_trapped_module(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[str, Path]]:
-    """An importable module whose import leaves a marker file: (module name, marker path)."""
-    name = f"gator_tamper_{uuid.uuid4().hex}"
-    marker = tmp_path / "imported.marker"
-    (tmp_path / f"{name}.py").write_text(
-        f"from pathlib import Path\nPath({str(marker)!r}).write_text('imported')\n"
-        "class Job:\n    def handle(self):\n        raise SystemExit('pwned')\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield name, marker
-    sys.modules.pop(name, None)
 
 
 def _prove_importable(name: str, marker: Path) -> None:

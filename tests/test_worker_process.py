@@ -183,3 +183,31 @@ def test_a_long_job_on_a_live_worker_runs_exactly_once(spawn_worker):
     job.refresh_from_db()
     assert (job.attempts, job.rescues, job.errors) == (1, 0, None)
     assert Execution.objects.filter(label="long").count() == 1
+
+
+def test_workers_and_a_web_process_share_the_database_without_errors(spawn_worker, tmp_path):
+    # RELIABILITY.md's SQLite scenario, run on every database: two worker processes drain
+    # while a web process writes in atomic() blocks that also dispatch. No double claims
+    # (RecordOnce's unique ledger key), and no "database is locked" reaches the web side.
+    jobs = RecordOnce.dispatch_many([{"label": f"w{i}"} for i in range(300)])
+    workers = [spawn_worker("--concurrency", "2") for _ in range(2)]
+    web_log = tmp_path / "web.log"
+    with web_log.open("wb") as out:
+        web = subprocess.Popen(
+            [sys.executable, "-m", "tests.web_writer", "200"],
+            cwd=ROOT,
+            env=worker_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    assert web.wait(timeout=120) == 0, web_log.read_text()
+
+    total = len(jobs) + 200
+    wait_for(lambda: Job.objects.filter(state=JobState.SUCCEEDED).count() == total, timeout=120)
+    wait_for(lambda: {p.pid for p in workers} <= set(Worker.objects.values_list("pid", flat=True)))
+    for proc in workers:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, output(proc)
+    assert Execution.objects.filter(label="web").count() == 200
+    assert Execution.objects.exclude(label="web").count() == total
+    assert "database is locked" not in "".join(output(p) for p in workers)

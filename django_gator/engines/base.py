@@ -533,6 +533,17 @@ class Engine:
                     written.append(job_id)
         return written
 
+    def running_claims(self, worker_id: str) -> list[tuple[int, int]]:
+        """(id, attempts) of every job ``worker_id`` holds in ``running``. After a claim
+        whose answer was lost, the worker compares this with what it knows it holds."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT id, attempts FROM {self.job_table} "
+                "WHERE reserved_by = %s AND state = 'running'",
+                [worker_id],
+            )
+            return [(row[0], row[1]) for row in cursor.fetchall()]
+
     def append_audit(self, ids: Sequence[int], entry: str) -> None:
         """Append the JSON ``entry`` to the audit trail of each job in ``ids``."""
         with self.connection.cursor() as cursor:

@@ -19,6 +19,7 @@ from django_gator.engines.base import ClaimedJob, Failure
 from django_gator.exceptions import GatorError, JobCancelled, JobNotRegistered
 from django_gator.logutil import safe
 from django_gator.queueable import Queueable, get_job_class
+from django_gator.redaction import mask_text, secret_values
 from django_gator.validation import check_json, dumps
 
 logger = logging.getLogger("django_gator.worker")
@@ -186,8 +187,13 @@ def _failure(
     if instance is not None and not cancelled:
         try:
             instance.on_error(exc)
-        except Exception:
-            logger.exception("on_error() raised id=%s name=%s", job.id, safe(job.name))
+        except Exception as hook_exc:
+            logger.error(
+                "on_error() raised id=%s name=%s traceback=%s",
+                job.id,
+                safe(job.name),
+                _loggable_traceback(job, hook_exc),
+            )
     return Failure(
         dead=dead and not cancelled,
         retry_in=retry_in,
@@ -199,6 +205,15 @@ def _failure(
     )
 
 
+def _loggable_traceback(job: ClaimedJob, exc: BaseException) -> str:
+    """The traceback of an exception raised by a job's hook, as one log-safe line: the
+    job's secrets masked, control characters escaped (user code may have put the payload
+    into its message)."""
+    text = "".join(traceback.format_exception(exc))
+    secrets = secret_values(job.name, job.args, job.kwargs)
+    return safe(mask_text(text, secrets), conf.max_traceback_chars())
+
+
 def decide_retry(
     instance: Queueable, exc: BaseException, job: ClaimedJob
 ) -> tuple[bool, float | None, str]:
@@ -207,11 +222,12 @@ def decide_retry(
     retry_count = max(job.attempts - 1, 0)
     try:
         decision = instance.retry_decision(exc, retry_count)
-    except Exception:
-        logger.exception(
-            "retry_decision() raised; applying the class policy id=%s name=%s",
+    except Exception as hook_exc:
+        logger.error(
+            "retry_decision() raised; applying the class policy id=%s name=%s traceback=%s",
             job.id,
             safe(job.name),
+            _loggable_traceback(job, hook_exc),
         )
         decision = None
     queue = policy.queue if policy is not None and policy.queue else job.queue

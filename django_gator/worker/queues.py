@@ -28,12 +28,11 @@ def parse_queue_spec(text: str) -> QueueSpec:
     if not sep:
         return QueueSpec(name)
     weight_text = weight_text.strip()
-    try:
-        weight = int(weight_text)
-    except ValueError:
-        raise ValueError(
-            f"queue weight {weight_text!r} in {text!r} is not a whole number"
-        ) from None
+    # Plain ASCII digits only: int() would also take "1_0", "+5" or other scripts' digits.
+    digits = weight_text.removeprefix("-")
+    if not digits.isascii() or not digits.isdigit():
+        raise ValueError(f"queue weight {weight_text!r} in {text!r} is not a whole number")
+    weight = int(weight_text)
     if not 1 <= weight <= MAX_WEIGHT:
         raise ValueError(f"queue weight {weight} in {text!r} must be from 1 to {MAX_WEIGHT}")
     return QueueSpec(name, weight)

@@ -333,6 +333,8 @@ class WorkerProcess:
             try:
                 close_old_connections()
                 self.engine.prepare_bookkeeping()
+                if failures:
+                    self._release_orphans(batch)
                 jobs, written = self._claim(max(free, 0), batch)
                 failures = 0
             except Exception:
@@ -371,6 +373,29 @@ class WorkerProcess:
                 # A stop came in while we were claiming: hand these straight back.
                 self._retrying("release jobs", functools.partial(self._release, jobs))
             return
+
+    def _release_orphans(self, unmarked: Sequence[tuple[ClaimedJob, Success, float]]) -> None:
+        """After a failed claim: give back the jobs it claimed without our knowing.
+
+        A claim can commit and its answer still be lost (the connection dies between the
+        COMMIT and the reply). Those rows are ``running`` under our worker id, and as our
+        heartbeat goes on nobody would ever rescue them. Only the fetcher claims, so any
+        running row of ours that no thread holds is such an orphan; it goes back to
+        ``waiting`` with its attempt uncharged, as the job never started."""
+        held = self.engine.running_claims(self.worker_id)
+        with self._lock:
+            known = {job.id for job in self._pending} | set(self._running)
+            known |= {job.id for job in self._timed_out}
+            known |= {job.id for job, _, _ in self._succeeded}
+        known |= {job.id for job, _, _ in unmarked}  # succeeded, mark not yet written
+        orphans = [(job_id, attempts) for job_id, attempts in held if job_id not in known]
+        if orphans:
+            released = self.engine.release(self.worker_id, orphans)
+            logger.warning(
+                "Released jobs claimed by a claim whose answer was lost worker=%s ids=%s",
+                self.worker_id,
+                ",".join(map(str, released)) or "-",
+            )
 
     def _claim(
         self, limit: int, succeeded: Sequence[tuple[ClaimedJob, Success, float]] = ()
@@ -472,7 +497,7 @@ class WorkerProcess:
                     "duration_ms=%.1f",
                     job.id,
                     safe(job.name),
-                    job.queue,
+                    safe(job.queue),
                     job.attempts,
                     elapsed_ms,
                 )
@@ -546,6 +571,7 @@ class WorkerProcess:
         """Run the job; write its outcome unless it is a plain success, which the fetcher
         writes in a batch (returned as a Success with ``batched`` set)."""
         close_old_connections()
+        _check_health_before_use()
         started = time.perf_counter()
         commit = functools.partial(self._commit_atomic, job)
         try:
@@ -598,7 +624,7 @@ class WorkerProcess:
             "atomic=yes",
             job.id,
             safe(job.name),
-            job.queue,
+            safe(job.queue),
             job.attempts,
             elapsed_ms,
         )
@@ -623,7 +649,7 @@ class WorkerProcess:
             "chain=%s next=%s",
             job.id,
             safe(job.name),
-            job.queue,
+            safe(job.queue),
             job.attempts,
             elapsed_ms,
             job.chain_id,
@@ -649,7 +675,7 @@ class WorkerProcess:
             job.id,
             safe(job.name),
             result,
-            job.queue,
+            safe(job.queue),
             job.attempts,
             elapsed_ms,
             safe(mask_text(outcome.last_error, secret_values(job.name, job.args, job.kwargs))),
@@ -833,6 +859,22 @@ def _drop_connection(alias: str) -> None:
         connection.close()
     except Exception:
         logger.debug("closing a broken connection failed", exc_info=True)
+
+
+def _check_health_before_use() -> None:
+    """Have this thread's open connections checked (one ``SELECT 1``) when the job first
+    uses them.
+
+    An executor keeps its connections between jobs, and the server may have closed one
+    meanwhile (a restart, a killed backend, an idle timeout). Without the check, the job's
+    first query would fail and the job with it, for a fault that is not its own; with it,
+    Django reconnects first. It is Django's CONN_HEALTH_CHECKS, switched on for the
+    connections a worker keeps open; a job that never touches the database pays nothing."""
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is not None:
+            # Attributes of Django's BaseDatabaseWrapper that django-stubs does not declare.
+            connection.health_check_enabled = True  # type: ignore[attr-defined]
+            connection.health_check_done = False  # type: ignore[attr-defined]
 
 
 def _keep_connections_open() -> dict[str, Any]:

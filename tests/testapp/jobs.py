@@ -37,6 +37,19 @@ class RecordOnce(Queueable):
         Execution.objects.create(job_id=self.job_id, attempt=0, pid=os.getpid(), label=label)
 
 
+class RecordFailsFirst(Queueable):
+    """Writes its ledger row, then fails on its first attempt; retried at once."""
+
+    retry = Retry(interval=0, max_retries=3)
+
+    def handle(self, label: str = "") -> None:
+        Execution.objects.create(
+            job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label=label
+        )
+        if self.attempt == 1:
+            raise RuntimeError(f"first attempt of {label} fails")
+
+
 class Echo(Queueable):
     queue = "echo"
     priority = 5

@@ -11,6 +11,7 @@ from django.db import connections
 
 from django_gator import conf, stats
 from django_gator.engines import get_engine
+from django_gator.logutil import safe
 
 QUEUE_COLUMNS = (
     "queue",
@@ -170,7 +171,7 @@ def _totals(queues: list[stats.QueueStats], exact: bool) -> stats.QueueStats:
 
 def _queue_row(q: stats.QueueStats, exact: bool) -> list[str]:
     row = [
-        q.queue,
+        safe(q.queue, 100),
         str(q.ready),
         str(q.scheduled),
         str(q.running),
@@ -192,9 +193,9 @@ def _queues_text(queues: list[Any]) -> str:
     for item in queues:
         if isinstance(item, list | tuple) and len(item) == 2:
             name, weight = item
-            parts.append(str(name) if weight == 1 else f"{name},{weight}")
+            parts.append(safe(str(name)) if weight == 1 else f"{safe(str(name))},{weight}")
         else:
-            parts.append(str(item))
+            parts.append(safe(str(item)))
     return " ".join(parts)
 
 

@@ -1,0 +1,554 @@
+"""The chaos harness: worker processes under fire, then a ledger check of what ran.
+
+It starts ``--workers`` ``manage.py gator_worker`` processes, dispatches jobs that write
+one ledger row (``testapp.Execution``) per run, injects faults while they drain, restarts
+what died, and checks the outcome against the guarantees of RELIABILITY.md:
+
+- lost: a job that did not end ``succeeded``, or ended so without ever running;
+- stuck: a row left ``running`` once every worker has stopped;
+- duplicated beyond the in-flight set: more runs than claims, or an extra attempt that no
+  recorded error (a rescue after a kill, a failure on a killed connection) explains;
+- over the attempt limit: more rescues than ``GATOR_MAX_RESCUES`` or more attempts than
+  the retry policy allows;
+- atomic duplicates: an atomic job whose ledger row (written in the job's transaction)
+  exists more or less than once.
+
+Faults: ``sigkill``, ``sigterm`` (graceful stop, then a new worker), ``sigstop`` (frozen
+past the heartbeat timeout, then SIGCONT: a zombie whose late writes must change
+nothing), ``connkill`` (every worker connection killed by the server) and ``pg_restart``
+(PostgreSQL restarted with pg_ctlcluster; needs root).
+
+From the tests: ``tests/test_chaos.py`` runs it on the test database. By hand, on a
+database of your own (its job and ledger tables are emptied first)::
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/chaos \\
+        python -m tests.chaos --jobs 10000 --kills 20 --faults sigterm=3,sigstop=2,connkill=3 --yes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+ROOT = Path(__file__).resolve().parent.parent
+FAULTS = ("sigkill", "sigterm", "sigstop", "connkill", "pg_restart")
+#: Mean pause between two faults, in seconds.
+FAULT_GAP = 0.6
+T = TypeVar("T")
+
+
+@dataclass
+class Report:
+    database: str
+    jobs: int
+    atomic_jobs: int
+    workers: int
+    concurrency: int
+    faults: dict[str, int]
+    elapsed_s: float = 0.0
+    lost: list[int] = field(default_factory=list)
+    stuck: list[int] = field(default_factory=list)
+    duplicated: list[int] = field(default_factory=list)
+    over_limit: list[int] = field(default_factory=list)
+    atomic_duplicates: list[int] = field(default_factory=list)
+    rerun_jobs: int = 0
+    hit_jobs: int = 0
+    rescued_jobs: int = 0
+    failed_attempts: int = 0
+    rescue_s: list[float] = field(default_factory=list)
+    bad_exits: list[str] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)  # what each finding looked like
+
+    @property
+    def ok(self) -> bool:
+        return not (
+            self.lost
+            or self.stuck
+            or self.duplicated
+            or self.over_limit
+            or self.atomic_duplicates
+            or self.bad_exits
+        )
+
+    def summary(self) -> str:
+        rescue = (
+            f"min {min(self.rescue_s):.2f} s / median {statistics.median(self.rescue_s):.2f} s"
+            f" / max {max(self.rescue_s):.2f} s over {len(self.rescue_s)} kills"
+            if self.rescue_s
+            else "n/a"
+        )
+        faults = ", ".join(f"{k}={v}" for k, v in self.faults.items() if v) or "none"
+        return (
+            f"chaos on {self.database}: {self.jobs} jobs ({self.atomic_jobs} atomic), "
+            f"{self.workers} workers x {self.concurrency} threads, faults: {faults}\n"
+            f"  drained in {self.elapsed_s:.1f} s; lost {len(self.lost)}, stuck "
+            f"{len(self.stuck)}, duplicated beyond in-flight {len(self.duplicated)}, over the "
+            f"attempt limit {len(self.over_limit)}, atomic duplicates "
+            f"{len(self.atomic_duplicates)}, bad worker exits {len(self.bad_exits)}\n"
+            f"  jobs that met a fault {self.hit_jobs}, of which run more than once "
+            f"{self.rerun_jobs}; rescued "
+            f"{self.rescued_jobs}, failed attempts {self.failed_attempts}\n"
+            f"  kill -> rescue of the victim's last job: {rescue}"
+            + "".join(f"\n  ! {line}" for line in self.details[:20])
+        )
+
+
+def _retry_db(action: Callable[[], T], attempts: int = 60) -> T:
+    """Run a query from the harness, reconnecting while the server restarts."""
+    from django.db import DatabaseError, InterfaceError, connection
+
+    for attempt in range(attempts):
+        try:
+            return action()
+        except (DatabaseError, InterfaceError):
+            if attempt == attempts - 1:
+                raise
+            connection.close()
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
+def kill_worker_connections() -> int:
+    """Kill every other connection to this database (the workers'); returns how many."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            return int(cursor.fetchone()[0])
+        if connection.vendor == "mysql":
+            cursor.execute(
+                "SELECT id FROM information_schema.PROCESSLIST "
+                "WHERE db = DATABASE() AND id <> CONNECTION_ID()"
+            )
+            killed = 0
+            for (connection_id,) in cursor.fetchall():
+                try:
+                    cursor.execute(f"KILL CONNECTION {int(connection_id)}")
+                    killed += 1
+                except Exception:  # it ended by itself meanwhile
+                    continue
+            return killed
+    raise ValueError(f"connkill needs a database server, not {connection.vendor}")
+
+
+def restart_postgresql() -> None:
+    """Restart the local PostgreSQL cluster (Debian's pg_ctlcluster, as root)."""
+    tool = shutil.which("pg_ctlcluster")
+    if tool is None or os.geteuid() != 0:
+        raise RuntimeError("pg_restart needs pg_ctlcluster and root")
+    versions = sorted(os.listdir("/etc/postgresql"))
+    subprocess.run(
+        [tool, "--skip-systemctl-redirect", versions[-1], "main", "restart", "-m", "fast"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+
+
+class Chaos:
+    """One chaos run. ``env`` is the workers' environment (DATABASE_URL and settings)."""
+
+    def __init__(
+        self,
+        *,
+        env: dict[str, str],
+        jobs: int = 1000,
+        atomic_share: float = 0.2,
+        workers: int = 3,
+        concurrency: int = 4,
+        kills: int = 5,
+        faults: dict[str, int] | None = None,
+        seed: int = 20261123,
+        log_dir: Path | None = None,
+        heartbeat_timeout: float = 3.0,
+        max_rescues: int = 10,
+    ) -> None:
+        from django.db import connection
+
+        unknown = set(faults or {}) - set(FAULTS)
+        if unknown:
+            raise ValueError(f"unknown fault {sorted(unknown)[0]!r}; known: {', '.join(FAULTS)}")
+        self.vendor = connection.vendor
+        plan = ["sigkill"] * kills
+        for name, count in (faults or {}).items():
+            if count and name == "connkill" and self.vendor == "sqlite":
+                raise ValueError("connkill needs a database server; SQLite has none")
+            if count and name == "pg_restart" and self.vendor != "postgresql":
+                raise ValueError("pg_restart needs PostgreSQL")
+            plan += [name] * count
+        self.rng = random.Random(seed)
+        self.rng.shuffle(plan)
+        self.plan = plan
+        self.jobs = jobs
+        self.atomic_share = atomic_share
+        self.workers = workers
+        self.concurrency = concurrency
+        self.heartbeat_timeout = heartbeat_timeout
+        self.max_rescues = max_rescues
+        self.env = {
+            **env,
+            "GATOR_HEARTBEAT_TIMEOUT": str(heartbeat_timeout),
+            "GATOR_MAX_RESCUES": str(max_rescues),
+            "GATOR_SHUTDOWN_TIMEOUT": "20",
+        }
+        self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="gator-chaos-"))
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.stopping: list[subprocess.Popen[bytes]] = []  # SIGTERMed, exiting
+        self.frozen: list[tuple[float, subprocess.Popen[bytes]]] = []  # (thaw at, proc)
+        self.all_procs: list[subprocess.Popen[bytes]] = []
+        self.watch: list[tuple[float, list[str]]] = []  # (kill time, worker ids)
+        self.done_faults: Counter[str] = Counter()
+        self.rescue_times: list[float] = []  # SIGKILL -> its jobs rescued, in seconds
+        self.hit: set[int] = set()  # jobs running when connections were broken
+        self.victims: set[str] = set()  # worker ids of killed and frozen workers
+        self.events: list[str] = []  # what was done when, for the report
+        self.bad_exits: list[str] = []
+
+    # -- processes -------------------------------------------------------------------
+    def spawn(self) -> subprocess.Popen[bytes]:
+        log = self.log_dir / f"worker-{len(self.all_procs)}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "django",
+                    "gator_worker",
+                    "--concurrency",
+                    str(self.concurrency),
+                ],
+                cwd=ROOT,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        proc.log_path = log  # type: ignore[attr-defined]
+        self.all_procs.append(proc)
+        return proc
+
+    def _registered(self) -> set[int]:
+        from django_gator.models import Worker
+
+        return set(_retry_db(lambda: list(Worker.objects.values_list("pid", flat=True))))
+
+    def _worker_ids(self, pid: int) -> list[str]:
+        from django_gator.models import Worker
+
+        return _retry_db(lambda: list(Worker.objects.filter(pid=pid).values_list("id", flat=True)))
+
+    # -- the run ---------------------------------------------------------------------
+    def dispatch(self) -> list[int]:
+        from tests.testapp.jobs import AtomicRecord, RecordWithRetry
+
+        atomic = int(self.jobs * self.atomic_share)
+        # Long enough a drain for every planned fault to land while jobs are in flight:
+        # about 1.5 times the plan's length, spread over the jobs as random sleeps.
+        target = 1.5 * len(self.plan) * FAULT_GAP
+        mean = target * self.workers * self.concurrency / max(self.jobs - atomic, 1)
+        plain = [
+            {"label": f"p{i}", "sleep": round(self.rng.uniform(0, 2 * mean), 4)}
+            for i in range(self.jobs - atomic)
+        ]
+        ids = [j.pk for j in RecordWithRetry.dispatch_many(plain)]
+        ids += [
+            j.pk for j in AtomicRecord.dispatch_many([{"label": f"a{i}"} for i in range(atomic)])
+        ]
+        return ids
+
+    def run(self) -> Report:
+        from django_gator.models import Job, JobState
+
+        self.dispatch()
+        self.procs = [self.spawn() for _ in range(self.workers)]
+        started = time.monotonic()
+        pending = list(self.plan)
+
+        def unfinished() -> bool:
+            return _retry_db(lambda: Job.objects.exclude(state=JobState.SUCCEEDED).exists())
+
+        deadline = started + 120 + self.jobs / 20
+        while pending and unfinished():
+            self._tick()
+            time.sleep(self.rng.uniform(0.5, 1.5) * FAULT_GAP)
+            self._fault(pending.pop(0))
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the chaos run took too long; logs in {self.log_dir}")
+        while unfinished():
+            self._tick()
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the jobs did not drain; logs in {self.log_dir}")
+            time.sleep(0.1)
+        while self.frozen or self.watch:
+            self._tick()
+            time.sleep(0.1)
+        elapsed = time.monotonic() - started
+        self._stop_all()
+        report = self.check()
+        report.elapsed_s = round(elapsed, 1)
+        return report
+
+    def _tick(self) -> None:
+        """Thaw frozen workers when due, reap stopped ones, time the rescues."""
+
+        now = time.monotonic()
+        for thaw_at, proc in list(self.frozen):
+            if now >= thaw_at:
+                proc.send_signal(signal.SIGCONT)
+                self.frozen.remove((thaw_at, proc))
+        for proc in list(self.stopping):
+            if proc.poll() is not None:
+                self.stopping.remove(proc)
+                if proc.returncode != 0:
+                    self.bad_exit(proc, f"exit {proc.returncode} after SIGTERM")
+        for killed_at, ids in list(self.watch):
+            if not self._running(ids):
+                self.rescue_times.append(round(time.monotonic() - killed_at, 2))
+                self.watch.remove((killed_at, ids))
+            elif now - killed_at > 120:
+                raise AssertionError(f"jobs of killed workers {ids} were never rescued")
+
+    def bad_exit(self, proc: subprocess.Popen[bytes], what: str) -> None:
+        self.bad_exits.append(f"pid {proc.pid}: {what} (log {proc.log_path})")  # type: ignore[attr-defined]
+
+    def _victim(self) -> int:
+        """A live worker that has registered (its signal handlers are installed)."""
+        deadline = time.monotonic() + 30
+        while True:
+            registered = self._registered()
+            ready = [
+                i
+                for i, p in enumerate(self.procs)
+                if p.pid in registered
+                and p.poll() is None
+                and all(p is not f for _, f in self.frozen)
+            ]
+            if ready:
+                return self.rng.choice(ready)
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"no worker registered within 30 s (registered pids {sorted(registered)}, "
+                    f"ours {[(p.pid, p.poll()) for p in self.procs]}); logs in {self.log_dir}"
+                )
+            time.sleep(0.05)
+
+    def _running(self, worker_ids: list[str] | None = None) -> set[int]:
+        from django_gator.models import Job, JobState
+
+        running = Job.objects.filter(state=JobState.RUNNING)
+        if worker_ids is not None:
+            running = running.filter(reserved_by__in=worker_ids)
+        return set(_retry_db(lambda: list(running.values_list("pk", flat=True))))
+
+    def _fault(self, fault: str) -> None:
+        self.done_faults[fault] += 1
+        if fault in ("connkill", "pg_restart"):
+            # Every running job may meet the broken connection (and fail, to be retried);
+            # those claimed meanwhile are still running just after.
+            self.hit |= self._running()
+            if fault == "connkill":
+                _retry_db(kill_worker_connections)
+            else:
+                restart_postgresql()
+            self.hit |= self._running()
+            return
+        index = self._victim()
+        proc = self.procs[index]
+        ids = self._worker_ids(proc.pid)
+        self.events.append(f"{fault} pid {proc.pid} ids {ids}")
+        if fault in ("sigkill", "sigstop"):
+            self.victims.update(ids)
+        if fault == "sigkill":
+            proc.send_signal(signal.SIGKILL)
+            killed_at = time.monotonic()
+            proc.wait(timeout=10)
+            if self._running(ids):  # time the rescue only when it had jobs to rescue
+                self.watch.append((killed_at, ids))
+            self.procs[index] = self.spawn()
+        elif fault == "sigterm":
+            proc.send_signal(signal.SIGTERM)
+            self.stopping.append(proc)
+            self.procs[index] = self.spawn()
+        elif fault == "sigstop":
+            proc.send_signal(signal.SIGSTOP)
+            self.frozen.append((time.monotonic() + self.heartbeat_timeout + 2, proc))
+            # Its jobs are rescued by the others; after SIGCONT it goes on as a worker.
+
+    def _stop_all(self) -> None:
+        from django_gator.models import Worker
+
+        live = [p for p in self.procs + self.stopping if p.poll() is None]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            pids = set(_retry_db(lambda: list(Worker.objects.values_list("pid", flat=True))))
+            if {p.pid for p in live} <= pids:
+                break
+            time.sleep(0.05)
+        for proc in live:
+            proc.send_signal(signal.SIGTERM)
+        for proc in live:
+            try:
+                code = proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                self.bad_exit(proc, "no exit 60 s after SIGTERM")
+                continue
+            if code != 0:
+                self.bad_exit(proc, f"exit {code} after SIGTERM")
+
+    def kill_everything(self) -> None:
+        for proc in self.all_procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+                proc.wait(timeout=10)
+
+    # -- the ledger check ------------------------------------------------------------------
+    def check(self) -> Report:
+        from django.db.models import Count
+
+        from django_gator.models import Job, JobState
+        from tests.testapp.jobs import AtomicRecord, RecordWithRetry
+        from tests.testapp.models import Execution
+
+        runs = dict(
+            Execution.objects.values("job_id").annotate(n=Count("id")).values_list("job_id", "n")
+        )
+        report = Report(
+            database=self.vendor,
+            jobs=self.jobs,
+            atomic_jobs=int(self.jobs * self.atomic_share),
+            workers=self.workers,
+            concurrency=self.concurrency,
+            faults={name: self.done_faults[name] for name in FAULTS},
+            rescue_s=sorted(self.rescue_times),
+            bad_exits=list(self.bad_exits),
+        )
+        limits = {
+            AtomicRecord.name: AtomicRecord.retry.max_retries,
+            RecordWithRetry.name: RecordWithRetry.retry.max_retries,
+        }
+        rows = Job.objects.values_list("pk", "name", "state", "attempts", "rescues", "errors")
+        for pk, name, state, attempts, rescues, errors in rows:
+            n = runs.get(pk, 0)
+            if state == JobState.RUNNING:
+                report.stuck.append(pk)
+                report.details.append(f"job {pk}: stuck running")
+            if state != JobState.SUCCEEDED or n == 0:
+                report.lost.append(pk)
+            # A job runs again only if a fault struck while it was in flight: each run is
+            # one claim (the ledger's unique (job, attempt) key), every attempt after the
+            # first follows a recorded error, and each error is a fault's doing: a rescue
+            # from a killed or frozen worker (never from a live one), or a failure of a
+            # job that was running when the connections broke (these jobs never fail
+            # by themselves).
+            explained = all(
+                e.get("worker") in self.victims
+                if e.get("class") == "django_gator.exceptions.WorkerLost"
+                else pk in self.hit
+                for e in errors or []
+            )
+            if not explained or n > attempts or attempts - 1 != len(errors or []):
+                report.duplicated.append(pk)
+                report.details.append(
+                    f"job {pk}: runs {n}, attempts {attempts}, rescues {rescues}, hit "
+                    f"{pk in self.hit}, errors "
+                    + "; ".join(
+                        f"{e.get('class')} by {e.get('worker')} on attempt {e.get('attempt')}"
+                        for e in errors or []
+                    )
+                )
+            if rescues > self.max_rescues or attempts > 1 + limits[name] + rescues:
+                report.over_limit.append(pk)
+            if name == AtomicRecord.name and n != 1:
+                report.atomic_duplicates.append(pk)
+            report.rerun_jobs += n > 1
+            report.hit_jobs += bool(errors)
+            report.rescued_jobs += rescues > 0
+            report.failed_attempts += len(errors or []) - rescues
+        return report
+
+
+def _parse_faults(text: str) -> dict[str, int]:
+    faults: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, count = part.partition("=")
+        if name not in FAULTS:
+            raise argparse.ArgumentTypeError(f"unknown fault {name!r}; known: {', '.join(FAULTS)}")
+        try:
+            faults[name] = int(count or "1")
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"fault count must be an integer: {part!r}") from None
+    return faults
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.chaos", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--kills", type=int, default=20, help="SIGKILLs (default 20)")
+    parser.add_argument(
+        "--faults", type=_parse_faults, default={}, help="e.g. sigterm=3,connkill=2"
+    )
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=20261123)
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--yes", action="store_true", help="empty the job and ledger tables")
+    args = parser.parse_args(argv)
+    if not os.environ.get("DATABASE_URL"):
+        parser.error("set DATABASE_URL to the database to run on (its tables are emptied)")
+    if not args.yes:
+        parser.error("this empties the job and ledger tables of DATABASE_URL: pass --yes")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+    os.environ["GATOR_TEST_SUBPROCESS"] = "1"  # the real database, not a test database
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    from django_gator.models import Job
+    from tests.testapp.models import Execution
+
+    call_command("migrate", verbosity=0)
+    Job.objects.all().delete()
+    Execution.objects.all().delete()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    chaos = Chaos(
+        env=env,
+        jobs=args.jobs,
+        kills=args.kills,
+        faults=args.faults,
+        workers=args.workers,
+        concurrency=args.concurrency,
+        seed=args.seed,
+    )
+    try:
+        report = chaos.run()
+    finally:
+        chaos.kill_everything()
+    print(json.dumps(asdict(report), indent=2) if args.json else report.summary())
+    print(f"worker logs: {chaos.log_dir}", file=sys.stderr)
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,307 @@
+"""Bad input of RELIABILITY.md's table that other files do not cover: the system checks for
+unsafe settings and databases, schedules declared on job classes, and the admin's schedule
+form for a schedule whose job is gone.
+
+Dispatch arguments, options and the worker's command line are tested in
+tests/test_dispatch.py, tests/test_validation.py and tests/test_worker_process.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.core import checks
+from django.db import connection, connections
+from django.db.utils import ConnectionHandler
+from django.test import Client, override_settings
+from django.urls import reverse
+
+from django_gator import Cron, Queueable
+from django_gator import checks as gator_checks
+from django_gator.models import Schedule
+from django_gator.queueable import registered_jobs, unregister
+from tests.testapp.jobs import Noop
+
+SCRATCH = "gator_scratch"
+
+
+def messages_with(check_id: str, **kwargs: Any) -> list[checks.CheckMessage]:
+    return [m for m in checks.run_checks(**kwargs) if m.id == check_id]
+
+
+# -- settings -----------------------------------------------------------------------------------
+
+
+def test_use_tz_false_is_an_error_naming_the_setting_and_the_fix():
+    with override_settings(USE_TZ=False):
+        found = messages_with("django_gator.E001")
+
+    assert len(found) == 1
+    assert isinstance(found[0], checks.Error)
+    assert "USE_TZ is False" in found[0].msg
+    assert "set USE_TZ = True" in (found[0].hint or "")
+    assert not messages_with("django_gator.E001")
+
+
+def test_an_unknown_gator_database_is_an_error_naming_it_and_the_choices():
+    with override_settings(GATOR_DATABASE="jobsdb"):
+        found = messages_with("django_gator.E002")
+
+    assert len(found) == 1
+    assert isinstance(found[0], checks.Error)
+    assert "GATOR_DATABASE = 'jobsdb' is not a key of DATABASES" in found[0].msg
+    assert "'default'" in (found[0].hint or "")
+    assert not messages_with("django_gator.E002")
+
+
+# -- databases: a real SQLite file with the settings under test --------------------------------
+
+
+@pytest.fixture
+def scratch_sqlite(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, django_db_blocker: Any
+) -> Iterator[Any]:
+    """``scratch(options, name=None)``: a real SQLite database under the alias SCRATCH,
+    with those OPTIONS, made GATOR_DATABASE; whatever database the suite runs on. (Not a
+    django_db test: the test database is not touched, and a TestCase would refuse an alias
+    it was not told about.)"""
+    made: list[Any] = []
+
+    def scratch(options: dict[str, Any], name: str | None = None) -> Any:
+        config = {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": name or str(tmp_path / f"scratch-{len(made)}.sqlite3"),
+            "OPTIONS": options,
+        }
+        wrapper = ConnectionHandler({"default": config, SCRATCH: config})[SCRATCH]
+        monkeypatch.setitem(settings.DATABASES, SCRATCH, wrapper.settings_dict)
+        connections[SCRATCH] = wrapper
+        made.append(wrapper)
+        return wrapper
+
+    with override_settings(GATOR_DATABASE=SCRATCH), django_db_blocker.unblock():
+        yield scratch
+    for wrapper in made:
+        wrapper.close()
+    if made:
+        del connections[SCRATCH]
+
+
+def database_messages() -> dict[str, checks.CheckMessage]:
+    found = gator_checks.check_database(databases=[SCRATCH])
+    assert len({m.id for m in found}) == len(found)
+    return {m.id: m for m in found}
+
+
+def test_sqlite_without_wal_or_immediate_transactions_is_reported_with_the_fix(scratch_sqlite):
+    scratch_sqlite({})
+
+    found = database_messages()
+
+    assert set(found) == {"django_gator.W001", "django_gator.W002"}
+    wal, immediate = found["django_gator.W001"], found["django_gator.W002"]
+    assert f"SQLite database {SCRATCH!r} is in 'delete' journal mode, not WAL" in wal.msg
+    assert '"init_command": "PRAGMA journal_mode=WAL;"' in (wal.hint or "")
+    assert "does not use IMMEDIATE transactions (OPTIONS has no transaction_mode)" in (
+        immediate.msg
+    )
+    assert '"transaction_mode": "IMMEDIATE"' in (immediate.hint or "")
+
+
+def test_sqlite_with_deferred_transactions_is_reported_naming_the_mode(scratch_sqlite):
+    scratch_sqlite({"init_command": "PRAGMA journal_mode=WAL;", "transaction_mode": "DEFERRED"})
+
+    found = database_messages()
+
+    assert set(found) == {"django_gator.W002"}
+    assert "(OPTIONS has 'DEFERRED')" in found["django_gator.W002"].msg
+
+
+def test_sqlite_in_wal_mode_with_immediate_transactions_passes(scratch_sqlite):
+    scratch_sqlite({"init_command": "PRAGMA journal_mode=WAL;", "transaction_mode": "immediate"})
+    assert database_messages() == {}
+
+
+def test_an_in_memory_sqlite_database_is_not_checked(scratch_sqlite):
+    # One process, so nothing to block: no WAL (which :memory: cannot have) asked for.
+    scratch_sqlite({}, name=":memory:")
+    assert database_messages() == {}
+
+
+def test_database_checks_run_only_when_a_database_is_named(scratch_sqlite):
+    # Like Django's own: `manage.py check` must not connect (an unreachable server would
+    # crash it, and SQLite would create its file); `migrate` and `check --database` do.
+    wrapper = scratch_sqlite({})
+
+    assert gator_checks.check_database(databases=None) == []
+    assert wrapper.connection is None
+    # (Django 6 itself skips database checks unless asked; Django 5.2 leaves it to them.)
+    assert not [m for m in checks.run_checks() if m.id.startswith("django_gator.W00")]
+    named = {m.id for m in checks.run_checks(databases=[SCRATCH])}
+    assert {"django_gator.W001", "django_gator.W002"} <= named
+
+
+@pytest.mark.django_db
+def test_the_test_suites_own_database_passes_the_database_checks():
+    found = gator_checks.check_database(databases=["default"])
+    assert found == []
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="needs MariaDB or MySQL")
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("mariadb", "version", "message", "fix"),
+    [
+        (True, (10, 5, 26), "MariaDB 10.5.26 on 'default' has no SKIP LOCKED", "MariaDB 10.6"),
+        (True, (10, 4, 0), "MariaDB 10.4.0 on 'default' has no SKIP LOCKED", "MariaDB 10.6"),
+        (False, (8, 0, 0), "MySQL 8.0.0 on 'default' has no SKIP LOCKED", "MySQL 8.0.1"),
+        (False, (5, 7, 44), "MySQL 5.7.44 on 'default' has no SKIP LOCKED", "MySQL 8.0.1"),
+        (True, (10, 6, 0), None, None),
+        (False, (8, 0, 1), None, None),
+    ],
+)
+def test_an_old_mariadb_or_mysql_is_an_error_with_the_version_needed(
+    mariadb, version, message, fix
+):
+    # A second real connection to the test server, told it is an older server.
+    wrapper = ConnectionHandler({"default": dict(connection.settings_dict)})["default"]
+    try:
+        wrapper.ensure_connection()
+        wrapper.__dict__.update(mysql_is_mariadb=mariadb, mysql_version=version)
+        found = gator_checks._check_mysql("default", wrapper)
+    finally:
+        wrapper.close()
+
+    if message is None:
+        assert found == []
+        return
+    assert [m.id for m in found] == ["django_gator.E004"]
+    assert isinstance(found[0], checks.Error)
+    assert message in found[0].msg
+    assert f"django-gator needs {fix} or newer" in (found[0].hint or "")
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="needs MariaDB or MySQL")
+@pytest.mark.django_db
+def test_the_mysql_server_of_the_suite_passes():
+    assert gator_checks.check_database(databases=["default"]) == []
+
+
+# -- schedules declared on job classes ---------------------------------------------------------
+
+
+@pytest.fixture
+def restore_registry() -> Iterator[None]:
+    before = set(registered_jobs())
+    yield
+    for name in set(registered_jobs()) - before:
+        unregister(name)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "field", "value"),
+    [
+        ("61 * * * *", "cron", "61 * * * *"),
+        ("* * * *", "cron", "has 4 fields"),
+        (Cron("0 3 * * *", timezone="Mars/Olympus"), "timezone", "Mars/Olympus"),
+        (Cron("0 3 * * *", queue="no spaces"), "queue", "no spaces"),
+        (Cron("0 3 * * *", kwargs={"nope": 1}), "args", "nope"),
+        (42, "schedule", "42"),
+    ],
+    ids=["cron-range", "cron-fields", "timezone", "queue", "arguments", "not-a-cron"],
+)
+@pytest.mark.usefixtures("restore_registry")
+def test_a_bad_schedule_on_a_job_class_is_a_check_error_naming_schedule_and_field(
+    schedule, field, value
+):
+    class Nightly(Queueable):
+        name = "tests.test_bad_input.Nightly"
+
+        def handle(self) -> None:
+            return None
+
+    Nightly.schedule = schedule
+
+    found = messages_with("django_gator.E005")
+
+    assert len(found) == 1
+    assert isinstance(found[0], checks.Error)
+    assert f"schedule 'tests.test_bad_input.Nightly', field '{field}'" in found[0].msg
+    assert value in found[0].msg
+    unregister(Nightly.name)
+    assert not messages_with("django_gator.E005")
+
+
+# -- the admin's schedule form ------------------------------------------------------------------
+
+FORM = {
+    "name": "nightly",
+    "job_name": Noop.name,
+    "cron": "0 3 * * *",
+    "timezone": "UTC",
+    "args": "[]",
+    "kwargs": "{}",
+    "queue": "",
+    "priority": "",
+    "enabled": "on",
+    "misfire": "once",
+    "catch_up_limit": "100",
+    "overlap": "on",
+}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("cron", "61 * * * *", "not a valid cron expression"),
+        ("timezone", "Europe/Nowhere", "unknown time zone &#x27;Europe/Nowhere&#x27;"),
+        ("job_name", "os.system", "os.system is not one of the available choices"),
+    ],
+)
+def test_the_admin_shows_a_bad_schedule_field_next_to_it(field, value, message):
+    client = Client()
+    client.force_login(User.objects.create_superuser("admin", password="pw"))
+
+    response = client.post(reverse("admin:django_gator_schedule_add"), {**FORM, field: value})
+
+    assert response.status_code == 200
+    body = response.content.decode()
+    row = body.split(f"field-{field}", 1)[1].split('<div class="form-row', 1)[0]
+    assert message in row
+    assert not Schedule.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("restore_registry")
+def test_a_schedule_whose_job_is_no_longer_registered_cannot_be_saved_in_the_admin():
+    class Retired(Queueable):
+        name = "tests.test_bad_input.Retired"
+
+        def handle(self) -> None:
+            return None
+
+    schedule = Schedule(name="old-report", job_name=Retired.name, cron="0 3 * * *")
+    schedule.save()
+    unregister(Retired.name)
+    client = Client()
+    client.force_login(User.objects.create_superuser("admin", password="pw"))
+    url = reverse("admin:django_gator_schedule_change", args=[schedule.pk])
+
+    page = client.get(url).content.decode()
+    assert Retired.name in page  # shown as it is
+    response = client.post(
+        url, {**FORM, "name": "old-report", "job_name": Retired.name, "cron": "0 4 * * *"}
+    )
+
+    assert response.status_code == 200
+    row = (
+        response.content.decode().split("field-job_name", 1)[1].split('<div class="form-row', 1)[0]
+    )
+    assert "job name &#x27;tests.test_bad_input.Retired&#x27; is not registered" in row
+    assert Schedule.objects.get().cron == "0 3 * * *"
