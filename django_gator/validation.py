@@ -25,8 +25,10 @@ PRIORITY_MAX = 100
 QUEUE_MAX_LENGTH = 100
 NAME_MAX_LENGTH = 255
 UNIQUE_KEY_MAX_LENGTH = 200
-#: Deepest nesting of lists and dicts accepted in arguments.
-MAX_DEPTH = 100
+#: Deepest nesting of lists and dicts accepted in arguments (``args``/``kwargs`` count as
+#: one level). MariaDB's JSON_VALID(), the CHECK on its JSON columns, refuses documents
+#: nested 32 levels deep, so 31 is the most every supported database stores.
+MAX_DEPTH = 31
 #: Largest int accepted, in bits (Python refuses to print ints of over ~4300 digits).
 MAX_INT_BITS = 14_000
 #: Floats from this size up come back from PostgreSQL's jsonb as ints.

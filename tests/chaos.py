@@ -37,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -156,7 +157,7 @@ def restart_postgresql() -> None:
         raise RuntimeError("pg_restart needs pg_ctlcluster and root")
     versions = sorted(os.listdir("/etc/postgresql"))
     subprocess.run(
-        [tool, "--skip-systemctl-redirect", versions[-1], "main", "restart", "-m", "fast"],
+        [tool, "--skip-systemctl-redirect", versions[-1], "main", "restart"],  # fast mode
         check=True,
         capture_output=True,
         timeout=120,
@@ -349,25 +350,46 @@ class Chaos:
                 )
             time.sleep(0.05)
 
-    def _running(self, worker_ids: list[str] | None = None) -> set[int]:
+    def _watch_running(self, stop: threading.Event) -> None:
+        from django.db import DatabaseError, InterfaceError, connection
+
+        try:
+            while not stop.is_set():
+                try:
+                    self.hit |= self._running(attempts=1)
+                except (DatabaseError, InterfaceError):
+                    connection.close()
+                stop.wait(0.02)
+        finally:
+            connection.close()
+
+    def _running(self, worker_ids: list[str] | None = None, attempts: int = 60) -> set[int]:
         from django_gator.models import Job, JobState
 
         running = Job.objects.filter(state=JobState.RUNNING)
         if worker_ids is not None:
             running = running.filter(reserved_by__in=worker_ids)
-        return set(_retry_db(lambda: list(running.values_list("pk", flat=True))))
+        return set(_retry_db(lambda: list(running.values_list("pk", flat=True)), attempts))
 
     def _fault(self, fault: str) -> None:
         self.done_faults[fault] += 1
         if fault in ("connkill", "pg_restart"):
-            # Every running job may meet the broken connection (and fail, to be retried);
-            # those claimed meanwhile are still running just after.
+            # Every job running from just before the fault until the workers are back may
+            # meet a broken connection (and fail, to be retried): a second connection
+            # watches the running rows all that time.
+            stop = threading.Event()
+            watcher = threading.Thread(target=self._watch_running, args=(stop,))
             self.hit |= self._running()
-            if fault == "connkill":
-                _retry_db(kill_worker_connections)
-            else:
-                restart_postgresql()
-            self.hit |= self._running()
+            watcher.start()
+            try:
+                if fault == "connkill":
+                    _retry_db(kill_worker_connections)
+                else:
+                    restart_postgresql()
+                time.sleep(1.0)
+            finally:
+                stop.set()
+                watcher.join()
             return
         index = self._victim()
         proc = self.procs[index]

@@ -714,3 +714,17 @@ def test_factory_rows_are_valid_rows_in_their_state(trait, state):
     if trait.get("scheduled") or trait.get("failed"):
         assert Job.objects.scheduled().filter(pk=row.pk).exists()
         assert not Job.objects.ready().filter(pk=row.pk).exists()
+
+
+def test_the_deepest_nesting_accepted_is_stored_by_every_database():
+    from django_gator.validation import MAX_DEPTH
+
+    deepest: Any = 1
+    for _ in range(MAX_DEPTH - 1):  # args itself is the outermost level
+        deepest = [deepest]
+    stored = add.dispatch(deepest, 0)
+    assert Job.objects.get(pk=stored.pk).args == [deepest, 0]
+
+    with pytest.raises(TypeError, match=rf"^args\[0\]\[0\].* is nested deeper than {MAX_DEPTH}"):
+        add.dispatch([deepest], 0)
+    assert Job.objects.count() == 1
