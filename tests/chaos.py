@@ -42,6 +42,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import TypeVar
 
@@ -217,7 +218,7 @@ class Chaos:
         self.all_procs: list[subprocess.Popen[bytes]] = []
         self.watch: list[tuple[float, list[str]]] = []  # (kill time, worker ids)
         self.done_faults: Counter[str] = Counter()
-        self.rescue_times: list[float] = []  # SIGKILL -> its jobs rescued, in seconds
+        self.kills: list[tuple[float, list[str]]] = []  # (time.time() of a SIGKILL, ids)
         self.hit: set[int] = set()  # jobs running when connections were broken
         self.victims: set[str] = set()  # worker ids of killed and frozen workers
         self.events: list[str] = []  # what was done when, for the report
@@ -321,7 +322,6 @@ class Chaos:
                     self.bad_exit(proc, f"exit {proc.returncode} after SIGTERM")
         for killed_at, ids in list(self.watch):
             if not self._running(ids):
-                self.rescue_times.append(round(time.monotonic() - killed_at, 2))
                 self.watch.remove((killed_at, ids))
             elif now - killed_at > 120:
                 raise AssertionError(f"jobs of killed workers {ids} were never rescued")
@@ -399,9 +399,10 @@ class Chaos:
             self.victims.update(ids)
         if fault == "sigkill":
             proc.send_signal(signal.SIGKILL)
+            self.kills.append((time.time(), ids))
             killed_at = time.monotonic()
             proc.wait(timeout=10)
-            if self._running(ids):  # time the rescue only when it had jobs to rescue
+            if self._running(ids):  # wait for its rescue before the run ends
                 self.watch.append((killed_at, ids))
             self.procs[index] = self.spawn()
         elif fault == "sigterm":
@@ -460,7 +461,6 @@ class Chaos:
             workers=self.workers,
             concurrency=self.concurrency,
             faults={name: self.done_faults[name] for name in FAULTS},
-            rescue_s=sorted(self.rescue_times),
             bad_exits=list(self.bad_exits),
         )
         limits = {
@@ -468,7 +468,12 @@ class Chaos:
             RecordWithRetry.name: RecordWithRetry.retry.max_retries,
         }
         rows = Job.objects.values_list("pk", "name", "state", "attempts", "rescues", "errors")
+        rescued_at: dict[str, list[float]] = {}  # worker id -> when its jobs were rescued
         for pk, name, state, attempts, rescues, errors in rows:
+            for e in errors or []:
+                if e.get("class") == "django_gator.exceptions.WorkerLost" and e.get("at"):
+                    when = datetime.fromisoformat(e["at"]).timestamp()
+                    rescued_at.setdefault(e["worker"], []).append(when)
             n = runs.get(pk, 0)
             if state == JobState.RUNNING:
                 report.stuck.append(pk)
@@ -505,6 +510,13 @@ class Chaos:
             report.hit_jobs += bool(errors)
             report.rescued_jobs += rescues > 0
             report.failed_attempts += len(errors or []) - rescues
+        # Kill -> rescue: from the SIGKILL to the rescue of the victim's last job (the
+        # rescuer's clock, in the error entry it wrote), for kills that left jobs behind.
+        for killed_at, ids in self.kills:
+            after = [t for i in ids for t in rescued_at.get(i, []) if t >= killed_at]
+            if after:
+                report.rescue_s.append(round(max(after) - killed_at, 2))
+        report.rescue_s.sort()
         return report
 
 
