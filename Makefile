@@ -169,11 +169,11 @@ test-chaos: install
 	$(call header,MariaDB chaos: $(CHAOS_SMALL_JOBS) jobs / $(CHAOS_SMALL_KILLS) SIGKILLs); \
 	$(if $(TEST_DB_SUFFIX),TOX_PARALLEL_ENV='$(TEST_DB_SUFFIX)') DATABASE_URL='$(MYSQL_URL)' \
 	  GATOR_CHAOS_JOBS=$(CHAOS_SMALL_JOBS) GATOR_CHAOS_KILLS=$(CHAOS_SMALL_KILLS) \
-	  GATOR_CHAOS_FAULTS=sigterm=2,sigstop=1,connkill=2 \
+	  GATOR_CHAOS_FAULTS=sigterm=2,sigstop=1,connkill=2 GATOR_CHAOS_REPORT= \
 	  $(CHAOS_PYTEST) || failed="$$failed MariaDB"; \
 	$(call header,SQLite chaos: $(CHAOS_SMALL_JOBS) jobs / $(CHAOS_SMALL_KILLS) SIGKILLs); \
 	env -u DATABASE_URL GATOR_CHAOS_JOBS=$(CHAOS_SMALL_JOBS) GATOR_CHAOS_KILLS=$(CHAOS_SMALL_KILLS) \
-	  GATOR_CHAOS_FAULTS=sigterm=2,sigstop=1 \
+	  GATOR_CHAOS_FAULTS=sigterm=2,sigstop=1 GATOR_CHAOS_REPORT= \
 	  $(CHAOS_PYTEST) || failed="$$failed SQLite"; \
 	if [ -n "$$failed" ]; then echo; echo "==> make test-chaos FAILED on:$$failed" >&2; exit 1; fi; \
 	echo; echo "==> make test-chaos: passed"

@@ -124,31 +124,44 @@ def _retry_db(action: Callable[[], T], attempts: int = 60) -> T:
     raise AssertionError("unreachable")
 
 
-def kill_worker_connections() -> int:
-    """Kill every other connection to this database (the workers'); returns how many."""
+def backend_id() -> int:
+    """The server's id for this thread's connection (what connkill would kill)."""
     from django.db import connection
 
     with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_backend_pid()"
+            if connection.vendor == "postgresql"
+            else "SELECT CONNECTION_ID()"
+        )
+        return int(cursor.fetchone()[0])
+
+
+def kill_worker_connections(spare: frozenset[int] = frozenset()) -> int:
+    """Kill every other connection to this database (the workers'), but those whose
+    backend ids are in ``spare``; returns how many."""
+    from django.db import connection
+
+    mine = backend_id()
+    with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            cursor.execute(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-            return int(cursor.fetchone()[0])
-        if connection.vendor == "mysql":
-            cursor.execute(
-                "SELECT id FROM information_schema.PROCESSLIST "
-                "WHERE db = DATABASE() AND id <> CONNECTION_ID()"
-            )
-            killed = 0
-            for (connection_id,) in cursor.fetchall():
-                try:
-                    cursor.execute(f"KILL CONNECTION {int(connection_id)}")
-                    killed += 1
-                except Exception:  # it ended by itself meanwhile
-                    continue
-            return killed
-    raise ValueError(f"connkill needs a database server, not {connection.vendor}")
+            cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+            kill = "SELECT pg_terminate_backend(%s)"
+        elif connection.vendor == "mysql":
+            cursor.execute("SELECT id FROM information_schema.PROCESSLIST WHERE db = DATABASE()")
+            kill = "KILL CONNECTION %s"
+        else:
+            raise ValueError(f"connkill needs a database server, not {connection.vendor}")
+        killed = 0
+        for (other,) in cursor.fetchall():
+            if other == mine or other in spare:
+                continue
+            try:
+                cursor.execute(kill, [int(other)])
+                killed += 1
+            except Exception:  # it ended by itself meanwhile
+                continue
+        return killed
 
 
 def restart_postgresql() -> None:
@@ -223,6 +236,7 @@ class Chaos:
         self.victims: set[str] = set()  # worker ids of killed and frozen workers
         self.events: list[str] = []  # what was done when, for the report
         self.bad_exits: list[str] = []
+        self.watcher_backend = 0  # the connection that watches running rows during a fault
 
     # -- processes -------------------------------------------------------------------
     def spawn(self) -> subprocess.Popen[bytes]:
@@ -350,10 +364,13 @@ class Chaos:
                 )
             time.sleep(0.05)
 
-    def _watch_running(self, stop: threading.Event) -> None:
+    def _watch_running(self, stop: threading.Event, ready: threading.Event) -> None:
         from django.db import DatabaseError, InterfaceError, connection
 
         try:
+            if self.vendor != "sqlite":
+                self.watcher_backend = _retry_db(backend_id)  # spared by connkill
+            ready.set()
             while not stop.is_set():
                 try:
                     self.hit |= self._running(attempts=1)
@@ -378,12 +395,15 @@ class Chaos:
             # meet a broken connection (and fail, to be retried): a second connection
             # watches the running rows all that time.
             stop = threading.Event()
-            watcher = threading.Thread(target=self._watch_running, args=(stop,))
-            self.hit |= self._running()
+            ready = threading.Event()
+            watcher = threading.Thread(target=self._watch_running, args=(stop, ready))
             watcher.start()
+            ready.wait(30)
+            self.hit |= self._running()
             try:
                 if fault == "connkill":
-                    _retry_db(kill_worker_connections)
+                    spare = frozenset({self.watcher_backend})
+                    _retry_db(lambda: kill_worker_connections(spare))
                 else:
                     restart_postgresql()
                 time.sleep(1.0)

@@ -6,7 +6,7 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from django.utils import timezone
 
 from django_gator.engines import get_engine
@@ -18,6 +18,7 @@ from tests.testapp.jobs import (
     Echo,
     ExitsProcess,
     Record,
+    RecordFailsFirst,
     ReturnsObject,
     add,
     record_kw,
@@ -348,3 +349,41 @@ def test_a_burst_worker_also_runs_jobs_that_its_jobs_dispatch():
         ("default", JobState.SUCCEEDED),
         ("brand-new-queue", JobState.SUCCEEDED),
     }
+
+
+def test_a_retry_claimed_before_its_failed_attempt_is_put_away_keeps_every_slot(monkeypatch):
+    # A failure with a retry due at once is claimed again (and started on another thread)
+    # while the thread that wrote the failure is still putting it away. That thread must
+    # not take the new run's place: it once did, and the worker lost an executor slot for
+    # good (a burst worker hung, a long-running one slowly stopped working).
+    import threading
+
+    from django_gator.worker import WorkerProcess
+
+    original = WorkerProcess._write_failure
+
+    def slow_write_failure(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        time.sleep(0.3)  # the fetcher claims the retry meanwhile
+
+    monkeypatch.setattr(WorkerProcess, "_write_failure", slow_write_failure)
+    # One job, two threads: the second thread is free to start the retry.
+    jobs = [RecordFailsFirst.dispatch(label="r")]
+
+    done = threading.Event()
+    worker: list[WorkerProcess] = []
+
+    def drain() -> None:
+        try:
+            worker.append(run_worker(concurrency=2))
+            done.set()
+        finally:
+            connections.close_all()  # this thread's
+
+    threading.Thread(target=drain, daemon=True).start()
+    assert done.wait(30), "the burst worker never finished: an executor slot was lost"
+    assert worker[0]._in_flight == 0
+    assert worker[0]._running == {}
+    states = set(Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("state", flat=True))
+    assert states == {JobState.SUCCEEDED}
+    assert Execution.objects.count() == 2  # the failed attempt and its retry

@@ -124,7 +124,10 @@ class WorkerProcess:
         self._work_ready = threading.Condition(self._lock)  # executors wait here
         self._fetch_needed = threading.Condition(self._lock)  # the fetcher waits here
         self._pending: deque[ClaimedJob] = deque()
-        self._running: dict[int, _Running] = {}
+        # What each executor thread is running. Keyed by thread, not job id: a job that
+        # failed with a retry due at once can be claimed again, and started by another
+        # thread, before the thread that wrote its failure has taken it off this map.
+        self._running: dict[threading.Thread, _Running] = {}
         self._succeeded: list[tuple[ClaimedJob, Success, float]] = []
         self._timed_out: list[ClaimedJob] = []  # to be written by the fetcher
         self._retired: set[threading.Thread] = set()  # executors whose job timed out
@@ -384,7 +387,8 @@ class WorkerProcess:
         ``waiting`` with its attempt uncharged, as the job never started."""
         held = self.engine.running_claims(self.worker_id)
         with self._lock:
-            known = {job.id for job in self._pending} | set(self._running)
+            known = {job.id for job in self._pending}
+            known |= {entry.job.id for entry in self._running.values()}
             known |= {job.id for job in self._timed_out}
             known |= {job.id for job, _, _ in self._succeeded}
         known |= {job.id for job, _, _ in unmarked}  # succeeded, mark not yet written
@@ -527,7 +531,7 @@ class WorkerProcess:
         now = time.monotonic()
         expired = [r for r in self._running.values() if r.deadline is not None and now > r.deadline]
         for entry in expired:
-            del self._running[entry.job.id]
+            del self._running[entry.thread]
             self._in_flight -= 1
             self._spawn_executor()
             self._retired.add(entry.thread)
@@ -551,14 +555,14 @@ class WorkerProcess:
                 if not self._pending:
                     return
                 job = self._pending.popleft()
-                self._running[job.id] = _Running(job, me, _deadline(job))
+                self._running[me] = _Running(job, me, _deadline(job))
             try:
                 outcome, elapsed_ms = self._execute(job)
             except BaseException:
                 logger.exception("Executor error id=%s", job.id)
                 outcome = None
             with self._lock:
-                entry = self._running.pop(job.id, None)
+                entry = self._running.pop(me, None)
                 if entry is None:
                     return  # timed out: a fresh thread has this slot; this one retires
                 self._in_flight -= 1
@@ -581,7 +585,7 @@ class WorkerProcess:
             close_old_connections()
             reset_queries()
         with self._lock:
-            timed_out = job.id not in self._running
+            timed_out = threading.current_thread() not in self._running
         if timed_out:
             # The watchdog took this job over and writes its JobTimeout outcome; whatever
             # this thread ended with (often the JobTimeout raised into it) is not written.
