@@ -357,6 +357,9 @@ class Chaos:
             ]
             if ready:
                 return self.rng.choice(ready)
+            # A frozen SQLite worker may hold the write lock that the others need to
+            # register: thaw it when its time comes, as the main loop would.
+            self._tick()
             if time.monotonic() > deadline:
                 raise AssertionError(
                     f"no worker registered within 30 s (registered pids {sorted(registered)}, "

@@ -387,3 +387,42 @@ def test_a_retry_claimed_before_its_failed_attempt_is_put_away_keeps_every_slot(
     states = set(Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("state", flat=True))
     assert states == {JobState.SUCCEEDED}
     assert Execution.objects.count() == 2  # the failed attempt and its retry
+
+
+def test_after_a_gap_in_its_own_heartbeats_a_worker_waits_before_judging_others():
+    # Everyone was stopped by the same stall (a database outage, a frozen SQLite writer
+    # holding the lock): the peer's heartbeat looks lapsed, but it is alive and is about to
+    # heartbeat again. The first worker back must not rescue its job in the meantime.
+    from django_gator import conf
+    from django_gator.models import Worker
+    from django_gator.worker import WorkerProcess
+
+    engine = get_engine("default")
+    stalled = timezone.now() - timedelta(minutes=10)
+    Worker.objects.create(id="peer", hostname="h", pid=1, concurrency=1, heartbeat_at=stalled)
+    Worker.objects.create(id="gone", hostname="h", pid=2, concurrency=1, heartbeat_at=stalled)
+    Echo.dispatch_many([["peer"], ["gone"]])
+    [peer_job] = engine.claim("peer", "echo", 1)
+    [gone_job] = engine.claim("gone", "echo", 1)
+
+    me = WorkerProcess(install_signal_handlers=False)
+    now = time.monotonic()
+    me._last_beat = now - 10 * conf.heartbeat_timeout()  # we were stalled too
+    assert me._may_rescue(now) is False
+    assert me._may_rescue(now + conf.heartbeat_interval()) is False
+
+    assert engine.heartbeat("peer")  # the peer is back within the grace; "gone" is not
+    assert me._may_rescue(now + 2 * conf.heartbeat_interval()) is True
+    me._rescue()
+    states = dict(Job.objects.filter(pk__in=[peer_job.id, gone_job.id]).values_list("pk", "state"))
+    assert states == {peer_job.id: JobState.RUNNING, gone_job.id: JobState.WAITING}
+
+
+def test_a_worker_that_heartbeats_on_time_judges_others_at_once():
+    from django_gator import conf
+    from django_gator.worker import WorkerProcess
+
+    me = WorkerProcess(install_signal_handlers=False)
+    now = time.monotonic()
+    me._last_beat = now - conf.heartbeat_interval()
+    assert me._may_rescue(now) is True

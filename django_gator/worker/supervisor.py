@@ -146,6 +146,8 @@ class WorkerProcess:
         self._keysets: dict[str, Keyset] = {}  # per queue: the last job claimed
         self._full_claims: dict[str, float] = {}  # per queue: time.monotonic() of the last
         self._listening = False
+        self._last_beat = time.monotonic()  # when our last heartbeat was written
+        self._judge_after = 0.0  # no rescues before this time.monotonic() (see _may_rescue)
         self.processed = 0
         self.forced_exit = False
 
@@ -734,6 +736,7 @@ class WorkerProcess:
         except Exception:
             logger.exception("Rescue failed worker=%s", self.worker_id)
             _drop_connection(self.alias)
+        self._last_beat = time.monotonic()
         while not self._stop_background.wait(interval):
             try:
                 close_old_connections()
@@ -745,10 +748,34 @@ class WorkerProcess:
                         self.worker_id,
                     )
                     self._register()
-                self._rescue()
+                if self._may_rescue(time.monotonic()):
+                    self._rescue()
             except Exception:
                 logger.exception("Heartbeat failed worker=%s", self.worker_id)
                 _drop_connection(self.alias)
+
+    def _may_rescue(self, now: float) -> bool:
+        """Note a heartbeat written at ``now`` (time.monotonic()); whether this worker may
+        now judge others lost.
+
+        When our own heartbeats stopped for a while (this process was frozen, or the
+        database was down, or locked by a stalled writer), the other workers were most
+        likely stopped by the same thing, and their heartbeats look lapsed although they
+        are alive. They get two heartbeat intervals to write one before we rescue anything:
+        a job whose worker is alive must not be run twice."""
+        gap = now - self._last_beat
+        self._last_beat = now
+        if gap > conf.heartbeat_timeout() / 2:
+            wait = 2 * conf.heartbeat_interval()
+            self._judge_after = now + wait
+            logger.warning(
+                "No heartbeat for %.1f s (frozen, or the database stalled); rescuing no "
+                "other worker's jobs for %.1f s worker=%s",
+                gap,
+                wait,
+                self.worker_id,
+            )
+        return now >= self._judge_after
 
     def _scheduler_loop(self) -> None:
         """Dispatch the due occurrences of the cron schedules (see worker.scheduler)."""
