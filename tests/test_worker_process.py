@@ -58,10 +58,12 @@ def test_burst_worker_process_drains_and_exits_0(spawn_worker):
     assert Worker.objects.count() == 0  # unregistered on a clean exit
 
 
-def test_sigterm_lets_running_jobs_finish_then_exits_0(spawn_worker):
-    job = Sleep.dispatch(1.5, label="graceful")
+def test_sigterm_lets_running_jobs_finish_then_exits_0(spawn_worker, tmp_path):
+    started = tmp_path / "started"
+    job = Sleep.dispatch(1.5, label="graceful", started_file=str(started))
     proc = spawn_worker("--concurrency", "2")
-    wait_for(lambda: Job.objects.get(pk=job.pk).state == JobState.RUNNING)
+    # Started, not only claimed: a claimed job not yet started goes back to waiting.
+    wait_for(started.exists)
     queued_after = Echo.dispatch("not started")
 
     proc.send_signal(signal.SIGTERM)

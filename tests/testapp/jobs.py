@@ -83,7 +83,12 @@ class KillsWorker(Queueable):
 
 
 class Sleep(Queueable):
-    def handle(self, seconds: float, label: str = "") -> None:
+    """Sleeps, then writes its ledger row; touches ``started_file`` first, if given (a job
+    seen ``running`` may be claimed but not started yet)."""
+
+    def handle(self, seconds: float, label: str = "", started_file: str = "") -> None:
+        if started_file:
+            Path(started_file).touch()
         time.sleep(seconds)
         Execution.objects.create(
             job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label=label
