@@ -11,16 +11,17 @@ class GatorConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_gator import checks  # noqa: F401 - registers the system checks
+        from django_gator import (
+            checks,  # noqa: F401 - registers the system checks
+            conf,
+        )
 
-        # Like admin.py: every installed app's `jobs` module registers its jobs.
-        autodiscover_modules("jobs")
+        # Like admin.py: every installed app's `jobs` module registers its jobs (and its
+        # `tasks` module with the Tasks backend, and any module in GATOR_AUTODISCOVER).
+        for module in conf.autodiscover_modules():
+            if module == "tasks":
+                # Django tasks register with our backend when @task creates them.
+                from django_gator import tasks
 
-        from django_gator import conf
-
-        if conf.uses_tasks_backend():
-            # Django tasks register with our backend when @task creates them.
-            from django_gator import tasks
-
-            tasks.connect_signals()
-            autodiscover_modules("tasks")
+                tasks.connect_signals()
+            autodiscover_modules(module)

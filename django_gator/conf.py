@@ -28,6 +28,12 @@ DEFAULTS: dict[str, Any] = {
     "GATOR_HEARTBEAT_TIMEOUT": 30.0,
     "GATOR_MAX_RESCUES": 3,
     "GATOR_SHUTDOWN_TIMEOUT": 30.0,
+    # Seconds a job whose name this worker does not know waits for a worker that does
+    # (a rolling deploy: new code dispatched it, old code claimed it) before it goes dead.
+    "GATOR_UNKNOWN_JOB_WINDOW": 900.0,
+    # Modules besides `jobs` (and `tasks` with the Tasks backend) imported from every
+    # installed app at start-up to register its jobs.
+    "GATOR_AUTODISCOVER": [],
     # PostgreSQL: worker bookkeeping writes skip the WAL flush (see README).
     "GATOR_ASYNC_COMMIT": True,
     # Seconds a worker thread keeps its database connection when CONN_MAX_AGE is 0.
@@ -106,6 +112,23 @@ def heartbeat_timeout() -> float:
 
 def max_rescues() -> int:
     return int(get("GATOR_MAX_RESCUES"))
+
+
+def unknown_job_window() -> float:
+    return float(get("GATOR_UNKNOWN_JOB_WINDOW"))
+
+
+def autodiscover_modules() -> list[str]:
+    """The module names imported from each installed app to register its jobs."""
+    extra = get("GATOR_AUTODISCOVER")
+    if isinstance(extra, str) or not isinstance(extra, list | tuple):
+        raise ImproperlyConfigured(
+            f"GATOR_AUTODISCOVER must be a list of module names, got {extra!r}"
+        )
+    names = ["jobs"]
+    if uses_tasks_backend():
+        names.append("tasks")
+    return names + [str(name) for name in extra if name not in names]
 
 
 def shutdown_timeout() -> float:

@@ -38,3 +38,13 @@ class WorkerLost(GatorError):
 class JobCancelled(GatorError):
     """Raised by a job (usually after ``self.cancel_requested()`` said so) to stop early:
     the job ends ``cancelled``, with no retry."""
+
+
+class TransactionLeftOpen(GatorError):
+    """A job returned with a database transaction still open (a raw ``BEGIN``, an
+    ``atomic()`` never left, ``set_autocommit(False)``). The worker rolled it back, so the
+    job's uncommitted writes are gone, and the attempt fails."""
+
+
+class SchemaMissing(GatorError):
+    """django-gator's tables are not in the database: ``manage.py migrate`` has not run."""

@@ -68,7 +68,8 @@ def get_job_class(name: str) -> type[Queueable]:
     except (KeyError, TypeError):
         matches: list[str] = []
         if isinstance(name, str) and len(name) <= 1000:
-            matches = difflib.get_close_matches(name, list(_registry), n=3)
+            # Close enough to be a typo of a registered name, not merely alike.
+            matches = difflib.get_close_matches(name, list(_registry), n=3, cutoff=0.8)
         raise JobNotRegistered(name if isinstance(name, str) else repr(name), matches) from None
 
 

@@ -22,7 +22,7 @@ from django.utils.dateparse import parse_datetime
 READY_SQL = "state IN ('waiting', 'failed')"
 JOB_COLUMNS = (
     "id, name, args, kwargs, queue, priority, attempts, rescues, chain_id, chain_position, chain, "
-    "next_execution_at"
+    "next_execution_at, created_at"
 )
 
 
@@ -42,6 +42,7 @@ class ClaimedJob:
     chain_position: int | None = None
     chain: Any = None
     next_execution_at: Any = None  # as the database returned it (for keyset claims)
+    created_at: Any = None  # as the database returned it (a datetime, or text on SQLite)
 
 
 @dataclass(slots=True)
@@ -71,6 +72,9 @@ class Failure:
     last_error: str
     cancelled: bool = False  # the job raised JobCancelled: end it ``cancelled``
     exception: BaseException | None = None  # what was raised (not written; for signals)
+    #: The attempt is given back (attempts - 1): the job never ran (its name is unknown
+    #: to this worker, which may run older code than the dispatcher).
+    uncharged: bool = False
 
 
 #: A claim position: (priority, next_execution_at, id) of the last job claimed.
@@ -161,6 +165,14 @@ class Engine:
                 raise
             connection._gator_in_transaction = False
             cursor.execute("COMMIT", [])
+
+    def missing_tables(self) -> list[str]:
+        """The names of django-gator's tables that the database does not have."""
+        from django_gator.models import Job, Worker
+
+        with self.connection.cursor() as cursor:
+            existing = set(self.connection.introspection.table_names(cursor))
+        return [m._meta.db_table for m in (Job, Worker) if m._meta.db_table not in existing]
 
     def prepare_bookkeeping(self) -> None:
         """Tune this thread's connection for the worker's own writes (claims, outcome
@@ -359,6 +371,7 @@ class Engine:
             chain_position=row[9],
             chain=loads(row[10]),
             next_execution_at=row[11] if len(row) > 11 else None,
+            created_at=row[12] if len(row) > 12 else None,
         )
 
     # -- outcomes (compare-and-set on the claim) ----------------------------------------
@@ -492,7 +505,9 @@ class Engine:
             "state = CASE WHEN %s OR cancel_requested THEN 'cancelled' ELSE %s END, "
             f"next_execution_at = COALESCE({self.later_sql}, next_execution_at), queue = %s, "
             f"finished_at = CASE WHEN %s OR cancel_requested THEN {self.now_sql} ELSE NULL END, "
-            f"errors = {self.json_append_sql('errors')}, last_error = %s, error_class = %s "
+            f"errors = {self.json_append_sql('errors')}, last_error = %s, error_class = %s, "
+            # Last: MySQL evaluates SET left to right (the WHERE sees the old value).
+            "attempts = attempts - %s "
             f"WHERE {self.CLAIM_MATCH}"
         )
         params = [
@@ -504,6 +519,7 @@ class Engine:
             failure.error,
             failure.last_error,
             error_class_of(failure.last_error),
+            1 if failure.uncharged else 0,
             job_id,
             attempts,
             worker_id,

@@ -3,24 +3,33 @@ the caller writes the outcome with a compare-and-set on its claim."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import time
 import traceback
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from asgiref.sync import async_to_sync
 from django.db import transaction
 
 from django_gator import conf, retry, signals
 from django_gator.engines.base import ClaimedJob, Failure
-from django_gator.exceptions import GatorError, JobCancelled, JobNotRegistered
+from django_gator.exceptions import (
+    GatorError,
+    JobCancelled,
+    JobNotRegistered,
+    TransactionLeftOpen,
+)
 from django_gator.logutil import safe
 from django_gator.queueable import Queueable, get_job_class
 from django_gator.redaction import mask_text, secret_values
 from django_gator.validation import check_json, dumps
+from django_gator.worker.hygiene import ConnectionWatch
 
 logger = logging.getLogger("django_gator.worker")
 
@@ -61,23 +70,71 @@ def qualified_name(exc: BaseException) -> str:
 def error_entry(
     exc: BaseException, *, attempt: int, worker_id: str, tb: str | None = None
 ) -> tuple[str, str]:
-    """(JSON of one error-history entry, the one-line summary for ``last_error``)."""
-    message = str(exc)
+    """(JSON of one error-history entry, the one-line summary for ``last_error``).
+
+    Whatever a job raised can be recorded: a ``__str__`` that raises, NUL bytes (which
+    PostgreSQL text cannot hold) and unpaired surrogates (which no database's UTF-8 can)
+    are escaped, and the entry says so."""
+    message, message_note = exception_text(exc)
     if tb is None:
-        tb = "".join(traceback.format_exception(exc))
+        try:
+            tb = "".join(traceback.format_exception(exc))
+        except Exception:  # a traceback object or a __notes__ entry that cannot be rendered
+            tb = f"(the traceback could not be rendered)\n{qualified_name(exc)}\n"
     limit = conf.max_traceback_chars()
     if len(tb) > limit:
         tb = tb[: limit // 2] + "\n...\n" + tb[-limit // 2 :]
-    entry = {
+    tb, tb_changed = storable(tb)
+    cls, cls_changed = storable(qualified_name(exc))
+    entry: dict[str, Any] = {
         "attempt": attempt,
         "at": datetime.now(UTC).isoformat(),
         "worker": worker_id,
-        "class": qualified_name(exc),
+        "class": cls,
         "message": message[:MESSAGE_CHARS],
         "traceback": tb,
     }
-    summary = f"{qualified_name(exc)}: {message}" if message else qualified_name(exc)
+    notes = [message_note] if message_note else []
+    if tb_changed or cls_changed:
+        notes.append(SANITIZED_NOTE)
+    if notes:
+        entry["note"] = "; ".join(dict.fromkeys(notes))
+    summary = f"{cls}: {message}" if message else cls
     return dumps(entry), summary[:LAST_ERROR_CHARS]
+
+
+#: Said in an error entry whose text had characters a database cannot store.
+SANITIZED_NOTE = "NUL bytes or unpaired surrogates in the error were escaped to store it"
+
+
+def exception_text(exc: BaseException) -> tuple[str, str | None]:
+    """The message of ``exc`` as storable text, and a note when it had to be changed."""
+    try:
+        raw: str | None = str(exc)
+    except Exception:
+        raw = None
+    if raw is None:
+        try:
+            fallback = repr(exc.args)
+        except Exception:
+            fallback = "?"
+        text, _ = storable(f"<str() of the exception raised; its args: {fallback}>")
+        return text, "the exception's __str__ raised, so its args are shown instead"
+    text, changed = storable(raw)
+    return text, SANITIZED_NOTE if changed else None
+
+
+def storable(text: str) -> tuple[str, bool]:
+    """``text`` with NUL bytes and unpaired surrogates escaped (``\\x00``,
+    ``\\udc80``); True as the second item if anything changed."""
+    changed = False
+    if "\x00" in text:
+        text, changed = text.replace("\x00", "\\x00"), True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text, changed = text.encode("utf-8", "backslashreplace").decode("utf-8"), True
+    return text, changed
 
 
 def call_handle(instance: Queueable) -> Any:
@@ -85,50 +142,103 @@ def call_handle(instance: Queueable) -> Any:
     then the class's own."""
     layers = [*conf.middleware(), *type(instance).middleware]
     if not layers:
-        return instance.handle(*instance.args, **instance.kwargs)
+        return _handle(instance)
 
     def call(index: int) -> Any:
         if index == len(layers):
-            return instance.handle(*instance.args, **instance.kwargs)
+            return _handle(instance)
         return layers[index](instance, lambda: call(index + 1))
 
     return call(0)
 
 
-def run_claimed(job: ClaimedJob, worker_id: str, commit: Commit | None = None) -> Success | Failure:
+def _handle(instance: Queueable) -> Any:
+    """Call ``handle()``; an ``async def`` handler is awaited to completion here, in this
+    thread's own event loop (asgiref's async_to_sync), so its body really runs and its
+    ORM calls (through sync_to_async) use this thread's connection."""
+    result = instance.handle(*instance.args, **instance.kwargs)
+    if inspect.isawaitable(result):
+        result = async_to_sync(_awaited)(result)
+    return result
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def run_claimed(
+    job: ClaimedJob, worker_id: str, commit: Commit | None = None, *, watch: bool = False
+) -> Success | Failure:
     """Run ``job``'s handler; never raises (a BaseException from user code is an outcome).
 
     For a job class with ``atomic = True``, ``commit`` writes the success mark inside the
     transaction that wraps the middleware and ``handle()``, so the job's effects and its
     success commit together or not at all.
+
+    With ``watch`` (worker threads, whose connections serve job after job), every
+    connection the job used is checked afterwards and restored (see :mod:`.hygiene`): a
+    transaction the job left open is rolled back and the attempt fails with
+    :class:`TransactionLeftOpen`, as its uncommitted writes are gone.
     """
     instance: Queueable | None = None
     started = time.perf_counter()
     result_json: str | None = None
+    watcher = ConnectionWatch() if watch else None
+    raised: BaseException | None = None
+    outcome: Success | Failure
     try:
-        job_class = get_job_class(job.name)
-        if not isinstance(job.args, list):
-            raise BadRow(f"job {job.id}: args must be a JSON array, got {safe(job.args, 80)}")
-        if not isinstance(job.kwargs, dict):
-            raise BadRow(f"job {job.id}: kwargs must be a JSON object, got {safe(job.kwargs, 80)}")
-        instance = job_class(
-            job_id=job.id, attempt=job.attempts, queue=job.queue, args=job.args, kwargs=job.kwargs
-        )
-        signals.send(signals.job_started, job_class, job=instance)
-        if job_class.atomic and commit is not None:
-            with transaction.atomic(using=conf.database()):
-                result_json = _result_json(job, call_handle(instance))
-                if not commit(result_json):
-                    raise ClaimLost(f"job {job.id} is no longer claimed by {worker_id}")
-            outcome: Success | Failure = Success(result_json, written=True)
-        else:
-            outcome = Success(_result_json(job, call_handle(instance)))
+        with watcher or nullcontext():
+            job_class = get_job_class(job.name)
+            if not isinstance(job.args, list):
+                raise BadRow(f"job {job.id}: args must be a JSON array, got {safe(job.args, 80)}")
+            if not isinstance(job.kwargs, dict):
+                raise BadRow(
+                    f"job {job.id}: kwargs must be a JSON object, got {safe(job.kwargs, 80)}"
+                )
+            instance = job_class(
+                job_id=job.id,
+                attempt=job.attempts,
+                queue=job.queue,
+                args=job.args,
+                kwargs=job.kwargs,
+            )
+            signals.send(signals.job_started, job_class, job=instance)
+            if job_class.atomic and commit is not None:
+                with transaction.atomic(using=conf.database()):
+                    result_json = _result_json(job, call_handle(instance))
+                    if not commit(result_json):
+                        raise ClaimLost(f"job {job.id} is no longer claimed by {worker_id}")
+                outcome = Success(result_json, written=True)
+            else:
+                outcome = Success(_result_json(job, call_handle(instance)))
     except ClaimLost:
         outcome = Success(result_json, written=False)
-    except (JobNotRegistered, BadRow) as exc:
+    except JobNotRegistered as exc:
+        return unknown_name_failure(job, worker_id, exc)
+    except BadRow as exc:
         return _failure(job, worker_id, exc, None, force_dead=True)
     except BaseException as exc:
-        outcome = _failure(job, worker_id, exc, instance)
+        raised = exc
+    leftovers = watcher.clean() if watcher is not None else []
+    if leftovers:
+        # An atomic job's outcome is settled: its success mark committed (or found the
+        # claim lost) inside handle()'s transaction, before the stray one was opened.
+        settled = raised is None and isinstance(outcome, Success) and outcome.written is not None
+        logger.warning(
+            "Job left %s; rolled back and reconnected id=%s name=%s attempt=%s",
+            " and ".join(leftovers),
+            job.id,
+            safe(job.name),
+            job.attempts,
+        )
+        if raised is None and not settled:
+            raised = TransactionLeftOpen(
+                f"handle() returned with {' and '.join(leftovers)}; its uncommitted writes "
+                "were rolled back. Commit with transaction.atomic() instead of a raw BEGIN, "
+                "and end every transaction the job starts."
+            )
+    if raised is not None:
+        outcome = _failure(job, worker_id, raised, instance)
     finished(instance, outcome, time.perf_counter() - started)
     return outcome
 
@@ -250,6 +360,115 @@ def decide_retry(
             safe(job.name),
         )
         return True, None, queue
+
+
+#: Shortest and longest wait between two tries of a job whose name is unknown.
+UNKNOWN_NAME_FIRST_WAIT = 5.0
+UNKNOWN_NAME_MAX_WAIT = 60.0
+
+
+def unknown_name_failure(job: ClaimedJob, worker_id: str, exc: JobNotRegistered) -> Failure:
+    """The outcome of a job whose name this worker's registry does not have.
+
+    In a rolling deploy new code dispatches a job that a worker still running the old
+    code claims; the job must wait for a worker that knows it, not die. So it goes back to
+    the queue, its attempt not charged, retried with a growing wait until
+    ``GATOR_UNKNOWN_JOB_WINDOW`` seconds after it was created; after that (a typo, a
+    module no worker imports, a tampered row) it ends ``dead``."""
+    window = conf.unknown_job_window()
+    age = _age_seconds(job.created_at)
+    modules = ", ".join(f"`{m}`" for m in conf.autodiscover_modules())
+    cause = (
+        f"{exc}. Workers import the {modules} module of every installed app (add others with "
+        "GATOR_AUTODISCOVER); a worker started before this job's code was deployed does not "
+        "know it either"
+    )
+    if age is None or age >= window:
+        error, summary = error_entry(
+            JobNotRegistered(exc.name, exc.suggestions),
+            attempt=job.attempts,
+            worker_id=worker_id,
+            tb="",
+        )
+        logger.error(
+            "Job name not registered in any worker for %.0f s; dead id=%s name=%s hint=%s",
+            window,
+            job.id,
+            safe(job.name),
+            safe(cause, 400),
+        )
+        return Failure(dead=True, retry_in=None, queue=job.queue, error=error, last_error=summary)
+    # The wait grows with the job's age (5, 5, 10, 20, 40, 60, 60 ... s), and the last one
+    # ends at the window's end.
+    wait = min(max(UNKNOWN_NAME_FIRST_WAIT, age), UNKNOWN_NAME_MAX_WAIT, window - age)
+    error, summary = error_entry(
+        UnknownJobName(f"{cause}; waiting {wait:.0f} s for a worker that knows it"),
+        attempt=job.attempts,
+        worker_id=worker_id,
+        tb="",
+    )
+    logger.warning(
+        "Job name unknown to this worker (older code, or a module not imported); it waits "
+        "for a worker that knows it id=%s name=%s retry_in=%.0fs dead_after=%.0fs hint=%s",
+        job.id,
+        safe(job.name),
+        wait,
+        window - age,
+        safe(cause, 400),
+    )
+    return Failure(
+        dead=False,
+        retry_in=round(wait, 3),
+        queue=job.queue,
+        error=error,
+        last_error=summary,
+        uncharged=True,
+    )
+
+
+class UnknownJobName(GatorError):
+    """In an error history: a worker that did not know the job's name handed it back."""
+
+
+def _age_seconds(created_at: Any) -> float | None:
+    """Seconds since ``created_at`` (a datetime, or SQLite's text), by this clock."""
+    if created_at is None:
+        return None
+    if isinstance(created_at, str):
+        from django.utils.dateparse import parse_datetime
+
+        created_at = parse_datetime(created_at)
+        if created_at is None:
+            return None
+    if created_at.tzinfo is None:
+        created_at = created_at.replace(tzinfo=UTC)
+    return max((datetime.now(UTC) - created_at).total_seconds(), 0.0)
+
+
+def unstorable_failure(
+    failure: Failure, error: BaseException, *, attempt: int, worker: str
+) -> Failure:
+    """``failure`` with its error entry replaced by one that the database can store: the
+    original's class and message in ASCII, cut short, and what the database said."""
+    original = failure.last_error.encode("ascii", "backslashreplace").decode("ascii")
+    exc = UnstorableError(
+        f"the error of this attempt could not be stored ({qualified_name(error)}: "
+        f"{exception_text(error)[0][:300]}); it began: {original[:300]}"
+    )
+    entry, summary = error_entry(exc, attempt=attempt, worker_id=worker, tb="")
+    return Failure(
+        dead=failure.dead,
+        retry_in=failure.retry_in,
+        queue=failure.queue,
+        error=entry,
+        last_error=summary,
+        cancelled=failure.cancelled,
+        exception=failure.exception,
+    )
+
+
+class UnstorableError(GatorError):
+    """Stands in an error history for an error the database refused to store."""
 
 
 def failure_for(job: ClaimedJob, worker_id: str, exc: BaseException) -> Failure:

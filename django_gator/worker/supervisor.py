@@ -39,6 +39,8 @@ from typing import Any, TypeVar
 from django.db import (
     DatabaseError,
     InterfaceError,
+    InternalError,
+    OperationalError,
     close_old_connections,
     connections,
     reset_queries,
@@ -48,7 +50,7 @@ from django_gator import conf
 from django_gator.chain import error_handler, next_step
 from django_gator.engines import ClaimedJob, get_engine
 from django_gator.engines.base import Failure, Keyset
-from django_gator.exceptions import JobNotRegistered, JobTimeout, WorkerLost
+from django_gator.exceptions import JobNotRegistered, JobTimeout, SchemaMissing, WorkerLost
 from django_gator.logutil import safe
 from django_gator.queueable import get_job_class
 from django_gator.redaction import mask_text, secret_values
@@ -58,6 +60,7 @@ from django_gator.worker.execution import (
     failure_for,
     outcome_state,
     run_claimed,
+    unstorable_failure,
 )
 from django_gator.worker.queues import QueueSpec, weighted_order
 
@@ -74,6 +77,8 @@ MIN_POLL = 0.005
 #: priority (or one dispatched with an ``at=`` in the past) that arrives while a worker
 #: drains a backlog is claimed at the latest after this long.
 KEYSET_FULL_EVERY = 0.25
+#: Database errors worth retrying: the connection or the server, not the statement.
+TRANSIENT_ERRORS = (OperationalError, InterfaceError, InternalError)
 
 
 @dataclass(slots=True)
@@ -162,21 +167,25 @@ class WorkerProcess:
                 connections.settings[alias]["CONN_MAX_AGE"] = max_age
 
     def _run(self) -> int:
-        # Handlers first: once the worker row exists, a SIGTERM is a graceful stop.
+        # Handlers first: a SIGTERM during start-up (the database may be down, and the
+        # worker retrying) stops the worker as well as one that comes later.
         previous = self._install_signals() if self.install_signal_handlers else {}
-        self._retrying("register worker", self._register)
-        logger.info(
-            "Worker started id=%s queues=%s concurrency=%s burst=%s",
-            self.worker_id,
-            self._queues_text(),
-            self.concurrency,
-            self.burst,
-        )
         try:
+            if not self._start_up():
+                logger.info("Worker stopped before it started id=%s", self.worker_id)
+                return 0
+            logger.info(
+                "Worker started id=%s queues=%s concurrency=%s burst=%s",
+                self.worker_id,
+                self._queues_text(),
+                self.concurrency,
+                self.burst,
+            )
             self._start_threads()
             while not self._done.is_set() and not self._stopping:
-                self._wake.wait(0.5)
+                self._wake.wait(0.1)
                 self._wake.clear()
+                self._take_signals()
             self._shutdown()
         finally:
             for signum, handler in previous.items():
@@ -188,6 +197,23 @@ class WorkerProcess:
             self.forced_exit,
         )
         return 0
+
+    def _start_up(self) -> bool:
+        """Check the tables and register this worker, retrying while the database is
+        unreachable; False if a stop signal came first. Raises SchemaMissing when the
+        database answers but django-gator's tables are not there."""
+        if self._retrying("check the tables", self._check_schema, until_stop=True) is None:
+            return False
+        return self._retrying("register worker", self._register, until_stop=True) is not None
+
+    def _check_schema(self) -> bool:
+        missing = self.engine.missing_tables()
+        if missing:
+            raise SchemaMissing(
+                f"the django_gator tables do not exist ({', '.join(missing)} missing in the "
+                f"database {self.alias!r}): run `manage.py migrate`"
+            )
+        return True
 
     def request_stop(self) -> None:
         """Stop claiming; running jobs finish (up to the shutdown timeout)."""
@@ -204,11 +230,17 @@ class WorkerProcess:
             self._fetch_needed.notify_all()
 
     def _handle_signal(self, signum: int, frame: FrameType | None) -> None:
+        # Only counts: a handler runs on the main thread between two of its bytecodes,
+        # perhaps while that thread holds a lock, so it takes none (not even an Event's).
+        # The main thread turns the count into a stop within 0.1 s (_take_signals).
         self._signals += 1
-        if self._signals == 1:
-            self.request_stop()
-        else:
+
+    def _take_signals(self) -> None:
+        """Act on the signals counted by the handler (main thread only)."""
+        if self._signals > 1 and not self._forced:
             self.force_stop()
+        elif self._signals and not self._stopping:
+            self.request_stop()
 
     def _install_signals(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
@@ -218,11 +250,12 @@ class WorkerProcess:
             previous[signum] = signal.signal(signum, self._handle_signal)
         return previous
 
-    def _register(self) -> None:
+    def _register(self) -> bool:
         queues = json.dumps([[s.name, s.weight] for s in self.specs])
         self.engine.register_worker(
             self.worker_id, self.hostname, self.pid, queues, self.concurrency
         )
+        return True
 
     def _start_threads(self) -> None:
         for _ in range(self.concurrency):
@@ -284,7 +317,9 @@ class WorkerProcess:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                self._fetch_needed.wait(min(remaining, 0.2))
+                self._fetch_needed.wait(min(remaining, 0.1))
+                if self._signals > 1:  # a second signal: stop waiting for the jobs
+                    self._forced = True
             interrupted = [r.job for r in self._running.values()]
         self._stop_background.set()
         for thread in self._threads:
@@ -560,9 +595,10 @@ class WorkerProcess:
                 self._running[me] = _Running(job, me, _deadline(job))
             try:
                 outcome, elapsed_ms = self._execute(job)
-            except BaseException:
+            except BaseException as exc:
                 logger.exception("Executor error id=%s", job.id)
-                outcome = None
+                outcome, elapsed_ms = None, 0.0
+                self._record_executor_error(job, exc)
             with self._lock:
                 entry = self._running.pop(me, None)
                 if entry is None:
@@ -581,7 +617,7 @@ class WorkerProcess:
         started = time.perf_counter()
         commit = functools.partial(self._commit_atomic, job)
         try:
-            outcome = run_claimed(job, self.worker_id, commit)
+            outcome = run_claimed(job, self.worker_id, commit, watch=True)
         finally:
             elapsed_ms = (time.perf_counter() - started) * 1000
             close_old_connections()
@@ -662,15 +698,39 @@ class WorkerProcess:
             safe(following.name) if following else "-",
         )
 
+    def _record_executor_error(self, job: ClaimedJob, exc: BaseException) -> None:
+        """The worker itself failed while finishing ``job`` (writing its outcome, building
+        a chain's next step): record that as the attempt's failure, so the job does not
+        stay ``running`` under a live worker, where no rescue would ever reach it."""
+        with self._lock:
+            if threading.current_thread() not in self._running:
+                return  # timed out meanwhile: the watchdog writes its outcome
+        try:
+            self._write_failure(job, failure_for(job, self.worker_id, exc), 0.0)
+        except Exception:
+            logger.exception("Could not record the failure of job id=%s; it is released", job.id)
+            self._retrying("release a job", functools.partial(self._release, [job]))
+
     def _write_failure(self, job: ClaimedJob, outcome: Failure, elapsed_ms: float) -> None:
         result = outcome_state(outcome, None)
         handler = error_handler(job) if outcome.dead and job.chain_id is not None else None
-        written = self._retrying(
-            f"record failure of job {job.id}",
-            lambda: self.engine.mark_failed_and_insert(
-                self.worker_id, job.id, job.attempts, outcome, [handler] if handler else []
-            ),
-        )
+
+        def write(failure: Failure) -> bool | None:
+            return self._retrying(
+                f"record failure of job {job.id}",
+                lambda: self.engine.mark_failed_and_insert(
+                    self.worker_id, job.id, job.attempts, failure, [handler] if handler else []
+                ),
+            )
+
+        try:
+            written = write(outcome)
+        except DatabaseError as exc:
+            # The database refused this entry (retrying cannot help): record the failure
+            # with an entry that says what was refused instead.
+            logger.exception("The failure of job id=%s could not be stored as is", job.id)
+            outcome = unstorable_failure(outcome, exc, attempt=job.attempts, worker=self.worker_id)
+            written = write(outcome)
         if written is None:
             return
         if not written and not self._outcome_landed(job, result):
@@ -824,18 +884,26 @@ class WorkerProcess:
         self.engine.forget_workers(cutoff)
 
     # -- helpers -----------------------------------------------------------------------
-    def _retrying(self, what: str, action: Callable[[], T]) -> T | None:
+    def _retrying(
+        self, what: str, action: Callable[[], T], *, until_stop: bool = False
+    ) -> T | None:
         """Run a database operation until it succeeds; the database may be restarting.
 
-        Gives up (returning None) only when the worker is being forced to stop; whatever
-        was not written is then rescued by another worker after our heartbeat lapses."""
+        Only errors of the connection or the server (an outage, a lock timeout, a
+        deadlock) are retried. A permanent error (the database refused the data or the
+        statement: DataError, IntegrityError, ProgrammingError) would fail the same way
+        forever, so it is raised at once for the caller to deal with.
+
+        Gives up (returning None) when the worker is being forced to stop, or, with
+        ``until_stop``, at the first stop signal; whatever was not written is then rescued
+        by another worker after our heartbeat lapses."""
         failures = 0
         while True:
             try:
                 return action()
-            except (DatabaseError, InterfaceError):
+            except TRANSIENT_ERRORS:
                 failures += 1
-                if self._forced and failures > 1:
+                if self._giving_up(until_stop) and failures > 1:
                     logger.exception("Giving up: %s worker=%s", what, self.worker_id)
                     return None
                 logger.warning(
@@ -846,7 +914,15 @@ class WorkerProcess:
                     exc_info=failures == 1,
                 )
                 _drop_connection(self.alias)
-                time.sleep(min(0.05 * 2**failures, MAX_BACKOFF))
+                pause_until = time.monotonic() + min(0.05 * 2**failures, MAX_BACKOFF)
+                while time.monotonic() < pause_until and not self._giving_up(until_stop):
+                    time.sleep(min(0.05, max(pause_until - time.monotonic(), 0)))
+                if until_stop and self._signals:
+                    logger.warning("Stopped while retrying: %s worker=%s", what, self.worker_id)
+                    return None
+
+    def _giving_up(self, until_stop: bool) -> bool:
+        return self._forced or self._signals > 1 or (until_stop and self._signals > 0)
 
     def _queues_text(self) -> str:
         if not self.specs:

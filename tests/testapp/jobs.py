@@ -376,3 +376,109 @@ class RecordWithRetry(Record):
     """Record, retried at once when it fails (for instance when its connection is killed)."""
 
     retry = Retry(interval=0, max_retries=5)
+
+
+# -- misbehaving jobs (tests/test_misbehaving.py) -----------------------------------------
+
+
+class AsyncRecord(Queueable):
+    """An ``async def`` handler that writes its ledger row with the async ORM."""
+
+    async def handle(self, label: str = "", pause: float = 0.0) -> str:
+        import asyncio
+
+        if pause:
+            await asyncio.sleep(pause)
+        await Execution.objects.acreate(
+            job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label=label
+        )
+        return f"async {label}"
+
+
+@job
+async def async_record(label: str) -> str:
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(Execution.objects.create)(job_id=0, attempt=0, pid=os.getpid(), label=label)
+    return label
+
+
+class AsyncBoom(Queueable):
+    async def handle(self, message: str) -> None:
+        raise ValueError(message)
+
+
+class UnprintableError(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ of this exception raises")
+
+
+class BaseBoom(BaseException):
+    """Not an Exception: what a job may raise through a library gone wrong."""
+
+
+class RaisesOdd(Queueable):
+    """Raises what a job may raise: a NUL byte, an unprintable exception, a lone
+    surrogate, a 5 MB message, a BaseException subclass."""
+
+    def handle(self, kind: str) -> None:
+        if kind == "nul":
+            raise ValueError("before\x00after")
+        if kind == "unprintable":
+            raise UnprintableError("the real message")
+        if kind == "surrogate":
+            raise ValueError("lone \udc80 surrogate")
+        if kind == "huge":
+            raise ValueError("x" * 5_000_000)
+        if kind == "base":
+            raise BaseBoom("not an Exception")
+        raise AssertionError(kind)
+
+
+class LeavesTransactionOpen(Queueable):
+    """Opens a transaction with a raw BEGIN, writes a ledger row in it and returns."""
+
+    def handle(self, label: str) -> None:
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute("START TRANSACTION" if connection.vendor == "mysql" else "BEGIN")
+        Execution.objects.create(
+            job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label=label
+        )
+
+
+class LeavesAtomicOpen(Queueable):
+    """Enters atomic() by hand and never leaves it."""
+
+    def handle(self, label: str) -> None:
+        from django.db import transaction
+
+        transaction.atomic().__enter__()
+        Execution.objects.create(
+            job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label=label
+        )
+
+
+class SetsReadOnlySession(Queueable):
+    """Makes its session read-only: a later job on the same connection could not write."""
+
+    def handle(self) -> None:
+        from django.db import connection
+
+        sql = {
+            "postgresql": "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
+            "mysql": "SET SESSION TRANSACTION READ ONLY",
+            "sqlite": "PRAGMA query_only = ON",
+        }[connection.vendor]
+        with connection.cursor() as cursor:
+            cursor.execute(sql)
+
+
+class StartsThread(Queueable):
+    """Starts a non-daemon thread that outlives the job by far, then returns."""
+
+    def handle(self, seconds: float = 600) -> None:
+        import threading
+
+        threading.Thread(target=time.sleep, args=(seconds,), name="job-stray", daemon=False).start()

@@ -6,11 +6,14 @@ import argparse
 import logging
 import os
 import sys
+import threading
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_gator import conf
+from django_gator.exceptions import SchemaMissing
+from django_gator.logutil import safe
 from django_gator.worker import WorkerProcess
 from django_gator.worker.queues import QueueSpec, parse_queue_spec
 
@@ -121,10 +124,23 @@ class Command(BaseCommand):
             )
         except ValueError as exc:
             raise CommandError(str(exc), returncode=2) from None
-        code = worker.run()
-        if worker.forced_exit:
-            # Executor threads are still inside user code; leave without waiting for them.
-            # Their jobs were handed back to `waiting` before this point.
+        try:
+            code = worker.run()
+        except SchemaMissing as exc:
+            raise CommandError(str(exc)) from None
+        strays = [
+            t for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()
+        ]
+        if strays:
+            # A job started a thread that is not a daemon and never ended it: Python would
+            # wait for it at exit, and the stopped worker would live on.
+            logging.getLogger("django_gator.worker").warning(
+                "Exiting past threads that jobs started and left running threads=%s",
+                safe(",".join(t.name for t in strays)),
+            )
+        if worker.forced_exit or strays:
+            # Executor threads may still be inside user code; leave without waiting for
+            # them. Their jobs were handed back to `waiting` before this point.
             sys.stdout.flush()
             sys.stderr.flush()
             logging.shutdown()

@@ -1,0 +1,148 @@
+"""Connection hygiene around a job: after every job, each database connection its thread
+holds is left as the job found it.
+
+User code can leave a connection dirty in ways Django does not notice between jobs: a raw
+``BEGIN`` (or ``START TRANSACTION``) that was never committed, ``set_autocommit(False)``,
+an ``atomic()`` entered by hand and never left, a failed transaction, a session setting
+changed with ``SET``. On a reused connection each of these leaks into the next jobs of the
+same executor: their writes join the stray transaction and are lost when it is rolled
+back, or (on SQLite) the stray transaction holds the write lock and stalls every writer.
+
+:class:`ConnectionWatch` watches the statements a job sends (one list append per
+connection, no round trip) and, afterwards, asks each connection the job used whether a
+transaction is still open: the driver knows on PostgreSQL and SQLite; MariaDB and MySQL are
+asked with one ``SELECT @@in_transaction``. A stray transaction is rolled back, the
+connection closed (the next job gets a fresh session), and the job is told, so its attempt
+fails with :class:`~django_gator.exceptions.TransactionLeftOpen` rather than being marked
+succeeded with its writes undone. A connection on which the job changed session state is
+closed too, so no setting outlives the job that made it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from contextlib import ExitStack
+from typing import Any
+
+from django.db import connections
+
+logger = logging.getLogger("django_gator.worker")
+
+#: Statements that change a session's state beyond one transaction.
+_SESSION_CHANGE = re.compile(
+    r"^\s*(?:SET\s+(?!LOCAL\b|TRANSACTION\b|CONSTRAINTS\b)|RESET\b|DISCARD\b|"
+    r"PRAGMA\s+\w+\s*=|USE\s)",
+    re.IGNORECASE,
+)
+
+
+class _Used:
+    """An execute wrapper that notes whether a connection was used, and how."""
+
+    __slots__ = ("session_changed", "used")
+
+    def __init__(self) -> None:
+        self.used = False
+        self.session_changed = False
+
+    def __call__(
+        self, execute: Callable[..., Any], sql: Any, params: Any, many: bool, context: Any
+    ) -> Any:
+        self.used = True
+        if not self.session_changed and isinstance(sql, str) and _SESSION_CHANGE.match(sql):
+            self.session_changed = True
+        return execute(sql, params, many, context)
+
+
+class ConnectionWatch:
+    """Use as ``with ConnectionWatch() as watch: run the job``, then ``watch.clean()``."""
+
+    def __init__(self) -> None:
+        self._stack = ExitStack()
+        self._used: dict[str, _Used] = {}
+
+    def __enter__(self) -> ConnectionWatch:
+        for alias in connections:
+            connection = connections[alias]
+            used = _Used()
+            self._used[alias] = used
+            self._stack.enter_context(connection.execute_wrapper(used))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def clean(self) -> list[str]:
+        """Restore every connection the job used; returns a description of each stray
+        transaction found (empty when the job left none)."""
+        problems: list[str] = []
+        for alias, used in self._used.items():
+            connection = connections[alias]
+            if connection.connection is None:
+                continue
+            try:
+                open_transaction = _transaction_left_open(connection, used.used)
+            except Exception:
+                logger.warning(
+                    "Could not check a connection after a job; closing it alias=%s",
+                    alias,
+                    exc_info=True,
+                )
+                _discard(connection)
+                continue
+            if open_transaction:
+                problems.append(f"a transaction left open on the database {alias!r}")
+                _discard(connection)
+            elif used.session_changed:
+                logger.debug("Job changed session state; closing its connection alias=%s", alias)
+                _discard(connection)
+        return problems
+
+
+def _transaction_left_open(connection: Any, used: bool) -> bool:
+    """Whether ``connection`` (a Django wrapper, connected) is inside a transaction that the
+    job opened and did not end."""
+    if connection.in_atomic_block or not connection.get_autocommit():
+        return True
+    if not used:
+        return False  # a connection the job did not touch cannot hold its transaction
+    raw = connection.connection
+    if connection.vendor == "postgresql":
+        import psycopg
+
+        status = raw.info.transaction_status
+        return bool(status != psycopg.pq.TransactionStatus.IDLE)
+    if connection.vendor == "sqlite":
+        return bool(raw.in_transaction)
+    if connection.vendor == "mysql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT @@in_transaction")
+            row = cursor.fetchone()
+        return bool(row and row[0])
+    return False
+
+
+def _discard(connection: Any) -> None:
+    """Roll back and close ``connection``, and reset Django's transaction bookkeeping, so
+    the thread's next use opens a fresh session."""
+    raw = connection.connection
+    try:
+        if raw is not None:
+            raw.rollback()
+    except Exception:
+        logger.debug("rollback of a dirty connection failed", exc_info=True)
+    # An atomic() entered and never left: forget it, as its transaction is gone.
+    connection.in_atomic_block = False
+    connection.savepoint_ids = []
+    connection.atomic_blocks = []
+    connection.needs_rollback = False
+    connection.commit_on_exit = True
+    connection.closed_in_transaction = False
+    connection.run_on_commit = []
+    try:
+        connection.close()
+    except Exception:
+        logger.debug("closing a dirty connection failed", exc_info=True)
+        connection.connection = None
