@@ -85,6 +85,8 @@ def test_the_signal_handler_takes_no_lock():
         second.join(timeout=2)
         returned_again = not second.is_alive()
 
-    assert returned and returned_again
+    assert returned
+    assert returned_again
     worker._take_signals()
-    assert worker._stopping and worker._forced
+    assert worker._stopping
+    assert worker._forced

@@ -4,6 +4,7 @@ attempt, until GATOR_UNKNOWN_JOB_WINDOW; after that it ends dead."""
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 import pytest
@@ -23,6 +24,7 @@ NEW_NAME = "billing.jobs.SendInvoiceV2"
 
 @override_settings(GATOR_UNKNOWN_JOB_WINDOW=600)
 def test_an_unknown_name_waits_uncharged_then_runs_on_a_worker_that_knows_it(caplog):
+    caplog.set_level(logging.WARNING, logger="django_gator")
     row = JobFactory(name=NEW_NAME, args=[42])
 
     run_worker()  # "old code": the name is not registered here
@@ -35,7 +37,9 @@ def test_an_unknown_name_waits_uncharged_then_runs_on_a_worker_that_knows_it(cap
     assert row.last_error.startswith("django_gator.worker.execution.UnknownJobName: ")
     assert "GATOR_AUTODISCOVER" in row.last_error
     assert "`jobs`" in row.last_error
-    assert "Job name unknown to this worker (older code, or a module not imported)" in caplog.text
+    [line] = [r.getMessage() for r in caplog.records if f"id={row.pk} " in r.getMessage()]
+    assert "result=failed" in line
+    assert "runs older code than the dispatcher, or the job's module is not imported" in line
 
     class SendInvoiceV2(Queueable):  # "new code" deployed: the name is registered now
         name = NEW_NAME

@@ -375,7 +375,29 @@ class Engine:
         )
 
     # -- outcomes (compare-and-set on the claim) ----------------------------------------
-    CLAIM_MATCH = "id = %s AND state = 'running' AND attempts = %s AND reserved_by = %s"
+    #: The jobs table as the target of compare-and-set writes (engines may add an index
+    #: hint there; see guard()).
+    cas_table_sql = ""
+
+    def guard(self, condition: str) -> str:
+        """``condition`` AND "still running, and still ours": the check of every
+        compare-and-set on a claim. It adds one ``%s``, the worker id, after the
+        parameters of ``condition``.
+
+        Engines phrase it (or hint the table) so that the row is found by its primary key,
+        never through the partial index of running jobs or the (state, finished_at) index:
+        those keep an entry for every job a worker ever ran until vacuum removes it, all
+        under the same owner, so a lookup through them would cost more with every job."""
+        return f"{condition} AND state = 'running' AND reserved_by = %s"
+
+    @property
+    def claim_match(self) -> str:
+        """One claim: ``id``, ``attempts`` and the worker id, as three parameters."""
+        return f"id = %s AND {self.guard('attempts = %s')}"
+
+    @property
+    def cas_table(self) -> str:
+        return self.cas_table_sql or self.job_table
 
     def mark_succeeded(
         self, worker_id: str, done: Sequence[tuple[int, int, str | None]]
@@ -410,11 +432,11 @@ class Engine:
         else:
             result_sql, result_params = "NULL", []
         sql = (
-            f"UPDATE {self.job_table} SET state = 'succeeded', finished_at = {self.now_sql}, "
+            f"UPDATE {self.cas_table} SET state = 'succeeded', finished_at = {self.now_sql}, "
             f"result = {result_sql} WHERE id IN ({', '.join(['%s'] * len(ids))}) "
-            f"AND state = 'running' AND reserved_by = %s AND attempts = {attempts_case}"
+            f"AND {self.guard(f'attempts = {attempts_case}')}"
         )
-        all_params = [*result_params, *ids, worker_id, *params]
+        all_params = [*result_params, *ids, *params, worker_id]
         if self.update_returning:
             cursor.execute(sql + " RETURNING id", all_params)
             return [row[0] for row in cursor.fetchall()]
@@ -501,14 +523,14 @@ class Engine:
     def mark_failed(self, worker_id: str, job_id: int, attempts: int, failure: Failure) -> bool:
         # A job whose cancellation was asked for ends cancelled, whatever its retry policy.
         sql = (
-            f"UPDATE {self.job_table} SET "
+            f"UPDATE {self.cas_table} SET "
             "state = CASE WHEN %s OR cancel_requested THEN 'cancelled' ELSE %s END, "
             f"next_execution_at = COALESCE({self.later_sql}, next_execution_at), queue = %s, "
             f"finished_at = CASE WHEN %s OR cancel_requested THEN {self.now_sql} ELSE NULL END, "
             f"errors = {self.json_append_sql('errors')}, last_error = %s, error_class = %s, "
             # Last: MySQL evaluates SET left to right (the WHERE sees the old value).
             "attempts = attempts - %s "
-            f"WHERE {self.CLAIM_MATCH}"
+            f"WHERE {self.claim_match}"
         )
         params = [
             failure.cancelled,
@@ -533,14 +555,14 @@ class Engine:
         a cancellation was asked for); returns the ids written."""
         written: list[int] = []
         sql = (
-            f"UPDATE {self.job_table} SET "
+            f"UPDATE {self.cas_table} SET "
             "state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'waiting' END, "
             f"finished_at = CASE WHEN cancel_requested THEN {self.now_sql} ELSE NULL END, "
             # started_at before attempts: MySQL evaluates SET left to right, later
             # assignments seeing the new values of earlier ones.
             "started_at = CASE WHEN attempts <= 1 THEN NULL ELSE started_at END, "
             "attempts = attempts - 1 "
-            f"WHERE {self.CLAIM_MATCH}"
+            f"WHERE {self.claim_match}"
         )
         with self.write_transaction() as cursor:
             for job_id, attempts in claims:
@@ -606,15 +628,37 @@ class Engine:
         with self.connection.cursor() as cursor:
             cursor.execute(f"DELETE FROM {self.worker_table} WHERE id = %s", [worker_id])
 
-    def lost_claims(self, cutoff: datetime) -> list[tuple[int, int, str, int]]:
+    def lost_claims(
+        self, cutoff: datetime, *, sweep: bool = False
+    ) -> list[tuple[int, int, str, int]]:
         """Running jobs whose worker has no heartbeat since ``cutoff``:
-        (id, attempts, reserved_by, rescues)."""
+        (id, attempts, reserved_by, rescues).
+
+        By default, the jobs of the workers whose row shows a lapsed heartbeat, found by
+        owner through the running index: its cost is those workers' entries alone (none
+        when every worker is alive), not every job that ever ran. With ``sweep``, every
+        running job whose owner has no fresh heartbeat, including owners that have no row
+        at all; that reads every running entry, so the worker runs it only now and then."""
         with self.connection.cursor() as cursor:
+            if sweep:
+                cursor.execute(
+                    f"SELECT j.id, j.attempts, j.reserved_by, j.rescues FROM {self.job_table} j "
+                    "WHERE j.state = 'running' AND NOT EXISTS (SELECT 1 FROM "
+                    f"{self.worker_table} w WHERE w.id = j.reserved_by AND w.heartbeat_at >= %s)",
+                    [self.adapt_dt(cutoff)],
+                )
+                return [(r[0], r[1], r[2], r[3]) for r in cursor.fetchall()]
             cursor.execute(
-                f"SELECT j.id, j.attempts, j.reserved_by, j.rescues FROM {self.job_table} j "
-                f"WHERE j.state = 'running' AND NOT EXISTS (SELECT 1 FROM {self.worker_table} w "
-                "WHERE w.id = j.reserved_by AND w.heartbeat_at >= %s)",
+                f"SELECT id FROM {self.worker_table} WHERE heartbeat_at < %s",
                 [self.adapt_dt(cutoff)],
+            )
+            owners = [row[0] for row in cursor.fetchall()]
+            if not owners:
+                return []
+            cursor.execute(
+                f"SELECT id, attempts, reserved_by, rescues FROM {self.job_table} "
+                f"WHERE state = 'running' AND reserved_by IN ({', '.join(['%s'] * len(owners))})",
+                owners,
             )
             return [(r[0], r[1], r[2], r[3]) for r in cursor.fetchall()]
 
@@ -636,12 +680,12 @@ class Engine:
         back between our read and this write keeps its job.
         """
         sql = (
-            f"UPDATE {self.job_table} SET "
+            f"UPDATE {self.cas_table} SET "
             "state = CASE WHEN cancel_requested THEN 'cancelled' ELSE %s END, "
             f"rescues = rescues + 1, next_execution_at = {self.now_sql}, "
             f"finished_at = CASE WHEN %s OR cancel_requested THEN {self.now_sql} ELSE NULL END, "
             f"errors = {self.json_append_sql('errors')}, last_error = %s, error_class = %s "
-            f"WHERE {self.CLAIM_MATCH} AND NOT EXISTS (SELECT 1 FROM {self.worker_table} w "
+            f"WHERE {self.claim_match} AND NOT EXISTS (SELECT 1 FROM {self.worker_table} w "
             "WHERE w.id = %s AND w.heartbeat_at >= %s)"
         )
         params = [

@@ -28,6 +28,12 @@ class MySQLEngine(Engine):
 
     mark_in_claim_transaction = True
 
+    def __init__(self, alias: str) -> None:
+        super().__init__(alias)
+        # Compare-and-set writes look rows up by primary key, never through the
+        # (state, reserved_by) index, whatever the optimizer estimates.
+        self.cas_table_sql = f"{self.job_table} FORCE INDEX (PRIMARY)"
+
     @contextmanager
     def write_transaction(self) -> Iterator[Any]:
         # START TRANSACTION ... COMMIT: two round trips fewer than toggling autocommit.

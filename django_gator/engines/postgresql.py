@@ -177,6 +177,11 @@ class PostgresEngine(Engine):
             cursor.execute("SET synchronous_commit TO off", [])
         raw._gator_bookkeeping = True
 
+    def guard(self, condition: str) -> str:
+        # Inside a CASE the conditions can neither drive an index scan nor prove a partial
+        # index's predicate, so the planner has only the primary key to find the row by.
+        return f"CASE WHEN {condition} AND state = 'running' AND reserved_by = %s THEN true END"
+
     supports_keyset = True
 
     def claim(
@@ -212,12 +217,13 @@ class PostgresEngine(Engine):
     ) -> list[int]:
         if len(done) == 1:
             return super().mark_succeeded(worker_id, done)
+        # Each row by its primary key (see guard()).
         sql = (
             f"UPDATE {self.job_table} AS j SET state = 'succeeded', "
             f"finished_at = {self.now_sql}, result = u.r::jsonb "
             "FROM unnest(%s::bigint[], %s::int[], %s::text[]) AS u(id, attempts, r) "
-            "WHERE j.id = u.id AND j.attempts = u.attempts AND j.state = 'running' "
-            "AND j.reserved_by = %s RETURNING j.id"
+            "WHERE j.id = u.id AND CASE WHEN j.attempts = u.attempts AND j.state = 'running' "
+            "AND j.reserved_by = %s THEN true END RETURNING j.id"
         )
         params: list[Any] = [
             [d[0] for d in done],

@@ -23,6 +23,12 @@ class SQLiteEngine(Engine):
 
     mark_in_claim_transaction = True
 
+    def __init__(self, alias: str) -> None:
+        super().__init__(alias)
+        # Compare-and-set writes look rows up by rowid only: without the hint, a batch of
+        # ids is planned on an index of states, whose running entries grow with every job.
+        self.cas_table_sql = f"{self.job_table} NOT INDEXED"
+
     @contextmanager
     def write_transaction(self) -> Iterator[Any]:
         # Take the write lock up front: a deferred transaction that reads and then writes

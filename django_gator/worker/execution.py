@@ -374,48 +374,24 @@ def unknown_name_failure(job: ClaimedJob, worker_id: str, exc: JobNotRegistered)
     code claims; the job must wait for a worker that knows it, not die. So it goes back to
     the queue, its attempt not charged, retried with a growing wait until
     ``GATOR_UNKNOWN_JOB_WINDOW`` seconds after it was created; after that (a typo, a
-    module no worker imports, a tampered row) it ends ``dead``."""
+    module no worker imports, a tampered row) it ends ``dead``. The worker's "Processed
+    job" line carries the error, and with it the likely cause."""
     window = conf.unknown_job_window()
     age = _age_seconds(job.created_at)
-    modules = ", ".join(f"`{m}`" for m in conf.autodiscover_modules())
-    cause = (
-        f"{exc}. Workers import the {modules} module of every installed app (add others with "
-        "GATOR_AUTODISCOVER); a worker started before this job's code was deployed does not "
-        "know it either"
-    )
     if age is None or age >= window:
-        error, summary = error_entry(
-            JobNotRegistered(exc.name, exc.suggestions),
-            attempt=job.attempts,
-            worker_id=worker_id,
-            tb="",
-        )
-        logger.error(
-            "Job name not registered in any worker for %.0f s; dead id=%s name=%s hint=%s",
-            window,
-            job.id,
-            safe(job.name),
-            safe(cause, 400),
-        )
+        error, summary = error_entry(exc, attempt=job.attempts, worker_id=worker_id, tb="")
         return Failure(dead=True, retry_in=None, queue=job.queue, error=error, last_error=summary)
     # The wait grows with the job's age (5, 5, 10, 20, 40, 60, 60 ... s), and the last one
     # ends at the window's end.
     wait = min(max(UNKNOWN_NAME_FIRST_WAIT, age), UNKNOWN_NAME_MAX_WAIT, window - age)
-    error, summary = error_entry(
-        UnknownJobName(f"{cause}; waiting {wait:.0f} s for a worker that knows it"),
-        attempt=job.attempts,
-        worker_id=worker_id,
-        tb="",
+    modules = ", ".join(f"`{m}`" for m in conf.autodiscover_modules())
+    cause = UnknownJobName(
+        f"job name {exc.name!r} is not registered in this worker: it runs older code than "
+        "the dispatcher, or the job's module is not imported (workers import the "
+        f"{modules} module of each installed app, and those in GATOR_AUTODISCOVER); "
+        f"waiting {wait:.0f} s for a worker that knows it, dead after {window - age:.0f} s"
     )
-    logger.warning(
-        "Job name unknown to this worker (older code, or a module not imported); it waits "
-        "for a worker that knows it id=%s name=%s retry_in=%.0fs dead_after=%.0fs hint=%s",
-        job.id,
-        safe(job.name),
-        wait,
-        window - age,
-        safe(cause, 400),
-    )
+    error, summary = error_entry(cause, attempt=job.attempts, worker_id=worker_id, tb="")
     return Failure(
         dead=False,
         retry_in=round(wait, 3),

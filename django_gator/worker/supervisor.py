@@ -77,6 +77,9 @@ MIN_POLL = 0.005
 #: priority (or one dispatched with an ``at=`` in the past) that arrives while a worker
 #: drains a backlog is claimed at the latest after this long.
 KEYSET_FULL_EVERY = 0.25
+#: Seconds between two rescue passes that also look for running jobs whose owner has no
+#: worker row at all (a scan of every running entry; the other passes look by owner).
+ORPHAN_SWEEP_EVERY = 60.0
 #: Database errors worth retrying: the connection or the server, not the statement.
 TRANSIENT_ERRORS = (OperationalError, InterfaceError, InternalError)
 
@@ -153,6 +156,7 @@ class WorkerProcess:
         self._listening = False
         self._last_beat = time.monotonic()  # when our last heartbeat was written
         self._judge_after = 0.0  # no rescues before this time.monotonic() (see _may_rescue)
+        self._last_sweep = -ORPHAN_SWEEP_EVERY  # the first rescue pass sweeps
         self.processed = 0
         self.forced_exit = False
 
@@ -861,10 +865,15 @@ class WorkerProcess:
             self._stop_background.wait(conf.scheduler_interval())
 
     def _rescue(self) -> None:
-        """Take back the running jobs of workers whose heartbeat lapsed."""
+        """Take back the running jobs of workers whose heartbeat lapsed (every
+        ORPHAN_SWEEP_EVERY seconds also those of owners that have no worker row)."""
         cutoff = self.engine.db_now() - timedelta(seconds=conf.heartbeat_timeout())
         max_rescues = conf.max_rescues()
-        for job_id, attempts, owner, rescues in self.engine.lost_claims(cutoff):
+        sweep = time.monotonic() - self._last_sweep >= ORPHAN_SWEEP_EVERY
+        lost = self.engine.lost_claims(cutoff, sweep=sweep)
+        if sweep:
+            self._last_sweep = time.monotonic()
+        for job_id, attempts, owner, rescues in lost:
             dead = rescues + 1 >= max_rescues
             reason = f"worker {owner} stopped heartbeating while running this job" + (
                 f"; rescued {rescues + 1} times, so it is a likely poison pill" if dead else ""

@@ -1,0 +1,125 @@
+"""The plans of the writes that target known jobs: each finds its rows by primary key, so
+its cost does not grow with the number of jobs the worker (or the table) has seen.
+
+The table is first given the history that made the old plans slow: thousands of jobs that
+one worker ran to success, with no vacuum since, so the partial index of running jobs and
+the (state, finished_at) index hold an entry for each of them under that worker."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from django_gator.engines import get_engine
+from django_gator.engines.base import Failure
+from django_gator.models import Worker
+from tests.testapp.jobs import Noop
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+WORKER = "plans-worker"
+HISTORY = 3000
+
+
+def _history() -> list[tuple[int, int]]:
+    """HISTORY jobs run to success by WORKER in batches (as a worker does), plus 16
+    running now; returns the running claims (id, attempts)."""
+    engine = get_engine("default")
+    Worker.objects.create(id=WORKER, hostname="h", pid=1, concurrency=16)
+    Noop.dispatch_many([[] for _ in range(HISTORY + 16)])
+    for _ in range(HISTORY // 100):
+        claimed = engine.claim(WORKER, "default", 100)
+        engine.mark_succeeded(WORKER, [(j.id, j.attempts, None) for j in claimed])
+    running = engine.claim(WORKER, "default", 16)
+    assert len(running) == 16
+    return [(j.id, j.attempts) for j in running]
+
+
+def _explain(sql: str) -> str:
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("EXPLAIN " + sql)
+            return "\n".join(row[0] for row in cursor.fetchall())
+        if connection.vendor == "sqlite":
+            cursor.execute("EXPLAIN QUERY PLAN " + sql)
+            return "\n".join(row[3] for row in cursor.fetchall())
+        cursor.execute("EXPLAIN " + sql)
+        columns = [c[0] for c in cursor.description]
+        return "\n".join(str(dict(zip(columns, row, strict=True))) for row in cursor.fetchall())
+
+
+def _assert_by_primary_key(sql: str) -> None:
+    plan = _explain(sql)
+    job_lines = [line for line in plan.splitlines() if "django_gator_job" in line]
+    if connection.vendor == "postgresql":
+        assert "django_gator_job_pkey" in plan, plan
+        assert "gator_job_running" not in plan, plan
+        assert "gator_job_state_finished" not in plan, plan
+        assert "Seq Scan on django_gator_job" not in plan, plan
+    elif connection.vendor == "sqlite":
+        assert job_lines, plan
+        assert all("USING INTEGER PRIMARY KEY" in line for line in job_lines), plan
+    else:
+        assert job_lines, plan
+        assert all("'key': 'PRIMARY'" in line for line in job_lines), plan
+
+
+def _writes(action) -> list[str]:
+    """The UPDATE statements ``action`` sends to the jobs table (rolled back after)."""
+    with CaptureQueriesContext(connection) as captured:
+        action()
+    return [
+        q["sql"]
+        for q in captured.captured_queries
+        if q["sql"].lstrip().upper().startswith("UPDATE") and "django_gator_job" in q["sql"]
+    ]
+
+
+def _failure() -> Failure:
+    return Failure(dead=False, retry_in=5.0, queue="default", error="{}", last_error="E: x")
+
+
+@pytest.mark.parametrize(
+    "write",
+    ["mark_succeeded_batch", "mark_succeeded_one", "mark_failed", "release", "rescue"],
+)
+def test_writes_to_known_jobs_find_them_by_primary_key(write):
+    engine = get_engine("default")
+    running = _history()
+    (first_id, first_attempts) = running[0]
+    cutoff = engine.db_now() + timedelta(seconds=1)  # every worker counts as lapsed
+    actions = {
+        "mark_succeeded_batch": lambda: engine.mark_succeeded(
+            WORKER, [(i, a, None) for i, a in running]
+        ),
+        "mark_succeeded_one": lambda: engine.mark_succeeded(
+            WORKER, [(first_id, first_attempts, '"r"')]
+        ),
+        "mark_failed": lambda: engine.mark_failed(WORKER, first_id, first_attempts, _failure()),
+        "release": lambda: engine.release(WORKER, [(first_id, first_attempts)]),
+        "rescue": lambda: engine.rescue(
+            first_id, first_attempts, WORKER, cutoff, dead=False, error="{}", last_error="lost"
+        ),
+    }
+    # Explain the statement as sent while the rows are still running, then send it.
+    statements = _writes(actions[write])
+    assert statements
+    for sql in statements:
+        _assert_by_primary_key(sql)
+
+
+def test_rescue_finds_the_jobs_of_lapsed_workers_by_owner():
+    """The routine rescue pass reads the lapsed workers' entries only: with every worker
+    alive it reads no job at all."""
+    engine = get_engine("default")
+    _history()
+
+    with CaptureQueriesContext(connection) as captured:
+        lost = engine.lost_claims(engine.db_now() - timedelta(seconds=30))
+
+    assert lost == []
+    assert len(captured.captured_queries) == 2  # db_now() and the worker table
+    assert "django_gator_job" not in captured.captured_queries[-1]["sql"]
