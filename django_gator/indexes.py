@@ -150,6 +150,16 @@ def create_groups_index(apps: Any, schema_editor: Any) -> None:
     schema_editor.add_index(job, groups_index())
 
 
+def restore_groups_index(job: Any, schema_editor: Any) -> None:
+    """Re-create the dead-job screen's index of migration 0005 where it is missing (see
+    restore_claim_indexes: SQLite table rebuilds drop it)."""
+    connection = schema_editor.connection
+    with connection.cursor() as cursor:
+        existing = connection.introspection.get_constraints(cursor, job._meta.db_table)
+    if groups_index().name not in existing:
+        schema_editor.add_index(job, groups_index())
+
+
 def drop_groups_index(apps: Any, schema_editor: Any) -> None:
     if schema_editor.connection.vendor == "mysql":
         return

@@ -219,6 +219,23 @@ class Job(models.Model):
         db_default=False,
         help_text="Cancellation asked for while running; the job may stop early.",
     )
+    # Precise blame for crashes: a job rescued from a lost worker becomes a suspect and
+    # runs alone in its worker until it ends; only crashes while it ran alone are its own.
+    suspect = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="Taken back from a lost worker: runs alone until it ends.",
+    )
+    isolated = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="This attempt runs alone in its worker (a suspect's test run).",
+    )
+    crashes = models.PositiveSmallIntegerField(
+        default=0,
+        db_default=0,
+        help_text="Workers lost while this job ran alone in them: crashes it caused.",
+    )
 
     objects = JobQuerySet.as_manager()
 

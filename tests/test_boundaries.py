@@ -20,6 +20,7 @@ import pytest
 from django.utils import timezone
 
 from django_gator.engines import get_engine
+from django_gator.engines.base import LostClaim
 from django_gator.models import Job, JobState, Worker
 from tests.conftest import stop_worker, wait_for, worker_output
 from tests.faults import FAULTS
@@ -150,12 +151,9 @@ def _stale_worker(worker_id: str) -> None:
     )
 
 
-def _rescue(engine: Any, lost: tuple[int, int, str, int]) -> bool:
-    job_id, attempts, owner, _rescues = lost
+def _rescue(engine: Any, lost: LostClaim) -> bool:
     cutoff = engine.db_now() - timedelta(seconds=30)
-    return bool(
-        engine.rescue(job_id, attempts, owner, cutoff, dead=False, error="{}", last_error="lost")
-    )
+    return bool(engine.rescue(lost, cutoff, dead=False, error="{}", last_error="lost"))
 
 
 def test_a_rescue_that_read_a_stale_row_never_undoes_a_completion():

@@ -14,7 +14,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from django_gator.engines import get_engine
-from django_gator.engines.base import Failure
+from django_gator.engines.base import Failure, LostClaim
 from django_gator.models import Worker
 from tests.testapp.jobs import Noop
 
@@ -101,7 +101,11 @@ def test_writes_to_known_jobs_find_them_by_primary_key(write):
         "mark_failed": lambda: engine.mark_failed(WORKER, first_id, first_attempts, _failure()),
         "release": lambda: engine.release(WORKER, [(first_id, first_attempts)]),
         "rescue": lambda: engine.rescue(
-            first_id, first_attempts, WORKER, cutoff, dead=False, error="{}", last_error="lost"
+            LostClaim(first_id, first_attempts, WORKER, 0, False, 0),
+            cutoff,
+            dead=False,
+            error="{}",
+            last_error="lost",
         ),
     }
     # Explain the statement as sent while the rows are still running, then send it.

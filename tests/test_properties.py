@@ -709,42 +709,51 @@ def test_a_write_with_a_stale_or_forged_claim_changes_nothing(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 @given(
-    owners=st.lists(st.sampled_from(WORKERS), min_size=1, max_size=4),
+    rounds=st.lists(st.tuples(st.sampled_from(WORKERS), st.booleans()), min_size=1, max_size=5),
     cancel_in=st.one_of(st.none(), st.integers(0, 3)),
     max_rescues=st.integers(1, 3),
 )
-def test_a_job_whose_workers_keep_getting_lost_goes_dead_after_max_rescues(
-    settings: Any, owners: list[str], cancel_in: int | None, max_rescues: int
+def test_a_job_whose_workers_keep_getting_lost_goes_dead_after_max_crashes_alone(
+    settings: Any, rounds: list[tuple[str, bool]], cancel_in: int | None, max_rescues: int
 ) -> None:
-    """Each rescue charges the lost attempt and records it; the MAX_RESCUES-th makes the job
-    dead (a poison pill), and a job asked to cancel ends cancelled instead."""
+    """Each rescue charges the lost attempt and records it, and makes the job a suspect;
+    only a worker lost while the job ran alone counts as a crash it caused, and the
+    MAX_RESCUES-th such crash makes it dead (a poison pill). A job asked to cancel ends
+    cancelled instead."""
     settings.GATOR_MAX_RESCUES = max_rescues
     fresh_tables()
     engine = get_engine("default")
     job_id = Noop.dispatch().pk
-    for round_, owner in enumerate(owners):
+    crashes = 0
+    for round_, (owner, alone) in enumerate(rounds):
         got = engine.claim_by_id(owner, job_id)
         if round_ and Job.objects.get(pk=job_id).state != JobState.RUNNING:
             assert got is None
             break
         assert got is not None
         assert got.attempts == round_ + 1
+        assert got.suspect is (round_ > 0)
+        if alone:
+            assert engine.isolate(owner, job_id, got.attempts)
         if cancel_in == round_:
             assert Job.objects.filter(pk=job_id).cancel() == 1
         WorkerProcess(install_signal_handlers=False)._rescue()
 
+        crashes += alone
         row = Job.objects.get(pk=job_id)
         if cancel_in is not None and cancel_in <= round_:
             state = JobState.CANCELLED
-        elif round_ + 1 >= max_rescues:
+        elif alone and crashes >= max_rescues:
             state = JobState.DEAD
         else:
             state = JobState.WAITING
         assert (row.state, row.attempts, row.rescues) == (state, round_ + 1, round_ + 1)
+        assert (row.crashes, row.suspect, row.isolated) == (crashes, True, False)
         assert [e["attempt"] for e in row.errors or []] == list(range(1, round_ + 2))
         assert row.error_class == "django_gator.exceptions.WorkerLost"
         assert (row.finished_at is None) is (state == JobState.WAITING)
         assert f"worker {owner} stopped heartbeating" in row.last_error
+        assert ("ran alone in it" in row.last_error) is alone
 
 
 @pytest.mark.django_db(transaction=True)

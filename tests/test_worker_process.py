@@ -163,7 +163,10 @@ def test_a_job_that_kills_its_worker_ends_dead_as_a_poison_pill(spawn_worker):
             proc.wait(timeout=30)
 
     pill.refresh_from_db()
-    assert pill.rescues == 2
+    # The first crash made it a suspect (the worker ran nothing else, but the rescuer
+    # cannot know that); the next two, while it ran alone, were its own.
+    assert pill.rescues == 3
+    assert pill.crashes == 2
     assert "poison pill" in pill.last_error
     assert Job.objects.filter(
         pk__in=[j.pk for j in healthy], state=JobState.SUCCEEDED
@@ -213,3 +216,46 @@ def test_workers_and_a_web_process_share_the_database_without_errors(spawn_worke
     assert Execution.objects.filter(label="web").count() == 200
     assert Execution.objects.exclude(label="web").count() == total
     assert "database is locked" not in "".join(output(p) for p in workers)
+
+
+def test_a_poison_pill_takes_no_innocent_job_down_with_it(spawn_worker):
+    """A job that SIGKILLs its worker, among 50 ordinary jobs on a --concurrency 4 worker
+    that is restarted after each crash: the pill ends dead after its own crashes, and every
+    ordinary job succeeds, none of them charged a crash (RELIABILITY.md: precise blame)."""
+    pill = KillsWorker.dispatch()
+    ordinary = Sleep.dispatch_many([[0.05, f"ordinary {i}"] for i in range(50)])
+    ids = [j.pk for j in ordinary]
+    env = {
+        "GATOR_MAX_RESCUES": "2",
+        "GATOR_HEARTBEAT_INTERVAL": "0.2",
+        "GATOR_HEARTBEAT_TIMEOUT": "1.5",
+    }
+
+    def done() -> bool:
+        return Job.objects.get(pk=pill.pk).state == JobState.DEAD and Job.objects.filter(
+            pk__in=ids, state=JobState.SUCCEEDED
+        ).count() == len(ids)
+
+    deadline = time.monotonic() + 120
+    crashed = 0
+    while not done():
+        assert time.monotonic() < deadline, "the pill or the ordinary jobs never finished"
+        proc = spawn_worker("--concurrency", "4", env=env)
+        while proc.poll() is None and not done() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0, output(proc)
+        else:
+            assert proc.returncode == -signal.SIGKILL, output(proc)
+            crashed += 1
+
+    pill.refresh_from_db()
+    assert (pill.state, pill.crashes) == (JobState.DEAD, 2)
+    assert crashed == 3  # one beside others (a suspect from then on), two alone
+    rows = list(Job.objects.filter(pk__in=ids))
+    assert all(row.state == JobState.SUCCEEDED for row in rows)
+    assert all(row.crashes == 0 for row in rows)
+    # Each ran to its end at least once (those lost with a crash ran again, alone).
+    assert all(Execution.objects.filter(job_id=row.pk).exists() for row in rows)
+    assert not any(row.suspect for row in rows if row.rescues == 0)

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import IntegrityError, connections, transaction
 from django.utils.dateparse import parse_datetime
@@ -22,7 +22,7 @@ from django.utils.dateparse import parse_datetime
 READY_SQL = "state IN ('waiting', 'failed')"
 JOB_COLUMNS = (
     "id, name, args, kwargs, queue, priority, attempts, rescues, chain_id, chain_position, chain, "
-    "next_execution_at, created_at"
+    "next_execution_at, created_at, suspect"
 )
 
 
@@ -43,6 +43,19 @@ class ClaimedJob:
     chain: Any = None
     next_execution_at: Any = None  # as the database returned it (for keyset claims)
     created_at: Any = None  # as the database returned it (a datetime, or text on SQLite)
+    #: Taken back from a lost worker before: the worker runs it alone (precise blame).
+    suspect: bool = False
+
+
+class LostClaim(NamedTuple):
+    """A running job whose worker's heartbeat lapsed, as lost_claims() read it."""
+
+    id: int
+    attempts: int
+    owner: str
+    rescues: int
+    isolated: bool  # the lost attempt ran alone in its worker
+    crashes: int  # workers lost before while it ran alone
 
 
 @dataclass(slots=True)
@@ -372,6 +385,7 @@ class Engine:
             chain=loads(row[10]),
             next_execution_at=row[11] if len(row) > 11 else None,
             created_at=row[12] if len(row) > 12 else None,
+            suspect=bool(row[13]) if len(row) > 13 else False,
         )
 
     # -- outcomes (compare-and-set on the claim) ----------------------------------------
@@ -510,7 +524,7 @@ class Engine:
         with self.write_transaction() as cursor:
             cursor.execute(
                 f"UPDATE {self.job_table} SET state = 'running', attempts = attempts + 1, "
-                f"reserved_by = %s, locked_at = {self.now_sql}, "
+                f"reserved_by = %s, locked_at = {self.now_sql}, isolated = FALSE, "
                 f"started_at = COALESCE(started_at, {self.now_sql}) "
                 f"WHERE id = %s AND {READY_SQL}",
                 [worker_id, job_id],
@@ -628,65 +642,76 @@ class Engine:
         with self.connection.cursor() as cursor:
             cursor.execute(f"DELETE FROM {self.worker_table} WHERE id = %s", [worker_id])
 
-    def lost_claims(
-        self, cutoff: datetime, *, sweep: bool = False
-    ) -> list[tuple[int, int, str, int]]:
-        """Running jobs whose worker has no heartbeat since ``cutoff``:
-        (id, attempts, reserved_by, rescues).
+    def lost_claims(self, cutoff: datetime, *, sweep: bool = False) -> list[LostClaim]:
+        """Running jobs whose worker has no heartbeat since ``cutoff``.
 
         By default, the jobs of the workers whose row shows a lapsed heartbeat, found by
         owner through the running index: its cost is those workers' entries alone (none
         when every worker is alive), not every job that ever ran. With ``sweep``, every
         running job whose owner has no fresh heartbeat, including owners that have no row
         at all; that reads every running entry, so the worker runs it only now and then."""
+        columns = "j.id, j.attempts, j.reserved_by, j.rescues, j.isolated, j.crashes"
         with self.connection.cursor() as cursor:
             if sweep:
                 cursor.execute(
-                    f"SELECT j.id, j.attempts, j.reserved_by, j.rescues FROM {self.job_table} j "
+                    f"SELECT {columns} FROM {self.job_table} j "
                     "WHERE j.state = 'running' AND NOT EXISTS (SELECT 1 FROM "
                     f"{self.worker_table} w WHERE w.id = j.reserved_by AND w.heartbeat_at >= %s)",
                     [self.adapt_dt(cutoff)],
                 )
-                return [(r[0], r[1], r[2], r[3]) for r in cursor.fetchall()]
+            else:
+                cursor.execute(
+                    f"SELECT id FROM {self.worker_table} WHERE heartbeat_at < %s",
+                    [self.adapt_dt(cutoff)],
+                )
+                owners = [row[0] for row in cursor.fetchall()]
+                if not owners:
+                    return []
+                cursor.execute(
+                    f"SELECT {columns} FROM {self.job_table} j WHERE j.state = 'running' "
+                    f"AND j.reserved_by IN ({', '.join(['%s'] * len(owners))})",
+                    owners,
+                )
+            return [LostClaim(r[0], r[1], r[2], r[3], bool(r[4]), r[5]) for r in cursor.fetchall()]
+
+    def isolate(self, worker_id: str, job_id: int, attempts: int) -> bool:
+        """Record that this attempt of a claimed job runs alone in its worker (a suspect's
+        test run), so that losing the worker now is blamed on the job."""
+        with self.connection.cursor() as cursor:
             cursor.execute(
-                f"SELECT id FROM {self.worker_table} WHERE heartbeat_at < %s",
-                [self.adapt_dt(cutoff)],
+                f"UPDATE {self.cas_table} SET isolated = TRUE WHERE {self.claim_match}",
+                [job_id, attempts, worker_id],
             )
-            owners = [row[0] for row in cursor.fetchall()]
-            if not owners:
-                return []
-            cursor.execute(
-                f"SELECT id, attempts, reserved_by, rescues FROM {self.job_table} "
-                f"WHERE state = 'running' AND reserved_by IN ({', '.join(['%s'] * len(owners))})",
-                owners,
-            )
-            return [(r[0], r[1], r[2], r[3]) for r in cursor.fetchall()]
+            return bool(cursor.rowcount == 1)
 
     def rescue(
         self,
-        job_id: int,
-        attempts: int,
-        owner: str,
+        lost: LostClaim,
         cutoff: datetime,
         *,
         dead: bool,
         error: str,
         last_error: str,
     ) -> bool:
-        """Take a job back from a lost worker: ``waiting`` again, ``dead`` as a poison pill,
-        or ``cancelled`` if a cancellation was asked for.
+        """Take a job back from a lost worker: ``waiting`` again (now a suspect, which runs
+        alone), ``dead`` as a poison pill, or ``cancelled`` if a cancellation was asked
+        for. A crash counts against the job (``crashes``) only if the lost attempt ran
+        alone.
 
         The owner's heartbeat is checked again in the same statement, so a worker that comes
-        back between our read and this write keeps its job.
+        back between our read and this write keeps its job; so is ``isolated``, so the
+        blame written is the one that was read.
         """
         sql = (
             f"UPDATE {self.cas_table} SET "
             "state = CASE WHEN cancel_requested THEN 'cancelled' ELSE %s END, "
             f"rescues = rescues + 1, next_execution_at = {self.now_sql}, "
             f"finished_at = CASE WHEN %s OR cancel_requested THEN {self.now_sql} ELSE NULL END, "
-            f"errors = {self.json_append_sql('errors')}, last_error = %s, error_class = %s "
-            f"WHERE {self.claim_match} AND NOT EXISTS (SELECT 1 FROM {self.worker_table} w "
-            "WHERE w.id = %s AND w.heartbeat_at >= %s)"
+            f"errors = {self.json_append_sql('errors')}, last_error = %s, error_class = %s, "
+            # Last, for MySQL's left-to-right SET: the WHERE reads the old values.
+            "crashes = crashes + %s, suspect = TRUE, isolated = FALSE "
+            f"WHERE {self.claim_match} AND isolated = %s AND NOT EXISTS (SELECT 1 FROM "
+            f"{self.worker_table} w WHERE w.id = %s AND w.heartbeat_at >= %s)"
         )
         params = [
             "dead" if dead else "waiting",
@@ -694,10 +719,12 @@ class Engine:
             error,
             last_error,
             error_class_of(last_error),
-            job_id,
-            attempts,
-            owner,
-            owner,
+            1 if lost.isolated else 0,
+            lost.id,
+            lost.attempts,
+            lost.owner,
+            lost.isolated,
+            lost.owner,
             self.adapt_dt(cutoff),
         ]
         with self.connection.cursor() as cursor:

@@ -130,7 +130,7 @@ class MySQLEngine(Engine):
         ids = [row[0] for row in rows]
         cursor.execute(
             f"UPDATE {self.job_table} SET state = 'running', attempts = attempts + 1,"
-            f" reserved_by = %s, locked_at = {self.now_sql},"
+            f" reserved_by = %s, locked_at = {self.now_sql}, isolated = FALSE,"
             f" started_at = COALESCE(started_at, {self.now_sql})"
             f" WHERE id IN ({', '.join(['%s'] * len(ids))})",
             [worker_id, *ids],

@@ -200,7 +200,7 @@ class PostgresEngine(Engine):
             " ORDER BY priority DESC, next_execution_at, id"
             " LIMIT %s FOR UPDATE SKIP LOCKED"
             f") UPDATE {self.job_table} AS j SET state = 'running', attempts = j.attempts + 1,"
-            f" reserved_by = %s, locked_at = {self.now_sql},"
+            f" reserved_by = %s, locked_at = {self.now_sql}, isolated = FALSE,"
             f" started_at = COALESCE(j.started_at, {self.now_sql})"
             " FROM picked WHERE j.id = picked.id"
             " RETURNING " + ", ".join(f"j.{c.strip()}" for c in JOB_COLUMNS.split(","))

@@ -58,7 +58,7 @@ class SQLiteEngine(Engine):
     def _claim(self, cursor: Any, worker_id: str, queue: str, limit: int) -> list[ClaimedJob]:
         sql = (
             f"UPDATE {self.job_table} SET state = 'running', attempts = attempts + 1,"
-            f" reserved_by = %s, locked_at = {self.now_sql},"
+            f" reserved_by = %s, locked_at = {self.now_sql}, isolated = FALSE,"
             f" started_at = COALESCE(started_at, {self.now_sql})"
             f" WHERE id IN (SELECT id FROM {self.job_table}"
             f"  WHERE queue = %s AND {READY_SQL} AND next_execution_at <= {self.now_sql}"

@@ -132,6 +132,10 @@ class WorkerProcess:
         self._work_ready = threading.Condition(self._lock)  # executors wait here
         self._fetch_needed = threading.Condition(self._lock)  # the fetcher waits here
         self._pending: deque[ClaimedJob] = deque()
+        # Precise blame: suspects (jobs taken back from a lost worker) are claimed like any
+        # job, then held until nothing else runs here, and run one at a time, alone.
+        self._suspects: deque[ClaimedJob] = deque()  # claimed, held, not started
+        self._isolated: ClaimedJob | None = None  # the suspect running alone now
         # What each executor thread is running. Keyed by thread, not job id: a job that
         # failed with a retry due at once can be claimed again, and started by another
         # thread, before the thread that wrote its failure has taken it off this map.
@@ -299,8 +303,9 @@ class WorkerProcess:
     def _shutdown(self) -> None:
         with self._lock:
             self._stopping = True
-            unstarted = list(self._pending)
+            unstarted = [*self._pending, *self._suspects]
             self._pending.clear()
+            self._suspects.clear()
             self._in_flight -= len(unstarted)
             self._closing = True
             self._work_ready.notify_all()
@@ -360,16 +365,23 @@ class WorkerProcess:
                     and not self._succeeded
                     and not self._notified
                     and not self._timed_out
-                    and self._in_flight >= self.concurrency
+                    and not self._may_isolate()
+                    and (self._in_flight >= self.concurrency or self._holding())
                 ):
                     self._fetch_needed.wait(self._watchdog_wait())
                     self._enforce_timeouts()
                 stopping = self._stopping
-                free = self.concurrency - self._in_flight
+                # No claims while a suspect waits for the others to finish, or runs alone.
+                held = bool(self._suspects) or self._isolated is not None
+                free = 0 if held else self.concurrency - self._in_flight
                 idle = self._in_flight == 0
                 self._notified = False
+                suspect = self._suspects.popleft() if self._may_isolate() else None
             self._record_timeouts()
             if stopping:
+                if suspect is not None:
+                    with self._lock:
+                        self._suspects.appendleft(suspect)  # released by the shutdown
                 self._flush_succeeded()
                 return
             with self._lock:
@@ -387,17 +399,22 @@ class WorkerProcess:
                 _drop_connection(self.alias)
                 with self._lock:
                     self._succeeded[:0] = batch  # written next time (marks are idempotent)
+                    if suspect is not None:
+                        self._suspects.appendleft(suspect)
                 self._stop_background.wait(min(0.1 * 2**failures, MAX_BACKOFF))
                 continue
             self._report_succeeded(batch, written)
+            if suspect is not None:
+                # Every success mark is written by now (nothing else was running): a crash
+                # from here on takes no finished job down with it.
+                self._start_isolated(suspect)
+                continue
             if free <= 0:
                 continue
             with self._lock:
                 stopping = self._stopping
                 if jobs and not stopping:
-                    self._pending.extend(jobs)
-                    self._in_flight += len(jobs)
-                    self._work_ready.notify(len(jobs))
+                    self._hand_out(jobs)
                     idle_wait = MIN_POLL
                     continue
                 if not jobs and not stopping:
@@ -418,6 +435,56 @@ class WorkerProcess:
                 self._retrying("release jobs", functools.partial(self._release, jobs))
             return
 
+    def _holding(self) -> bool:
+        """Whether claims wait for a suspect (called with the lock held): one is held
+        while other jobs still run, or one runs alone. False once a held suspect may
+        start, so that the fetcher wakes up to start it."""
+        if self._isolated is not None:
+            return True
+        return bool(self._suspects) and not self._may_isolate()
+
+    def _may_isolate(self) -> bool:
+        """A held suspect may start: nothing else is claimed or running here (lock held)."""
+        return (
+            bool(self._suspects)
+            and self._isolated is None
+            and self._in_flight == len(self._suspects)
+        )
+
+    def _hand_out(self, jobs: Sequence[ClaimedJob]) -> None:
+        """Give claimed jobs to the executors, holding back suspects (lock held)."""
+        self._in_flight += len(jobs)
+        ordinary = [job for job in jobs if not job.suspect]
+        self._suspects.extend(job for job in jobs if job.suspect)
+        self._pending.extend(ordinary)
+        self._work_ready.notify(len(ordinary))
+        if len(ordinary) < len(jobs):
+            logger.info(
+                "Holding suspects until they can run alone worker=%s ids=%s",
+                self.worker_id,
+                ",".join(str(job.id) for job in jobs if job.suspect),
+            )
+
+    def _start_isolated(self, job: ClaimedJob) -> None:
+        """Run a suspect alone: record on its row that this attempt is isolated (so that
+        losing this worker now is blamed on it), then hand it to an executor."""
+        written = self._retrying(
+            f"isolate job {job.id}",
+            lambda: self.engine.isolate(self.worker_id, job.id, job.attempts),
+        )
+        with self._lock:
+            if written:
+                self._isolated = job
+                self._pending.append(job)
+                self._work_ready.notify()
+                return
+            self._in_flight -= 1
+            self._fetch_needed.notify()
+        if written is False:
+            _log_lost(job, "isolated run")
+        else:  # a forced stop: hand it back
+            self._retrying("release a suspect", functools.partial(self._release, [job]))
+
     def _release_orphans(self, unmarked: Sequence[tuple[ClaimedJob, Success, float]]) -> None:
         """After a failed claim: give back the jobs it claimed without our knowing.
 
@@ -429,6 +496,7 @@ class WorkerProcess:
         held = self.engine.running_claims(self.worker_id)
         with self._lock:
             known = {job.id for job in self._pending}
+            known |= {job.id for job in self._suspects}
             known |= {entry.job.id for entry in self._running.values()}
             known |= {job.id for job in self._timed_out}
             known |= {job.id for job, _, _ in self._succeeded}
@@ -573,6 +641,8 @@ class WorkerProcess:
         expired = [r for r in self._running.values() if r.deadline is not None and now > r.deadline]
         for entry in expired:
             del self._running[entry.thread]
+            if entry.job is self._isolated:
+                self._isolated = None
             self._in_flight -= 1
             self._spawn_executor()
             self._retired.add(entry.thread)
@@ -607,6 +677,8 @@ class WorkerProcess:
                 entry = self._running.pop(me, None)
                 if entry is None:
                     return  # timed out: a fresh thread has this slot; this one retires
+                if entry.job is self._isolated:
+                    self._isolated = None
                 self._in_flight -= 1
                 self.processed += 1
                 if isinstance(outcome, Success) and outcome.batched:
@@ -873,22 +945,32 @@ class WorkerProcess:
         lost = self.engine.lost_claims(cutoff, sweep=sweep)
         if sweep:
             self._last_sweep = time.monotonic()
-        for job_id, attempts, owner, rescues in lost:
-            dead = rescues + 1 >= max_rescues
-            reason = f"worker {owner} stopped heartbeating while running this job" + (
-                f"; rescued {rescues + 1} times, so it is a likely poison pill" if dead else ""
-            )
+        for claim in lost:
+            owner = claim.owner or ""
+            dead = claim.isolated and claim.crashes + 1 >= max_rescues
+            if not claim.isolated:
+                reason = (
+                    f"worker {owner} stopped heartbeating while running this job; the job is "
+                    "now a suspect, and its next attempts run with no other job beside them, "
+                    "so that a crash is blamed only on the job that caused it"
+                )
+            else:
+                reason = (
+                    f"worker {owner} stopped heartbeating while this job ran alone in it "
+                    f"(crash {claim.crashes + 1} of {max_rescues} allowed)"
+                )
+                if dead:
+                    reason += "; it crashes its worker, so it is a likely poison pill"
             error, summary = error_entry(
-                WorkerLost(reason), attempt=attempts, worker_id=owner or "", tb=""
+                WorkerLost(reason), attempt=claim.attempts, worker_id=owner, tb=""
             )
-            if self.engine.rescue(
-                job_id, attempts, owner, cutoff, dead=dead, error=error, last_error=summary
-            ):
+            if self.engine.rescue(claim, cutoff, dead=dead, error=error, last_error=summary):
                 logger.warning(
-                    "Rescued job id=%s from lost worker=%s result=%s",
-                    job_id,
+                    "Rescued job id=%s from lost worker=%s result=%s isolated=%s",
+                    claim.id,
                     safe(owner),
                     "dead" if dead else "waiting",
+                    "yes" if claim.isolated else "no",
                 )
         self.engine.forget_workers(cutoff)
 
