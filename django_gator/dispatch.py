@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 import logging
+import random
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.models.base import ModelState
 
 from django_gator import conf, signals, validation
-from django_gator.engines import InsertRow, get_engine
+from django_gator.engines import Engine, InsertRow, get_engine
+from django_gator.exceptions import DispatchDeadlock
 from django_gator.logutil import safe
 from django_gator.models import Job, JobState
 from django_gator.queueable import is_registered
@@ -150,7 +153,7 @@ def _insert(job_class: type[Queueable], alias: str, rows: list[InsertRow], jobs:
         created = []
         existing: dict[int, list[Job]] = {}
         for job, (job_id, created_at, next_at, new) in zip(
-            jobs, engine.insert_unique(rows, notify=due_now), strict=True
+            jobs, _insert_unique(job_class, engine, rows, due_now), strict=True
         ):
             if new:
                 _saved(job, job_id, created_at, next_at)
@@ -190,6 +193,45 @@ def _insert(job_class: type[Queueable], alias: str, rows: list[InsertRow], jobs:
         ]
         if due:
             _after_commit(alias, lambda: run_immediately(alias, due))
+
+
+#: Tries of a unique dispatch in a transaction of its own that the database ends to break a
+#: deadlock (MariaDB/MySQL; see MySQLEngine.unique_lookup_lock).
+DEADLOCK_TRIES = 5
+
+
+def _insert_unique(
+    job_class: type[Queueable], engine: Engine, rows: list[InsertRow], notify: set[str]
+) -> list[tuple[int, datetime, datetime, bool]]:
+    """engine.insert_unique(), run again after a deadlock when the transaction is ours.
+
+    Inside the caller's atomic() block it is not: InnoDB rolled back the caller's whole
+    transaction, which only the caller can run again, so the error says that instead."""
+    attempt = 1
+    while True:
+        in_callers_transaction = engine.connection.in_atomic_block
+        try:
+            return engine.insert_unique(rows, notify=notify)
+        except DatabaseError as exc:
+            if not engine.is_deadlock(exc):
+                raise
+            if in_callers_transaction:
+                raise DispatchDeadlock(
+                    f"dispatch of {job_class.name!r} inside transaction.atomic() lost a "
+                    f"deadlock ({exc}); InnoDB ends the whole transaction to break one, so "
+                    "run the atomic block again (dispatch retries deadlocks by itself only "
+                    "outside one)"
+                ) from exc
+            if attempt >= DEADLOCK_TRIES:
+                raise
+            logger.info(
+                "Deadlock in unique dispatch, retrying name=%s try=%s error=%s",
+                safe(job_class.name),
+                attempt,
+                safe(str(exc)),
+            )
+        time.sleep(random.uniform(0, 0.01 * 2**attempt))
+        attempt += 1
 
 
 def _after_commit(alias: str, callback: Callable[[], None]) -> None:

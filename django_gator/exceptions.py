@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.db import OperationalError
+
 
 class GatorError(Exception):
     """Base class of every error raised by django-gator itself."""
@@ -38,3 +40,8 @@ class WorkerLost(GatorError):
 class JobCancelled(GatorError):
     """Raised by a job (usually after ``self.cancel_requested()`` said so) to stop early:
     the job ends ``cancelled``, with no retry."""
+
+
+class DispatchDeadlock(GatorError, OperationalError):
+    """A dispatch inside the caller's ``transaction.atomic()`` lost a deadlock: the database
+    rolled back the caller's whole transaction, so only the caller can run it again."""

@@ -293,6 +293,11 @@ class Engine:
             f"{row.unique_key!r} after {self.UNIQUE_TRIES} tries: {error}"
         )
 
+    def is_deadlock(self, exc: BaseException) -> bool:
+        """Whether ``exc`` means the database ended the transaction to break a deadlock, so
+        that running it again from the start can succeed."""
+        return False
+
     def unique_lookup_lock(self) -> str:
         """Appended to the lookup of an active unique row when a plain read could miss the
         newest commit (a snapshot taken earlier in the transaction); empty by default."""

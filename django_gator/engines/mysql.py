@@ -52,12 +52,20 @@ class MySQLEngine(Engine):
         holds the row and then needs the entry (the virtual column changes), and InnoDB
         kills one of the two with a deadlock (error 1213). Under REPEATABLE READ or
         SERIALIZABLE a plain read sees the transaction's snapshot, which can predate the
-        commit that took or freed the key; there the lookup stays a locking read.
+        commit that took or freed the key; there the lookup stays a locking read, and
+        dispatch retries its deadlocks when the transaction is its own.
         """
         level = getattr(self.connection, "isolation_level", None)
         if level in ("read committed", "read uncommitted"):
             return ""
         return " LOCK IN SHARE MODE"
+
+    #: ER_LOCK_DEADLOCK, and ER_AUTOINC_READ_FAILED, which is how MariaDB reports a deadlock
+    #: met while taking the AUTO-INC lock of an INSERT ... SELECT.
+    DEADLOCK_ERRORS = (1213, 1467)
+
+    def is_deadlock(self, exc: BaseException) -> bool:
+        return bool(exc.args) and exc.args[0] in self.DEADLOCK_ERRORS
 
     def insert_jobs(
         self, rows: Sequence[InsertRow], notify: set[str] | None = None
