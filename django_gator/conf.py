@@ -19,6 +19,9 @@ DEFAULTS: dict[str, Any] = {
     "GATOR_DATABASE": "default",
     # Defer the INSERT of every dispatch to transaction.on_commit (see dispatch()).
     "GATOR_DISPATCH_ON_COMMIT": False,
+    # Seconds to wait before each new try of a deferred (on_commit) dispatch whose INSERT
+    # failed; after the last one the jobs are logged and dispatch_failed is sent.
+    "GATOR_DISPATCH_ON_COMMIT_RETRY_DELAYS": [0.5, 1.0, 2.0],
     # Largest accepted JSON payload (args + kwargs), in bytes.
     "GATOR_MAX_PAYLOAD_BYTES": 1_048_576,
     # Worker defaults.
@@ -88,6 +91,21 @@ def database() -> str:
 
 def dispatch_on_commit() -> bool:
     return bool(get("GATOR_DISPATCH_ON_COMMIT"))
+
+
+def dispatch_on_commit_retry_delays() -> list[float]:
+    value = get("GATOR_DISPATCH_ON_COMMIT_RETRY_DELAYS")
+    if isinstance(value, list | tuple):
+        try:
+            delays = [float(v) for v in value]
+        except (TypeError, ValueError):
+            delays = [-1.0]
+        if all(0 <= d <= 300 for d in delays):
+            return delays
+    raise ImproperlyConfigured(
+        "GATOR_DISPATCH_ON_COMMIT_RETRY_DELAYS must be a list of seconds from 0 to 300, "
+        f"got {value!r}"
+    )
 
 
 def max_payload_bytes() -> int:

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import random
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.models.base import ModelState
 
-from django_gator import conf, signals, validation
-from django_gator.engines import InsertRow, get_engine
+from django_gator import conf, redaction, signals, validation
+from django_gator.engines import Engine, InsertRow, get_engine
+from django_gator.exceptions import DispatchDeadlock
 from django_gator.logutil import safe
 from django_gator.models import Job, JobState
 from django_gator.queueable import is_registered
@@ -95,10 +99,131 @@ def enqueue(
     ]
     if on_commit:
         commit_alias = DEFAULT_DB_ALIAS if on_commit is True else str(on_commit)
-        transaction.on_commit(lambda: _insert(job_class, alias, rows, jobs), using=commit_alias)
+        if connections[commit_alias].in_atomic_block:
+            _defer(job_class, alias, rows, jobs, commit_alias)
+        else:
+            # Autocommit: Django runs the callback now, and its error reaches the caller.
+            transaction.on_commit(lambda: _insert(job_class, alias, rows, jobs), using=commit_alias)
     else:
         _insert(job_class, alias, rows, jobs)
     return jobs
+
+
+def _defer(
+    job_class: type[Queueable],
+    alias: str,
+    rows: list[InsertRow],
+    jobs: list[Job],
+    commit_alias: str,
+) -> None:
+    """Insert the jobs when the transaction of ``commit_alias`` commits.
+
+    By then the caller's data is committed and nobody can catch our error: the INSERT is
+    tried again (``GATOR_DISPATCH_ON_COMMIT_RETRY_DELAYS``), reconnecting, and if it still
+    fails every job is logged so that an operator can re-create it, and ``dispatch_failed``
+    is sent. The callback never raises for the insert, and it is registered ``robust`` so
+    that the caller's later on_commit callbacks run whatever happens. (With
+    GATOR_IMMEDIATE, a test setting, a job that ends dead raises here on purpose, as it does
+    from any dispatch; that one is not robust.)"""
+    delays = conf.dispatch_on_commit_retry_delays()  # a bad setting fails the dispatch now
+
+    def insert_on_commit() -> None:
+        created = _write_deferred(job_class, alias, rows, jobs, delays)
+        if created is not None:
+            _announce(job_class, alias, rows, jobs, created)
+
+    transaction.on_commit(insert_on_commit, using=commit_alias, robust=not conf.immediate())
+
+
+def _write_deferred(
+    job_class: type[Queueable],
+    alias: str,
+    rows: list[InsertRow],
+    jobs: list[Job],
+    delays: list[float],
+) -> list[Job] | None:
+    """_write() with retries; the rows it created, or None once it gave up (reported).
+    Never raises an Exception."""
+    tries = 0
+    error: BaseException
+    try:
+        while True:
+            tries += 1
+            try:
+                return _write(job_class, alias, rows, jobs)
+            except DatabaseError as exc:
+                error = exc
+                connection = connections[alias]
+                # Inside an open transaction of the jobs database (the caller's), a failed
+                # statement cannot be tried again alone.
+                if tries > len(delays) or connection.in_atomic_block:
+                    break
+                logger.warning(
+                    "Deferred dispatch failed; retrying name=%s count=%s try=%s delay=%s error=%s",
+                    safe(job_class.name),
+                    len(rows),
+                    tries,
+                    delays[tries - 1],
+                    _error_text(error, jobs),
+                )
+                with contextlib.suppress(DatabaseError):
+                    connection.close()  # the next try opens a new connection
+                time.sleep(delays[tries - 1])
+    except Exception as exc:
+        error = exc
+    _report_lost(job_class, rows, jobs, tries, error)
+    return None
+
+
+def _report_lost(
+    job_class: type[Queueable],
+    rows: list[InsertRow],
+    jobs: list[Job],
+    tries: int,
+    error: BaseException,
+) -> None:
+    """Log each job that a deferred dispatch could not insert, with what re-creates it
+    (secrets masked, as everywhere in logs), and send ``dispatch_failed``."""
+    try:
+        text = _error_text(error, jobs)
+        for row, job in zip(rows, jobs, strict=True):
+            args, kwargs = redaction.redact_payload(row.name, job.args, job.kwargs)
+            logger.error(
+                "Deferred dispatch lost: job not inserted name=%s queue=%s priority=%s "
+                "run_at=%s args=%s kwargs=%s chain_id=%s tries=%s error=%s",
+                safe(row.name),
+                safe(row.queue),
+                row.priority,
+                row.run_at.isoformat() if row.run_at is not None else "now",
+                _log_json(args),
+                _log_json(kwargs),
+                row.chain_id or "-",
+                tries,
+                text,
+            )
+    except Exception:
+        logger.exception(
+            "Deferred dispatch lost: job not inserted name=%s count=%s (its arguments could "
+            "not be logged)",
+            safe(job_class.name),
+            len(rows),
+        )
+    signals.send(signals.dispatch_failed, job_class, jobs=jobs, exception=error)
+
+
+def _error_text(error: BaseException, jobs: list[Job]) -> str:
+    secrets = sorted(
+        {s for job in jobs for s in redaction.secret_values(job.name, job.args, job.kwargs)},
+        key=len,
+        reverse=True,
+    )
+    return safe(redaction.mask_text(f"{type(error).__name__}: {error}", secrets), limit=1000)
+
+
+def _log_json(value: Any) -> str:
+    """JSON on one line: every control and non-ASCII character escaped, so it can neither
+    forge a log line nor be cut; ``json.loads`` of it gives the value back."""
+    return json.dumps(value, ensure_ascii=True, separators=(",", ":"))
 
 
 _FIELDS = [f.attname for f in Job._meta.concrete_fields]
@@ -139,6 +264,15 @@ def _unsaved(alias: str, row: InsertRow, args: list[Any], kwargs: dict[str, Any]
 
 
 def _insert(job_class: type[Queueable], alias: str, rows: list[InsertRow], jobs: list[Job]) -> None:
+    created = _write(job_class, alias, rows, jobs)
+    _announce(job_class, alias, rows, jobs, created)
+
+
+def _write(
+    job_class: type[Queueable], alias: str, rows: list[InsertRow], jobs: list[Job]
+) -> list[Job]:
+    """The INSERT: fills in the returned jobs; returns those it created (a unique job that
+    already existed takes that job's values and is not in the list)."""
     due_now = {row.queue for row in rows if row.run_at is None}
     engine = get_engine(alias)
     if not job_class._gator_unique:
@@ -150,7 +284,7 @@ def _insert(job_class: type[Queueable], alias: str, rows: list[InsertRow], jobs:
         created = []
         existing: dict[int, list[Job]] = {}
         for job, (job_id, created_at, next_at, new) in zip(
-            jobs, engine.insert_unique(rows, notify=due_now), strict=True
+            jobs, _insert_unique(job_class, engine, rows, due_now), strict=True
         ):
             if new:
                 _saved(job, job_id, created_at, next_at)
@@ -163,6 +297,17 @@ def _insert(job_class: type[Queueable], alias: str, rows: list[InsertRow], jobs:
                 for job in existing[row.pk]:
                     job.__dict__.update({name: getattr(row, name) for name in _FIELDS})
                     job._state.adding = False
+    return created
+
+
+def _announce(
+    job_class: type[Queueable],
+    alias: str,
+    rows: list[InsertRow],
+    jobs: list[Job],
+    created: list[Job],
+) -> None:
+    """What follows an INSERT: job_dispatched, the log line, GATOR_IMMEDIATE's run."""
     if not created:
         return
     signals.send(signals.job_dispatched, job_class, jobs=created)
@@ -190,6 +335,45 @@ def _insert(job_class: type[Queueable], alias: str, rows: list[InsertRow], jobs:
         ]
         if due:
             _after_commit(alias, lambda: run_immediately(alias, due))
+
+
+#: Tries of a unique dispatch in a transaction of its own that the database ends to break a
+#: deadlock (MariaDB/MySQL; see MySQLEngine.unique_lookup_lock).
+DEADLOCK_TRIES = 5
+
+
+def _insert_unique(
+    job_class: type[Queueable], engine: Engine, rows: list[InsertRow], notify: set[str]
+) -> list[tuple[int, datetime, datetime, bool]]:
+    """engine.insert_unique(), run again after a deadlock when the transaction is ours.
+
+    Inside the caller's atomic() block it is not: InnoDB rolled back the caller's whole
+    transaction, which only the caller can run again, so the error says that instead."""
+    attempt = 1
+    while True:
+        in_callers_transaction = engine.connection.in_atomic_block
+        try:
+            return engine.insert_unique(rows, notify=notify)
+        except DatabaseError as exc:
+            if not engine.is_deadlock(exc):
+                raise
+            if in_callers_transaction:
+                raise DispatchDeadlock(
+                    f"dispatch of {job_class.name!r} inside transaction.atomic() lost a "
+                    f"deadlock ({exc}); InnoDB ends the whole transaction to break one, so "
+                    "run the atomic block again (dispatch retries deadlocks by itself only "
+                    "outside one)"
+                ) from exc
+            if attempt >= DEADLOCK_TRIES:
+                raise
+            logger.info(
+                "Deadlock in unique dispatch, retrying name=%s try=%s error=%s",
+                safe(job_class.name),
+                attempt,
+                safe(str(exc)),
+            )
+        time.sleep(random.uniform(0, 0.01 * 2**attempt))
+        attempt += 1
 
 
 def _after_commit(alias: str, callback: Callable[[], None]) -> None:

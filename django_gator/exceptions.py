@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.db import OperationalError
+
 
 class GatorError(Exception):
     """Base class of every error raised by django-gator itself."""
@@ -48,3 +50,8 @@ class TransactionLeftOpen(GatorError):
 
 class SchemaMissing(GatorError):
     """django-gator's tables are not in the database: ``manage.py migrate`` has not run."""
+
+
+class DispatchDeadlock(GatorError, OperationalError):
+    """A dispatch inside the caller's ``transaction.atomic()`` lost a deadlock: the database
+    rolled back the caller's whole transaction, so only the caller can run it again."""

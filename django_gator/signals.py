@@ -5,6 +5,13 @@
     After the INSERT of a dispatch or dispatch_many (so on commit when the insert was
     deferred with ``on_commit``). ``jobs`` holds only the rows that were created: a unique
     job that was already waiting is not in it.
+``dispatch_failed(sender=JobClass, jobs=[Job, ...], exception=exc)``
+    When the INSERT deferred by ``dispatch(..., on_commit=True)`` still failed after its
+    retries (``GATOR_DISPATCH_ON_COMMIT_RETRY_DELAYS``): the caller's transaction has
+    committed and these jobs do not exist. ``jobs`` are the unsaved rows (``pk`` is None;
+    name, args, kwargs, queue, priority and ``next_execution_at`` as dispatched), enough to
+    store them elsewhere or alert; ``exception`` is the last error. Each job is also logged
+    at ERROR on the ``django_gator.dispatch`` logger.
 ``job_started(sender=JobClass, job=instance)``
     In the worker thread, just before the middleware and ``handle()`` run. ``job`` is the
     Queueable instance (``job.job_id``, ``job.attempt``, ``job.queue``, ``job.args``,
@@ -23,6 +30,7 @@ from typing import Any
 from django.dispatch import Signal
 
 job_dispatched = Signal()
+dispatch_failed = Signal()
 job_started = Signal()
 job_finished = Signal()
 

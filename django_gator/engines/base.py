@@ -270,8 +270,6 @@ class Engine:
     # -- unique jobs ---------------------------------------------------------------------
     #: Matches the active row of (name, unique_key) through the database's unique index.
     unique_match_sql = "name = %s AND unique_key = %s AND state IN ('waiting', 'failed', 'running')"
-    #: Appended to the lookup of an active unique row: a read that sees the newest commit.
-    unique_lookup_lock = ""
     #: Inserts tried per row before a dispatch of a unique job gives up.
     UNIQUE_TRIES = 10
 
@@ -320,12 +318,22 @@ class Engine:
             f"{row.unique_key!r} after {self.UNIQUE_TRIES} tries: {error}"
         )
 
+    def is_deadlock(self, exc: BaseException) -> bool:
+        """Whether ``exc`` means the database ended the transaction to break a deadlock, so
+        that running it again from the start can succeed."""
+        return False
+
+    def unique_lookup_lock(self) -> str:
+        """Appended to the lookup of an active unique row when a plain read could miss the
+        newest commit (a snapshot taken earlier in the transaction); empty by default."""
+        return ""
+
     def find_unique(self, name: str, key: str | None) -> tuple[int, datetime, datetime] | None:
         """(id, created_at, next_execution_at) of the active job holding ``key``, if any."""
         with self.connection.cursor() as cursor:
             cursor.execute(
                 f"SELECT id, created_at, next_execution_at FROM {self.job_table} "
-                f"WHERE {self.unique_match_sql}{self.unique_lookup_lock}",
+                f"WHERE {self.unique_match_sql}{self.unique_lookup_lock()}",
                 [name, key],
             )
             row = cursor.fetchone()

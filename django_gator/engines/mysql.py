@@ -48,8 +48,30 @@ class MySQLEngine(Engine):
 
     # The virtual column behind the unique index holds the key only while the job is active.
     unique_match_sql = "name = %s AND unique_active = %s"
-    # A locking read sees rows committed after this transaction's snapshot was taken.
-    unique_lookup_lock = " LOCK IN SHARE MODE"
+
+    def unique_lookup_lock(self) -> str:
+        """A locking read only where a plain one could be stale.
+
+        Under READ COMMITTED (Django's default for MySQL) every plain read sees the newest
+        commits, so the lookup takes no lock. It must not: a locking read through the unique
+        index locks the index entry, then the row, while a worker marking that row succeeded
+        holds the row and then needs the entry (the virtual column changes), and InnoDB
+        kills one of the two with a deadlock (error 1213). Under REPEATABLE READ or
+        SERIALIZABLE a plain read sees the transaction's snapshot, which can predate the
+        commit that took or freed the key; there the lookup stays a locking read, and
+        dispatch retries its deadlocks when the transaction is its own.
+        """
+        level = getattr(self.connection, "isolation_level", None)
+        if level in ("read committed", "read uncommitted"):
+            return ""
+        return " LOCK IN SHARE MODE"
+
+    #: ER_LOCK_DEADLOCK, and ER_AUTOINC_READ_FAILED, which is how MariaDB reports a deadlock
+    #: met while taking the AUTO-INC lock of an INSERT ... SELECT.
+    DEADLOCK_ERRORS = (1213, 1467)
+
+    def is_deadlock(self, exc: BaseException) -> bool:
+        return bool(exc.args) and exc.args[0] in self.DEADLOCK_ERRORS
 
     def insert_jobs(
         self, rows: Sequence[InsertRow], notify: set[str] | None = None
