@@ -234,6 +234,10 @@ for _name, _value in {
     "attempts": 0,
     "rescues": 0,
     "last_error": "",
+    "cancel_requested": False,
+    "suspect": False,
+    "isolated": False,
+    "crashes": 0,
 }.items():
     _BLANK[_FIELD_INDEX[_name]] = _value
 
@@ -254,7 +258,6 @@ def _unsaved(alias: str, row: InsertRow, args: list[Any], kwargs: dict[str, Any]
     values[_FIELD_INDEX["chain_position"]] = row.chain_position
     values[_FIELD_INDEX["chain"]] = None if row.chain is None else json.loads(row.chain)
     values[_FIELD_INDEX["unique_key"]] = row.unique_key
-    values[_FIELD_INDEX["cancel_requested"]] = False
     job = Job.__new__(Job)
     job.__dict__.update(zip(_FIELDS, values, strict=True))
     state = ModelState()
