@@ -331,6 +331,7 @@ class JobAdmin(admin.ModelAdmin):
         ids = list(queryset.values_list("pk", flat=True)[:10_000])
         context = {
             **self.admin_site.each_context(request),
+            **admin_views.breadcrumbs(self, "Are you sure?"),
             "opts": self.model._meta,
             "title": "Are you sure?",
             "question": question.format(count=len(ids)),

@@ -12,6 +12,7 @@ import json
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
+import django
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Max, Q
@@ -19,7 +20,8 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import reverse
-from django.utils.text import Truncator
+from django.utils.text import Truncator, capfirst
+from django.utils.translation import gettext as _
 
 from django_gator import redaction, validation
 from django_gator.exceptions import JobNotRegistered
@@ -38,9 +40,45 @@ SCREEN_STATES = {
 MAX_GROUPS = 200
 
 
-def _context(model_admin: ModelAdmin, request: HttpRequest, title: str) -> dict[str, Any]:
+#: Django 6.1 made the admin's breadcrumbs an <ol> of <li> (ticket #34041) and styles only
+#: ``ol.breadcrumbs``; up to 6.0 they are a <div> with &rsaquo; between the links.
+BREADCRUMBS_OL = django.VERSION >= (6, 1)
+
+
+def breadcrumbs(model_admin: ModelAdmin, current: str, *between: tuple[str, str]) -> dict[str, Any]:
+    """The context of ``admin/django_gator/breadcrumbs.html``: Home, the app, the job list,
+    the ``(url, label)`` pairs ``between``, then ``current`` (this page), rendered in the
+    markup of the installed Django line, as Django's own pages render theirs."""
+    opts = model_admin.model._meta
+    site = model_admin.admin_site.name
+    trail = [
+        (reverse(f"{site}:index"), _("Home")),
+        (
+            reverse(f"{site}:app_list", kwargs={"app_label": opts.app_label}),
+            opts.app_config.verbose_name,
+        ),
+        (
+            reverse(f"{site}:{opts.app_label}_{opts.model_name}_changelist"),
+            capfirst(opts.verbose_name_plural),
+        ),
+        *between,
+        ("", current),
+    ]
+    return {"gator_breadcrumbs": trail, "gator_breadcrumbs_ol": BREADCRUMBS_OL}
+
+
+def _context(
+    model_admin: ModelAdmin,
+    request: HttpRequest,
+    title: str,
+    *between: tuple[str, str],
+    crumb: str | None = None,
+) -> dict[str, Any]:
+    """The admin's context for one of our pages; its breadcrumbs end with ``between`` and
+    ``crumb`` (default: the title)."""
     return {
         **model_admin.admin_site.each_context(request),
+        **breadcrumbs(model_admin, crumb or title, *between),
         "opts": model_admin.model._meta,
         "title": title,
         "has_view_permission": True,
@@ -146,7 +184,12 @@ def _dead_jobs_post(model_admin: ModelAdmin, request: HttpRequest) -> HttpRespon
     if request.POST.get("confirm") != "yes":
         count = jobs.count()
         context = {
-            **_context(model_admin, request, "Are you sure?"),
+            **_context(
+                model_admin,
+                request,
+                "Are you sure?",
+                (reverse("admin:django_gator_job_dead"), _("Dead jobs")),
+            ),
             "action": action,
             "count": count,
             "filters": filters,
@@ -247,7 +290,13 @@ def edit_arguments(model_admin: ModelAdmin, request: HttpRequest, object_id: str
                 messages.success(request, f"Arguments of job {job.pk} saved.")
             return HttpResponseRedirect(detail)
     context = {
-        **_context(model_admin, request, f"Edit the arguments of job {job.pk}"),
+        **_context(
+            model_admin,
+            request,
+            f"Edit the arguments of job {job.pk}",
+            (detail, str(job)),
+            crumb=_("Edit arguments"),
+        ),
         "job": job,
         "args_text": args_text,
         "kwargs_text": kwargs_text,

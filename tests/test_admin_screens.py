@@ -4,7 +4,9 @@ secrets in admin pages and log lines."""
 from __future__ import annotations
 
 import logging
+import re
 
+import django
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import Client
@@ -247,3 +249,53 @@ def test_the_dead_job_screens_index_holds_only_dead_and_failed_rows():
             definition = cursor.fetchone()[0]
         assert "WHERE" in definition
         assert "dead" in definition
+
+
+def _breadcrumbs(html: str) -> str:
+    """The breadcrumbs of an admin page, whitespace squeezed."""
+    match = re.search(r'<nav aria-label="Breadcrumbs">(.*?)</nav>', html, re.S)
+    assert match, html[:2000]
+    return re.sub(r"\s+", " ", match.group(1)).strip()
+
+
+def test_the_custom_pages_render_breadcrumbs_as_djangos_own_pages_do(admin_client: Client):
+    groups = dead_jobs()
+    job = groups["logins"][0]
+    own = _breadcrumbs(
+        admin_client.get(reverse("admin:django_gator_job_change", args=[job.pk])).content.decode()
+    )
+    if django.VERSION >= (6, 1):
+        assert own.startswith('<ol class="breadcrumbs"> <li><a href="/admin/">Home</a></li>')
+        assert own.endswith(f'<li aria-current="page">{job}</li> </ol>')
+    else:
+        assert own.startswith('<div class="breadcrumbs"> <a href="/admin/">Home</a> &rsaquo; ')
+    dead = reverse(DEAD)
+    pages = {
+        "Dead jobs": admin_client.get(dead),
+        "Dead jobs &rsaquo; Are you sure?": admin_client.post(
+            dead, {"action": "retry", "state": "dead"}
+        ),
+        "Job dashboard": admin_client.get(reverse("admin:django_gator_job_dashboard")),
+        f"{job} &rsaquo; Edit arguments": admin_client.get(
+            reverse("admin:django_gator_job_edit_arguments", args=[job.pk])
+        ),
+        "Are you sure?": admin_client.post(
+            reverse("admin:django_gator_job_changelist"),
+            {"action": "retry_jobs", "_selected_action": [job.pk]},
+        ),
+    }
+    for trail, response in pages.items():
+        ours = _breadcrumbs(response.content.decode())
+        texts = re.sub(r"<[^>]+>", "", ours.replace("</li> <li", "</li> &rsaquo; <li"))
+        expected = f"Home &rsaquo; Background jobs &rsaquo; Jobs &rsaquo; {trail}"
+        assert re.sub(r"\s+", " ", texts).strip() == expected, (trail, ours)
+        if django.VERSION >= (6, 1):
+            assert ours.startswith('<ol class="breadcrumbs"> <li><a href="/admin/">Home</a></li>')
+            assert ours.count("<li") == expected.count("&rsaquo;") + 1, ours
+            assert ours.endswith(
+                f'<li aria-current="page">{trail.split(" &rsaquo; ")[-1]}</li> </ol>'
+            )
+            assert "&rsaquo;" not in ours  # the CSS draws the separators
+        else:
+            assert ours.startswith('<div class="breadcrumbs"> <a href="/admin/">Home</a> &rsaquo; ')
+            assert "<li" not in ours

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import django
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
@@ -28,6 +29,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 PASSWORD = "correct horse battery staple"
 DEAD = "admin:django_gator_job_dead"
 CHANGELIST = "admin:django_gator_job_changelist"
+#: How the breadcrumbs separate their items, as text.
+SEP = " \N{SINGLE RIGHT-POINTING ANGLE QUOTATION MARK} "
 
 
 def dead_jobs() -> None:
@@ -220,3 +223,66 @@ def test_a_view_only_user_gets_no_retry_button_and_a_forged_retry_is_refused(pag
     response = page.request.post(url + reverse("admin:logout"), form={"csrfmiddlewaretoken": token})
     assert response.status == 200
     assert "Logged out" in response.text()
+
+
+def breadcrumbs_of(page: Any) -> dict[str, str]:
+    """The breadcrumbs bar of the page: its element, class, background and text."""
+    bar = page.locator("nav[aria-label=Breadcrumbs] .breadcrumbs")
+    expect(bar).to_have_count(1)
+    return bar.evaluate(
+        """(el) => ({
+            tag: el.tagName.toLowerCase(),
+            background: getComputedStyle(el).backgroundColor,
+            padding: getComputedStyle(el).paddingLeft,
+            // An <ol>'s separators are CSS (::after): join its items as a <div> shows them.
+            text: (el.tagName === "OL"
+                ? Array.from(el.children, (li) => li.innerText.trim()).join(" \u203a ")
+                : el.innerText
+            ).replace(/\\s+/g, " ").trim(),
+            current: el.querySelector("[aria-current=page]")?.innerText.trim() ?? null,
+        })"""
+    )
+
+
+def test_the_custom_pages_have_the_admins_own_styled_breadcrumbs(page):
+    """Each of our pages renders the breadcrumbs as Django's own pages do on this Django line
+    (a <div> up to 6.0, an <ol> of <li> from 6.1, which styles only ol.breadcrumbs)."""
+    User.objects.create_superuser("boss", "boss@example.com", PASSWORD)
+    groups = dead_jobs_for_operators()
+    job = groups["logins"][0]
+    log_in(page, "boss")
+
+    page.goto(reverse("admin:django_gator_job_change", args=[job.pk]))
+    django_own = breadcrumbs_of(page)  # Django's change_form.html
+    assert django_own["background"] not in ("rgba(0, 0, 0, 0)", "transparent"), django_own
+    expected_tag = "ol" if django.VERSION >= (6, 1) else "div"
+    assert django_own["tag"] == expected_tag
+
+    def check(what: str, trail: str) -> None:
+        ours = breadcrumbs_of(page)
+        assert (ours["tag"], ours["background"], ours["padding"]) == (
+            django_own["tag"],
+            django_own["background"],
+            django_own["padding"],
+        ), (what, ours, django_own)
+        assert ours["text"] == trail, (what, ours)
+        if expected_tag == "ol":
+            assert ours["current"] == trail.rsplit(SEP, 1)[-1], (what, ours)
+
+    sep = SEP
+    home = f"Home{sep}Background jobs"
+    page.goto(reverse(DEAD))
+    check("dead jobs", f"{home}{sep}Jobs{sep}Dead jobs")
+    page.get_by_role("button", name="Retry group").first.click()
+    expect(page.locator("#content-main")).to_contain_text("Retry")
+    check("dead jobs confirmation", f"{home}{sep}Jobs{sep}Dead jobs{sep}Are you sure?")
+    page.goto(reverse("admin:django_gator_job_dashboard"))
+    check("dashboard", f"{home}{sep}Jobs{sep}Job dashboard")
+    page.goto(reverse("admin:django_gator_job_edit_arguments", args=[job.pk]))
+    check("edit arguments", f"{home}{sep}Jobs{sep}{job}{sep}Edit arguments")
+    page.goto(reverse(CHANGELIST))
+    page.locator(f"input.action-select[value='{job.pk}']").check()
+    page.locator("select[name=action]").select_option("retry_jobs")
+    page.locator("button[name=index]").click()
+    expect(page.locator("#content-main")).to_contain_text("Retry 1 selected job(s)?")
+    check("action confirmation", f"{home}{sep}Jobs{sep}Are you sure?")
