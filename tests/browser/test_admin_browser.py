@@ -16,7 +16,7 @@ from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
 from django_gator.models import Job, JobState
-from tests.conftest import SECRET, dead_jobs_for_operators, wait_for, worker_output
+from tests.conftest import SECRET, dead_jobs_for_operators, run_worker, wait_for, worker_output
 from tests.testapp.jobs import Boom, FailsFirstTime, Noop, add
 
 try:
@@ -286,3 +286,51 @@ def test_the_custom_pages_have_the_admins_own_styled_breadcrumbs(page):
     page.locator("button[name=index]").click()
     expect(page.locator("#content-main")).to_contain_text("Retry 1 selected job(s)?")
     check("action confirmation", f"{home}{sep}Jobs{sep}Are you sure?")
+
+
+def test_the_job_list_fits_a_1400_pixel_window_and_shows_what_the_readme_promises(page):
+    """At 1400 px, with the navigation sidebar open (the default) and the filters beside the
+    list, every column is inside the window; the priority column is there, times have
+    seconds, and a job that succeeded on a retry shows no "last error"."""
+    User.objects.create_superuser("boss", "boss@example.com", PASSWORD)
+    Boom.dispatch("disk full: " + "the volume /var/lib/data has no space left " * 12)
+    groups = dead_jobs_for_operators()
+    bob = next(j for j in groups["logins"] if j.args == ["bob"])
+    Job.objects.filter(pk=bob.pk).retry(by="boss")
+    run_worker()
+    bob.refresh_from_db()
+    assert (bob.state, bob.last_error != "") == (JobState.SUCCEEDED, True)
+    add.dispatch(2, 3, priority=7, wait=3600)
+
+    page.set_viewport_size({"width": 1400, "height": 900})
+    log_in(page, "boss")
+    page.goto(reverse(CHANGELIST))
+    expect(page.locator("#nav-sidebar")).to_be_visible()
+    expect(page.locator("#changelist-filter")).to_be_visible()
+    rows = page.locator("#result_list tbody tr")
+    expect(rows).to_have_count(7)
+
+    headers = page.locator("#result_list thead th")
+    window = page.viewport_size["width"]
+    results = page.locator("#changelist .results").bounding_box()
+    last = headers.last.bounding_box()
+    assert last["x"] + last["width"] <= min(window, results["x"] + results["width"]) + 0.5, (
+        last,
+        results,
+        headers.all_inner_texts(),
+    )
+    assert page.evaluate("document.documentElement.scrollWidth") <= window
+    scroll = page.locator("#changelist .results").evaluate("el => el.scrollWidth - el.clientWidth")
+    assert scroll <= 0, f"the job list scrolls sideways by {scroll} px"
+    assert "priority" in [t.strip().lower() for t in headers.all_text_contents()]
+
+    row = rows.filter(has=page.get_by_role("link", name=str(bob.pk), exact=True))
+    expect(row.locator("td.field-state")).to_have_text("Succeeded")
+    expect(row.locator("td.field-error_summary")).to_have_text("-")
+    dead = rows.filter(has_text="disk full: the volume")
+    expect(dead.locator("td.field-error_summary")).to_contain_text("RuntimeError: disk full")
+    scheduled = rows.filter(has=page.locator("td.field-priority", has_text="7"))
+    expect(scheduled).to_have_count(1)
+    expect(scheduled.locator("td.field-next_run")).to_have_text(
+        re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d$")
+    )
