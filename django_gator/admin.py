@@ -15,10 +15,12 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db.models import TextField
 from django.db.models.functions import Cast
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
@@ -255,6 +257,7 @@ class JobAdmin(admin.ModelAdmin):
                 wrap(self.edit_arguments_view),
                 name="django_gator_job_edit_arguments",
             ),
+            path("<path:object_id>/retry/", wrap(self.retry_view), name="django_gator_job_retry"),
         ]
         return own + super().get_urls()
 
@@ -266,6 +269,17 @@ class JobAdmin(admin.ModelAdmin):
 
     def edit_arguments_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         return admin_views.edit_arguments(self, request, object_id)
+
+    def retry_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """The Retry button of a job's page: a POST (CSRF-checked by admin_view) that needs
+        the retry permission and runs the job list's retry action on this one job."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_retry_permission(request):
+            raise PermissionDenied
+        job = get_object_or_404(Job, pk=object_id)
+        self.retry_and_report(request, Job.objects.filter(pk=job.pk))
+        return HttpResponseRedirect(reverse("admin:django_gator_job_change", args=[job.pk]))
 
     def get_search_results(self, request: HttpRequest, queryset: Any, search_term: str) -> Any:
         results, may_have_duplicates = super().get_search_results(request, queryset, search_term)
@@ -336,10 +350,18 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.display(description="tools")
     def operator_tools(self, job: Job) -> SafeString:
+        """Retry (a POST of the page's own form, with its CSRF token, to the retry view) and
+        the argument editor; shown only to users who may retry (see get_fieldsets)."""
         if job.state not in (JobState.DEAD, JobState.FAILED):
-            return format_html("<p>{}</p>", "Only dead and failed jobs can be edited.")
-        url = reverse("admin:django_gator_job_edit_arguments", args=[job.pk])
-        return format_html('<a class="button" href="{}">{}</a>', url, "Edit arguments and retry")
+            return format_html("<p>{}</p>", "Only dead and failed jobs can be retried or edited.")
+        return format_html(
+            '<button type="submit" class="button default gator-retry" formmethod="post" '
+            'formaction="{}">{}</button> <a class="button" href="{}">{}</a>',
+            reverse("admin:django_gator_job_retry", args=[job.pk]),
+            "Retry",
+            reverse("admin:django_gator_job_edit_arguments", args=[job.pk]),
+            "Edit arguments and retry",
+        )
 
     @admin.display(description="audit trail")
     def audit_html(self, job: Job) -> SafeString:
@@ -428,8 +450,17 @@ class JobAdmin(admin.ModelAdmin):
             except ValueError as exc:
                 self.message_user(request, str(exc), messages.ERROR)
                 return None
+        self.retry_and_report(request, queryset, queue=target)
+        return None
+
+    def retry_and_report(
+        self, request: HttpRequest, queryset: JobQuerySet, queue: str | None = None
+    ) -> int:
+        """Retry the dead and failed jobs of ``queryset`` (optionally onto ``queue``) in the
+        requesting user's name, and say how many were and were not; the retry action and a
+        job page's Retry button both come here once their checks have passed."""
         selected = queryset.count()
-        changed = queryset.retry(by=request.user.get_username(), queue=target)
+        changed = queryset.retry(by=request.user.get_username(), queue=queue)
         self.message_user(request, f"{changed} job(s) queued to run again.", messages.SUCCESS)
         if changed < selected:
             self.message_user(
@@ -438,7 +469,7 @@ class JobAdmin(admin.ModelAdmin):
                 "and a unique job not while another job holds its key.",
                 messages.WARNING,
             )
-        return None
+        return changed
 
     @admin.action(
         description="Cancel the selected jobs (running ones are asked to stop)",

@@ -334,3 +334,26 @@ def test_the_job_list_fits_a_1400_pixel_window_and_shows_what_the_readme_promise
     expect(scheduled.locator("td.field-next_run")).to_have_text(
         re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d$")
     )
+
+
+def test_the_retry_button_on_a_dead_jobs_page_retries_it(page):
+    User.objects.create_superuser("boss", "boss@example.com", PASSWORD)
+    groups = dead_jobs_for_operators()
+    carol = next(j for j in groups["logins"] if j.args == ["carol"])
+    log_in(page, "boss")
+    detail = reverse("admin:django_gator_job_change", args=[carol.pk])
+
+    page.goto(detail)
+    expect(page.locator("div.field-state .readonly")).to_have_text("Dead")
+    expect(page.get_by_role("link", name="Edit arguments and retry")).to_be_visible()
+    page.get_by_role("button", name="Retry", exact=True).click()
+
+    expect(page.locator("ul.messagelist")).to_contain_text("1 job(s) queued to run again.")
+    expect(page).to_have_url(re.compile(re.escape(detail) + "$"))
+    expect(page.locator("div.field-state .readonly")).to_have_text("Waiting")
+    expect(page.locator("div.field-audit_html")).to_contain_text("retry by boss")
+    expect(page.get_by_role("button", name="Retry", exact=True)).to_have_count(0)
+    carol.refresh_from_db()
+    assert (carol.state, carol.attempts, len(carol.errors)) == (JobState.WAITING, 1, 1)
+    assert [(e["action"], e["by"]) for e in carol.audit] == [("retry", "boss")]
+    assert Job.objects.filter(state=JobState.DEAD).count() == 4
