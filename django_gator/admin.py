@@ -504,8 +504,16 @@ class JobAdmin(admin.ModelAdmin):
 
 @admin.register(Worker)
 class WorkerAdmin(admin.ModelAdmin):
-    list_display = ("id", "hostname", "pid", "queues", "concurrency", "started_at", "heartbeat_at")
-    readonly_fields = list_display
+    list_display = ("id", "hostname", "pid", "queue_list", "concurrency", "started", "heartbeat")
+    fields = readonly_fields = list_display
+
+    started = _time_field("started_at", "started at")
+    heartbeat = _time_field("heartbeat_at", "heartbeat at")
+
+    @admin.display(description="queues")
+    def queue_list(self, worker: Worker) -> str:
+        """The queues and their weights as words, not as the stored JSON."""
+        return admin_views.describe_queues(worker.queues)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

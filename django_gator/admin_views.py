@@ -306,6 +306,27 @@ def edit_arguments(model_admin: ModelAdmin, request: HttpRequest, object_id: str
     return TemplateResponse(request, "admin/django_gator/job/edit_arguments.html", context)
 
 
+def describe_queues(queues: Any) -> str:
+    """A worker's queues as an operator reads them: ``critical (weight 8), default
+    (weight 1)``, or ``all queues`` for a worker started without ``-q``. The worker stores
+    ``[[name, weight], ...]``; anything else is shown as it is."""
+    if not queues:
+        return _("all queues")
+    if not isinstance(queues, list):
+        return json.dumps(queues, ensure_ascii=False)
+    parts = []
+    for entry in queues:
+        if isinstance(entry, list) and len(entry) == 2:
+            parts.append(
+                _("%(queue)s (weight %(weight)s)") % {"queue": entry[0], "weight": entry[1]}
+            )
+        else:
+            parts.append(
+                json.dumps(entry, ensure_ascii=False) if not isinstance(entry, str) else entry
+            )
+    return ", ".join(parts)
+
+
 def error_class_choices() -> list[str]:
     """Error classes of dead and failed jobs (for the changelist filter)."""
     values = (
