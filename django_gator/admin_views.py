@@ -429,10 +429,13 @@ def dashboard(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
         raise PermissionDenied
     points = throughput()
     total, exact = stats.estimated_total()
+    queues = stats.queue_stats()
+    workers = stats.workers()
     context = {
         **_context(model_admin, request, "Job dashboard"),
-        "queues": stats.queue_stats(),
-        "workers": stats.workers(),
+        "queues": queues,
+        "workers": workers,
+        "unserved": stats.unserved_queues(queues, workers),
         "chart": mark_safe(chart_svg(points)),  # noqa: S308 - built from numbers, escaped text
         "succeeded_hour": sum(p["succeeded"] for p in points),
         "dead_hour": sum(p["dead"] for p in points),

@@ -325,3 +325,36 @@ def test_the_workers_page_shows_queues_and_weights_readably(admin_client: Client
     )
     # Times to the second, as on the job pages.
     assert f'<span class="nowrap">{every.heartbeat_at:%H:%M:%S}</span>' in listing
+
+
+def test_the_dashboard_flags_a_queue_with_due_jobs_that_no_live_worker_serves(
+    admin_client: Client,
+):
+    from tests.factories import JobFactory, WorkerFactory
+    from tests.testapp.jobs import Echo
+
+    Noop.dispatch()  # due now on "default"
+    Echo.dispatch()  # due now on "echo"
+    Noop.dispatch(queue="later", wait=3600)  # nothing due there yet
+    WorkerFactory(queues=[["echo", 3]])  # live, serves echo only
+    WorkerFactory(stale=True, queues=[])  # would serve every queue, but its heartbeat lapsed
+    url = reverse("admin:django_gator_job_dashboard")
+
+    def flagged() -> list[str]:
+        page = admin_client.get(url).content.decode()
+        rows = re.findall(r'<tr class="gator-unserved">\s*<td><a href="[^"]*">([^<]*)</a>', page)
+        note = re.search(r'<p class="errornote gator-unserved-note">(.*?)</p>', page, re.S)
+        assert bool(rows) == bool(note), page
+        if note:
+            assert "no live worker" in note.group(1)
+            for queue in rows:
+                assert f"<code>{queue}</code>" in note.group(1)
+        return rows
+
+    assert flagged() == ["default"]
+    WorkerFactory(queues=[["default", 1], ["other", 2]])
+    assert flagged() == []
+    JobFactory(name=Echo.name, queue="<b>x</b>")  # dispatch() refuses the name; a row can hold it
+    assert flagged() == ["&lt;b&gt;x&lt;/b&gt;"]
+    WorkerFactory(queues=[])  # a worker started without -q serves every queue
+    assert flagged() == []
