@@ -369,52 +369,86 @@ def throughput(minutes: int = 60) -> list[dict[str, Any]]:
     return [{"minute": minute, **counts} for minute, counts in sorted(buckets.items())]
 
 
-def chart_svg(points: list[dict[str, Any]], width: int = 720, height: int = 180) -> str:
-    """A server-rendered SVG of ``throughput()``: green bars for succeeded jobs per minute,
-    red for dead ones. No script, no external file: the admin works offline."""
+#: The chart's colours: succeeded and dead jobs.
+CHART_COLOURS = {"succeeded": "#3a8c3a", "dead": "#c0392b"}
+
+
+def chart_svg(points: list[dict[str, Any]], width: int = 720, height: int = 210) -> str:
+    """A server-rendered SVG of ``throughput()``: stacked bars of succeeded (green) and dead
+    (red) jobs per minute, with a legend, a count axis (0, half, top) and a time axis
+    labelled every 10 minutes in the admin's time zone. No script, no external file: the
+    admin works offline. Text uses ``currentColor``, so it follows the admin's theme."""
+    from django.utils import timezone
     from django.utils.html import escape
 
     top = max([p["succeeded"] + p["dead"] for p in points] + [1])
-    pad_left, pad_bottom = 44, 20
-    plot_w, plot_h = width - pad_left - 4, height - pad_bottom - 8
+    left, right, head, foot = 48, 8, 26, 36
+    plot_w, plot_h = width - left - right, height - head - foot
+    base = head + plot_h
     bar_w = plot_w / max(len(points), 1)
+
+    def y(value: float) -> float:
+        return base - plot_h * value / top
+
+    legend_x = width - right - 150
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" role="img" class="gator-chart" '
         f'aria-label="Jobs finished per minute over the last {len(points)} minutes">',
-        f'<line x1="{pad_left}" y1="8" x2="{pad_left}" y2="{8 + plot_h}" stroke="#999"/>',
-        f'<line x1="{pad_left}" y1="{8 + plot_h}" x2="{width - 4}" y2="{8 + plot_h}" '
-        'stroke="#999"/>',
-        f'<text x="{pad_left - 4}" y="16" font-size="11" text-anchor="end">{top}</text>',
-        f'<text x="{pad_left - 4}" y="{8 + plot_h}" font-size="11" text-anchor="end">0</text>',
+        '<g fill="currentColor" font-size="11">',
+        f'<g class="gator-legend" transform="translate({legend_x} 6)">'
+        f'<rect x="0" y="0" width="10" height="10" fill="{CHART_COLOURS["succeeded"]}"/>'
+        '<text x="14" y="9">succeeded</text>'
+        f'<rect x="90" y="0" width="10" height="10" fill="{CHART_COLOURS["dead"]}"/>'
+        '<text x="104" y="9">dead</text></g>',
+        '<g class="gator-y-axis" text-anchor="end">',
     ]
+    for value in sorted({0, round(top / 2), top}):
+        parts.append(
+            f'<line x1="{left}" y1="{y(value):.1f}" x2="{width - right}" y2="{y(value):.1f}" '
+            'stroke="#999" stroke-opacity="0.35"/>'
+            f'<text x="{left - 4}" y="{y(value) + 4:.1f}">{value}</text>'
+        )
+    parts.append('<text x="4" y="15" text-anchor="start">jobs/min</text></g>')
+    parts.append(
+        f'<line x1="{left}" y1="{head}" x2="{left}" y2="{base}" stroke="#999"/>'
+        f'<line x1="{left}" y1="{base}" x2="{width - right}" y2="{base}" stroke="#999"/>'
+    )
     for i, point in enumerate(points):
-        x = pad_left + i * bar_w + 0.5
+        x = left + i * bar_w + 0.5
         ok_h = plot_h * point["succeeded"] / top
         dead_h = plot_h * point["dead"] / top
-        label = escape(
-            f"{point['minute']:%H:%M}: {point['succeeded']} succeeded, {point['dead']} dead"
-        )
+        minute = timezone.localtime(point["minute"])
+        label = escape(f"{minute:%H:%M}: {point['succeeded']} succeeded, {point['dead']} dead")
         parts.append(f"<g><title>{label}</title>")
         if ok_h:
             parts.append(
-                f'<rect x="{x:.1f}" y="{8 + plot_h - ok_h:.1f}" width="{max(bar_w - 1, 1):.1f}" '
-                f'height="{ok_h:.1f}" fill="#3a8c3a"/>'
+                f'<rect x="{x:.1f}" y="{base - ok_h:.1f}" width="{max(bar_w - 1, 1):.1f}" '
+                f'height="{ok_h:.1f}" fill="{CHART_COLOURS["succeeded"]}"/>'
             )
         if dead_h:
             parts.append(
-                f'<rect x="{x:.1f}" y="{8 + plot_h - ok_h - dead_h:.1f}" '
-                f'width="{max(bar_w - 1, 1):.1f}" height="{dead_h:.1f}" fill="#c0392b"/>'
+                f'<rect x="{x:.1f}" y="{base - ok_h - dead_h:.1f}" '
+                f'width="{max(bar_w - 1, 1):.1f}" height="{dead_h:.1f}" '
+                f'fill="{CHART_COLOURS["dead"]}"/>'
             )
         parts.append("</g>")
-    if points:
-        first, last = points[0]["minute"], points[-1]["minute"]
-        parts.append(
-            f'<text x="{pad_left}" y="{height - 4}" font-size="11">{first:%H:%M}</text>'
-            f'<text x="{width - 4}" y="{height - 4}" font-size="11" text-anchor="end">'
-            f"{last:%H:%M} UTC</text>"
-        )
-    parts.append("</svg>")
+    parts.append('<g class="gator-x-axis" text-anchor="middle">')
+    zone = ""
+    for i, point in enumerate(points):
+        minute = timezone.localtime(point["minute"])
+        zone = minute.tzname() or ""
+        if minute.minute % 10 == 0:
+            x = left + (i + 0.5) * bar_w
+            parts.append(
+                f'<line x1="{x:.1f}" y1="{base}" x2="{x:.1f}" y2="{base + 4}" stroke="#999"/>'
+                f'<text x="{x:.1f}" y="{base + 15}">{minute:%H:%M}</text>'
+            )
+    parts.append(
+        f'<text x="{left + plot_w / 2:.1f}" y="{height - 4}">'
+        f"{escape(f'time ({zone})' if zone else 'time')}</text></g>"
+    )
+    parts.append("</g></svg>")
     return "".join(parts)
 
 

@@ -358,3 +358,55 @@ def test_the_dashboard_flags_a_queue_with_due_jobs_that_no_live_worker_serves(
     assert flagged() == ["&lt;b&gt;x&lt;/b&gt;"]
     WorkerFactory(queues=[])  # a worker started without -q serves every queue
     assert flagged() == []
+
+
+def test_the_throughput_chart_has_a_legend_and_labelled_time_and_count_axes():
+    from datetime import UTC, datetime, timedelta
+
+    from django_gator.admin_views import chart_svg
+
+    start = datetime(2026, 5, 1, 12, 1, tzinfo=UTC)
+    points = [
+        {"minute": start + timedelta(minutes=i), "succeeded": i % 7, "dead": int(i == 30)}
+        for i in range(60)
+    ]
+    svg = chart_svg(points)
+
+    legend = re.search(r'<g class="gator-legend".*?</g>', svg, re.S)
+    assert legend
+    assert re.findall(r"<text[^>]*>([^<]*)</text>", legend.group(0)) == ["succeeded", "dead"]
+    assert 'fill="#3a8c3a"' in legend.group(0)
+    assert 'fill="#c0392b"' in legend.group(0)
+    x_axis = re.search(r'<g class="gator-x-axis".*?</g>', svg, re.S)
+    assert x_axis
+    assert re.findall(r"<text[^>]*>([^<]*)</text>", x_axis.group(0)) == [
+        "12:10",
+        "12:20",
+        "12:30",
+        "12:40",
+        "12:50",
+        "13:00",
+        "time (UTC)",
+    ]
+    y_axis = re.search(r'<g class="gator-y-axis".*?</g>', svg, re.S)
+    assert y_axis
+    assert re.findall(r"<text[^>]*>([^<]*)</text>", y_axis.group(0)) == ["0", "3", "6", "jobs/min"]
+    # In the admin's time zone, as the job pages show times.
+    from django.utils import timezone
+
+    timezone.activate("Asia/Kolkata")  # UTC+05:30
+    try:
+        shifted = chart_svg(points)
+    finally:
+        timezone.deactivate()
+    assert ">17:40<" in shifted
+    assert ">time (IST)<" in shifted
+
+
+def test_the_dashboard_chart_has_its_legend_and_axes(admin_client: Client):
+    dead_jobs()
+    page = admin_client.get(reverse("admin:django_gator_job_dashboard")).content.decode()
+    svg = page.split('<svg xmlns="http://www.w3.org/2000/svg"')[1].split("</svg>")[0]
+    assert 'class="gator-legend"' in svg
+    assert "time (UTC)" in svg
+    assert len(re.findall(r'<g class="gator-x-axis".*?</g>', svg, re.S)) == 1

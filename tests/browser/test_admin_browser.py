@@ -161,6 +161,8 @@ def test_retrying_a_dead_group_runs_it_again_on_a_worker_and_keeps_its_history(
     expect(page.locator("#gator-workers tbody tr")).to_have_count(1)
     expect(page.locator("#gator-workers tbody")).not_to_contain_text("No live worker.")
     expect(page.locator("svg.gator-chart")).to_be_visible()
+    expect(page.locator("svg.gator-chart .gator-legend text")).to_have_text(["succeeded", "dead"])
+    expect(page.locator("svg.gator-chart .gator-x-axis text").last).to_have_text("time (UTC)")
     screenshot(page, "dashboard")
 
 
