@@ -354,32 +354,61 @@ class JobAdmin(admin.ModelAdmin):
         the argument editor; shown only to users who may retry (see get_fieldsets)."""
         if job.state not in (JobState.DEAD, JobState.FAILED):
             return format_html("<p>{}</p>", "Only dead and failed jobs can be retried or edited.")
-        return format_html(
+        edit = reverse("admin:django_gator_job_edit_arguments", args=[job.pk])
+        tools = format_html(
             '<button type="submit" class="button default gator-retry" formmethod="post" '
             'formaction="{}">{}</button> <a class="button" href="{}">{}</a>',
             reverse("admin:django_gator_job_retry", args=[job.pk]),
             "Retry",
-            reverse("admin:django_gator_job_edit_arguments", args=[job.pk]),
+            edit,
             "Edit arguments and retry",
         )
+        last_edit = admin_views.last_restorable_edit(job)
+        if last_edit is not None:
+            tools += format_html(
+                ' <a class="button gator-undo-edit" href="{}?restore={}">{}</a>',
+                edit,
+                last_edit,
+                "Undo the last argument edit",
+            )
+        return tools
 
     @admin.display(description="audit trail")
     def audit_html(self, job: Job) -> SafeString:
-        entries = job.audit or []
+        """Who did what when; an argument edit also shows the values before and after it,
+        redacted as the payload is."""
+        entries = [e for e in job.audit or [] if isinstance(e, dict)]
         if not entries:
             return format_html("<p>{}</p>", "No operator action yet.")
-        return format_html_join(
-            "\n",
-            "<p>{} &middot; {} by <b>{}</b>{}</p>",
-            (
-                (
-                    e.get("at", ""),
-                    e.get("action", ""),
-                    e.get("by", "?"),
-                    f" (onto queue {e['queue']})" if e.get("queue") else "",
-                )
-                for e in entries
-            ),
+        shown = []
+        for e in entries:
+            line = format_html(
+                "<p>{} &middot; {} by <b>{}</b>{}</p>",
+                e.get("at", ""),
+                e.get("action", ""),
+                e.get("by", "?"),
+                f" (onto queue {e['queue']})" if e.get("queue") else "",
+            )
+            if e.get("action") == admin_views.EDIT_ACTION and isinstance(e.get("before"), dict):
+                line += self._edit_values(job, e["before"], e.get("after"))
+            shown.append((line,))
+        return format_html_join("\n", "{}", shown)
+
+    @staticmethod
+    def _edit_values(job: Job, before: dict[str, Any], after: Any) -> SafeString:
+        after = after if isinstance(after, dict) else {}
+        old = redaction.redact_payload(job.name, before.get("args"), before.get("kwargs"))
+        new = redaction.redact_payload(job.name, after.get("args"), after.get("kwargs"))
+        return format_html(
+            '<table class="gator-edit"><thead><tr><th></th><th>{}</th><th>{}</th></tr></thead>'
+            "<tbody><tr><th>args</th><td>{}</td><td>{}</td></tr>"
+            "<tr><th>kwargs</th><td>{}</td><td>{}</td></tr></tbody></table>",
+            "before",
+            "after",
+            _pretty(old[0]),
+            _pretty(new[0]),
+            _pretty(old[1]),
+            _pretty(new[1]),
         )
 
     @admin.display(description="errors, oldest first")

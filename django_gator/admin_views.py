@@ -213,9 +213,47 @@ class ArgumentsError(ValueError):
     """Edited arguments that cannot be stored or would not fit the job's handler."""
 
 
-def parse_arguments(job: Job, args_text: str, kwargs_text: str) -> tuple[list[Any], dict[str, Any]]:
-    """The edited (args, kwargs) of ``job``; values left as the redaction mask keep their
-    current (hidden) value. ArgumentsError names what is wrong."""
+#: The audit action of an argument edit. Its entry keeps ``before`` and ``after``, each
+#: ``{"args": [...], "kwargs": {...}}`` (the real values; pages show them redacted), so an
+#: edit can be read and undone.
+EDIT_ACTION = "edit_arguments"
+
+
+def restorable_edit(job: Job, index: Any) -> dict[str, Any] | None:
+    """The audit entry number ``index`` of ``job`` if it is an argument edit that kept the
+    values it replaced, else None."""
+    try:
+        position = int(index)
+    except (TypeError, ValueError):
+        return None
+    entries = job.audit or []
+    if not 0 <= position < len(entries):
+        return None
+    entry = entries[position]
+    if not isinstance(entry, dict) or entry.get("action") != EDIT_ACTION:
+        return None
+    return entry if isinstance(entry.get("before"), dict) else None
+
+
+def last_restorable_edit(job: Job) -> int | None:
+    """The index in ``job.audit`` of its latest argument edit that can be undone."""
+    for index in range(len(job.audit or []) - 1, -1, -1):
+        if restorable_edit(job, index) is not None:
+            return index
+    return None
+
+
+def _values(payload: dict[str, Any]) -> tuple[Any, Any]:
+    return payload.get("args", []), payload.get("kwargs", {})
+
+
+def parse_arguments(
+    job: Job, args_text: str, kwargs_text: str, *, hidden: tuple[Any, Any] | None = None
+) -> tuple[list[Any], dict[str, Any]]:
+    """The edited (args, kwargs) of ``job``; values left as the redaction mask keep the
+    hidden value they stand for: the job's current one, or the one in ``hidden`` (the
+    (args, kwargs) the form showed, when it restores an earlier edit's values).
+    ArgumentsError names what is wrong."""
     try:
         args = json.loads(args_text)
     except json.JSONDecodeError as exc:
@@ -228,8 +266,9 @@ def parse_arguments(job: Job, args_text: str, kwargs_text: str) -> tuple[list[An
         raise ArgumentsError(f"args must be a JSON list, got {validation.short_repr(args)}")
     if not isinstance(kwargs, dict):
         raise ArgumentsError(f"kwargs must be a JSON object, got {validation.short_repr(kwargs)}")
-    args = _unmask(args, job.args)
-    kwargs = _unmask(kwargs, job.kwargs)
+    hidden_args, hidden_kwargs = hidden if hidden is not None else (job.args, job.kwargs)
+    args = _unmask(args, hidden_args)
+    kwargs = _unmask(kwargs, hidden_kwargs)
     try:
         validation.encode_payload(args, kwargs)
         get_job_class(job.name).check_arguments(args, kwargs)
@@ -253,8 +292,57 @@ def _unmask(edited: Any, original: Any) -> Any:
     return edited
 
 
+def _save_arguments(
+    pk: int, args_text: str, kwargs_text: str, restore: str, by: str
+) -> tuple[list[Any], dict[str, Any]] | None:
+    """Store the edited arguments of dead or failed job ``pk`` and the audit entry that
+    keeps the values they replace, in one transaction with the row locked; None if the job
+    is no longer dead or failed. ``restore``: the audit index whose ``before`` values the
+    form showed (masked values stand for those), or ''."""
+    from django.db import transaction
+
+    from django_gator import conf
+
+    alias = conf.database()
+    with transaction.atomic(using=alias):
+        job = (
+            Job.objects.using(alias)
+            .select_for_update()
+            .filter(pk=pk, state__in=(JobState.DEAD, JobState.FAILED))
+            .first()
+        )
+        if job is None:
+            return None
+        hidden = None
+        if restore:
+            entry = restorable_edit(job, restore)
+            if entry is None:
+                raise ArgumentsError(_nothing_to_restore(restore))
+            hidden = _values(entry["before"])
+        args, kwargs = parse_arguments(job, args_text, kwargs_text, hidden=hidden)
+        Job.objects.using(alias).filter(pk=pk).update(args=args, kwargs=kwargs)
+        record(
+            alias,
+            [pk],
+            EDIT_ACTION,
+            by,
+            before={"args": job.args, "kwargs": job.kwargs},
+            after={"args": args, "kwargs": kwargs},
+        )
+    return args, kwargs
+
+
+def _nothing_to_restore(index: str) -> str:
+    return (
+        f"There is nothing to restore at audit entry {index!r}: it is not an edit of the "
+        "arguments that kept the values it replaced."
+    )
+
+
 def edit_arguments(model_admin: ModelAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
-    """Edit a dead or failed job's arguments (recorded in its audit trail), then retry."""
+    """Edit a dead or failed job's arguments, then retry it if asked. The audit trail keeps
+    who, when, and the values before and after; ``?restore=N`` fills the form with the
+    values from before the edit in audit entry N (to undo it)."""
     if not request.user.has_perm("django_gator.retry_job"):
         raise PermissionDenied
     job = get_object_or_404(Job, pk=object_id)
@@ -264,25 +352,25 @@ def edit_arguments(model_admin: ModelAdmin, request: HttpRequest, object_id: str
             request, f"Job {job.pk} is {job.state}: only dead and failed jobs can be edited."
         )
         return HttpResponseRedirect(detail)
-    shown_args, shown_kwargs = redaction.redact_payload(job.name, job.args, job.kwargs)
+    data = request.POST if request.method == "POST" else request.GET
+    restore = str(data.get("restore", "")).strip()
+    restoring = restorable_edit(job, restore) if restore else None
+    error = _nothing_to_restore(restore) if restore and restoring is None else ""
+    base = _values(restoring["before"]) if restoring else (job.args, job.kwargs)
+    shown_args, shown_kwargs = redaction.redact_payload(job.name, *base)
     args_text = json.dumps(shown_args, indent=2, ensure_ascii=False)
     kwargs_text = json.dumps(shown_kwargs, indent=2, ensure_ascii=False)
-    error = ""
-    if request.method == "POST":
+    if request.method == "POST" and not error:
         args_text = request.POST.get("args", "")
         kwargs_text = request.POST.get("kwargs", "")
         try:
-            args, kwargs = parse_arguments(job, args_text, kwargs_text)
+            saved = _save_arguments(job.pk, args_text, kwargs_text, restore, _username(request))
         except ArgumentsError as exc:
             error = str(exc)
         else:
-            updated = Job.objects.filter(
-                pk=job.pk, state__in=(JobState.DEAD, JobState.FAILED)
-            ).update(args=args, kwargs=kwargs)
-            if not updated:
+            if saved is None:
                 messages.error(request, f"Job {job.pk} changed meanwhile; nothing was saved.")
                 return HttpResponseRedirect(detail)
-            record(None, [job.pk], "edit_arguments", _username(request))
             if request.POST.get("retry") == "on":
                 Job.objects.filter(pk=job.pk).retry(by=_username(request))
                 messages.success(request, f"Arguments of job {job.pk} saved; it will run again.")
@@ -302,6 +390,8 @@ def edit_arguments(model_admin: ModelAdmin, request: HttpRequest, object_id: str
         "kwargs_text": kwargs_text,
         "error": error,
         "mask": redaction.MASK,
+        "restoring": restoring,
+        "restore": restore if restoring else "",
     }
     return TemplateResponse(request, "admin/django_gator/job/edit_arguments.html", context)
 

@@ -410,3 +410,84 @@ def test_the_dashboard_chart_has_its_legend_and_axes(admin_client: Client):
     assert 'class="gator-legend"' in svg
     assert "time (UTC)" in svg
     assert len(re.findall(r'<g class="gator-x-axis".*?</g>', svg, re.S)) == 1
+
+
+def _audit_field(body: str) -> str:
+    match = re.search(
+        r'field-audit_html">.*?<div class="readonly">(.*?)</div>\s*</div>', body, re.S
+    )
+    assert match, body
+    return match.group(1)
+
+
+def test_an_argument_edit_keeps_the_values_before_and_after_shows_them_redacted_and_undoes():
+    groups = dead_jobs()
+    job = next(j for j in groups["logins"] if j.args == ["alice"])
+    original = (job.args, job.kwargs)
+    assert original == (["alice"], {"pin": "pin-8642", "password": SECRET})
+    client = operator("retry_job")
+    edit = reverse("admin:django_gator_job_edit_arguments", args=[job.pk])
+    detail = reverse("admin:django_gator_job_change", args=[job.pk])
+
+    response = client.post(
+        edit,
+        {"args": '["<i>alice</i>"]', "kwargs": '{"pin": "[redacted]", "password": "pw-new-4711"}'},
+    )
+    assert response.status_code == 302
+    job.refresh_from_db()
+    assert (job.args, job.kwargs) == (
+        ["<i>alice</i>"],
+        {"pin": "pin-8642", "password": "pw-new-4711"},
+    )
+    assert job.state == JobState.DEAD  # not retried: the box was not ticked
+    [entry] = job.audit
+    assert (entry["action"], entry["by"]) == ("edit_arguments", "op")
+    assert entry["before"] == {"args": ["alice"], "kwargs": {"pin": "pin-8642", "password": SECRET}}
+    assert entry["after"] == {"args": ["<i>alice</i>"], "kwargs": job.kwargs}
+
+    page = client.get(detail).content.decode()
+    audit = _audit_field(page)
+    assert '<td><pre class="gator-json">[\n  &quot;alice&quot;\n]</pre></td>' in audit
+    assert "&lt;i&gt;alice&lt;/i&gt;" in audit
+    assert "<i>alice</i>" not in page
+    assert audit.count("[redacted]") == 4  # pin and password, before and after
+    for secret in (SECRET, "pin-8642", "pw-new-4711"):
+        assert secret not in audit
+    undo = f"{edit}?restore=0"
+    assert f'href="{undo}"' in page
+    assert "Undo the last argument edit" in page
+    # The view-only page has neither the values' secrets nor the undo tool.
+    viewer = operator(name="viewer").get(detail).content.decode()
+    assert "Undo the last argument edit" not in viewer
+    assert "pw-new-4711" not in viewer
+
+    # A restore index that is not an edit with values is refused, and nothing changes.
+    for bad in ("1", "9", "-1", "x"):
+        response = client.post(edit, {"restore": bad, "args": "[]", "kwargs": "{}"})
+        assert "nothing to restore" in response.content.decode(), bad
+    job.refresh_from_db()
+    assert len(job.audit) == 1
+    assert job.args == ["<i>alice</i>"]
+
+    # Undo: the editor shows the values from before the edit (masked), and saving them
+    # restores them, hidden values included.
+    form = client.get(undo).content.decode()
+    assert "Restoring the arguments from before the edit by op" in form
+    assert "&quot;alice&quot;" in form
+    assert SECRET not in form
+    response = client.post(
+        edit,
+        {
+            "restore": "0",
+            "args": '["alice"]',
+            "kwargs": '{"pin": "[redacted]", "password": "[redacted]"}',
+            "retry": "on",
+        },
+    )
+    assert response.status_code == 302
+    job.refresh_from_db()
+    assert (job.args, job.kwargs) == original
+    assert job.state == JobState.WAITING
+    assert [e["action"] for e in job.audit] == ["edit_arguments", "edit_arguments", "retry"]
+    assert job.audit[1]["before"] == entry["after"]
+    assert job.audit[1]["after"] == {"args": original[0], "kwargs": original[1]}
