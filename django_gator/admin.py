@@ -296,7 +296,7 @@ class JobAdmin(admin.ModelAdmin):
     def _secrets(job: Job) -> list[str]:
         cache = job.__dict__.setdefault("_gator_secrets", {})
         if "values" not in cache:
-            cache["values"] = redaction.secret_values(job.name, job.args, job.kwargs)
+            cache["values"] = redaction.job_secret_values(job.name, job.args, job.kwargs, job.audit)
         return list(cache["values"])
 
     created = _time_field("created_at", "created at")

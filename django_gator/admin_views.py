@@ -129,7 +129,7 @@ def dead_jobs(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
     changelist = reverse("admin:django_gator_job_changelist")
     for group in groups:
         job = newest[group["newest"]]
-        secrets = redaction.secret_values(job.name, job.args, job.kwargs)
+        secrets = redaction.job_secret_values(job.name, job.args, job.kwargs, job.audit)
         group["message"] = Truncator(redaction.mask_text(job.last_error, secrets)).chars(300)
         group["at"] = job.finished_at or job.next_execution_at
         group["queue"] = job.queue

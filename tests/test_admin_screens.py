@@ -491,3 +491,29 @@ def test_an_argument_edit_keeps_the_values_before_and_after_shows_them_redacted_
     assert [e["action"] for e in job.audit] == ["edit_arguments", "edit_arguments", "retry"]
     assert job.audit[1]["before"] == entry["after"]
     assert job.audit[1]["after"] == {"args": original[0], "kwargs": original[1]}
+
+
+def test_a_secret_replaced_by_an_argument_edit_stays_masked_in_the_errors_it_left():
+    """The error history and the last error hold the password the job failed with; after an
+    edit changed it, the pages must still mask it (the audit entry knows it)."""
+    groups = dead_jobs()
+    carol = next(j for j in groups["logins"] if j.args == ["carol"])  # her group's newest
+    assert SECRET in carol.last_error
+    assert SECRET in carol.errors[0]["traceback"] or SECRET in carol.errors[0]["message"]
+    client = operator("retry_job")
+    edit = reverse("admin:django_gator_job_edit_arguments", args=[carol.pk])
+    client.post(edit, {"args": '["carol"]', "kwargs": '{"password": "pw-new-4711"}'})
+    carol.refresh_from_db()
+    assert carol.kwargs == {"password": "pw-new-4711"}
+
+    pages = {
+        "detail": client.get(reverse("admin:django_gator_job_change", args=[carol.pk])),
+        "list": client.get(reverse("admin:django_gator_job_changelist")),
+        "dead jobs": client.get(reverse(DEAD)),
+        "editor": client.get(edit),
+    }
+    for where, response in pages.items():
+        body = response.content.decode()
+        assert SECRET not in body, where
+        assert "pw-new-4711" not in body, where
+    assert "login failed for carol with password [redacted]" in pages["detail"].content.decode()
