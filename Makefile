@@ -182,6 +182,8 @@ test-chaos: install
 # (GATOR_CHROMIUM, default /usr/bin/chromium; Playwright's own browser download is not used).
 # Opt-in: plain `make test` collects them too, and skips them when either is missing;
 # test-browser sets GATOR_BROWSER_TESTS=required, so there a missing one fails instead.
+# On another Django line: make test-browser PYTHON=python3.12 VENV=.venv-dj6 DJANGO='Django>=6.1,<6.2'
+# (CI runs both 5.2 and 6.1: the admin's markup and CSS differ between them).
 browser-deps: install
 	@chromium="$${GATOR_CHROMIUM:-/usr/bin/chromium}"; \
 	if [ -x "$$chromium" ]; then \

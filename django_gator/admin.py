@@ -10,16 +10,20 @@ and the dashboard live in :mod:`django_gator.admin_views`. Argument values named
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db.models import TextField
 from django.db.models.functions import Cast
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
@@ -30,10 +34,43 @@ from django_gator.models import Job, JobQuerySet, JobState, Schedule, ScheduleSo
 from django_gator.queueable import get_job_class, registered_jobs
 from django_gator.validation import encode_payload, validate_queue
 
+#: The states in which a job's last error says why it is where it is; a job that succeeded
+#: (or waits or runs again) after a failed attempt keeps that error in its history only.
+ERROR_STATES = (JobState.FAILED, JobState.DEAD, JobState.CANCELLED)
+#: Characters of the last error shown in the job list (the full text is its tooltip).
+LIST_ERROR_CHARS = 40
+
 
 def _pretty(value: Any) -> SafeString:
     text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
     return format_html('<pre class="gator-json">{}</pre>', text)
+
+
+def when(value: datetime | None) -> SafeString | None:
+    """A time to the second in the current time zone (the admin's), with its full ISO 8601
+    form as the tooltip; None (the admin's "-") when there is none."""
+    if value is None:
+        return None
+    local = timezone.localtime(value) if timezone.is_aware(value) else value
+    # The date and the time may go on two lines (the job list is narrow), each unbroken.
+    return format_html(
+        '<time datetime="{}" title="{}"><span class="nowrap">{}</span> '
+        '<span class="nowrap">{}</span></time>',
+        value.isoformat(),
+        local.isoformat(),
+        local.strftime("%Y-%m-%d"),
+        local.strftime("%H:%M:%S"),
+    )
+
+
+def _time_field(field: str, description: str) -> Any:
+    """A read-only admin field showing the model's datetime ``field`` to the second."""
+
+    @admin.display(description=description, ordering=field)
+    def show(self: Any, obj: Any) -> SafeString | None:
+        return when(getattr(obj, field))
+
+    return show
 
 
 class EstimatedCountPaginator(Paginator):
@@ -107,13 +144,17 @@ class ErrorClassFilter(admin.SimpleListFilter):
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
     paginator = EstimatedCountPaginator
+    # Sized to fit a 1400 px window with the navigation sidebar and the filters open (a
+    # browser test measures it): names wrap after their dots, times after the date, errors
+    # anywhere, and the error is cut short.
     list_display = (
         "id",
-        "name",
+        "job_name",
         "queue",
         "state",
+        "priority",
         "attempts",
-        "next_execution_at",
+        "next_run",
         "error_summary",
     )
     list_filter = (
@@ -138,11 +179,11 @@ class JobAdmin(admin.ModelAdmin):
             "Timing",
             {
                 "fields": (
-                    "created_at",
-                    "next_execution_at",
-                    "started_at",
-                    "locked_at",
-                    "finished_at",
+                    "created",
+                    "next_execution",
+                    "started",
+                    "locked",
+                    "finished",
                 )
             },
         ),
@@ -163,11 +204,11 @@ class JobAdmin(admin.ModelAdmin):
         "args_pretty",
         "kwargs_pretty",
         "result_pretty",
-        "created_at",
-        "next_execution_at",
-        "started_at",
-        "locked_at",
-        "finished_at",
+        "created",
+        "next_execution",
+        "started",
+        "locked",
+        "finished",
         "attempts",
         "rescues",
         "reserved_by",
@@ -216,6 +257,7 @@ class JobAdmin(admin.ModelAdmin):
                 wrap(self.edit_arguments_view),
                 name="django_gator_job_edit_arguments",
             ),
+            path("<path:object_id>/retry/", wrap(self.retry_view), name="django_gator_job_retry"),
         ]
         return own + super().get_urls()
 
@@ -227,6 +269,17 @@ class JobAdmin(admin.ModelAdmin):
 
     def edit_arguments_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         return admin_views.edit_arguments(self, request, object_id)
+
+    def retry_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """The Retry button of a job's page: a POST (CSRF-checked by admin_view) that needs
+        the retry permission and runs the job list's retry action on this one job."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_retry_permission(request):
+            raise PermissionDenied
+        job = get_object_or_404(Job, pk=object_id)
+        self.retry_and_report(request, Job.objects.filter(pk=job.pk))
+        return HttpResponseRedirect(reverse("admin:django_gator_job_change", args=[job.pk]))
 
     def get_search_results(self, request: HttpRequest, queryset: Any, search_term: str) -> Any:
         results, may_have_duplicates = super().get_search_results(request, queryset, search_term)
@@ -243,16 +296,45 @@ class JobAdmin(admin.ModelAdmin):
     def _secrets(job: Job) -> list[str]:
         cache = job.__dict__.setdefault("_gator_secrets", {})
         if "values" not in cache:
-            cache["values"] = redaction.secret_values(job.name, job.args, job.kwargs)
+            cache["values"] = redaction.job_secret_values(job.name, job.args, job.kwargs, job.audit)
         return list(cache["values"])
 
+    created = _time_field("created_at", "created at")
+    next_execution = _time_field("next_execution_at", "next execution at")
+    started = _time_field("started_at", "started at")
+    locked = _time_field("locked_at", "locked at (last claim)")
+    finished = _time_field("finished_at", "finished at")
+    next_run = _time_field("next_execution_at", "next run")
+
+    @admin.display(description="name", ordering="name")
+    def job_name(self, job: Job) -> SafeString:
+        """The job name, allowed to wrap after each dot (a dotted path has no other place
+        to break, and would widen the list by itself)."""
+        *module, last = job.name.split(".")
+        return format_html_join("", "{}.<wbr>", ((part,) for part in module)) + format_html(
+            "{}", last
+        )
+
     @admin.display(description="last error")
-    def error_summary(self, job: Job) -> str:
-        return Truncator(redaction.mask_text(job.last_error, self._secrets(job))).chars(60)
+    def error_summary(self, job: Job) -> SafeString | None:
+        """The start of the last error of a failed, dead or cancelled job; the whole of it
+        (masked, up to 500 characters) is the tooltip."""
+        if job.state not in ERROR_STATES or not job.last_error:
+            return None
+        text = redaction.mask_text(job.last_error, self._secrets(job))
+        return format_html(
+            '<span title="{}">{}</span>',
+            Truncator(text).chars(500),
+            Truncator(text).chars(LIST_ERROR_CHARS),
+        )
 
     @admin.display(description="last error")
     def last_error_shown(self, job: Job) -> str:
-        return redaction.mask_text(job.last_error, self._secrets(job))
+        text = redaction.mask_text(job.last_error, self._secrets(job))
+        if job.state in ERROR_STATES or not text:
+            return text
+        state = job.get_state_display().lower()
+        return f"None now ({state}); the errors of earlier attempts are in the error history."
 
     @admin.display(description="args")
     def args_pretty(self, job: Job) -> SafeString:
@@ -268,28 +350,65 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.display(description="tools")
     def operator_tools(self, job: Job) -> SafeString:
+        """Retry (a POST of the page's own form, with its CSRF token, to the retry view) and
+        the argument editor; shown only to users who may retry (see get_fieldsets)."""
         if job.state not in (JobState.DEAD, JobState.FAILED):
-            return format_html("<p>{}</p>", "Only dead and failed jobs can be edited.")
-        url = reverse("admin:django_gator_job_edit_arguments", args=[job.pk])
-        return format_html('<a class="button" href="{}">{}</a>', url, "Edit arguments and retry")
+            return format_html("<p>{}</p>", "Only dead and failed jobs can be retried or edited.")
+        edit = reverse("admin:django_gator_job_edit_arguments", args=[job.pk])
+        tools = format_html(
+            '<button type="submit" class="button default gator-retry" formmethod="post" '
+            'formaction="{}">{}</button> <a class="button" href="{}">{}</a>',
+            reverse("admin:django_gator_job_retry", args=[job.pk]),
+            "Retry",
+            edit,
+            "Edit arguments and retry",
+        )
+        last_edit = admin_views.last_restorable_edit(job)
+        if last_edit is not None:
+            tools += format_html(
+                ' <a class="button gator-undo-edit" href="{}?restore={}">{}</a>',
+                edit,
+                last_edit,
+                "Undo the last argument edit",
+            )
+        return tools
 
     @admin.display(description="audit trail")
     def audit_html(self, job: Job) -> SafeString:
-        entries = job.audit or []
+        """Who did what when; an argument edit also shows the values before and after it,
+        redacted as the payload is."""
+        entries = [e for e in job.audit or [] if isinstance(e, dict)]
         if not entries:
             return format_html("<p>{}</p>", "No operator action yet.")
-        return format_html_join(
-            "\n",
-            "<p>{} &middot; {} by <b>{}</b>{}</p>",
-            (
-                (
-                    e.get("at", ""),
-                    e.get("action", ""),
-                    e.get("by", "?"),
-                    f" (onto queue {e['queue']})" if e.get("queue") else "",
-                )
-                for e in entries
-            ),
+        shown = []
+        for e in entries:
+            line = format_html(
+                "<p>{} &middot; {} by <b>{}</b>{}</p>",
+                e.get("at", ""),
+                e.get("action", ""),
+                e.get("by", "?"),
+                f" (onto queue {e['queue']})" if e.get("queue") else "",
+            )
+            if e.get("action") == admin_views.EDIT_ACTION and isinstance(e.get("before"), dict):
+                line += self._edit_values(job, e["before"], e.get("after"))
+            shown.append((line,))
+        return format_html_join("\n", "{}", shown)
+
+    @staticmethod
+    def _edit_values(job: Job, before: dict[str, Any], after: Any) -> SafeString:
+        after = after if isinstance(after, dict) else {}
+        old = redaction.redact_payload(job.name, before.get("args"), before.get("kwargs"))
+        new = redaction.redact_payload(job.name, after.get("args"), after.get("kwargs"))
+        return format_html(
+            '<table class="gator-edit"><thead><tr><th></th><th>{}</th><th>{}</th></tr></thead>'
+            "<tbody><tr><th>args</th><td>{}</td><td>{}</td></tr>"
+            "<tr><th>kwargs</th><td>{}</td><td>{}</td></tr></tbody></table>",
+            "before",
+            "after",
+            _pretty(old[0]),
+            _pretty(new[0]),
+            _pretty(old[1]),
+            _pretty(new[1]),
         )
 
     @admin.display(description="errors, oldest first")
@@ -331,6 +450,7 @@ class JobAdmin(admin.ModelAdmin):
         ids = list(queryset.values_list("pk", flat=True)[:10_000])
         context = {
             **self.admin_site.each_context(request),
+            **admin_views.breadcrumbs(self, "Are you sure?"),
             "opts": self.model._meta,
             "title": "Are you sure?",
             "question": question.format(count=len(ids)),
@@ -359,8 +479,17 @@ class JobAdmin(admin.ModelAdmin):
             except ValueError as exc:
                 self.message_user(request, str(exc), messages.ERROR)
                 return None
+        self.retry_and_report(request, queryset, queue=target)
+        return None
+
+    def retry_and_report(
+        self, request: HttpRequest, queryset: JobQuerySet, queue: str | None = None
+    ) -> int:
+        """Retry the dead and failed jobs of ``queryset`` (optionally onto ``queue``) in the
+        requesting user's name, and say how many were and were not; the retry action and a
+        job page's Retry button both come here once their checks have passed."""
         selected = queryset.count()
-        changed = queryset.retry(by=request.user.get_username(), queue=target)
+        changed = queryset.retry(by=request.user.get_username(), queue=queue)
         self.message_user(request, f"{changed} job(s) queued to run again.", messages.SUCCESS)
         if changed < selected:
             self.message_user(
@@ -369,7 +498,7 @@ class JobAdmin(admin.ModelAdmin):
                 "and a unique job not while another job holds its key.",
                 messages.WARNING,
             )
-        return None
+        return changed
 
     @admin.action(
         description="Cancel the selected jobs (running ones are asked to stop)",
@@ -404,8 +533,16 @@ class JobAdmin(admin.ModelAdmin):
 
 @admin.register(Worker)
 class WorkerAdmin(admin.ModelAdmin):
-    list_display = ("id", "hostname", "pid", "queues", "concurrency", "started_at", "heartbeat_at")
-    readonly_fields = list_display
+    list_display = ("id", "hostname", "pid", "queue_list", "concurrency", "started", "heartbeat")
+    fields = readonly_fields = list_display
+
+    started = _time_field("started_at", "started at")
+    heartbeat = _time_field("heartbeat_at", "heartbeat at")
+
+    @admin.display(description="queues")
+    def queue_list(self, worker: Worker) -> str:
+        """The queues and their weights as words, not as the stored JSON."""
+        return admin_views.describe_queues(worker.queues)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

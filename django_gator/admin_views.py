@@ -12,6 +12,7 @@ import json
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
+import django
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Max, Q
@@ -19,7 +20,8 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import reverse
-from django.utils.text import Truncator
+from django.utils.text import Truncator, capfirst
+from django.utils.translation import gettext as _
 
 from django_gator import redaction, validation
 from django_gator.exceptions import JobNotRegistered
@@ -38,9 +40,45 @@ SCREEN_STATES = {
 MAX_GROUPS = 200
 
 
-def _context(model_admin: ModelAdmin, request: HttpRequest, title: str) -> dict[str, Any]:
+#: Django 6.1 made the admin's breadcrumbs an <ol> of <li> (ticket #34041) and styles only
+#: ``ol.breadcrumbs``; up to 6.0 they are a <div> with &rsaquo; between the links.
+BREADCRUMBS_OL = django.VERSION >= (6, 1)
+
+
+def breadcrumbs(model_admin: ModelAdmin, current: str, *between: tuple[str, str]) -> dict[str, Any]:
+    """The context of ``admin/django_gator/breadcrumbs.html``: Home, the app, the job list,
+    the ``(url, label)`` pairs ``between``, then ``current`` (this page), rendered in the
+    markup of the installed Django line, as Django's own pages render theirs."""
+    opts = model_admin.model._meta
+    site = model_admin.admin_site.name
+    trail = [
+        (reverse(f"{site}:index"), _("Home")),
+        (
+            reverse(f"{site}:app_list", kwargs={"app_label": opts.app_label}),
+            opts.app_config.verbose_name,
+        ),
+        (
+            reverse(f"{site}:{opts.app_label}_{opts.model_name}_changelist"),
+            capfirst(opts.verbose_name_plural),
+        ),
+        *between,
+        ("", current),
+    ]
+    return {"gator_breadcrumbs": trail, "gator_breadcrumbs_ol": BREADCRUMBS_OL}
+
+
+def _context(
+    model_admin: ModelAdmin,
+    request: HttpRequest,
+    title: str,
+    *between: tuple[str, str],
+    crumb: str | None = None,
+) -> dict[str, Any]:
+    """The admin's context for one of our pages; its breadcrumbs end with ``between`` and
+    ``crumb`` (default: the title)."""
     return {
         **model_admin.admin_site.each_context(request),
+        **breadcrumbs(model_admin, crumb or title, *between),
         "opts": model_admin.model._meta,
         "title": title,
         "has_view_permission": True,
@@ -91,7 +129,7 @@ def dead_jobs(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
     changelist = reverse("admin:django_gator_job_changelist")
     for group in groups:
         job = newest[group["newest"]]
-        secrets = redaction.secret_values(job.name, job.args, job.kwargs)
+        secrets = redaction.job_secret_values(job.name, job.args, job.kwargs, job.audit)
         group["message"] = Truncator(redaction.mask_text(job.last_error, secrets)).chars(300)
         group["at"] = job.finished_at or job.next_execution_at
         group["queue"] = job.queue
@@ -146,7 +184,12 @@ def _dead_jobs_post(model_admin: ModelAdmin, request: HttpRequest) -> HttpRespon
     if request.POST.get("confirm") != "yes":
         count = jobs.count()
         context = {
-            **_context(model_admin, request, "Are you sure?"),
+            **_context(
+                model_admin,
+                request,
+                "Are you sure?",
+                (reverse("admin:django_gator_job_dead"), _("Dead jobs")),
+            ),
             "action": action,
             "count": count,
             "filters": filters,
@@ -170,9 +213,47 @@ class ArgumentsError(ValueError):
     """Edited arguments that cannot be stored or would not fit the job's handler."""
 
 
-def parse_arguments(job: Job, args_text: str, kwargs_text: str) -> tuple[list[Any], dict[str, Any]]:
-    """The edited (args, kwargs) of ``job``; values left as the redaction mask keep their
-    current (hidden) value. ArgumentsError names what is wrong."""
+#: The audit action of an argument edit. Its entry keeps ``before`` and ``after``, each
+#: ``{"args": [...], "kwargs": {...}}`` (the real values; pages show them redacted), so an
+#: edit can be read and undone.
+EDIT_ACTION = "edit_arguments"
+
+
+def restorable_edit(job: Job, index: Any) -> dict[str, Any] | None:
+    """The audit entry number ``index`` of ``job`` if it is an argument edit that kept the
+    values it replaced, else None."""
+    try:
+        position = int(index)
+    except (TypeError, ValueError):
+        return None
+    entries = job.audit or []
+    if not 0 <= position < len(entries):
+        return None
+    entry = entries[position]
+    if not isinstance(entry, dict) or entry.get("action") != EDIT_ACTION:
+        return None
+    return entry if isinstance(entry.get("before"), dict) else None
+
+
+def last_restorable_edit(job: Job) -> int | None:
+    """The index in ``job.audit`` of its latest argument edit that can be undone."""
+    for index in range(len(job.audit or []) - 1, -1, -1):
+        if restorable_edit(job, index) is not None:
+            return index
+    return None
+
+
+def _values(payload: dict[str, Any]) -> tuple[Any, Any]:
+    return payload.get("args", []), payload.get("kwargs", {})
+
+
+def parse_arguments(
+    job: Job, args_text: str, kwargs_text: str, *, hidden: tuple[Any, Any] | None = None
+) -> tuple[list[Any], dict[str, Any]]:
+    """The edited (args, kwargs) of ``job``; values left as the redaction mask keep the
+    hidden value they stand for: the job's current one, or the one in ``hidden`` (the
+    (args, kwargs) the form showed, when it restores an earlier edit's values).
+    ArgumentsError names what is wrong."""
     try:
         args = json.loads(args_text)
     except json.JSONDecodeError as exc:
@@ -185,8 +266,9 @@ def parse_arguments(job: Job, args_text: str, kwargs_text: str) -> tuple[list[An
         raise ArgumentsError(f"args must be a JSON list, got {validation.short_repr(args)}")
     if not isinstance(kwargs, dict):
         raise ArgumentsError(f"kwargs must be a JSON object, got {validation.short_repr(kwargs)}")
-    args = _unmask(args, job.args)
-    kwargs = _unmask(kwargs, job.kwargs)
+    hidden_args, hidden_kwargs = hidden if hidden is not None else (job.args, job.kwargs)
+    args = _unmask(args, hidden_args)
+    kwargs = _unmask(kwargs, hidden_kwargs)
     try:
         validation.encode_payload(args, kwargs)
         get_job_class(job.name).check_arguments(args, kwargs)
@@ -210,8 +292,57 @@ def _unmask(edited: Any, original: Any) -> Any:
     return edited
 
 
+def _save_arguments(
+    pk: int, args_text: str, kwargs_text: str, restore: str, by: str
+) -> tuple[list[Any], dict[str, Any]] | None:
+    """Store the edited arguments of dead or failed job ``pk`` and the audit entry that
+    keeps the values they replace, in one transaction with the row locked; None if the job
+    is no longer dead or failed. ``restore``: the audit index whose ``before`` values the
+    form showed (masked values stand for those), or ''."""
+    from django.db import transaction
+
+    from django_gator import conf
+
+    alias = conf.database()
+    with transaction.atomic(using=alias):
+        job = (
+            Job.objects.using(alias)
+            .select_for_update()
+            .filter(pk=pk, state__in=(JobState.DEAD, JobState.FAILED))
+            .first()
+        )
+        if job is None:
+            return None
+        hidden = None
+        if restore:
+            entry = restorable_edit(job, restore)
+            if entry is None:
+                raise ArgumentsError(_nothing_to_restore(restore))
+            hidden = _values(entry["before"])
+        args, kwargs = parse_arguments(job, args_text, kwargs_text, hidden=hidden)
+        Job.objects.using(alias).filter(pk=pk).update(args=args, kwargs=kwargs)
+        record(
+            alias,
+            [pk],
+            EDIT_ACTION,
+            by,
+            before={"args": job.args, "kwargs": job.kwargs},
+            after={"args": args, "kwargs": kwargs},
+        )
+    return args, kwargs
+
+
+def _nothing_to_restore(index: str) -> str:
+    return (
+        f"There is nothing to restore at audit entry {index!r}: it is not an edit of the "
+        "arguments that kept the values it replaced."
+    )
+
+
 def edit_arguments(model_admin: ModelAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
-    """Edit a dead or failed job's arguments (recorded in its audit trail), then retry."""
+    """Edit a dead or failed job's arguments, then retry it if asked. The audit trail keeps
+    who, when, and the values before and after; ``?restore=N`` fills the form with the
+    values from before the edit in audit entry N (to undo it)."""
     if not request.user.has_perm("django_gator.retry_job"):
         raise PermissionDenied
     job = get_object_or_404(Job, pk=object_id)
@@ -221,25 +352,25 @@ def edit_arguments(model_admin: ModelAdmin, request: HttpRequest, object_id: str
             request, f"Job {job.pk} is {job.state}: only dead and failed jobs can be edited."
         )
         return HttpResponseRedirect(detail)
-    shown_args, shown_kwargs = redaction.redact_payload(job.name, job.args, job.kwargs)
+    data = request.POST if request.method == "POST" else request.GET
+    restore = str(data.get("restore", "")).strip()
+    restoring = restorable_edit(job, restore) if restore else None
+    error = _nothing_to_restore(restore) if restore and restoring is None else ""
+    base = _values(restoring["before"]) if restoring else (job.args, job.kwargs)
+    shown_args, shown_kwargs = redaction.redact_payload(job.name, *base)
     args_text = json.dumps(shown_args, indent=2, ensure_ascii=False)
     kwargs_text = json.dumps(shown_kwargs, indent=2, ensure_ascii=False)
-    error = ""
-    if request.method == "POST":
+    if request.method == "POST" and not error:
         args_text = request.POST.get("args", "")
         kwargs_text = request.POST.get("kwargs", "")
         try:
-            args, kwargs = parse_arguments(job, args_text, kwargs_text)
+            saved = _save_arguments(job.pk, args_text, kwargs_text, restore, _username(request))
         except ArgumentsError as exc:
             error = str(exc)
         else:
-            updated = Job.objects.filter(
-                pk=job.pk, state__in=(JobState.DEAD, JobState.FAILED)
-            ).update(args=args, kwargs=kwargs)
-            if not updated:
+            if saved is None:
                 messages.error(request, f"Job {job.pk} changed meanwhile; nothing was saved.")
                 return HttpResponseRedirect(detail)
-            record(None, [job.pk], "edit_arguments", _username(request))
             if request.POST.get("retry") == "on":
                 Job.objects.filter(pk=job.pk).retry(by=_username(request))
                 messages.success(request, f"Arguments of job {job.pk} saved; it will run again.")
@@ -247,14 +378,43 @@ def edit_arguments(model_admin: ModelAdmin, request: HttpRequest, object_id: str
                 messages.success(request, f"Arguments of job {job.pk} saved.")
             return HttpResponseRedirect(detail)
     context = {
-        **_context(model_admin, request, f"Edit the arguments of job {job.pk}"),
+        **_context(
+            model_admin,
+            request,
+            f"Edit the arguments of job {job.pk}",
+            (detail, str(job)),
+            crumb=_("Edit arguments"),
+        ),
         "job": job,
         "args_text": args_text,
         "kwargs_text": kwargs_text,
         "error": error,
         "mask": redaction.MASK,
+        "restoring": restoring,
+        "restore": restore if restoring else "",
     }
     return TemplateResponse(request, "admin/django_gator/job/edit_arguments.html", context)
+
+
+def describe_queues(queues: Any) -> str:
+    """A worker's queues as an operator reads them: ``critical (weight 8), default
+    (weight 1)``, or ``all queues`` for a worker started without ``-q``. The worker stores
+    ``[[name, weight], ...]``; anything else is shown as it is."""
+    if not queues:
+        return _("all queues")
+    if not isinstance(queues, list):
+        return json.dumps(queues, ensure_ascii=False)
+    parts = []
+    for entry in queues:
+        if isinstance(entry, list) and len(entry) == 2:
+            parts.append(
+                _("%(queue)s (weight %(weight)s)") % {"queue": entry[0], "weight": entry[1]}
+            )
+        else:
+            parts.append(
+                json.dumps(entry, ensure_ascii=False) if not isinstance(entry, str) else entry
+            )
+    return ", ".join(parts)
 
 
 def error_class_choices() -> list[str]:
@@ -299,52 +459,86 @@ def throughput(minutes: int = 60) -> list[dict[str, Any]]:
     return [{"minute": minute, **counts} for minute, counts in sorted(buckets.items())]
 
 
-def chart_svg(points: list[dict[str, Any]], width: int = 720, height: int = 180) -> str:
-    """A server-rendered SVG of ``throughput()``: green bars for succeeded jobs per minute,
-    red for dead ones. No script, no external file: the admin works offline."""
+#: The chart's colours: succeeded and dead jobs.
+CHART_COLOURS = {"succeeded": "#3a8c3a", "dead": "#c0392b"}
+
+
+def chart_svg(points: list[dict[str, Any]], width: int = 720, height: int = 210) -> str:
+    """A server-rendered SVG of ``throughput()``: stacked bars of succeeded (green) and dead
+    (red) jobs per minute, with a legend, a count axis (0, half, top) and a time axis
+    labelled every 10 minutes in the admin's time zone. No script, no external file: the
+    admin works offline. Text uses ``currentColor``, so it follows the admin's theme."""
+    from django.utils import timezone
     from django.utils.html import escape
 
     top = max([p["succeeded"] + p["dead"] for p in points] + [1])
-    pad_left, pad_bottom = 44, 20
-    plot_w, plot_h = width - pad_left - 4, height - pad_bottom - 8
+    left, right, head, foot = 48, 8, 26, 36
+    plot_w, plot_h = width - left - right, height - head - foot
+    base = head + plot_h
     bar_w = plot_w / max(len(points), 1)
+
+    def y(value: float) -> float:
+        return base - plot_h * value / top
+
+    legend_x = width - right - 150
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" role="img" class="gator-chart" '
         f'aria-label="Jobs finished per minute over the last {len(points)} minutes">',
-        f'<line x1="{pad_left}" y1="8" x2="{pad_left}" y2="{8 + plot_h}" stroke="#999"/>',
-        f'<line x1="{pad_left}" y1="{8 + plot_h}" x2="{width - 4}" y2="{8 + plot_h}" '
-        'stroke="#999"/>',
-        f'<text x="{pad_left - 4}" y="16" font-size="11" text-anchor="end">{top}</text>',
-        f'<text x="{pad_left - 4}" y="{8 + plot_h}" font-size="11" text-anchor="end">0</text>',
+        '<g fill="currentColor" font-size="11">',
+        f'<g class="gator-legend" transform="translate({legend_x} 6)">'
+        f'<rect x="0" y="0" width="10" height="10" fill="{CHART_COLOURS["succeeded"]}"/>'
+        '<text x="14" y="9">succeeded</text>'
+        f'<rect x="90" y="0" width="10" height="10" fill="{CHART_COLOURS["dead"]}"/>'
+        '<text x="104" y="9">dead</text></g>',
+        '<g class="gator-y-axis" text-anchor="end">',
     ]
+    for value in sorted({0, round(top / 2), top}):
+        parts.append(
+            f'<line x1="{left}" y1="{y(value):.1f}" x2="{width - right}" y2="{y(value):.1f}" '
+            'stroke="#999" stroke-opacity="0.35"/>'
+            f'<text x="{left - 4}" y="{y(value) + 4:.1f}">{value}</text>'
+        )
+    parts.append('<text x="4" y="15" text-anchor="start">jobs/min</text></g>')
+    parts.append(
+        f'<line x1="{left}" y1="{head}" x2="{left}" y2="{base}" stroke="#999"/>'
+        f'<line x1="{left}" y1="{base}" x2="{width - right}" y2="{base}" stroke="#999"/>'
+    )
     for i, point in enumerate(points):
-        x = pad_left + i * bar_w + 0.5
+        x = left + i * bar_w + 0.5
         ok_h = plot_h * point["succeeded"] / top
         dead_h = plot_h * point["dead"] / top
-        label = escape(
-            f"{point['minute']:%H:%M}: {point['succeeded']} succeeded, {point['dead']} dead"
-        )
+        minute = timezone.localtime(point["minute"])
+        label = escape(f"{minute:%H:%M}: {point['succeeded']} succeeded, {point['dead']} dead")
         parts.append(f"<g><title>{label}</title>")
         if ok_h:
             parts.append(
-                f'<rect x="{x:.1f}" y="{8 + plot_h - ok_h:.1f}" width="{max(bar_w - 1, 1):.1f}" '
-                f'height="{ok_h:.1f}" fill="#3a8c3a"/>'
+                f'<rect x="{x:.1f}" y="{base - ok_h:.1f}" width="{max(bar_w - 1, 1):.1f}" '
+                f'height="{ok_h:.1f}" fill="{CHART_COLOURS["succeeded"]}"/>'
             )
         if dead_h:
             parts.append(
-                f'<rect x="{x:.1f}" y="{8 + plot_h - ok_h - dead_h:.1f}" '
-                f'width="{max(bar_w - 1, 1):.1f}" height="{dead_h:.1f}" fill="#c0392b"/>'
+                f'<rect x="{x:.1f}" y="{base - ok_h - dead_h:.1f}" '
+                f'width="{max(bar_w - 1, 1):.1f}" height="{dead_h:.1f}" '
+                f'fill="{CHART_COLOURS["dead"]}"/>'
             )
         parts.append("</g>")
-    if points:
-        first, last = points[0]["minute"], points[-1]["minute"]
-        parts.append(
-            f'<text x="{pad_left}" y="{height - 4}" font-size="11">{first:%H:%M}</text>'
-            f'<text x="{width - 4}" y="{height - 4}" font-size="11" text-anchor="end">'
-            f"{last:%H:%M} UTC</text>"
-        )
-    parts.append("</svg>")
+    parts.append('<g class="gator-x-axis" text-anchor="middle">')
+    zone = ""
+    for i, point in enumerate(points):
+        minute = timezone.localtime(point["minute"])
+        zone = minute.tzname() or ""
+        if minute.minute % 10 == 0:
+            x = left + (i + 0.5) * bar_w
+            parts.append(
+                f'<line x1="{x:.1f}" y1="{base}" x2="{x:.1f}" y2="{base + 4}" stroke="#999"/>'
+                f'<text x="{x:.1f}" y="{base + 15}">{minute:%H:%M}</text>'
+            )
+    parts.append(
+        f'<text x="{left + plot_w / 2:.1f}" y="{height - 4}">'
+        f"{escape(f'time ({zone})' if zone else 'time')}</text></g>"
+    )
+    parts.append("</g></svg>")
     return "".join(parts)
 
 
@@ -359,10 +553,13 @@ def dashboard(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
         raise PermissionDenied
     points = throughput()
     total, exact = stats.estimated_total()
+    queues = stats.queue_stats()
+    workers = stats.workers()
     context = {
         **_context(model_admin, request, "Job dashboard"),
-        "queues": stats.queue_stats(),
-        "workers": stats.workers(),
+        "queues": queues,
+        "workers": workers,
+        "unserved": stats.unserved_queues(queues, workers),
         "chart": mark_safe(chart_svg(points)),  # noqa: S308 - built from numbers, escaped text
         "succeeded_hour": sum(p["succeeded"] for p in points),
         "dead_hour": sum(p["dead"] for p in points),

@@ -107,6 +107,21 @@ def secret_values(job_name: str, args: Any, kwargs: Any) -> list[str]:
     return sorted({t for t in found if len(t) >= MIN_SECRET_LENGTH}, key=len, reverse=True)
 
 
+def job_secret_values(job_name: str, args: Any, kwargs: Any, audit: Any) -> list[str]:
+    """:func:`secret_values` of a job's payload and of every payload its argument edits
+    replaced or wrote (kept in its audit trail): a secret an edit changed is still in the
+    error messages and tracebacks of the attempts that ran with it. Longest first."""
+    found = set(secret_values(job_name, args, kwargs))
+    for entry in audit if isinstance(audit, list) else ():
+        if not isinstance(entry, Mapping):
+            continue
+        for key in ("before", "after"):
+            payload = entry.get(key)
+            if isinstance(payload, Mapping):
+                found.update(secret_values(job_name, payload.get("args"), payload.get("kwargs")))
+    return sorted(found, key=len, reverse=True)
+
+
 def _texts(value: Any) -> Iterable[str]:
     if isinstance(value, Mapping):
         for v in value.values():

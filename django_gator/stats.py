@@ -245,5 +245,18 @@ def workers(alias: str | None = None, *, now: datetime | None = None) -> list[Wo
     return live
 
 
+def unserved_queues(queues: list[QueueStats], live: list[WorkerStats]) -> list[str]:
+    """The queues of ``queues`` that have jobs due now and no live worker (of ``live``,
+    as :func:`workers` returns them) to run them, sorted. A worker without a queue list
+    (started without ``-q``) serves every queue."""
+    served: set[str] = set()
+    for worker in live:
+        if not worker.queues:
+            return []
+        for entry in worker.queues:
+            served.add(str(entry[0] if isinstance(entry, list | tuple) else entry))
+    return sorted(q.queue for q in queues if q.ready and q.queue not in served)
+
+
 def _iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()

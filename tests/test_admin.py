@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from datetime import UTC, datetime
+
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import Client
@@ -193,3 +196,45 @@ def test_schedule_admin_refuses_an_invalid_cron_expression(admin_client: Client)
     assert response.status_code == 200
     assert "has 4 fields; use 5" in response.content.decode()
     assert not Schedule.objects.exists()
+
+
+def test_the_job_list_has_priority_seconds_and_errors_only_where_they_explain_the_state(
+    admin_client: Client,
+):
+    at = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
+    dead = dead_job(priority=-3, next_execution_at=at, last_error="RuntimeError: dead-marker")
+    failed = dead_job(state=JobState.FAILED, last_error="RuntimeError: failed-marker")
+    cancelled = dead_job(state=JobState.CANCELLED, last_error="RuntimeError: cancel-marker")
+    # Succeeded, waiting or running again after a failed attempt: that error is history.
+    succeeded = dead_job(state=JobState.SUCCEEDED, last_error="RuntimeError: old-marker-1")
+    waiting = dead_job(state=JobState.WAITING, last_error="RuntimeError: old-marker-2")
+
+    page = admin_client.get(reverse(CHANGELIST)).content.decode()
+
+    assert 'column-priority"' in page
+    assert '<td class="field-priority">-3</td>' in page
+    assert '<time datetime="2026-03-04T05:06:07+00:00"' in page
+    assert '<span class="nowrap">2026-03-04</span> <span class="nowrap">05:06:07</span>' in page
+    for marker in ("dead-marker", "failed-marker", "cancel-marker"):
+        assert f"RuntimeError: {marker}" in page
+    assert "old-marker" not in page
+    # The detail pages: times to the second; an old error is not the job's "last error".
+    detail = admin_client.get(reverse("admin:django_gator_job_change", args=[dead.pk]))
+    assert '<span class="nowrap">05:06:07</span>' in detail.content.decode()
+    for job, shown in (
+        (
+            succeeded,
+            "None now (succeeded); the errors of earlier attempts are in the error history.",
+        ),
+        (waiting, "None now (waiting); the errors of earlier attempts are in the error history."),
+        (failed, "RuntimeError: failed-marker"),
+        (cancelled, "RuntimeError: cancel-marker"),
+    ):
+        body = admin_client.get(
+            reverse("admin:django_gator_job_change", args=[job.pk])
+        ).content.decode()
+        field = re.search(
+            r'field-last_error_shown">.*?<div class="readonly">(.*?)</div>', body, re.S
+        )
+        assert field, body
+        assert field.group(1) == shown, job.state

@@ -4,7 +4,9 @@ secrets in admin pages and log lines."""
 from __future__ import annotations
 
 import logging
+import re
 
+import django
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import Client
@@ -247,3 +249,271 @@ def test_the_dead_job_screens_index_holds_only_dead_and_failed_rows():
             definition = cursor.fetchone()[0]
         assert "WHERE" in definition
         assert "dead" in definition
+
+
+def _breadcrumbs(html: str) -> str:
+    """The breadcrumbs of an admin page, whitespace squeezed."""
+    match = re.search(r'<nav aria-label="Breadcrumbs">(.*?)</nav>', html, re.S)
+    assert match, html[:2000]
+    return re.sub(r"\s+", " ", match.group(1)).strip()
+
+
+def test_the_custom_pages_render_breadcrumbs_as_djangos_own_pages_do(admin_client: Client):
+    groups = dead_jobs()
+    job = groups["logins"][0]
+    own = _breadcrumbs(
+        admin_client.get(reverse("admin:django_gator_job_change", args=[job.pk])).content.decode()
+    )
+    if django.VERSION >= (6, 1):
+        assert own.startswith('<ol class="breadcrumbs"> <li><a href="/admin/">Home</a></li>')
+        assert own.endswith(f'<li aria-current="page">{job}</li> </ol>')
+    else:
+        assert own.startswith('<div class="breadcrumbs"> <a href="/admin/">Home</a> &rsaquo; ')
+    dead = reverse(DEAD)
+    pages = {
+        "Dead jobs": admin_client.get(dead),
+        "Dead jobs &rsaquo; Are you sure?": admin_client.post(
+            dead, {"action": "retry", "state": "dead"}
+        ),
+        "Job dashboard": admin_client.get(reverse("admin:django_gator_job_dashboard")),
+        f"{job} &rsaquo; Edit arguments": admin_client.get(
+            reverse("admin:django_gator_job_edit_arguments", args=[job.pk])
+        ),
+        "Are you sure?": admin_client.post(
+            reverse("admin:django_gator_job_changelist"),
+            {"action": "retry_jobs", "_selected_action": [job.pk]},
+        ),
+    }
+    for trail, response in pages.items():
+        ours = _breadcrumbs(response.content.decode())
+        texts = re.sub(r"<[^>]+>", "", ours.replace("</li> <li", "</li> &rsaquo; <li"))
+        expected = f"Home &rsaquo; Background jobs &rsaquo; Jobs &rsaquo; {trail}"
+        assert re.sub(r"\s+", " ", texts).strip() == expected, (trail, ours)
+        if django.VERSION >= (6, 1):
+            assert ours.startswith('<ol class="breadcrumbs"> <li><a href="/admin/">Home</a></li>')
+            assert ours.count("<li") == expected.count("&rsaquo;") + 1, ours
+            assert ours.endswith(
+                f'<li aria-current="page">{trail.split(" &rsaquo; ")[-1]}</li> </ol>'
+            )
+            assert "&rsaquo;" not in ours  # the CSS draws the separators
+        else:
+            assert ours.startswith('<div class="breadcrumbs"> <a href="/admin/">Home</a> &rsaquo; ')
+            assert "<li" not in ours
+
+
+def test_the_workers_page_shows_queues_and_weights_readably(admin_client: Client):
+    from tests.factories import WorkerFactory
+
+    weighted = WorkerFactory(queues=[["critical", 8], ["default", 1], ["<b>x</b>", 2]])
+    every = WorkerFactory(queues=[])
+    listing = admin_client.get(reverse("admin:django_gator_worker_changelist")).content.decode()
+    detail = admin_client.get(
+        reverse("admin:django_gator_worker_change", args=[weighted.pk])
+    ).content.decode()
+    readable = "critical (weight 8), default (weight 1), &lt;b&gt;x&lt;/b&gt; (weight 2)"
+    for page in (listing, detail):
+        assert readable in page
+        assert "[[" not in page
+        assert "&quot;critical&quot;" not in page
+        assert "<b>x</b>" not in page
+    assert "all queues" in listing
+    assert (
+        "all queues"
+        in admin_client.get(
+            reverse("admin:django_gator_worker_change", args=[every.pk])
+        ).content.decode()
+    )
+    # Times to the second, as on the job pages.
+    assert f'<span class="nowrap">{every.heartbeat_at:%H:%M:%S}</span>' in listing
+
+
+def test_the_dashboard_flags_a_queue_with_due_jobs_that_no_live_worker_serves(
+    admin_client: Client,
+):
+    from tests.factories import JobFactory, WorkerFactory
+    from tests.testapp.jobs import Echo
+
+    Noop.dispatch()  # due now on "default"
+    Echo.dispatch()  # due now on "echo"
+    Noop.dispatch(queue="later", wait=3600)  # nothing due there yet
+    WorkerFactory(queues=[["echo", 3]])  # live, serves echo only
+    WorkerFactory(stale=True, queues=[])  # would serve every queue, but its heartbeat lapsed
+    url = reverse("admin:django_gator_job_dashboard")
+
+    def flagged() -> list[str]:
+        page = admin_client.get(url).content.decode()
+        rows = re.findall(r'<tr class="gator-unserved">\s*<td><a href="[^"]*">([^<]*)</a>', page)
+        note = re.search(r'<p class="errornote gator-unserved-note">(.*?)</p>', page, re.S)
+        assert bool(rows) == bool(note), page
+        if note:
+            assert "no live worker" in note.group(1)
+            for queue in rows:
+                assert f"<code>{queue}</code>" in note.group(1)
+        return rows
+
+    assert flagged() == ["default"]
+    WorkerFactory(queues=[["default", 1], ["other", 2]])
+    assert flagged() == []
+    JobFactory(name=Echo.name, queue="<b>x</b>")  # dispatch() refuses the name; a row can hold it
+    assert flagged() == ["&lt;b&gt;x&lt;/b&gt;"]
+    WorkerFactory(queues=[])  # a worker started without -q serves every queue
+    assert flagged() == []
+
+
+def test_the_throughput_chart_has_a_legend_and_labelled_time_and_count_axes():
+    from datetime import UTC, datetime, timedelta
+
+    from django_gator.admin_views import chart_svg
+
+    start = datetime(2026, 5, 1, 12, 1, tzinfo=UTC)
+    points = [
+        {"minute": start + timedelta(minutes=i), "succeeded": i % 7, "dead": int(i == 30)}
+        for i in range(60)
+    ]
+    svg = chart_svg(points)
+
+    legend = re.search(r'<g class="gator-legend".*?</g>', svg, re.S)
+    assert legend
+    assert re.findall(r"<text[^>]*>([^<]*)</text>", legend.group(0)) == ["succeeded", "dead"]
+    assert 'fill="#3a8c3a"' in legend.group(0)
+    assert 'fill="#c0392b"' in legend.group(0)
+    x_axis = re.search(r'<g class="gator-x-axis".*?</g>', svg, re.S)
+    assert x_axis
+    assert re.findall(r"<text[^>]*>([^<]*)</text>", x_axis.group(0)) == [
+        "12:10",
+        "12:20",
+        "12:30",
+        "12:40",
+        "12:50",
+        "13:00",
+        "time (UTC)",
+    ]
+    y_axis = re.search(r'<g class="gator-y-axis".*?</g>', svg, re.S)
+    assert y_axis
+    assert re.findall(r"<text[^>]*>([^<]*)</text>", y_axis.group(0)) == ["0", "3", "6", "jobs/min"]
+    # In the admin's time zone, as the job pages show times.
+    from django.utils import timezone
+
+    timezone.activate("Asia/Kolkata")  # UTC+05:30
+    try:
+        shifted = chart_svg(points)
+    finally:
+        timezone.deactivate()
+    assert ">17:40<" in shifted
+    assert ">time (IST)<" in shifted
+
+
+def test_the_dashboard_chart_has_its_legend_and_axes(admin_client: Client):
+    dead_jobs()
+    page = admin_client.get(reverse("admin:django_gator_job_dashboard")).content.decode()
+    svg = page.split('<svg xmlns="http://www.w3.org/2000/svg"')[1].split("</svg>")[0]
+    assert 'class="gator-legend"' in svg
+    assert "time (UTC)" in svg
+    assert len(re.findall(r'<g class="gator-x-axis".*?</g>', svg, re.S)) == 1
+
+
+def _audit_field(body: str) -> str:
+    match = re.search(
+        r'field-audit_html">.*?<div class="readonly">(.*?)</div>\s*</div>', body, re.S
+    )
+    assert match, body
+    return match.group(1)
+
+
+def test_an_argument_edit_keeps_the_values_before_and_after_shows_them_redacted_and_undoes():
+    groups = dead_jobs()
+    job = next(j for j in groups["logins"] if j.args == ["alice"])
+    original = (job.args, job.kwargs)
+    assert original == (["alice"], {"pin": "pin-8642", "password": SECRET})
+    client = operator("retry_job")
+    edit = reverse("admin:django_gator_job_edit_arguments", args=[job.pk])
+    detail = reverse("admin:django_gator_job_change", args=[job.pk])
+
+    response = client.post(
+        edit,
+        {"args": '["<i>alice</i>"]', "kwargs": '{"pin": "[redacted]", "password": "pw-new-4711"}'},
+    )
+    assert response.status_code == 302
+    job.refresh_from_db()
+    assert (job.args, job.kwargs) == (
+        ["<i>alice</i>"],
+        {"pin": "pin-8642", "password": "pw-new-4711"},
+    )
+    assert job.state == JobState.DEAD  # not retried: the box was not ticked
+    [entry] = job.audit
+    assert (entry["action"], entry["by"]) == ("edit_arguments", "op")
+    assert entry["before"] == {"args": ["alice"], "kwargs": {"pin": "pin-8642", "password": SECRET}}
+    assert entry["after"] == {"args": ["<i>alice</i>"], "kwargs": job.kwargs}
+
+    page = client.get(detail).content.decode()
+    audit = _audit_field(page)
+    assert '<td><pre class="gator-json">[\n  &quot;alice&quot;\n]</pre></td>' in audit
+    assert "&lt;i&gt;alice&lt;/i&gt;" in audit
+    assert "<i>alice</i>" not in page
+    assert audit.count("[redacted]") == 4  # pin and password, before and after
+    for secret in (SECRET, "pin-8642", "pw-new-4711"):
+        assert secret not in audit
+    undo = f"{edit}?restore=0"
+    assert f'href="{undo}"' in page
+    assert "Undo the last argument edit" in page
+    # The view-only page has neither the values' secrets nor the undo tool.
+    viewer = operator(name="viewer").get(detail).content.decode()
+    assert "Undo the last argument edit" not in viewer
+    assert "pw-new-4711" not in viewer
+
+    # A restore index that is not an edit with values is refused, and nothing changes.
+    for bad in ("1", "9", "-1", "x"):
+        response = client.post(edit, {"restore": bad, "args": "[]", "kwargs": "{}"})
+        assert "nothing to restore" in response.content.decode(), bad
+    job.refresh_from_db()
+    assert len(job.audit) == 1
+    assert job.args == ["<i>alice</i>"]
+
+    # Undo: the editor shows the values from before the edit (masked), and saving them
+    # restores them, hidden values included.
+    form = client.get(undo).content.decode()
+    assert "Restoring the arguments from before the edit by op" in form
+    assert "&quot;alice&quot;" in form
+    assert SECRET not in form
+    response = client.post(
+        edit,
+        {
+            "restore": "0",
+            "args": '["alice"]',
+            "kwargs": '{"pin": "[redacted]", "password": "[redacted]"}',
+            "retry": "on",
+        },
+    )
+    assert response.status_code == 302
+    job.refresh_from_db()
+    assert (job.args, job.kwargs) == original
+    assert job.state == JobState.WAITING
+    assert [e["action"] for e in job.audit] == ["edit_arguments", "edit_arguments", "retry"]
+    assert job.audit[1]["before"] == entry["after"]
+    assert job.audit[1]["after"] == {"args": original[0], "kwargs": original[1]}
+
+
+def test_a_secret_replaced_by_an_argument_edit_stays_masked_in_the_errors_it_left():
+    """The error history and the last error hold the password the job failed with; after an
+    edit changed it, the pages must still mask it (the audit entry knows it)."""
+    groups = dead_jobs()
+    carol = next(j for j in groups["logins"] if j.args == ["carol"])  # her group's newest
+    assert SECRET in carol.last_error
+    assert SECRET in carol.errors[0]["traceback"] or SECRET in carol.errors[0]["message"]
+    client = operator("retry_job")
+    edit = reverse("admin:django_gator_job_edit_arguments", args=[carol.pk])
+    client.post(edit, {"args": '["carol"]', "kwargs": '{"password": "pw-new-4711"}'})
+    carol.refresh_from_db()
+    assert carol.kwargs == {"password": "pw-new-4711"}
+
+    pages = {
+        "detail": client.get(reverse("admin:django_gator_job_change", args=[carol.pk])),
+        "list": client.get(reverse("admin:django_gator_job_changelist")),
+        "dead jobs": client.get(reverse(DEAD)),
+        "editor": client.get(edit),
+    }
+    for where, response in pages.items():
+        body = response.content.decode()
+        assert SECRET not in body, where
+        assert "pw-new-4711" not in body, where
+    assert "login failed for carol with password [redacted]" in pages["detail"].content.decode()

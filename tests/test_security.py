@@ -522,3 +522,37 @@ def test_confirmation_pages_and_the_dashboard_never_show_secrets():
         assert SECRET not in body
         assert "pin-8642" not in body
     assert Job.objects.get().state == JobState.DEAD
+
+
+def test_the_retry_button_of_a_job_page_needs_the_permission_a_csrf_token_and_a_post():
+    job = dead_job()
+    url = reverse("admin:django_gator_job_retry", args=[job.pk])
+    detail = reverse("admin:django_gator_job_change", args=[job.pk])
+    before = snapshot()
+
+    # The button is on the page only for those who may retry.
+    assert f'formaction="{url}"' not in operator("cancel_job").get(detail).content.decode()
+    assert f'formaction="{url}"' in operator("retry_job", name="r0").get(detail).content.decode()
+    # Every permission but retry_job.
+    assert operator("cancel_job", "delete_job", name="x").post(url).status_code == 403
+    # retry_job, but no CSRF token.
+    assert operator("retry_job", name="r1", csrf=True).post(url).status_code == 403
+    # retry_job, as a GET.
+    assert operator("retry_job", name="r2").get(url).status_code == 405
+    assert snapshot() == before
+
+    # The same POST, with permission and token (the test client's default), retries it,
+    # through the job list's retry action's code: the audit trail says who.
+    response = operator("retry_job", name="r3").post(url, follow=True)
+    assert response.redirect_chain == [(detail, 302)]
+    assert "1 job(s) queued to run again." in response.content.decode()
+    job.refresh_from_db()
+    assert job.state == JobState.WAITING
+    assert [(e["action"], e["by"]) for e in job.audit] == [("retry", "r3")]
+    # A job that is not dead or failed is left alone, and the page says so.
+    again = operator("retry_job", name="r4").post(url, follow=True).content.decode()
+    assert "1 job(s) skipped" in again
+    job.refresh_from_db()
+    assert (job.state, len(job.audit)) == (JobState.WAITING, 1)
+    missing = reverse("admin:django_gator_job_retry", args=[job.pk + 1000])
+    assert operator("retry_job", name="r5").post(missing).status_code == 404

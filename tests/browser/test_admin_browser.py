@@ -10,12 +10,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import django
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
 from django_gator.models import Job, JobState
-from tests.conftest import SECRET, dead_jobs_for_operators, wait_for, worker_output
+from tests.conftest import SECRET, dead_jobs_for_operators, run_worker, wait_for, worker_output
 from tests.testapp.jobs import Boom, FailsFirstTime, Noop, add
 
 try:
@@ -28,6 +29,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 PASSWORD = "correct horse battery staple"
 DEAD = "admin:django_gator_job_dead"
 CHANGELIST = "admin:django_gator_job_changelist"
+#: How the breadcrumbs separate their items, as text.
+SEP = " \N{SINGLE RIGHT-POINTING ANGLE QUOTATION MARK} "
 
 
 def dead_jobs() -> None:
@@ -158,6 +161,8 @@ def test_retrying_a_dead_group_runs_it_again_on_a_worker_and_keeps_its_history(
     expect(page.locator("#gator-workers tbody tr")).to_have_count(1)
     expect(page.locator("#gator-workers tbody")).not_to_contain_text("No live worker.")
     expect(page.locator("svg.gator-chart")).to_be_visible()
+    expect(page.locator("svg.gator-chart .gator-legend text")).to_have_text(["succeeded", "dead"])
+    expect(page.locator("svg.gator-chart .gator-x-axis text").last).to_have_text("time (UTC)")
     screenshot(page, "dashboard")
 
 
@@ -220,3 +225,137 @@ def test_a_view_only_user_gets_no_retry_button_and_a_forged_retry_is_refused(pag
     response = page.request.post(url + reverse("admin:logout"), form={"csrfmiddlewaretoken": token})
     assert response.status == 200
     assert "Logged out" in response.text()
+
+
+def breadcrumbs_of(page: Any) -> dict[str, str]:
+    """The breadcrumbs bar of the page: its element, class, background and text."""
+    bar = page.locator("nav[aria-label=Breadcrumbs] .breadcrumbs")
+    expect(bar).to_have_count(1)
+    return bar.evaluate(
+        """(el) => ({
+            tag: el.tagName.toLowerCase(),
+            background: getComputedStyle(el).backgroundColor,
+            padding: getComputedStyle(el).paddingLeft,
+            // An <ol>'s separators are CSS (::after): join its items as a <div> shows them.
+            text: (el.tagName === "OL"
+                ? Array.from(el.children, (li) => li.innerText.trim()).join(" \u203a ")
+                : el.innerText
+            ).replace(/\\s+/g, " ").trim(),
+            current: el.querySelector("[aria-current=page]")?.innerText.trim() ?? null,
+        })"""
+    )
+
+
+def test_the_custom_pages_have_the_admins_own_styled_breadcrumbs(page):
+    """Each of our pages renders the breadcrumbs as Django's own pages do on this Django line
+    (a <div> up to 6.0, an <ol> of <li> from 6.1, which styles only ol.breadcrumbs)."""
+    User.objects.create_superuser("boss", "boss@example.com", PASSWORD)
+    groups = dead_jobs_for_operators()
+    job = groups["logins"][0]
+    log_in(page, "boss")
+
+    page.goto(reverse("admin:django_gator_job_change", args=[job.pk]))
+    django_own = breadcrumbs_of(page)  # Django's change_form.html
+    assert django_own["background"] not in ("rgba(0, 0, 0, 0)", "transparent"), django_own
+    expected_tag = "ol" if django.VERSION >= (6, 1) else "div"
+    assert django_own["tag"] == expected_tag
+
+    def check(what: str, trail: str) -> None:
+        ours = breadcrumbs_of(page)
+        assert (ours["tag"], ours["background"], ours["padding"]) == (
+            django_own["tag"],
+            django_own["background"],
+            django_own["padding"],
+        ), (what, ours, django_own)
+        assert ours["text"] == trail, (what, ours)
+        if expected_tag == "ol":
+            assert ours["current"] == trail.rsplit(SEP, 1)[-1], (what, ours)
+
+    sep = SEP
+    home = f"Home{sep}Background jobs"
+    page.goto(reverse(DEAD))
+    check("dead jobs", f"{home}{sep}Jobs{sep}Dead jobs")
+    page.get_by_role("button", name="Retry group").first.click()
+    expect(page.locator("#content-main")).to_contain_text("Retry")
+    check("dead jobs confirmation", f"{home}{sep}Jobs{sep}Dead jobs{sep}Are you sure?")
+    page.goto(reverse("admin:django_gator_job_dashboard"))
+    check("dashboard", f"{home}{sep}Jobs{sep}Job dashboard")
+    page.goto(reverse("admin:django_gator_job_edit_arguments", args=[job.pk]))
+    check("edit arguments", f"{home}{sep}Jobs{sep}{job}{sep}Edit arguments")
+    page.goto(reverse(CHANGELIST))
+    page.locator(f"input.action-select[value='{job.pk}']").check()
+    page.locator("select[name=action]").select_option("retry_jobs")
+    page.locator("button[name=index]").click()
+    expect(page.locator("#content-main")).to_contain_text("Retry 1 selected job(s)?")
+    check("action confirmation", f"{home}{sep}Jobs{sep}Are you sure?")
+
+
+def test_the_job_list_fits_a_1400_pixel_window_and_shows_what_the_readme_promises(page):
+    """At 1400 px, with the navigation sidebar open (the default) and the filters beside the
+    list, every column is inside the window; the priority column is there, times have
+    seconds, and a job that succeeded on a retry shows no "last error"."""
+    User.objects.create_superuser("boss", "boss@example.com", PASSWORD)
+    Boom.dispatch("disk full: " + "the volume /var/lib/data has no space left " * 12)
+    groups = dead_jobs_for_operators()
+    bob = next(j for j in groups["logins"] if j.args == ["bob"])
+    Job.objects.filter(pk=bob.pk).retry(by="boss")
+    run_worker()
+    bob.refresh_from_db()
+    assert (bob.state, bob.last_error != "") == (JobState.SUCCEEDED, True)
+    add.dispatch(2, 3, priority=7, wait=3600)
+
+    page.set_viewport_size({"width": 1400, "height": 900})
+    log_in(page, "boss")
+    page.goto(reverse(CHANGELIST))
+    expect(page.locator("#nav-sidebar")).to_be_visible()
+    expect(page.locator("#changelist-filter")).to_be_visible()
+    rows = page.locator("#result_list tbody tr")
+    expect(rows).to_have_count(7)
+
+    headers = page.locator("#result_list thead th")
+    window = page.viewport_size["width"]
+    results = page.locator("#changelist .results").bounding_box()
+    last = headers.last.bounding_box()
+    assert last["x"] + last["width"] <= min(window, results["x"] + results["width"]) + 0.5, (
+        last,
+        results,
+        headers.all_inner_texts(),
+    )
+    assert page.evaluate("document.documentElement.scrollWidth") <= window
+    scroll = page.locator("#changelist .results").evaluate("el => el.scrollWidth - el.clientWidth")
+    assert scroll <= 0, f"the job list scrolls sideways by {scroll} px"
+    assert "priority" in [t.strip().lower() for t in headers.all_text_contents()]
+
+    row = rows.filter(has=page.get_by_role("link", name=str(bob.pk), exact=True))
+    expect(row.locator("td.field-state")).to_have_text("Succeeded")
+    expect(row.locator("td.field-error_summary")).to_have_text("-")
+    dead = rows.filter(has_text="disk full: the volume")
+    expect(dead.locator("td.field-error_summary")).to_contain_text("RuntimeError: disk full")
+    scheduled = rows.filter(has=page.locator("td.field-priority", has_text="7"))
+    expect(scheduled).to_have_count(1)
+    expect(scheduled.locator("td.field-next_run")).to_have_text(
+        re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d$")
+    )
+
+
+def test_the_retry_button_on_a_dead_jobs_page_retries_it(page):
+    User.objects.create_superuser("boss", "boss@example.com", PASSWORD)
+    groups = dead_jobs_for_operators()
+    carol = next(j for j in groups["logins"] if j.args == ["carol"])
+    log_in(page, "boss")
+    detail = reverse("admin:django_gator_job_change", args=[carol.pk])
+
+    page.goto(detail)
+    expect(page.locator("div.field-state .readonly")).to_have_text("Dead")
+    expect(page.get_by_role("link", name="Edit arguments and retry")).to_be_visible()
+    page.get_by_role("button", name="Retry", exact=True).click()
+
+    expect(page.locator("ul.messagelist")).to_contain_text("1 job(s) queued to run again.")
+    expect(page).to_have_url(re.compile(re.escape(detail) + "$"))
+    expect(page.locator("div.field-state .readonly")).to_have_text("Waiting")
+    expect(page.locator("div.field-audit_html")).to_contain_text("retry by boss")
+    expect(page.get_by_role("button", name="Retry", exact=True)).to_have_count(0)
+    carol.refresh_from_db()
+    assert (carol.state, carol.attempts, len(carol.errors)) == (JobState.WAITING, 1, 1)
+    assert [(e["action"], e["by"]) for e in carol.audit] == [("retry", "boss")]
+    assert Job.objects.filter(state=JobState.DEAD).count() == 4
