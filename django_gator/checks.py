@@ -26,20 +26,6 @@ from django.db import connections
 
 from django_gator import conf
 
-NUMERIC_SETTINGS = {
-    "GATOR_CONCURRENCY": (1, None),
-    "GATOR_POLL_INTERVAL": (0.001, None),
-    "GATOR_HEARTBEAT_INTERVAL": (0.01, None),
-    "GATOR_HEARTBEAT_TIMEOUT": (0.05, None),
-    "GATOR_MAX_RESCUES": (1, None),
-    "GATOR_SHUTDOWN_TIMEOUT": (0, None),
-    "GATOR_MAX_PAYLOAD_BYTES": (2, None),
-    "GATOR_MAX_TRACEBACK_CHARS": (100, None),
-    "GATOR_PRUNE_SUCCEEDED_AFTER": (0, None),
-    "GATOR_PRUNE_CANCELLED_AFTER": (0, None),
-    "GATOR_PRUNE_DEAD_AFTER": (0, None),
-}
-
 
 @checks.register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
@@ -61,22 +47,10 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="django_gator.E002",
             )
         )
-    for name, (low, high) in NUMERIC_SETTINGS.items():
-        value = conf.get(name)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            errors.append(
-                checks.Error(
-                    f"{name} must be a number, got {value!r}.",
-                    id="django_gator.E003",
-                )
-            )
-        elif value < low or (high is not None and value > high):
-            errors.append(
-                checks.Error(
-                    f"{name} = {value!r} is out of range (at least {low}).",
-                    id="django_gator.E003",
-                )
-            )
+    for name in conf.RANGES:
+        problem = conf.range_error(name, conf.get(name))
+        if problem is not None:
+            errors.append(checks.Error(f"{name} {problem}.", id="django_gator.E003"))
     if conf.heartbeat_timeout() <= conf.heartbeat_interval():
         errors.append(
             checks.Error(

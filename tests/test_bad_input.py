@@ -21,7 +21,7 @@ from django.db.utils import ConnectionHandler
 from django.test import Client, override_settings
 from django.urls import reverse
 
-from django_gator import Cron, Queueable
+from django_gator import Cron, Queueable, conf
 from django_gator import checks as gator_checks
 from django_gator.models import Schedule
 from django_gator.queueable import registered_jobs, unregister
@@ -57,6 +57,46 @@ def test_an_unknown_gator_database_is_an_error_naming_it_and_the_choices():
     assert "GATOR_DATABASE = 'jobsdb' is not a key of DATABASES" in found[0].msg
     assert "'default'" in (found[0].hint or "")
     assert not messages_with("django_gator.E002")
+
+
+@pytest.mark.parametrize(
+    ("setting", "option", "kind", "text"),
+    [
+        ("GATOR_POLL_INTERVAL", "--poll-interval", float, "0"),
+        ("GATOR_POLL_INTERVAL", "--poll-interval", float, "0.0005"),
+        ("GATOR_POLL_INTERVAL", "--poll-interval", float, "-1"),
+        ("GATOR_POLL_INTERVAL", "--poll-interval", float, "inf"),
+        ("GATOR_POLL_INTERVAL", "--poll-interval", float, "0.001"),
+        ("GATOR_CONCURRENCY", "--concurrency", int, "0"),
+        ("GATOR_CONCURRENCY", "--concurrency", int, "1"),
+        ("GATOR_SHUTDOWN_TIMEOUT", "--shutdown-timeout", float, "-0.5"),
+        ("GATOR_SHUTDOWN_TIMEOUT", "--shutdown-timeout", float, "0"),
+    ],
+)
+def test_a_worker_option_and_its_setting_accept_the_same_values(setting, option, kind, text):
+    # `--poll-interval 0` used to be accepted (an idle worker then spun at full CPU) while
+    # GATOR_POLL_INTERVAL = 0 was refused by E003: both now validate with conf.RANGES.
+    from django.core.management import CommandError, call_command
+
+    value = kind(text)
+    with override_settings(**{setting: value}):
+        setting_errors = [m.msg for m in messages_with("django_gator.E003") if setting in m.msg]
+    try:
+        # Parsing only: an accepted value would start a worker, so stop right after argparse.
+        call_command("gator_worker", option, text, "--help")
+    except CommandError as exc:
+        option_error: str | None = str(exc)
+    except SystemExit:  # --help printed: the option was accepted
+        option_error = None
+
+    if setting_errors:
+        assert option_error is not None, f"{option} {text} accepted, {setting} refused"
+        assert f"got {text} (the range of {setting})" in option_error
+        assert setting_errors == [
+            f"{setting} must be at least {conf.RANGES[setting][0]}, got {value!r}."
+        ]
+    else:
+        assert option_error is None, option_error
 
 
 # -- databases: a real SQLite file with the settings under test --------------------------------
