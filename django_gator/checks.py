@@ -10,7 +10,8 @@ E004  MariaDB older than 10.6 or MySQL older than 8.0.1 (no SKIP LOCKED).
       W001, W002 and E004 look at the database, so like Django's own database checks they
       run only when a database is named: ``migrate``, ``check --database``, the test runner.
 E005  A schedule declared on a job class or in GATOR_SCHEDULES is invalid (bad cron
-      expression, unknown job, bad time zone, arguments that do not fit...).
+      expression, unknown job, bad time zone, arguments that do not fit...): one error
+      per bad schedule.
 E006  A TASKS backend that is django_gator.tasks.GatorBackend has bad OPTIONS or QUEUES
       (checked by the Tasks framework's own check).
 """
@@ -71,19 +72,20 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
 def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Schedules declared on job classes and in GATOR_SCHEDULES (admin ones are checked by
     the admin form)."""
-    from django_gator.schedules import declared_schedules
+    from django_gator.schedules import schedule_errors
 
-    try:
-        declared_schedules()
-    except ImproperlyConfigured as exc:
-        return [
-            checks.Error(
-                str(exc),
-                hint="Fix the schedule's definition; workers would not start its scheduler.",
-                id="django_gator.E005",
-            )
-        ]
-    return []
+    return [
+        checks.Error(
+            message,
+            hint=(
+                "Fix or remove this schedule: while a system check error stands, Django "
+                "refuses to run runserver, migrate, gator_worker and other management "
+                "commands."
+            ),
+            id="django_gator.E005",
+        )
+        for message in schedule_errors()
+    ]
 
 
 @checks.register(checks.Tags.database)
@@ -106,8 +108,11 @@ def check_database(
 
 def _check_sqlite(alias: str, connection: Any) -> list[checks.CheckMessage]:
     messages: list[checks.CheckMessage] = []
-    name = str(connection.settings_dict.get("NAME", ""))
-    if name == ":memory:" or name.startswith("file::memory:"):
+    # An in-memory database lives in one process, so nothing can block on it, and it cannot
+    # be in WAL mode. That includes the test runner's database for a file database without
+    # TEST NAME ("file:memorydb_default?mode=memory&cache=shared"), which the check sees in
+    # every `manage.py test` run.
+    if connection.is_in_memory_db():
         return messages
     with connection.cursor() as cursor:
         cursor.execute("PRAGMA journal_mode")

@@ -8,6 +8,9 @@ tests/test_dispatch.py, tests/test_validation.py and tests/test_worker_process.p
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -173,6 +176,73 @@ def test_an_in_memory_sqlite_database_is_not_checked(scratch_sqlite):
     assert database_messages() == {}
 
 
+README_SETTINGS = """
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent
+SECRET_KEY = "readme-project"
+USE_TZ = True
+INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "django_gator"]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": BASE_DIR / "db.sqlite3",
+        "OPTIONS": {
+            "transaction_mode": "IMMEDIATE",
+            "init_command": "PRAGMA journal_mode=WAL;",
+            "timeout": 20,
+        },
+    }
+}
+"""
+
+README_PROJECT_TEST = """
+from django.test import TestCase
+
+from django_gator.models import Job
+
+
+class JobTableTests(TestCase):
+    def test_no_jobs(self):
+        self.assertEqual(Job.objects.count(), 0)
+"""
+
+
+def test_manage_py_test_with_the_readme_settings_shows_no_gator_warning(tmp_path):
+    # The README's SQLite settings give `manage.py test` an in-memory test database
+    # ("file:memorydb_default?mode=memory&cache=shared"), which cannot be in WAL mode and
+    # needs no WAL: W001 used to fire in every test run of a project set up as documented.
+    (tmp_path / "readme_settings.py").write_text(README_SETTINGS)
+    (tmp_path / "readme_tests.py").write_text(README_PROJECT_TEST)
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")
+    }
+    env["PYTHONPATH"] = str(tmp_path)
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "django", "test", "readme_tests", "--settings=readme_settings"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert "Ran 1 test" in output
+    assert "django_gator." not in output
+    assert not (tmp_path / "db.sqlite3").exists()
+
+
+def test_a_file_backed_test_database_is_still_checked(scratch_sqlite, tmp_path):
+    # Only in-memory databases are exempt: a test database in a file is shared by
+    # processes like any other.
+    scratch_sqlite({}, name=str(tmp_path / "test_db.sqlite3"))
+    assert set(database_messages()) == {"django_gator.W001", "django_gator.W002"}
+
+
 def test_database_checks_run_only_when_a_database_is_named(scratch_sqlite):
     # Like Django's own: `manage.py check` must not connect (an unreachable server would
     # crash it, and SQLite would create its file); `migrate` and `check --database` do.
@@ -275,6 +345,37 @@ def test_a_bad_schedule_on_a_job_class_is_a_check_error_naming_schedule_and_fiel
     assert value in found[0].msg
     unregister(Nightly.name)
     assert not messages_with("django_gator.E005")
+
+
+@pytest.mark.usefixtures("restore_registry")
+def test_every_bad_schedule_is_reported_at_once_with_a_true_hint():
+    class Hourly(Queueable):
+        name = "tests.test_bad_input.Hourly"
+        schedule = "61 * * * *"
+
+        def handle(self) -> None:
+            return None
+
+    broken = {
+        "no-job": {"job": "tests.NoSuchJob", "cron": "* * * * *"},
+        "fine": {"job": Noop.name, "cron": "*/5 * * * *"},
+        "bad-zone": {"job": Noop.name, "cron": "* * * * *", "timezone": "Mars/Olympus"},
+    }
+    with override_settings(GATOR_SCHEDULES=broken):
+        found = messages_with("django_gator.E005")
+
+    assert [m.msg.split(",")[0] for m in found] == [
+        "schedule 'tests.test_bad_input.Hourly'",
+        "schedule 'no-job'",
+        "schedule 'bad-zone'",
+    ]
+    assert "field 'cron'" in found[0].msg
+    assert "field 'job'" in found[1].msg
+    assert "field 'timezone'" in found[2].msg
+    # An Error stops runserver, migrate and every command that runs the checks (the worker
+    # too); the hint used to say only that workers would not start the scheduler.
+    for message in found:
+        assert "refuses to run runserver, migrate, gator_worker" in (message.hint or "")
 
 
 # -- the admin's schedule form ------------------------------------------------------------------
