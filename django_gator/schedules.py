@@ -23,7 +23,7 @@ from typing import Any
 from croniter import croniter
 from django.core.exceptions import ImproperlyConfigured
 
-from django_gator import validation
+from django_gator import validation, wording
 
 #: Misfire policies: what a worker does with occurrences missed while no worker ran.
 MISFIRE_SKIP = "skip"  # forget them; only occurrences within the grace period run
@@ -54,8 +54,8 @@ def validate_cron(expression: object) -> str:
     fields = expression.split(" ")
     if not expression.startswith("@") and len(fields) != 5:
         raise ValueError(
-            f"{expression!r} has {len(fields)} fields; use 5: minute hour day-of-month month "
-            "day-of-week (e.g. '*/5 * * * *')"
+            f"{expression!r} has {wording.count(len(fields), 'field')}; use 5: minute hour "
+            "day-of-month month day-of-week (e.g. '*/5 * * * *')"
         )
     if not croniter.is_valid(expression):
         raise ValueError(f"{expression!r} is not a valid cron expression")

@@ -186,6 +186,13 @@ def test_status_with_nothing_to_show():
 
     assert "no waiting, running, failed or dead jobs" in out
     assert "Workers (0 live)" in out
+    assert "Jobs table: exactly 0 rows." in out
+
+
+def test_status_counts_one_row_in_the_singular():
+    JobFactory(succeeded=True)
+
+    assert "Jobs table: exactly 1 row." in run("gator_status")
 
 
 def test_status_json_has_stable_keys():
@@ -307,15 +314,24 @@ def test_prune_max_batches_stops_early():
     assert Job.objects.count() == 1
 
 
+def test_prune_messages_use_the_singular_for_one():
+    JobFactory.create_batch(2, succeeded=True, finished_at=ago(days=8))
+
+    out = run("gator_prune", "--batch-size", "1", "--max-batches", "1")
+
+    assert "deleted 1 job (1 succeeded, 0 cancelled)" in out
+    assert "stopped after 1 batch (--max-batches)" in out
+
+
 def test_prune_dry_run_deletes_nothing():
     jobs = old_and_new()
 
     out = run("gator_prune", "--dry-run", "--dead")
 
     assert set(states()) == {job.pk for job in jobs.values()}
-    assert "would delete 1 succeeded jobs" in out
-    assert "would delete 1 cancelled jobs" in out
-    assert "would delete 1 dead jobs" in out
+    assert "would delete 1 succeeded job finished before" in out
+    assert "would delete 1 cancelled job finished before" in out
+    assert "would delete 1 dead job finished before" in out
     assert "would delete 3 jobs in all" in out
 
 
@@ -402,7 +418,7 @@ def test_retry_by_name_keeps_attempts_and_history():
     assert boom.attempts == 2
     assert len(boom.errors) == 2
     assert other.refresh_state() == JobState.DEAD
-    assert "retried 1 jobs, skipped 0" in out
+    assert "retried 1 job, skipped 0" in out
 
 
 def test_retry_by_error_class_matches_the_last_attempt():
@@ -445,7 +461,7 @@ def test_retry_by_id_reports_ids_that_are_not_dead():
     assert dead.refresh_state() == JobState.WAITING
     assert failed.refresh_state() == JobState.FAILED  # only with --failed
     assert f"not dead (or not matching the other options): {waiting.pk}, {failed.pk}" in out
-    assert "retried 1 jobs" in out
+    assert "retried 1 job," in out
 
     run("gator_retry", "--id", str(failed.pk), "--failed")
 
@@ -492,7 +508,7 @@ def test_retry_skips_a_unique_job_whose_key_is_taken_and_leaves_it_on_its_queue(
     assert (dead.state, dead.queue) == (JobState.DEAD, "default")
     free.refresh_from_db()
     assert (free.state, free.queue) == (JobState.WAITING, "retries")
-    assert "retried 1 jobs onto queue 'retries', skipped 1" in out
+    assert "retried 1 job onto queue 'retries', skipped 1" in out
 
 
 def test_retry_dry_run_changes_nothing():
@@ -501,7 +517,7 @@ def test_retry_dry_run_changes_nothing():
     out = run("gator_retry", "--all", "--dry-run")
 
     assert job.refresh_state() == JobState.DEAD
-    assert "would retry 1 dead jobs" in out
+    assert "would retry 1 dead job " in out
 
 
 def test_retry_without_a_selector_retries_nothing():

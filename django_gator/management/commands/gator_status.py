@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import connections
 
-from django_gator import conf, stats
+from django_gator import conf, stats, wording
 from django_gator.engines import get_engine
 from django_gator.logutil import safe
 
@@ -83,7 +83,9 @@ class Command(BaseCommand):
         self._print_workers(live)
         self.stdout.write("")
         how = "exactly" if total_exact else "about (database estimate)"
-        self.stdout.write(f"Jobs table: {how} {total:,} rows. Database time {now.isoformat()}.")
+        self.stdout.write(
+            f"Jobs table: {how} {wording.count(total, 'row')}. Database time {now.isoformat()}."
+        )
 
     def _print_json(
         self,
