@@ -6,8 +6,11 @@ E003  A GATOR_* setting has a value of the wrong type or range (or GATOR_MIDDLEW
       names something that cannot be imported).
 W001  SQLite without WAL journal mode (readers and the worker would block each other).
 W002  SQLite without IMMEDIATE transactions ("database is locked" escapes atomic blocks).
+W003  The django_gator tables do not exist in GATOR_DATABASE (not migrated). A warning, not
+      an error: ``migrate`` runs the database checks before it creates the tables, and an
+      error would stop it.
 E004  MariaDB older than 10.6 or MySQL older than 8.0.1 (no SKIP LOCKED).
-      W001, W002 and E004 look at the database, so like Django's own database checks they
+      W001, W002, W003 and E004 look at the database, so like Django's own database checks they
       run only when a database is named: ``migrate``, ``check --database``, the test runner.
 E005  A schedule declared on a job class or in GATOR_SCHEDULES is invalid (bad cron
       expression, unknown job, bad time zone, arguments that do not fit...): one error
@@ -25,7 +28,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
-from django_gator import conf
+from django_gator import conf, schema
 
 
 @checks.register()
@@ -98,12 +101,29 @@ def check_database(
     alias = conf.database()
     if databases is None or alias not in databases or alias not in settings.DATABASES:
         return []
+    messages = _check_tables(alias)
     connection = connections[alias]
     if connection.vendor == "sqlite":
-        return _check_sqlite(alias, connection)
-    if connection.vendor == "mysql":
-        return _check_mysql(alias, connection)
-    return []
+        messages += _check_sqlite(alias, connection)
+    elif connection.vendor == "mysql":
+        messages += _check_mysql(alias, connection)
+    return messages
+
+
+def _check_tables(alias: str) -> list[checks.CheckMessage]:
+    missing = schema.missing_tables(alias)
+    if not missing:
+        return []
+    return [
+        checks.Warning(
+            schema.missing_tables_message(alias, missing) + ".",
+            hint=(
+                "Workers and gator_status cannot run until they exist. Shown by `migrate` "
+                "itself, it can be ignored: migrate runs the checks first, then creates them."
+            ),
+            id="django_gator.W003",
+        )
+    ]
 
 
 def _check_sqlite(alias: str, connection: Any) -> list[checks.CheckMessage]:

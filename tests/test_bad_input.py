@@ -136,7 +136,11 @@ def scratch_sqlite(
 
 
 def database_messages() -> dict[str, checks.CheckMessage]:
-    found = gator_checks.check_database(databases=[SCRATCH])
+    """The SQLite settings checks of SCRATCH. (Its database is not migrated, so W003 is
+    left out here; tests/test_schema.py tests it.)"""
+    found = [
+        m for m in gator_checks.check_database(databases=[SCRATCH]) if m.id != "django_gator.W003"
+    ]
     assert len({m.id for m in found}) == len(found)
     return {m.id: m for m in found}
 
