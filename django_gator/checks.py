@@ -8,7 +8,7 @@ W001  SQLite without WAL journal mode (readers and the worker would block each o
 W002  SQLite without IMMEDIATE transactions ("database is locked" escapes atomic blocks).
 W003  The django_gator tables do not exist in GATOR_DATABASE (not migrated). A warning, not
       an error: ``migrate`` runs the database checks before it creates the tables, and an
-      error would stop it.
+      error would stop it (and ``migrate`` itself does not show it).
 E004  MariaDB older than 10.6 or MySQL older than 8.0.1 (no SKIP LOCKED).
       W001, W002, W003 and E004 look at the database, so like Django's own database checks they
       run only when a database is named: ``migrate``, ``check --database``, the test runner.
@@ -21,6 +21,7 @@ E006  A TASKS backend that is django_gator.tasks.GatorBackend has bad OPTIONS or
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from django.conf import settings
@@ -111,19 +112,32 @@ def check_database(
 
 
 def _check_tables(alias: str) -> list[checks.CheckMessage]:
+    if _inside_migrate():
+        return []
     missing = schema.missing_tables(alias)
     if not missing:
         return []
     return [
         checks.Warning(
             schema.missing_tables_message(alias, missing) + ".",
-            hint=(
-                "Workers and gator_status cannot run until they exist. Shown by `migrate` "
-                "itself, it can be ignored: migrate runs the checks first, then creates them."
-            ),
+            hint="Workers and gator_status cannot run until they exist.",
             id="django_gator.W003",
         )
     ]
+
+
+def _inside_migrate() -> bool:
+    """Whether the checks run for ``manage.py migrate``, which runs the database checks
+    before it creates the tables: W003 would then tell a user who is running migrate to run
+    migrate. Django gives checks no other way to know the command than the call stack."""
+    from django.core.management.commands.migrate import Command as Migrate
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        if isinstance(frame.f_locals.get("self"), Migrate):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
 
 
 def _check_sqlite(alias: str, connection: Any) -> list[checks.CheckMessage]:

@@ -121,6 +121,24 @@ def test_migrate_is_not_stopped_by_the_check_and_silences_it(unmigrated):
     ]
 
 
+def test_manage_py_migrate_does_not_tell_to_run_migrate(unmigrated):
+    # `migrate` runs the database checks before it migrates (call_command() skips them):
+    # the first migrate of a new project must neither stop at W003 nor show it.
+    proc = subprocess.run(
+        [sys.executable, "-m", "django", "migrate", "django_gator"],
+        cwd=ROOT,
+        env=worker_env(DATABASE_URL=unmigrated),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Applying django_gator.0001_initial... OK" in proc.stdout
+    assert "W003" not in proc.stdout + proc.stderr
+    assert schema.missing_tables(EMPTY) == []
+
+
 def test_a_partly_migrated_database_names_the_missing_tables(unmigrated):
     call_command("migrate", "django_gator", "0003", database=EMPTY, verbosity=0)
 
