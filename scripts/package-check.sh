@@ -102,7 +102,7 @@ manage() {
 echo "==> package-check: migrate, dispatch, gator_worker --burst in a throwaway project"
 manage migrate --noinput -v 0
 manage check --database default --fail-level WARNING
-manage shell -c '
+manage shell -v 0 -c '
 import django_gator, sys
 from shop.jobs import WriteReceipt
 where = django_gator.__file__
@@ -112,7 +112,7 @@ job = WriteReceipt.dispatch(42, total="19.99")
 print(f"    dispatched job #{job.pk} ({where})")
 '
 manage gator_worker --burst -v 0
-manage shell -c '
+manage shell -v 0 -c '
 import sys
 from pathlib import Path
 from django_gator.models import Job
