@@ -9,15 +9,21 @@
 #   make browser-deps  what test-browser needs: Chromium (apt-get, as root) and playwright
 #   make lint          ruff check, ruff format --check, mypy
 #   make demo          the demo project: migrate, admin user, demo jobs, a worker and runserver
+#                      (in .venv-demo, with only what SQLite needs: Python is all it requires)
 #   make demo-check    the demo project, non-interactive, checked (for CI)
+#   make package-check build the sdist and wheel, twine check them, run a job from the wheel
 #   make clean         caches, build files, demo databases;  make distclean also removes venvs
 #
 # Variables, set on the command line: make test PYTHON=python3.12 VENV=.venv-dj6 DJANGO='Django>=6.1,<6.2'
-#   PYTHON VENV DJANGO PG_URL MYSQL_URL PYTEST_ARGS TEST_DB_SUFFIX DEMO_ADDR (see below). Without CI=true,
+#   PYTHON VENV DEMO_VENV DJANGO PG_URL MYSQL_URL PYTEST_ARGS TEST_DB_SUFFIX DEMO_ADDR (see below). Without CI=true,
 #   make test skips (loudly) a database server that does not answer; with CI=true it fails.
 
 PYTHON      ?= python3
 VENV        ?= .venv
+# The demo's virtualenv: the package and django-environ, no database drivers to build.
+DEMO_VENV   ?= .venv-demo
+# build and twine, for package-check.
+PKG_VENV    ?= .venv-pkg
 # An extra pip requirement pinning the Django line, e.g. DJANGO='Django>=6.1,<6.2'.
 DJANGO      ?=
 PG_URL      ?= postgres://postgres@127.0.0.1:5432/test
@@ -38,12 +44,15 @@ STAMP       := $(VENV)/.gator-installed
 # Records PYTHON and DJANGO, so that changing either reinstalls.
 VENV_CONFIG := $(VENV)/.gator-config
 INSTALL_CONFIG := python=$(PYTHON) django=$(DJANGO)
+DEMO_ABS_PY := $(abspath $(DEMO_VENV))/bin/python
+DEMO_STAMP  := $(DEMO_VENV)/.gator-installed
+DEMO_CONFIG := $(DEMO_VENV)/.gator-config
 
-.PHONY: help install sysdeps test test-sqlite test-postgres test-mysql test-chaos check-dbs lint \
-        browser-deps test-browser demo demo-check clean distclean FORCE
+.PHONY: help install demo-install sysdeps test test-sqlite test-postgres test-mysql test-chaos \
+        check-dbs lint browser-deps test-browser demo demo-check package-check clean distclean FORCE
 
 help:
-	@sed -n '3,17s/^# \{0,1\}//p' $(MAKEFILE_LIST)
+	@sed -n '3,19s/^# \{0,1\}//p' $(MAKEFILE_LIST)
 
 # ---------------------------------------------------------------------------------------------
 # Installing
@@ -75,24 +84,46 @@ $(VENV_CONFIG): FORCE
 	@mkdir -p $(VENV)
 	@echo '$(INSTALL_CONFIG)' | cmp -s - $@ || echo '$(INSTALL_CONFIG)' > $@
 
+# $(call ensure_venv,DIR): create the virtualenv DIR with $(PYTHON), or check that the one
+# there has the same Python version.
+define ensure_venv
+if [ ! -x $(1)/bin/python ]; then \
+  echo "==> creating $(1) with $(PYTHON)"; \
+  $(PYTHON) -m venv $(1) || exit 1; \
+else \
+  want=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])') || exit 1; \
+  have=$$($(1)/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+  if [ "$$want" != "$$have" ]; then \
+    echo "ERROR: $(1) has Python $$have but PYTHON=$(PYTHON) is Python $$want." >&2; \
+    echo "       Use another virtualenv directory, or remove $(1) to recreate it." >&2; \
+    exit 1; \
+  fi; \
+fi
+endef
+
 $(STAMP): pyproject.toml $(VENV_CONFIG)
 	@$(check_sysdeps)
-	@if [ ! -x $(VENV_PY) ]; then \
-	  echo "==> creating $(VENV) with $(PYTHON)"; \
-	  $(PYTHON) -m venv $(VENV) || exit 1; \
-	else \
-	  want=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])') || exit 1; \
-	  have=$$($(VENV_PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
-	  if [ "$$want" != "$$have" ]; then \
-	    echo "ERROR: $(VENV) has Python $$have but PYTHON=$(PYTHON) is Python $$want." >&2; \
-	    echo "       Use another VENV=..., or remove $(VENV) to recreate it." >&2; \
-	    exit 1; \
-	  fi; \
-	fi
+	@$(call ensure_venv,$(VENV))
 	@echo "==> installing django-gator[postgres,mysql,dev]$(if $(DJANGO), and $(DJANGO)) into $(VENV)"
 	$(VENV_PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
 	$(VENV_PY) -m pip install --quiet --disable-pip-version-check \
 	  -e '.[postgres,mysql,dev]' $(if $(DJANGO),'$(DJANGO)')
+	@touch $@
+
+# The demo's own virtualenv: the package and the demo extra (django-environ), no database
+# driver, so nothing to compile and no system package (MariaDB headers) or root needed.
+demo-install: $(DEMO_STAMP)
+
+$(DEMO_CONFIG): FORCE
+	@mkdir -p $(DEMO_VENV)
+	@echo '$(INSTALL_CONFIG)' | cmp -s - $@ || echo '$(INSTALL_CONFIG)' > $@
+
+$(DEMO_STAMP): pyproject.toml $(DEMO_CONFIG)
+	@$(call ensure_venv,$(DEMO_VENV))
+	@echo "==> installing django-gator[demo]$(if $(DJANGO), and $(DJANGO)) into $(DEMO_VENV)"
+	$(DEMO_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(DEMO_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
+	  -e '.[demo]' $(if $(DJANGO),'$(DJANGO)')
 	@touch $@
 
 FORCE:
@@ -229,11 +260,18 @@ lint: install
 # ---------------------------------------------------------------------------------------------
 # Demo project (testproject/)
 
-demo: install
-	@PY='$(VENV_ABS_PY)' DEMO_ADDR='$(DEMO_ADDR)' bash scripts/demo.sh
+demo: demo-install
+	@PY='$(DEMO_ABS_PY)' DEMO_ADDR='$(DEMO_ADDR)' bash scripts/demo.sh
 
-demo-check: install
-	@PY='$(VENV_ABS_PY)' bash scripts/demo-check.sh
+demo-check: demo-install
+	@PY='$(DEMO_ABS_PY)' bash scripts/demo-check.sh
+
+# ---------------------------------------------------------------------------------------------
+# Packaging: sdist and wheel built, twine-checked, the wheel installed alone into a fresh
+# virtualenv and a job run with it (scripts/package-check.sh). Needs no database server.
+
+package-check:
+	@PYTHON='$(PYTHON)' DJANGO='$(DJANGO)' PKG_VENV='$(PKG_VENV)' bash scripts/package-check.sh
 
 # ---------------------------------------------------------------------------------------------
 
@@ -243,4 +281,4 @@ clean:
 	find . -path './.venv*' -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV) .venv .venv-dj6
+	rm -rf $(VENV) $(DEMO_VENV) $(PKG_VENV) .venv .venv-dj6 .venv-demo .venv-pkg

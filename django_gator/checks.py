@@ -6,17 +6,22 @@ E003  A GATOR_* setting has a value of the wrong type or range (or GATOR_MIDDLEW
       names something that cannot be imported).
 W001  SQLite without WAL journal mode (readers and the worker would block each other).
 W002  SQLite without IMMEDIATE transactions ("database is locked" escapes atomic blocks).
+W003  The django_gator tables do not exist in GATOR_DATABASE (not migrated). A warning, not
+      an error: ``migrate`` runs the database checks before it creates the tables, and an
+      error would stop it (and ``migrate`` itself does not show it).
 E004  MariaDB older than 10.6 or MySQL older than 8.0.1 (no SKIP LOCKED).
-      W001, W002 and E004 look at the database, so like Django's own database checks they
+      W001, W002, W003 and E004 look at the database, so like Django's own database checks they
       run only when a database is named: ``migrate``, ``check --database``, the test runner.
 E005  A schedule declared on a job class or in GATOR_SCHEDULES is invalid (bad cron
-      expression, unknown job, bad time zone, arguments that do not fit...).
+      expression, unknown job, bad time zone, arguments that do not fit...): one error
+      per bad schedule.
 E006  A TASKS backend that is django_gator.tasks.GatorBackend has bad OPTIONS or QUEUES
       (checked by the Tasks framework's own check).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from django.conf import settings
@@ -24,21 +29,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
-from django_gator import conf
-
-NUMERIC_SETTINGS = {
-    "GATOR_CONCURRENCY": (1, None),
-    "GATOR_POLL_INTERVAL": (0.001, None),
-    "GATOR_HEARTBEAT_INTERVAL": (0.01, None),
-    "GATOR_HEARTBEAT_TIMEOUT": (0.05, None),
-    "GATOR_MAX_RESCUES": (1, None),
-    "GATOR_SHUTDOWN_TIMEOUT": (0, None),
-    "GATOR_MAX_PAYLOAD_BYTES": (2, None),
-    "GATOR_MAX_TRACEBACK_CHARS": (100, None),
-    "GATOR_PRUNE_SUCCEEDED_AFTER": (0, None),
-    "GATOR_PRUNE_CANCELLED_AFTER": (0, None),
-    "GATOR_PRUNE_DEAD_AFTER": (0, None),
-}
+from django_gator import conf, schema
 
 
 @checks.register()
@@ -61,22 +52,10 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="django_gator.E002",
             )
         )
-    for name, (low, high) in NUMERIC_SETTINGS.items():
-        value = conf.get(name)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            errors.append(
-                checks.Error(
-                    f"{name} must be a number, got {value!r}.",
-                    id="django_gator.E003",
-                )
-            )
-        elif value < low or (high is not None and value > high):
-            errors.append(
-                checks.Error(
-                    f"{name} = {value!r} is out of range (at least {low}).",
-                    id="django_gator.E003",
-                )
-            )
+    for name in conf.RANGES:
+        problem = conf.range_error(name, conf.get(name))
+        if problem is not None:
+            errors.append(checks.Error(f"{name} {problem}.", id="django_gator.E003"))
     if conf.heartbeat_timeout() <= conf.heartbeat_interval():
         errors.append(
             checks.Error(
@@ -86,10 +65,11 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="django_gator.E003",
             )
         )
-    try:
-        conf.middleware()
-    except ImproperlyConfigured as exc:
-        errors.append(checks.Error(str(exc), id="django_gator.E003"))
+    for read in (conf.middleware, conf.autodiscover_modules):
+        try:
+            read()
+        except ImproperlyConfigured as exc:
+            errors.append(checks.Error(str(exc), id="django_gator.E003"))
     return errors
 
 
@@ -97,19 +77,20 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
 def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Schedules declared on job classes and in GATOR_SCHEDULES (admin ones are checked by
     the admin form)."""
-    from django_gator.schedules import declared_schedules
+    from django_gator.schedules import schedule_errors
 
-    try:
-        declared_schedules()
-    except ImproperlyConfigured as exc:
-        return [
-            checks.Error(
-                str(exc),
-                hint="Fix the schedule's definition; workers would not start its scheduler.",
-                id="django_gator.E005",
-            )
-        ]
-    return []
+    return [
+        checks.Error(
+            message,
+            hint=(
+                "Fix or remove this schedule: while a system check error stands, Django "
+                "refuses to run runserver, migrate, gator_worker and other management "
+                "commands."
+            ),
+            id="django_gator.E005",
+        )
+        for message in schedule_errors()
+    ]
 
 
 @checks.register(checks.Tags.database)
@@ -122,18 +103,51 @@ def check_database(
     alias = conf.database()
     if databases is None or alias not in databases or alias not in settings.DATABASES:
         return []
+    messages = _check_tables(alias)
     connection = connections[alias]
     if connection.vendor == "sqlite":
-        return _check_sqlite(alias, connection)
-    if connection.vendor == "mysql":
-        return _check_mysql(alias, connection)
-    return []
+        messages += _check_sqlite(alias, connection)
+    elif connection.vendor == "mysql":
+        messages += _check_mysql(alias, connection)
+    return messages
+
+
+def _check_tables(alias: str) -> list[checks.CheckMessage]:
+    if _inside_migrate():
+        return []
+    missing = schema.missing_tables(alias)
+    if not missing:
+        return []
+    return [
+        checks.Warning(
+            schema.missing_tables_message(alias, missing) + ".",
+            hint="Workers and gator_status cannot run until they exist.",
+            id="django_gator.W003",
+        )
+    ]
+
+
+def _inside_migrate() -> bool:
+    """Whether the checks run for ``manage.py migrate``, which runs the database checks
+    before it creates the tables: W003 would then tell a user who is running migrate to run
+    migrate. Django gives checks no other way to know the command than the call stack."""
+    from django.core.management.commands.migrate import Command as Migrate
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        if isinstance(frame.f_locals.get("self"), Migrate):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
 
 
 def _check_sqlite(alias: str, connection: Any) -> list[checks.CheckMessage]:
     messages: list[checks.CheckMessage] = []
-    name = str(connection.settings_dict.get("NAME", ""))
-    if name == ":memory:" or name.startswith("file::memory:"):
+    # An in-memory database lives in one process, so nothing can block on it, and it cannot
+    # be in WAL mode. That includes the test runner's database for a file database without
+    # TEST NAME ("file:memorydb_default?mode=memory&cache=shared"), which the check sees in
+    # every `manage.py test` run.
+    if connection.is_in_memory_db():
         return messages
     with connection.cursor() as cursor:
         cursor.execute("PRAGMA journal_mode")

@@ -6,6 +6,7 @@ Every value is read from ``django.conf.settings`` at the moment it is needed, so
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -79,6 +80,46 @@ DEFAULTS: dict[str, Any] = {
     "GATOR_PRUNE_CANCELLED_AFTER": 7 * 24 * 3600,
     "GATOR_PRUNE_DEAD_AFTER": 30 * 24 * 3600,
 }
+
+
+#: Allowed ranges of the numeric settings, ``name: (least, most or None)``. The system check
+#: (E003) and the worker's command-line options that stand in for a setting
+#: (``--poll-interval``, ``--concurrency``, ``--shutdown-timeout``) validate with
+#: :func:`range_error`, so a value refused in settings is refused on the command line too.
+RANGES: dict[str, tuple[float, float | None]] = {
+    "GATOR_CONCURRENCY": (1, None),
+    # 0 would make an idle worker poll without pause (a busy loop).
+    "GATOR_POLL_INTERVAL": (0.001, None),
+    "GATOR_HEARTBEAT_INTERVAL": (0.01, None),
+    "GATOR_HEARTBEAT_TIMEOUT": (0.05, None),
+    "GATOR_MAX_RESCUES": (1, None),
+    "GATOR_SHUTDOWN_TIMEOUT": (0, None),
+    "GATOR_UNKNOWN_JOB_WINDOW": (0, None),
+    "GATOR_MAX_PAYLOAD_BYTES": (2, None),
+    "GATOR_MAX_TRACEBACK_CHARS": (100, None),
+    "GATOR_PRUNE_SUCCEEDED_AFTER": (0, None),
+    "GATOR_PRUNE_CANCELLED_AFTER": (0, None),
+    "GATOR_PRUNE_DEAD_AFTER": (0, None),
+}
+
+
+def allowed_range(name: str) -> str:
+    """``"at least 0.001"`` or ``"from 1 to 1000"``: the range of a numeric setting."""
+    low, high = RANGES[name]
+    return f"at least {low}" if high is None else f"from {low} to {high}"
+
+
+def range_error(name: str, value: object, given: str | None = None) -> str | None:
+    """Why ``value`` is not allowed for the numeric setting ``name`` (``"must be at least
+    0.001, got 0"``), or None when it is. ``given`` is how the user wrote the value (the
+    command-line text); the default is its repr."""
+    shown = repr(value) if given is None else given
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"must be a number, got {shown}"
+    low, high = RANGES[name]
+    if not (math.isfinite(value) and low <= value and (high is None or value <= high)):
+        return f"must be {allowed_range(name)}, got {shown}"
+    return None
 
 
 def get(name: str) -> Any:

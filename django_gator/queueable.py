@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from django_gator import validation
 from django_gator.exceptions import AlreadyRegistered, JobNotRegistered
 from django_gator.retry import Interval, Retry
+from django_gator.wording import article
 
 if TYPE_CHECKING:
     from datetime import datetime, timedelta
@@ -163,7 +164,7 @@ class Queueable:
         }
         if clash and cls._gator_check_dispatch_options:
             raise TypeError(
-                f"{cls.__qualname__}.handle() has the parameter(s) {sorted(clash)}, which "
+                f"{cls.__qualname__}.handle() has the {_parameters(clash)}, which "
                 f"dispatch() takes as options ({', '.join(sorted(DISPATCH_OPTIONS))}); "
                 "rename them"
             )
@@ -319,8 +320,8 @@ class Queueable:
                 items.append((item, {}))
             else:
                 raise TypeError(
-                    f"dispatch_many() item {index} is a {type(item).__name__}; pass a list of "
-                    "positional arguments or a dict of keyword arguments"
+                    f"dispatch_many() item {index} is {article(type(item).__name__)}; "
+                    "pass a list of positional arguments or a dict of keyword arguments"
                 )
         return enqueue(
             cls,
@@ -422,3 +423,10 @@ def resolve_job_class(target: type[Queueable] | JobFunction) -> type[Queueable]:
     if isinstance(target, type) and issubclass(target, Queueable) and hasattr(target, "name"):
         return target
     raise TypeError(f"expected a Queueable subclass or a @job function, got {target!r}")
+
+
+def _parameters(names: Iterable[str]) -> str:
+    """``parameter 'wait'`` or ``parameters 'at', 'wait'``."""
+    shown = sorted(names)
+    word = "parameter" if len(shown) == 1 else "parameters"
+    return f"{word} {', '.join(repr(name) for name in shown)}"

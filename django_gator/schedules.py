@@ -23,7 +23,7 @@ from typing import Any
 from croniter import croniter
 from django.core.exceptions import ImproperlyConfigured
 
-from django_gator import validation
+from django_gator import validation, wording
 
 #: Misfire policies: what a worker does with occurrences missed while no worker ran.
 MISFIRE_SKIP = "skip"  # forget them; only occurrences within the grace period run
@@ -54,8 +54,8 @@ def validate_cron(expression: object) -> str:
     fields = expression.split(" ")
     if not expression.startswith("@") and len(fields) != 5:
         raise ValueError(
-            f"{expression!r} has {len(fields)} fields; use 5: minute hour day-of-month month "
-            "day-of-week (e.g. '*/5 * * * *')"
+            f"{expression!r} has {wording.count(len(fields), 'field')}; use 5: minute hour "
+            "day-of-month month day-of-week (e.g. '*/5 * * * *')"
         )
     if not croniter.is_valid(expression):
         raise ValueError(f"{expression!r} is not a valid cron expression")
@@ -252,55 +252,73 @@ _SETTINGS_KEYS = {
 def declared_schedules() -> list[ScheduleSpec]:
     """Every schedule declared on job classes and in ``GATOR_SCHEDULES``, validated.
 
-    Raises ImproperlyConfigured naming the schedule and the field at the first bad one.
+    Raises ImproperlyConfigured naming the schedule and the field of every bad one (one per
+    line); :func:`schedule_errors` lists them.
     """
-    try:
-        return _code_schedules() + _settings_schedules()
-    except ScheduleError as exc:
-        raise ImproperlyConfigured(str(exc)) from exc
+    specs, errors = _declared()
+    if errors:
+        raise ImproperlyConfigured("\n".join(errors))
+    return specs
 
 
-def _code_schedules() -> list[ScheduleSpec]:
+def schedule_errors() -> list[str]:
+    """One message per bad declared schedule (each names the schedule and the field), so a
+    system check can report all of them at once."""
+    return _declared()[1]
+
+
+def _declared() -> tuple[list[ScheduleSpec], list[str]]:
+    specs: list[ScheduleSpec] = []
+    errors: list[str] = []
+    _code_schedules(specs, errors)
+    _settings_schedules(specs, errors)
+    return specs, errors
+
+
+def _code_schedules(specs: list[ScheduleSpec], errors: list[str]) -> None:
     from django_gator.queueable import registered_jobs
 
-    specs = []
     for job_name, job_class in sorted(registered_jobs().items()):
         declared = getattr(job_class, "schedule", None)
         if declared is None:
             continue
         items = declared if isinstance(declared, list | tuple) else [declared]
         for index, item in enumerate(items):
-            cron = Cron(item) if isinstance(item, str) else item
-            if not isinstance(cron, Cron):
-                raise ScheduleError(
-                    job_name, "schedule", f"must be a cron string or a Cron, got {item!r}"
-                )
-            name = cron.name or (job_name if index == 0 else f"{job_name}#{index + 1}")
-            specs.append(build_spec(name, job_name, cron, "code"))
-    return specs
+            try:
+                cron = Cron(item) if isinstance(item, str) else item
+                if not isinstance(cron, Cron):
+                    raise ScheduleError(
+                        job_name, "schedule", f"must be a cron string or a Cron, got {item!r}"
+                    )
+                name = cron.name or (job_name if index == 0 else f"{job_name}#{index + 1}")
+                specs.append(build_spec(name, job_name, cron, "code"))
+            except ScheduleError as exc:
+                errors.append(str(exc))
 
 
-def _settings_schedules() -> list[ScheduleSpec]:
+def _settings_schedules(specs: list[ScheduleSpec], errors: list[str]) -> None:
     from django_gator import conf
 
     declared = conf.get("GATOR_SCHEDULES")
     if not isinstance(declared, Mapping):
-        raise ImproperlyConfigured(
-            f"GATOR_SCHEDULES must be a dict of name -> schedule, got {declared!r}"
-        )
-    specs = []
+        errors.append(f"GATOR_SCHEDULES must be a dict of name -> schedule, got {declared!r}")
+        return
     for name, entry in declared.items():
-        if not isinstance(entry, Mapping):
-            raise ScheduleError(str(name), "*", f"must be a dict, got {entry!r}")
-        unknown = set(entry) - _SETTINGS_KEYS
-        if unknown:
-            raise ScheduleError(
-                str(name), sorted(unknown)[0], f"unknown key; use {sorted(_SETTINGS_KEYS)}"
-            )
-        for required in ("job", "cron"):
-            if required not in entry:
-                raise ScheduleError(str(name), required, "is required")
-        options = {k: v for k, v in entry.items() if k not in ("job", "cron")}
-        cron = Cron(entry["cron"], **options)
-        specs.append(build_spec(str(name), entry["job"], cron, "settings"))
-    return specs
+        try:
+            specs.append(_settings_schedule(str(name), entry))
+        except ScheduleError as exc:
+            errors.append(str(exc))
+
+
+def _settings_schedule(name: str, entry: object) -> ScheduleSpec:
+    if not isinstance(entry, Mapping):
+        raise ScheduleError(name, "*", f"must be a dict, got {entry!r}")
+    unknown = set(entry) - _SETTINGS_KEYS
+    if unknown:
+        raise ScheduleError(name, sorted(unknown)[0], f"unknown key; use {sorted(_SETTINGS_KEYS)}")
+    for required in ("job", "cron"):
+        if required not in entry:
+            raise ScheduleError(name, required, "is required")
+    options = {k: v for k, v in entry.items() if k not in ("job", "cron")}
+    cron = Cron(entry["cron"], **options)
+    return build_spec(name, entry["job"], cron, "settings")

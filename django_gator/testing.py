@@ -14,7 +14,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from django_gator import conf
+from django_gator import conf, wording
 from django_gator.queueable import JobFunction, Queueable, resolve_job_class
 from django_gator.validation import short_repr
 
@@ -69,8 +69,8 @@ def run_jobs(
             break
         if len(ran) >= max_jobs:
             raise TooManyJobs(
-                f"run_jobs() ran {max_jobs} jobs and more are due; raise max_jobs= if that is "
-                "expected, or look for a job that dispatches itself"
+                f"run_jobs() ran {wording.count(max_jobs, 'job')} and more are due; "
+                "raise max_jobs= if that is expected, or look for a job that dispatches itself"
             )
         outcome = run_inline(alias, job_id, worker_id)
         if outcome is None:
@@ -119,7 +119,8 @@ def _describe(rows: list[Any]) -> str:
         for row in rows[:10]
     ]
     more = f"\n  ... and {len(rows) - 10} more" if len(rows) > 10 else ""
-    return f"{len(rows)} were dispatched:\n" + "\n".join(shown) + more
+    were = "was" if len(rows) == 1 else "were"
+    return f"{len(rows)} {were} dispatched:\n" + "\n".join(shown) + more
 
 
 def assert_dispatched(
@@ -139,7 +140,8 @@ def assert_dispatched(
         raise AssertionError(f"expected {what} to be dispatched; {_describe(rows)}")
     if count is not None and len(matches) != count:
         raise AssertionError(
-            f"expected {what} to be dispatched {count} time(s), found {len(matches)}; "
+            f"expected {what} to be dispatched {wording.count(count, 'time')}, "
+            f"found {len(matches)}; "
             f"{_describe(rows)}"
         )
     return matches

@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from django_gator import conf
 from django_gator.exceptions import PayloadTooLarge
+from django_gator.wording import article
 
 QUEUE_RE = re.compile(r"[A-Za-z0-9_.:\-]+")
 # Mirrors of the column sizes in models.py (which cannot be imported before apps are ready).
@@ -108,9 +109,9 @@ def check_json(value: object, path: str) -> None:
             continue
         hint = " (tuples come back as lists: pass a list)" if isinstance(item, tuple) else ""
         raise TypeError(
-            f"{where} is a {_type_name(item)} ({short_repr(item)}), which does not round-trip "
-            f"through JSON{hint}; pass JSON-compatible values (str, int, float, bool, None, "
-            "list, dict with str keys), e.g. an id instead of a model instance"
+            f"{where} is {article(_type_name(item))} ({short_repr(item)}), which does not "
+            f"round-trip through JSON{hint}; pass JSON-compatible values (str, int, float, bool, "
+            "None, list, dict with str keys), e.g. an id instead of a model instance"
         )
 
 

@@ -22,7 +22,7 @@ manage() { "$PY" manage.py "$@"; }
 echo "==> demo-check: $("$PY" -c 'import django, platform; print(f"Django {django.get_version()}, Python {platform.python_version()}")'), DATABASE_URL=$DATABASE_URL"
 manage migrate --noinput -v 0
 manage demo_superuser
-manage demo_jobs
+manage demo_jobs --worker-started
 
 # A burst worker exits as soon as nothing is due, so jobs scheduled a moment ahead (wait=2s,
 # retries after 1 s) need another burst: repeat until nothing is left.

@@ -15,7 +15,7 @@ manage() { "$PY" manage.py "$@"; }
 
 manage migrate --noinput
 manage demo_superuser
-manage demo_jobs
+manage demo_jobs --worker-started
 
 worker=""
 stop_worker() {

@@ -8,6 +8,9 @@ tests/test_dispatch.py, tests/test_validation.py and tests/test_worker_process.p
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,7 @@ from django.db.utils import ConnectionHandler
 from django.test import Client, override_settings
 from django.urls import reverse
 
-from django_gator import Cron, Queueable
+from django_gator import Cron, Queueable, conf
 from django_gator import checks as gator_checks
 from django_gator.models import Schedule
 from django_gator.queueable import registered_jobs, unregister
@@ -59,6 +62,46 @@ def test_an_unknown_gator_database_is_an_error_naming_it_and_the_choices():
     assert not messages_with("django_gator.E002")
 
 
+@pytest.mark.parametrize(
+    ("setting", "option", "kind", "text"),
+    [
+        ("GATOR_POLL_INTERVAL", "--poll-interval", float, "0"),
+        ("GATOR_POLL_INTERVAL", "--poll-interval", float, "0.0005"),
+        ("GATOR_POLL_INTERVAL", "--poll-interval", float, "-1"),
+        ("GATOR_POLL_INTERVAL", "--poll-interval", float, "inf"),
+        ("GATOR_POLL_INTERVAL", "--poll-interval", float, "0.001"),
+        ("GATOR_CONCURRENCY", "--concurrency", int, "0"),
+        ("GATOR_CONCURRENCY", "--concurrency", int, "1"),
+        ("GATOR_SHUTDOWN_TIMEOUT", "--shutdown-timeout", float, "-0.5"),
+        ("GATOR_SHUTDOWN_TIMEOUT", "--shutdown-timeout", float, "0"),
+    ],
+)
+def test_a_worker_option_and_its_setting_accept_the_same_values(setting, option, kind, text):
+    # `--poll-interval 0` used to be accepted (an idle worker then spun at full CPU) while
+    # GATOR_POLL_INTERVAL = 0 was refused by E003: both now validate with conf.RANGES.
+    from django.core.management import CommandError, call_command
+
+    value = kind(text)
+    with override_settings(**{setting: value}):
+        setting_errors = [m.msg for m in messages_with("django_gator.E003") if setting in m.msg]
+    try:
+        # Parsing only: an accepted value would start a worker, so stop right after argparse.
+        call_command("gator_worker", option, text, "--help")
+    except CommandError as exc:
+        option_error: str | None = str(exc)
+    except SystemExit:  # --help printed: the option was accepted
+        option_error = None
+
+    if setting_errors:
+        assert option_error is not None, f"{option} {text} accepted, {setting} refused"
+        assert f"got {text} (the range of {setting})" in option_error
+        assert setting_errors == [
+            f"{setting} must be at least {conf.RANGES[setting][0]}, got {value!r}."
+        ]
+    else:
+        assert option_error is None, option_error
+
+
 # -- databases: a real SQLite file with the settings under test --------------------------------
 
 
@@ -93,7 +136,11 @@ def scratch_sqlite(
 
 
 def database_messages() -> dict[str, checks.CheckMessage]:
-    found = gator_checks.check_database(databases=[SCRATCH])
+    """The SQLite settings checks of SCRATCH. (Its database is not migrated, so W003 is
+    left out here; tests/test_schema.py tests it.)"""
+    found = [
+        m for m in gator_checks.check_database(databases=[SCRATCH]) if m.id != "django_gator.W003"
+    ]
     assert len({m.id for m in found}) == len(found)
     return {m.id: m for m in found}
 
@@ -131,6 +178,73 @@ def test_an_in_memory_sqlite_database_is_not_checked(scratch_sqlite):
     # One process, so nothing to block: no WAL (which :memory: cannot have) asked for.
     scratch_sqlite({}, name=":memory:")
     assert database_messages() == {}
+
+
+README_SETTINGS = """
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent
+SECRET_KEY = "readme-project"
+USE_TZ = True
+INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "django_gator"]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": BASE_DIR / "db.sqlite3",
+        "OPTIONS": {
+            "transaction_mode": "IMMEDIATE",
+            "init_command": "PRAGMA journal_mode=WAL;",
+            "timeout": 20,
+        },
+    }
+}
+"""
+
+README_PROJECT_TEST = """
+from django.test import TestCase
+
+from django_gator.models import Job
+
+
+class JobTableTests(TestCase):
+    def test_no_jobs(self):
+        self.assertEqual(Job.objects.count(), 0)
+"""
+
+
+def test_manage_py_test_with_the_readme_settings_shows_no_gator_warning(tmp_path):
+    # The README's SQLite settings give `manage.py test` an in-memory test database
+    # ("file:memorydb_default?mode=memory&cache=shared"), which cannot be in WAL mode and
+    # needs no WAL: W001 used to fire in every test run of a project set up as documented.
+    (tmp_path / "readme_settings.py").write_text(README_SETTINGS)
+    (tmp_path / "readme_tests.py").write_text(README_PROJECT_TEST)
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")
+    }
+    env["PYTHONPATH"] = str(tmp_path)
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "django", "test", "readme_tests", "--settings=readme_settings"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert "Ran 1 test" in output
+    assert "django_gator." not in output
+    assert not (tmp_path / "db.sqlite3").exists()
+
+
+def test_a_file_backed_test_database_is_still_checked(scratch_sqlite, tmp_path):
+    # Only in-memory databases are exempt: a test database in a file is shared by
+    # processes like any other.
+    scratch_sqlite({}, name=str(tmp_path / "test_db.sqlite3"))
+    assert set(database_messages()) == {"django_gator.W001", "django_gator.W002"}
 
 
 def test_database_checks_run_only_when_a_database_is_named(scratch_sqlite):
@@ -235,6 +349,37 @@ def test_a_bad_schedule_on_a_job_class_is_a_check_error_naming_schedule_and_fiel
     assert value in found[0].msg
     unregister(Nightly.name)
     assert not messages_with("django_gator.E005")
+
+
+@pytest.mark.usefixtures("restore_registry")
+def test_every_bad_schedule_is_reported_at_once_with_a_true_hint():
+    class Hourly(Queueable):
+        name = "tests.test_bad_input.Hourly"
+        schedule = "61 * * * *"
+
+        def handle(self) -> None:
+            return None
+
+    broken = {
+        "no-job": {"job": "tests.NoSuchJob", "cron": "* * * * *"},
+        "fine": {"job": Noop.name, "cron": "*/5 * * * *"},
+        "bad-zone": {"job": Noop.name, "cron": "* * * * *", "timezone": "Mars/Olympus"},
+    }
+    with override_settings(GATOR_SCHEDULES=broken):
+        found = messages_with("django_gator.E005")
+
+    assert [m.msg.split(",")[0] for m in found] == [
+        "schedule 'tests.test_bad_input.Hourly'",
+        "schedule 'no-job'",
+        "schedule 'bad-zone'",
+    ]
+    assert "field 'cron'" in found[0].msg
+    assert "field 'job'" in found[1].msg
+    assert "field 'timezone'" in found[2].msg
+    # An Error stops runserver, migrate and every command that runs the checks (the worker
+    # too); the hint used to say only that workers would not start the scheduler.
+    for message in found:
+        assert "refuses to run runserver, migrate, gator_worker" in (message.hint or "")
 
 
 # -- the admin's schedule form ------------------------------------------------------------------

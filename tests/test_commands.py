@@ -4,6 +4,7 @@ figures of :mod:`django_gator.stats` behind the first."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from datetime import timedelta
@@ -186,6 +187,30 @@ def test_status_with_nothing_to_show():
 
     assert "no waiting, running, failed or dead jobs" in out
     assert "Workers (0 live)" in out
+    count, noun = table_size(out)
+    assert noun == ("row" if count == 1 else "rows")
+    if stats.estimated_total("default")[1]:
+        assert count == 0
+
+
+def table_size(out: str) -> tuple[int, str]:
+    """The count and noun of gator_status's "Jobs table: ..." line (an estimate on
+    PostgreSQL and MariaDB, exact on SQLite)."""
+    found = re.search(
+        r"^Jobs table: (?:exactly|about \(database estimate\)) ([\d,]+) (\w+)\.", out, re.M
+    )
+    assert found, out
+    return int(found[1].replace(",", "")), found[2]
+
+
+def test_status_counts_one_row_in_the_singular():
+    JobFactory(succeeded=True)
+
+    count, noun = table_size(run("gator_status"))
+
+    assert noun == ("row" if count == 1 else "rows")
+    if stats.estimated_total("default")[1]:  # exact on SQLite: the job just made
+        assert count == 1
 
 
 def test_status_json_has_stable_keys():
@@ -307,15 +332,24 @@ def test_prune_max_batches_stops_early():
     assert Job.objects.count() == 1
 
 
+def test_prune_messages_use_the_singular_for_one():
+    JobFactory.create_batch(2, succeeded=True, finished_at=ago(days=8))
+
+    out = run("gator_prune", "--batch-size", "1", "--max-batches", "1")
+
+    assert "deleted 1 job (1 succeeded, 0 cancelled)" in out
+    assert "stopped after 1 batch (--max-batches)" in out
+
+
 def test_prune_dry_run_deletes_nothing():
     jobs = old_and_new()
 
     out = run("gator_prune", "--dry-run", "--dead")
 
     assert set(states()) == {job.pk for job in jobs.values()}
-    assert "would delete 1 succeeded jobs" in out
-    assert "would delete 1 cancelled jobs" in out
-    assert "would delete 1 dead jobs" in out
+    assert "would delete 1 succeeded job finished before" in out
+    assert "would delete 1 cancelled job finished before" in out
+    assert "would delete 1 dead job finished before" in out
     assert "would delete 3 jobs in all" in out
 
 
@@ -402,7 +436,7 @@ def test_retry_by_name_keeps_attempts_and_history():
     assert boom.attempts == 2
     assert len(boom.errors) == 2
     assert other.refresh_state() == JobState.DEAD
-    assert "retried 1 jobs, skipped 0" in out
+    assert "retried 1 job, skipped 0" in out
 
 
 def test_retry_by_error_class_matches_the_last_attempt():
@@ -445,7 +479,7 @@ def test_retry_by_id_reports_ids_that_are_not_dead():
     assert dead.refresh_state() == JobState.WAITING
     assert failed.refresh_state() == JobState.FAILED  # only with --failed
     assert f"not dead (or not matching the other options): {waiting.pk}, {failed.pk}" in out
-    assert "retried 1 jobs" in out
+    assert "retried 1 job," in out
 
     run("gator_retry", "--id", str(failed.pk), "--failed")
 
@@ -492,7 +526,7 @@ def test_retry_skips_a_unique_job_whose_key_is_taken_and_leaves_it_on_its_queue(
     assert (dead.state, dead.queue) == (JobState.DEAD, "default")
     free.refresh_from_db()
     assert (free.state, free.queue) == (JobState.WAITING, "retries")
-    assert "retried 1 jobs onto queue 'retries', skipped 1" in out
+    assert "retried 1 job onto queue 'retries', skipped 1" in out
 
 
 def test_retry_dry_run_changes_nothing():
@@ -501,7 +535,7 @@ def test_retry_dry_run_changes_nothing():
     out = run("gator_retry", "--all", "--dry-run")
 
     assert job.refresh_state() == JobState.DEAD
-    assert "would retry 1 dead jobs" in out
+    assert "would retry 1 dead job " in out
 
 
 def test_retry_without_a_selector_retries_nothing():

@@ -317,7 +317,7 @@ def test_dispatch_many_of_nothing_returns_an_empty_list_without_a_query(
         ([{1, 2}], TypeError, r"args\[0\] is a set"),
         ({"user_id": datetime(2030, 1, 1, tzinfo=UTC)}, TypeError, r"kwargs\['user_id'\]"),
         ("not-a-list", TypeError, r"is a str; pass a list"),
-        (42, TypeError, r"is a int; pass a list"),
+        (42, TypeError, r"is an int; pass a list"),
         ([1, 2], TypeError, r"arguments do not fit handle\(\)"),
         ({"user_id": 1, "nope": 1}, TypeError, r"unexpected keyword argument 'nope'"),
         (["x" * 200], PayloadTooLarge, r"GATOR_MAX_PAYLOAD_BYTES=100"),

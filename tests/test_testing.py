@@ -136,10 +136,10 @@ class AssertDispatched(TestCase):
             assert_dispatched(SyncUser, 6)
         message = str(info.value)
         assert "expected tests.testapp.jobs.SyncUser(6) to be dispatched" in message
-        assert "1 were dispatched" in message
+        assert "1 was dispatched" in message
         assert "args=[5] kwargs={'reason': 'signup'}" in message
 
-        with pytest.raises(AssertionError, match=r"dispatched 2 time\(s\), found 1"):
+        with pytest.raises(AssertionError, match="dispatched 2 times, found 1"):
             assert_dispatched(SyncUser, count=2)
         with pytest.raises(AssertionError, match="on queue 'other'"):
             assert_dispatched(SyncUser, queue="other")

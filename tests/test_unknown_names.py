@@ -97,3 +97,28 @@ def test_a_suggestion_is_made_only_for_a_near_typo():
     near.refresh_from_db()
     assert "did you mean" not in far.last_error
     assert "did you mean 'tests.testapp.jobs.Echo'" in near.last_error
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "message"),
+    [
+        ("GATOR_UNKNOWN_JOB_WINDOW", -1, "GATOR_UNKNOWN_JOB_WINDOW must be at least 0, got -1"),
+        ("GATOR_UNKNOWN_JOB_WINDOW", "soon", "GATOR_UNKNOWN_JOB_WINDOW must be a number"),
+        ("GATOR_AUTODISCOVER", "tasks", "GATOR_AUTODISCOVER must be a list of module names"),
+    ],
+)
+def test_the_deploy_settings_are_checked(setting, value, message):
+    from django.core import checks
+
+    with override_settings(**{setting: value}):
+        messages = [e.msg for e in checks.run_checks() if e.id == "django_gator.E003"]
+
+    assert any(message in m for m in messages), messages
+
+
+def test_gator_autodiscover_adds_to_the_modules_imported_at_start_up(settings):
+    from django_gator import conf
+
+    settings.GATOR_AUTODISCOVER = ["background"]
+    assert conf.autodiscover_modules()[0] == "jobs"
+    assert conf.autodiscover_modules()[-1] == "background"

@@ -191,6 +191,8 @@ def test_the_error_names_the_exact_path_of_the_offender(case):
         (-math.inf, "args[0] is -inf, which JSON cannot represent"),
         ({2: "x"}, "args[0] has the key 2 of type int; JSON object keys must be str"),
         ({"a": {"when": date(2030, 1, 1)}}, "args[0]['a']['when'] is a datetime.date"),
+        (object(), "args[0] is an object (<object object at"),
+        (type("Order", (), {"__module__": "orders.models"})(), "args[0] is an orders.models.Order"),
         ("x" * 10 + "\x00", "args[0] contains the character '\\x00' at index 10"),
         (1e16, "args[0] is the float 1e+16; PostgreSQL's jsonb hands floats"),
     ],

@@ -28,10 +28,20 @@ def output(proc: subprocess.Popen[bytes]) -> str:
         (["-q", "high,abc"], "queue weight 'abc' in 'high,abc' is not a whole number"),
         (["-q", ",3"], "queue spec ',3' has no queue name"),
         (["-q", "a b"], "invalid queue name 'a b'"),
+        (
+            ["-q", "my queue,2"],
+            "invalid queue name 'my queue': use 1 to 100 letters, digits, '_', '-', '.' or ':'",
+        ),
         (["-q", "high", "-q", "high,2"], "queue 'high' is listed twice"),
         (["--concurrency", "0"], "must be at least 1, got 0"),
         (["--concurrency", "many"], "'many' is not a whole number"),
-        (["--shutdown-timeout", "-1"], "must be zero or more seconds"),
+        (["--shutdown-timeout", "-1"], "must be at least 0, got -1"),
+        (
+            ["--poll-interval", "0"],
+            "--poll-interval: must be at least 0.001, got 0 (the range of GATOR_POLL_INTERVAL)",
+        ),
+        (["--poll-interval", "nan"], "must be at least 0.001, got nan"),
+        (["--poll-interval", "soon"], "'soon' is not a number"),
     ],
 )
 def test_bad_command_line_exits_2_naming_the_value(args, message):

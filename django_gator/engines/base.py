@@ -179,14 +179,6 @@ class Engine:
             connection._gator_in_transaction = False
             cursor.execute("COMMIT", [])
 
-    def missing_tables(self) -> list[str]:
-        """The names of django-gator's tables that the database does not have."""
-        from django_gator.models import Job, Worker
-
-        with self.connection.cursor() as cursor:
-            existing = set(self.connection.introspection.table_names(cursor))
-        return [m._meta.db_table for m in (Job, Worker) if m._meta.db_table not in existing]
-
     def prepare_bookkeeping(self) -> None:
         """Tune this thread's connection for the worker's own writes (claims, outcome
         marks, heartbeats); called before each use, cheap when nothing changed."""

@@ -46,7 +46,7 @@ from django.db import (
     reset_queries,
 )
 
-from django_gator import conf
+from django_gator import conf, schema
 from django_gator.chain import error_handler, next_step
 from django_gator.engines import ClaimedJob, get_engine
 from django_gator.engines.base import Failure, Keyset
@@ -215,12 +215,9 @@ class WorkerProcess:
         return self._retrying("register worker", self._register, until_stop=True) is not None
 
     def _check_schema(self) -> bool:
-        missing = self.engine.missing_tables()
+        missing = schema.missing_tables(self.alias)
         if missing:
-            raise SchemaMissing(
-                f"the django_gator tables do not exist ({', '.join(missing)} missing in the "
-                f"database {self.alias!r}): run `manage.py migrate`"
-            )
+            raise SchemaMissing(schema.missing_tables_message(self.alias, missing))
         return True
 
     def request_stop(self) -> None:

@@ -11,7 +11,7 @@ import django
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import connections
 
-from django_gator import conf
+from django_gator import conf, wording
 
 
 def positive_int(text: str) -> int:
@@ -72,7 +72,7 @@ class Command(BaseCommand):
                 )
                 self._line(
                     f"drain {options['drain']:,} no-op jobs, 1 process, "
-                    f"{options['concurrency']} threads",
+                    f"{wording.count(options['concurrency'], 'thread')}",
                     f"{rate:,.0f} jobs/s (RSS {before:.0f} -> {after:.0f} MiB)",
                 )
             if "tasks" in only:
@@ -83,13 +83,14 @@ class Command(BaseCommand):
                 )
                 self._line(
                     f"drain {options['drain']:,} no-op @task calls, 1 process, "
-                    f"{options['concurrency']} threads",
+                    f"{wording.count(options['concurrency'], 'thread')}",
                     f"{rate:,.0f} tasks/s",
                 )
             if "latency" in only:
                 p50, p90 = bench.bench_latency(options["latency"], options["concurrency"])
+                samples = wording.count(options["latency"], "sample")
                 self._line(
-                    f"pickup latency, commit to start ({options['latency']} samples)",
+                    f"pickup latency, commit to start ({samples})",
                     f"p50 {p50:.1f} ms, p90 {p90:.1f} ms",
                 )
         finally:

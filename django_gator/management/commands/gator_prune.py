@@ -10,7 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections, transaction
 
-from django_gator import conf
+from django_gator import conf, wording
 from django_gator.engines import get_engine
 from django_gator.models import Job, JobState
 
@@ -182,8 +182,8 @@ class Command(BaseCommand):
             count = 0 if before is None else _old(alias, state, before).count()
             total += count
             when = "(retention too long: none)" if before is None else before.isoformat()
-            self._say(f"would delete {count} {state} jobs finished before {when}")
-        self._say(f"would delete {total} jobs in all (dry run: nothing deleted)")
+            self._say(f"would delete {wording.count(count, state + ' job')} finished before {when}")
+        self._say(f"would delete {wording.count(total, 'job')} in all (dry run: nothing deleted)")
 
     def _prune(
         self, alias: str, cutoffs: dict[str, datetime | None], batch: int, limit: int | None
@@ -215,9 +215,11 @@ class Command(BaseCommand):
             if stopped:
                 break
         detail = ", ".join(f"{count} {state}" for state, count in by_state.items())
-        self._say(f"deleted {total} jobs ({detail})")
+        self._say(f"deleted {wording.count(total, 'job')} ({detail})")
         if stopped:
-            self._say(f"stopped after {batches} batches (--max-batches); more may be left")
+            self._say(
+                f"stopped after {wording.count(batches, 'batch')} (--max-batches); more may be left"
+            )
 
 
 def _old(alias: str, state: str, before: datetime) -> Any:

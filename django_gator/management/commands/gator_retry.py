@@ -11,7 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import Q, QuerySet
 
-from django_gator import conf
+from django_gator import conf, wording
 from django_gator.management.commands.gator_prune import whole_number
 from django_gator.models import Job, JobState
 from django_gator.validation import short_repr, validate_name, validate_queue
@@ -156,8 +156,9 @@ class Command(BaseCommand):
         if dry_run:
             if verbosity >= 1:
                 self.stdout.write(
-                    f"would retry {len(chosen)} {what} jobs{onto} (dry run: nothing changed; "
-                    "unique jobs whose key is held by an active job would be skipped)"
+                    f"would retry {wording.count(len(chosen), what + ' job')}{onto} "
+                    "(dry run: nothing changed; unique jobs whose key is held by an active job "
+                    "would be skipped)"
                 )
                 if verbosity >= 2 and chosen:
                     self.stdout.write(f"ids: {', '.join(map(str, chosen))}")
@@ -170,7 +171,8 @@ class Command(BaseCommand):
         if verbosity >= 1:
             why = " (a unique job whose key is held by an active job, or changed meanwhile)"
             self.stdout.write(
-                f"retried {retried} jobs{onto}, skipped {skipped}{why if skipped else ''}"
+                f"retried {wording.count(retried, 'job')}{onto}, "
+                f"skipped {skipped}{why if skipped else ''}"
             )
 
 

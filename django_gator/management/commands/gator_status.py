@@ -6,10 +6,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
-from django_gator import conf, stats
+from django_gator import conf, schema, stats, wording
 from django_gator.engines import get_engine
 from django_gator.logutil import safe
 
@@ -71,6 +71,9 @@ class Command(BaseCommand):
 
     def handle(self, *, as_json: bool, exact: bool, **options: Any) -> None:
         alias = conf.database()
+        missing = schema.missing_tables(alias)
+        if missing:
+            raise CommandError(schema.missing_tables_message(alias, missing))
         now = get_engine(alias).db_now()
         queues = stats.queue_stats(alias, exact=exact, now=now)
         live = stats.workers(alias, now=now)
@@ -83,7 +86,9 @@ class Command(BaseCommand):
         self._print_workers(live)
         self.stdout.write("")
         how = "exactly" if total_exact else "about (database estimate)"
-        self.stdout.write(f"Jobs table: {how} {total:,} rows. Database time {now.isoformat()}.")
+        self.stdout.write(
+            f"Jobs table: {how} {wording.count(total, 'row')}. Database time {now.isoformat()}."
+        )
 
     def _print_json(
         self,

@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -14,35 +15,38 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_gator import conf
 from django_gator.exceptions import SchemaMissing
 from django_gator.logutil import safe
+from django_gator.validation import validate_queue
 from django_gator.worker import WorkerProcess
 from django_gator.worker.queues import QueueSpec, parse_queue_spec
 
 
 def queue_spec(text: str) -> QueueSpec:
+    name = text.partition(",")[0].strip()
     try:
+        if name:
+            # Dispatch's own check first: its message lists the characters a name may use.
+            validate_queue(name)
         return parse_queue_spec(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def setting_option(setting: str, kind: type[int] | type[float]) -> Callable[[str], float]:
+    """An argparse ``type=`` for an option that stands in for the numeric setting
+    ``setting``: the value must be in the range the system check (E003) allows for it."""
 
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            what = "a whole number" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        problem = conf.range_error(setting, value, given=text)
+        if problem is not None:
+            raise argparse.ArgumentTypeError(f"{problem} (the range of {setting})")
+        return value
 
-def seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be zero or more seconds, got {text!r}")
-    return value
+    return parse
 
 
 class Command(BaseCommand):
@@ -66,7 +70,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "-c",
             "--concurrency",
-            type=positive_int,
+            type=setting_option("GATOR_CONCURRENCY", int),
             default=None,
             help="Executor threads (default GATOR_CONCURRENCY, "
             f"{conf.DEFAULTS['GATOR_CONCURRENCY']}).",
@@ -78,16 +82,17 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--shutdown-timeout",
-            type=seconds,
+            type=setting_option("GATOR_SHUTDOWN_TIMEOUT", float),
             default=None,
             help="Seconds running jobs get to finish after SIGINT/SIGTERM (default "
             "GATOR_SHUTDOWN_TIMEOUT).",
         )
         parser.add_argument(
             "--poll-interval",
-            type=seconds,
+            type=setting_option("GATOR_POLL_INTERVAL", float),
             default=None,
-            help="Seconds between looks for due jobs while idle (default GATOR_POLL_INTERVAL).",
+            help="Longest pause, in seconds, between looks for due jobs while idle (default "
+            f"GATOR_POLL_INTERVAL; {conf.allowed_range('GATOR_POLL_INTERVAL')}).",
         )
         parser.add_argument(
             "--no-scheduler",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 
 from demo.jobs import (
@@ -30,7 +30,14 @@ from django_gator.models import Job
 class Command(BaseCommand):
     help = "Dispatch the demo jobs (run gator_worker to process them)."
 
-    def handle(self, *args: Any, **options: Any) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--worker-started",
+            action="store_true",
+            help="A worker is started next (make demo, make demo-check): do not say to start one.",
+        )
+
+    def handle(self, *args: Any, worker_started: bool, **options: Any) -> None:
         jobs: list[tuple[str, Job]] = []
 
         # Positional and keyword arguments, stored as JSON on the row.
@@ -116,7 +123,5 @@ class Command(BaseCommand):
                 f"  #{row.pk:<5} {row.name:<36} queue={row.queue:<9} "
                 f"priority={row.priority:<4} {what}"
             )
-        self.stdout.write(
-            self.style.SUCCESS(f"Dispatched {len(jobs)} demo jobs.")
-            + " Run `python manage.py gator_worker` to process them."
-        )
+        hint = "" if worker_started else " Run `python manage.py gator_worker` to process them."
+        self.stdout.write(self.style.SUCCESS(f"Dispatched {len(jobs)} demo jobs.") + hint)
