@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from django_gator.models import Job, JobState
+from django_gator.models import Job, JobState, Worker
 from tests.chaos import kill_worker_connections
 from tests.conftest import ROOT, stop_worker, wait_for, worker_output
 from tests.testapp.jobs import RecordWithRetry, Sleep
@@ -61,10 +61,13 @@ def test_killed_database_connections_lose_nothing(spawn_worker):
     # A job whose query waits on a lock left by a killed connection can take a while
     # (MariaDB's lock wait timeout): the shutdown timeout bounds how long SIGTERM waits.
     workers = [spawn_worker("--concurrency", "4", "--shutdown-timeout", "5") for _ in range(2)]
+    # Both workers running jobs first (on a loaded machine their start-up takes a while).
+    wait_for(lambda: Worker.objects.count() == 2, timeout=60)
+    wait_for(lambda: Job.objects.exclude(state=JobState.WAITING).exists(), timeout=60)
     killed = 0
     for _ in range(3):
-        time.sleep(0.4)
         killed += kill_worker_connections()
+        time.sleep(0.4)
     assert killed > 0
 
     wait_for(lambda: not Job.objects.exclude(state=JobState.SUCCEEDED).exists(), timeout=120)
