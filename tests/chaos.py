@@ -13,6 +13,11 @@ what died, and checks the outcome against the guarantees of RELIABILITY.md:
 - atomic duplicates: an atomic job whose ledger row (written in the job's transaction)
   exists more or less than once.
 
+A share of the jobs misbehave on their first attempt (``Misbehaves``): exceptions with NUL
+bytes, a raising ``__str__``, lone surrogates, a BaseException subclass, a transaction left
+open, a session left read-only, a stray non-daemon thread. Their first error must be what
+they did; every other job's ledger row must still be there.
+
 Faults: ``sigkill``, ``sigterm`` (graceful stop, then a new worker), ``sigstop`` (frozen
 past the heartbeat timeout, then SIGCONT: a zombie whose late writes must change
 nothing), ``connkill`` (every worker connection killed by the server) and ``pg_restart``
@@ -58,6 +63,7 @@ class Report:
     database: str
     jobs: int
     atomic_jobs: int
+    misbehaving_jobs: int
     workers: int
     concurrency: int
     faults: dict[str, int]
@@ -95,7 +101,8 @@ class Report:
         )
         faults = ", ".join(f"{k}={v}" for k, v in self.faults.items() if v) or "none"
         return (
-            f"chaos on {self.database}: {self.jobs} jobs ({self.atomic_jobs} atomic), "
+            f"chaos on {self.database}: {self.jobs} jobs ({self.atomic_jobs} atomic, "
+            f"{self.misbehaving_jobs} misbehaving), "
             f"{self.workers} workers x {self.concurrency} threads, faults: {faults}\n"
             f"  drained in {self.elapsed_s:.1f} s; lost {len(self.lost)}, stuck "
             f"{len(self.stuck)}, duplicated beyond in-flight {len(self.duplicated)}, over the "
@@ -187,6 +194,7 @@ class Chaos:
         env: dict[str, str],
         jobs: int = 1000,
         atomic_share: float = 0.2,
+        misbehave_share: float = 0.05,
         workers: int = 3,
         concurrency: int = 4,
         kills: int = 5,
@@ -214,6 +222,7 @@ class Chaos:
         self.plan = plan
         self.jobs = jobs
         self.atomic_share = atomic_share
+        self.misbehave_share = misbehave_share
         self.workers = workers
         self.concurrency = concurrency
         self.heartbeat_timeout = heartbeat_timeout
@@ -272,18 +281,26 @@ class Chaos:
 
     # -- the run ---------------------------------------------------------------------
     def dispatch(self) -> list[int]:
-        from tests.testapp.jobs import AtomicRecord, RecordWithRetry
+        from tests.testapp.jobs import AtomicRecord, Misbehaves, RecordWithRetry
 
         atomic = int(self.jobs * self.atomic_share)
+        odd = int(self.jobs * self.misbehave_share)
         # Long enough a drain for every planned fault to land while jobs are in flight:
         # about 1.5 times the plan's length, spread over the jobs as random sleeps.
         target = 1.5 * len(self.plan) * FAULT_GAP
         mean = target * self.workers * self.concurrency / max(self.jobs - atomic, 1)
         plain = [
             {"label": f"p{i}", "sleep": round(self.rng.uniform(0, 2 * mean), 4)}
-            for i in range(self.jobs - atomic)
+            for i in range(self.jobs - atomic - odd)
         ]
         ids = [j.pk for j in RecordWithRetry.dispatch_many(plain)]
+        kinds = Misbehaves.KINDS
+        ids += [
+            j.pk
+            for j in Misbehaves.dispatch_many(
+                [{"label": f"m{i}", "kind": kinds[i % len(kinds)]} for i in range(odd)]
+            )
+        ]
         ids += [
             j.pk for j in AtomicRecord.dispatch_many([{"label": f"a{i}"} for i in range(atomic)])
         ]
@@ -471,7 +488,7 @@ class Chaos:
         from django.db.models import Count
 
         from django_gator.models import Job, JobState
-        from tests.testapp.jobs import AtomicRecord, RecordWithRetry
+        from tests.testapp.jobs import AtomicRecord, Misbehaves, RecordWithRetry
         from tests.testapp.models import Execution
 
         runs = dict(
@@ -481,6 +498,7 @@ class Chaos:
             database=self.vendor,
             jobs=self.jobs,
             atomic_jobs=int(self.jobs * self.atomic_share),
+            misbehaving_jobs=int(self.jobs * self.misbehave_share),
             workers=self.workers,
             concurrency=self.concurrency,
             faults={name: self.done_faults[name] for name in FAULTS},
@@ -489,10 +507,13 @@ class Chaos:
         limits = {
             AtomicRecord.name: AtomicRecord.retry.max_retries,
             RecordWithRetry.name: RecordWithRetry.retry.max_retries,
+            Misbehaves.name: Misbehaves.retry.max_retries,
         }
-        rows = Job.objects.values_list("pk", "name", "state", "attempts", "rescues", "errors")
+        rows = Job.objects.values_list(
+            "pk", "name", "state", "attempts", "rescues", "errors", "kwargs"
+        )
         rescued_at: dict[str, list[float]] = {}  # worker id -> when its jobs were rescued
-        for pk, name, state, attempts, rescues, errors in rows:
+        for pk, name, state, attempts, rescues, errors, kwargs in rows:
             for e in errors or []:
                 if e.get("class") == "django_gator.exceptions.WorkerLost" and e.get("at"):
                     when = datetime.fromisoformat(e["at"]).timestamp()
@@ -509,10 +530,14 @@ class Chaos:
             # from a killed or frozen worker (never from a live one), or a failure of a
             # job that was running when the connections broke (these jobs never fail
             # by themselves).
+            # A misbehaving job's own error: its first attempt's, of the class its kind
+            # raises (a stray thread's job raises nothing).
+            own = Misbehaves.ERRORS.get(kwargs.get("kind", "")) if name == Misbehaves.name else None
             explained = all(
                 e.get("worker") in self.victims
                 if e.get("class") == "django_gator.exceptions.WorkerLost"
-                else pk in self.hit
+                else (own is not None and e.get("attempt") == 1 and e.get("class") == own)
+                or pk in self.hit
                 for e in errors or []
             )
             if not explained or n > attempts or attempts - 1 != len(errors or []):

@@ -7,7 +7,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from django_gator import JobCancelled, Queueable, Retry, job
 from tests.testapp.models import Execution
@@ -482,3 +482,50 @@ class StartsThread(Queueable):
         import threading
 
         threading.Thread(target=time.sleep, args=(seconds,), name="job-stray", daemon=False).start()
+
+
+class Misbehaves(Queueable):
+    """Chaos harness: misbehaves on its first attempt as ``kind`` says, then, retried,
+    writes its ledger row and succeeds (a stray thread's job succeeds at once)."""
+
+    retry = Retry(interval=0, max_retries=5)
+    #: The error each kind leaves in the history of its first attempt.
+    ERRORS: ClassVar[dict[str, str]] = {
+        "nul": "ValueError",
+        "unprintable": "tests.testapp.jobs.UnprintableError",
+        "surrogate": "ValueError",
+        "base": "tests.testapp.jobs.BaseBoom",
+        "transaction": "django_gator.exceptions.TransactionLeftOpen",
+        "session": "RuntimeError",
+    }
+    KINDS = (*ERRORS, "thread")
+
+    def handle(self, label: str, kind: str) -> None:
+        from django.db import connection
+
+        if self.attempt == 1:
+            if kind == "nul":
+                raise ValueError(f"{label} \x00 NUL")
+            if kind == "unprintable":
+                raise UnprintableError(label)
+            if kind == "surrogate":
+                raise ValueError(f"{label} \udc80 surrogate")
+            if kind == "base":
+                raise BaseBoom(label)
+            if kind == "transaction":
+                with connection.cursor() as cursor:
+                    cursor.execute("START TRANSACTION" if connection.vendor == "mysql" else "BEGIN")
+                Execution.objects.create(
+                    job_id=self.job_id, attempt=0, pid=os.getpid(), label=label
+                )
+                return  # the stray transaction, and this row with it, is rolled back
+            if kind == "session":
+                SetsReadOnlySession().handle()
+                raise RuntimeError(f"{label}: left its session read-only")
+            if kind == "thread":
+                import threading
+
+                threading.Thread(target=time.sleep, args=(60,), daemon=False).start()
+        Execution.objects.create(
+            job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label=label
+        )
