@@ -20,10 +20,10 @@ closed too, so no setting outlives the job that made it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from collections.abc import Callable
-from contextlib import ExitStack
 from typing import Any
 
 from django.db import connections
@@ -57,57 +57,63 @@ class _Used:
 
 
 class ConnectionWatch:
-    """Use as ``with ConnectionWatch() as watch: run the job``, then ``watch.clean()``."""
+    """Use as ``with ConnectionWatch() as watch: run the job``, then ``watch.clean()``.
+
+    On the hot path of every job: entering and leaving cost one list append and removal
+    per database alias, and a job that ran no query is passed over without a look."""
+
+    __slots__ = ("_watched",)
 
     def __init__(self) -> None:
-        self._stack = ExitStack()
-        self._used: dict[str, _Used] = {}
+        self._watched: list[tuple[Any, _Used]] = []
 
     def __enter__(self) -> ConnectionWatch:
-        for alias in connections:
-            connection = connections[alias]
+        for connection in connections.all():
             used = _Used()
-            self._used[alias] = used
-            self._stack.enter_context(connection.execute_wrapper(used))
+            # What connection.execute_wrapper() does, without a generator per job.
+            connection.execute_wrappers.append(used)
+            self._watched.append((connection, used))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stack.close()
+        for connection, used in self._watched:
+            with contextlib.suppress(ValueError):
+                connection.execute_wrappers.remove(used)
 
     def clean(self) -> list[str]:
         """Restore every connection the job used; returns a description of each stray
         transaction found (empty when the job left none)."""
         problems: list[str] = []
-        for alias, used in self._used.items():
-            connection = connections[alias]
-            if connection.connection is None:
-                continue
+        for connection, used in self._watched:
+            if connection.connection is None or not (used.used or connection.in_atomic_block):
+                continue  # no query, no transaction (autocommit flipped alone: Django's)
             try:
-                open_transaction = _transaction_left_open(connection, used.used)
+                open_transaction = _transaction_left_open(connection)
             except Exception:
                 logger.warning(
                     "Could not check a connection after a job; closing it alias=%s",
-                    alias,
+                    connection.alias,
                     exc_info=True,
                 )
                 _discard(connection)
                 continue
             if open_transaction:
-                problems.append(f"a transaction left open on the database {alias!r}")
+                problems.append(f"a transaction left open on the database {connection.alias!r}")
                 _discard(connection)
             elif used.session_changed:
-                logger.debug("Job changed session state; closing its connection alias=%s", alias)
+                logger.debug(
+                    "Job changed session state; closing its connection alias=%s",
+                    connection.alias,
+                )
                 _discard(connection)
         return problems
 
 
-def _transaction_left_open(connection: Any, used: bool) -> bool:
-    """Whether ``connection`` (a Django wrapper, connected) is inside a transaction that the
-    job opened and did not end."""
+def _transaction_left_open(connection: Any) -> bool:
+    """Whether ``connection`` (a Django wrapper, connected, used by the job) is inside a
+    transaction that the job opened and did not end."""
     if connection.in_atomic_block or not connection.get_autocommit():
         return True
-    if not used:
-        return False  # a connection the job did not touch cannot hold its transaction
     raw = connection.connection
     if connection.vendor == "postgresql":
         import psycopg
