@@ -11,7 +11,7 @@ import functools
 import json
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -155,6 +155,11 @@ class Engine:
         """A short transaction for several writes; yields a cursor."""
         with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
             yield cursor
+
+    def atomic_job(self) -> AbstractContextManager[Any]:
+        """The transaction of an atomic job's handle() and success mark, as the worker
+        opens it."""
+        return transaction.atomic(using=self.alias)
 
     @contextmanager
     def raw_transaction(self, begin: str) -> Iterator[Any]:

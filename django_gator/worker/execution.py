@@ -9,7 +9,7 @@ import logging
 import time
 import traceback
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -167,13 +167,20 @@ async def _awaited(awaitable: Any) -> Any:
 
 
 def run_claimed(
-    job: ClaimedJob, worker_id: str, commit: Commit | None = None, *, watch: bool = False
+    job: ClaimedJob,
+    worker_id: str,
+    commit: Commit | None = None,
+    *,
+    watch: bool = False,
+    atomic: Callable[[], AbstractContextManager[Any]] | None = None,
 ) -> Success | Failure:
     """Run ``job``'s handler; never raises (a BaseException from user code is an outcome).
 
     For a job class with ``atomic = True``, ``commit`` writes the success mark inside the
     transaction that wraps the middleware and ``handle()``, so the job's effects and its
-    success commit together or not at all.
+    success commit together or not at all. ``atomic`` opens that transaction (the worker
+    passes its engine's, which on SQLite takes turns with other atomic jobs); by default
+    ``transaction.atomic()`` on ``GATOR_DATABASE``.
 
     With ``watch`` (worker threads, whose connections serve job after job), every
     connection the job used is checked afterwards and restored (see :mod:`.hygiene`): a
@@ -204,7 +211,7 @@ def run_claimed(
             )
             signals.send(signals.job_started, job_class, job=instance)
             if job_class.atomic and commit is not None:
-                with transaction.atomic(using=conf.database()):
+                with atomic() if atomic else transaction.atomic(using=conf.database()):
                     result_json = _result_json(job, call_handle(instance))
                     if not commit(result_json):
                         raise ClaimLost(f"job {job.id} is no longer claimed by {worker_id}")

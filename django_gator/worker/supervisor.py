@@ -693,7 +693,9 @@ class WorkerProcess:
         started = time.perf_counter()
         commit = functools.partial(self._commit_atomic, job)
         try:
-            outcome = run_claimed(job, self.worker_id, commit, watch=True)
+            outcome = run_claimed(
+                job, self.worker_id, commit, watch=True, atomic=self.engine.atomic_job
+            )
         finally:
             elapsed_ms = (time.perf_counter() - started) * 1000
             close_old_connections()

@@ -482,3 +482,17 @@ class StartsThread(Queueable):
         import threading
 
         threading.Thread(target=time.sleep, args=(seconds,), name="job-stray", daemon=False).start()
+
+
+class AtomicHold(Queueable):
+    """An atomic job that writes its ledger row, then keeps its transaction open for
+    ``hold`` seconds (on SQLite: the database's write lock, for that long). No retry
+    policy: a failed attempt ends the job ``dead``."""
+
+    atomic = True
+
+    def handle(self, hold: float, label: str = "") -> None:
+        Execution.objects.create(
+            job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label=label
+        )
+        time.sleep(hold)
