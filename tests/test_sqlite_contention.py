@@ -16,17 +16,21 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import django.db
 import pytest
-from django.db import connection
+from django.db import DatabaseError, connection
 
+from django_gator import Queueable
+from django_gator.engines.base import ClaimedJob
 from django_gator.models import Job, JobState, Worker
-from tests.conftest import ROOT, wait_for, worker_env, worker_output
-from tests.testapp.jobs import AtomicHold
+from django_gator.worker.execution import BUSY_ATTEMPTS, decide_retry
+from tests.conftest import ROOT, stop_worker, wait_for, worker_env, worker_output
+from tests.testapp.jobs import AtomicAfterFlag, AtomicHold, Noop, RecordAfterFlag
 from tests.testapp.models import Execution
-
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 #: The issue's heartbeat settings (the test settings' 0.5 s / 3 s are tighter still).
 HEARTBEAT = {"GATOR_HEARTBEAT_INTERVAL": "1", "GATOR_HEARTBEAT_TIMEOUT": "6"}
@@ -75,6 +79,8 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(int(len(ordered) * fraction), len(ordered) - 1)]
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
 def test_atomic_jobs_leave_room_for_a_web_process_and_heartbeats(spawn_worker, tmp_path):
     if connection.vendor != "sqlite":
         pytest.skip("only SQLite has one write lock for the whole database")
@@ -121,6 +127,95 @@ def test_atomic_jobs_leave_room_for_a_web_process_and_heartbeats(spawn_worker, t
     # Atomic: the ledger row of each succeeded job exists once; no other attempt left one.
     succeeded = [r.pk for r in rows if r.state == JobState.SUCCEEDED]
     assert Execution.objects.filter(job_id__in=[r.pk for r in rows]).count() == len(succeeded)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_jobs_outlast_a_writer_that_holds_the_lock_past_the_busy_timeout(spawn_worker, tmp_path):
+    # Another process holds the write lock for five times the workers' busy timeout (a
+    # long import, a stopped process): an atomic job about to begin and a job whose own
+    # INSERT meets the lock both end succeeded, neither dead on "database is locked".
+    if connection.vendor != "sqlite":
+        pytest.skip("only SQLite has one write lock for the whole database")
+    flag = tmp_path / "locked"
+    atomic = AtomicAfterFlag.dispatch(flag_file=str(flag), label="atomic")
+    plain = RecordAfterFlag.dispatch(flag_file=str(flag), label="plain")
+    worker = spawn_worker("--concurrency", "2", env={"GATOR_TEST_SQLITE_TIMEOUT": "0.5"})
+    # Both claimed: the atomic one waits to open its transaction, the other to INSERT.
+    wait_for(lambda: Job.objects.filter(state=JobState.RUNNING).count() == 2)
+    writer = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+    try:
+        writer.execute("BEGIN IMMEDIATE")
+        flag.touch()
+        time.sleep(2.5)
+        writer.execute("COMMIT")
+    finally:
+        writer.close()
+
+    finished = (JobState.SUCCEEDED, JobState.DEAD)
+    wait_for(lambda: Job.objects.filter(state__in=finished).count() == 2, timeout=60)
+    stop_worker(worker)
+    atomic.refresh_from_db()
+    plain.refresh_from_db()
+    # The atomic job had not begun: it waited for the lock, its attempt never failed.
+    assert (atomic.state, atomic.attempts, atomic.errors) == (JobState.SUCCEEDED, 1, None)
+    # The plain job's INSERT failed on the lock: retried, although it has no retry policy.
+    assert plain.state == JobState.SUCCEEDED
+    assert plain.attempts >= 2
+    assert "database is locked" in plain.errors[0]["message"]
+    assert Execution.objects.filter(label="atomic").count() == 1
+    assert Execution.objects.filter(label="plain").count() == 1
+
+
+class NeverRetried(Queueable):
+    def handle(self) -> None:
+        pass
+
+    def retry_decision(self, exc: BaseException, retry_count: int) -> bool:
+        return False
+
+
+def test_database_is_locked_is_retried_whatever_the_policy_up_to_a_limit(tmp_path):
+    path = tmp_path / "busy.sqlite3"
+    holder = sqlite3.connect(path, isolation_level=None)
+    waiter = sqlite3.connect(path, isolation_level=None, timeout=0)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        busy = django_error(lambda: waiter.execute("BEGIN IMMEDIATE"))
+        other = django_error(lambda: waiter.execute("SELECT * FROM no_such_table"))
+    finally:
+        holder.close()
+        waiter.close()
+
+    def decide(job_class: type[Queueable], exc: BaseException, attempts: int) -> tuple:
+        job = ClaimedJob(1, job_class.name, [], {}, "default", 0, attempts, 0)
+        instance = job_class(job_id=1, attempt=attempts, queue="default", args=[], kwargs={})
+        return decide_retry(instance, exc, job)
+
+    assert str(busy) == "database is locked"
+    # No retry policy: any other failure is final, the lock's is not.
+    assert decide(Noop, other, 1) == (True, None, "default")
+    assert [decide(Noop, busy, n) for n in (1, 2, 3)] == [
+        (False, 1.0, "default"),
+        (False, 2.0, "default"),
+        (False, 4.0, "default"),
+    ]
+    assert decide(Noop, busy, BUSY_ATTEMPTS - 1)[0] is False
+    assert decide(Noop, busy, BUSY_ATTEMPTS) == (True, None, "default")  # then the policy
+    assert decide(NeverRetried, busy, 1) == (True, None, "default")  # the job's own say
+
+
+def django_error(statement: Callable[[], object]) -> DatabaseError:
+    """The Django error for what ``statement`` raised, as Django raises it."""
+    try:
+        statement()
+    except sqlite3.DatabaseError as exc:
+        wrapped = getattr(django.db, type(exc).__name__)(*exc.args)
+        try:
+            raise wrapped from exc
+        except DatabaseError as raised:
+            return raised
+    raise AssertionError("the statement did not fail")
 
 
 def run_web_writer(tmp_path: Path, *, seconds: float, every: float, report: Path) -> None:

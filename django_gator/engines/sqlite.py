@@ -5,15 +5,17 @@ write lock while they run, take turns (see AtomicTurns)."""
 
 from __future__ import annotations
 
+import logging
 import os
+import sqlite3
 import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
-from django.db import transaction
+from django.db import OperationalError, transaction
 
 from django_gator.engines.base import JOB_COLUMNS, READY_SQL, ClaimedJob, Engine, Keyset
 
@@ -26,6 +28,10 @@ except ImportError:  # not on Windows: there the turns are per process
 #: sleeps up to 100 ms between two looks at the lock, so a pause of 150 ms lets in every
 #: writer that waited through the previous turn.
 ATOMIC_PAUSE_MAX = 0.15
+#: Longest pause between two tries to open an atomic job's transaction, in seconds.
+BEGIN_BACKOFF_MAX = 5.0
+
+logger = logging.getLogger("django_gator.worker")
 
 
 class SQLiteEngine(Engine):
@@ -49,9 +55,28 @@ class SQLiteEngine(Engine):
 
     @contextmanager
     def atomic_job(self) -> Iterator[None]:
-        """An atomic job's transaction, in its turn (see AtomicTurns)."""
-        turn = self.atomic_turns.turn(self._turns_file())
-        with turn as began, transaction.atomic(using=self.alias):
+        """An atomic job's transaction, in its turn (see AtomicTurns).
+
+        Its BEGIN IMMEDIATE waits for the write lock up to the connection's busy timeout.
+        When another writer held the lock for longer (a stopped process, a long import),
+        the job has not started: its thread waits and tries again, rather than fail the
+        job with "database is locked"."""
+        with self.atomic_turns.turn(self._turns_file()) as began, ExitStack() as stack:
+            tries = 0
+            while True:
+                try:
+                    stack.enter_context(transaction.atomic(using=self.alias))
+                    break
+                except OperationalError as exc:
+                    if not is_busy(exc):
+                        raise
+                    tries += 1
+                    logger.warning(
+                        "The write lock stayed busy beyond the busy timeout; an atomic job "
+                        "waits to begin try=%s",
+                        tries,
+                    )
+                    time.sleep(min(0.1 * 2**tries, BEGIN_BACKOFF_MAX))
             began()
             yield
 
@@ -101,6 +126,18 @@ class SQLiteEngine(Engine):
         jobs = [self.claimed(row) for row in cursor.fetchall()]
         jobs.sort(key=lambda j: (-j.priority, j.id))
         return jobs
+
+
+def is_busy(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an error it was raised from, is SQLite's SQLITE_BUSY ("database
+    is locked"): another connection held the write lock beyond the busy timeout."""
+    for _ in range(5):  # Django's OperationalError is raised from the driver's
+        if exc is None:
+            return False
+        if isinstance(exc, sqlite3.OperationalError):
+            return getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_BUSY
+        exc = exc.__cause__
+    return False
 
 
 class AtomicTurns:

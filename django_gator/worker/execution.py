@@ -19,6 +19,7 @@ from django.db import transaction
 
 from django_gator import conf, retry, signals
 from django_gator.engines.base import ClaimedJob, Failure
+from django_gator.engines.sqlite import is_busy
 from django_gator.exceptions import (
     GatorError,
     JobCancelled,
@@ -331,10 +332,19 @@ def _loggable_traceback(job: ClaimedJob, exc: BaseException) -> str:
     return safe(mask_text(text, secrets), conf.max_traceback_chars())
 
 
+#: Attempts in all that a job failing on SQLite's "database is locked" gets (the wait
+#: before each retry doubles from 1 s up to BUSY_MAX_WAIT); after that its policy applies.
+BUSY_ATTEMPTS = 10
+BUSY_MAX_WAIT = 60.0
+
+
 def decide_retry(
     instance: Queueable, exc: BaseException, job: ClaimedJob
 ) -> tuple[bool, float | None, str]:
-    """(dead?, seconds to wait, queue of the retry) after ``exc`` on ``job``."""
+    """(dead?, seconds to wait, queue of the retry) after ``exc`` on ``job``.
+
+    A failure on SQLite's "database is locked" is retried (see BUSY_ATTEMPTS) unless
+    ``retry_decision()`` decides otherwise; every other one as the job's class says."""
     policy = type(instance).retry
     retry_count = max(job.attempts - 1, 0)
     try:
@@ -348,6 +358,10 @@ def decide_retry(
         )
         decision = None
     queue = policy.queue if policy is not None and policy.queue else job.queue
+    if decision is None and job.attempts < BUSY_ATTEMPTS and is_busy(exc):
+        # SQLite's write lock stayed busy beyond the busy timeout: another writer's doing,
+        # not the job's, so it is tried again soon, whatever its retry policy.
+        return False, min(2.0**retry_count, BUSY_MAX_WAIT), queue
     if decision is False:
         return True, None, queue
     if policy is not None and not policy.allows(retry_count):
