@@ -12,24 +12,27 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import django.db
 import pytest
 from django.db import DatabaseError, connection
+from django.utils import timezone
 
-from django_gator import Queueable
+from django_gator import Queueable, conf
 from django_gator.engines.base import ClaimedJob
 from django_gator.models import Job, JobState, Worker
 from django_gator.worker.execution import BUSY_ATTEMPTS, decide_retry
 from tests.conftest import ROOT, stop_worker, wait_for, worker_env, worker_output
-from tests.testapp.jobs import AtomicAfterFlag, AtomicHold, Noop, RecordAfterFlag
+from tests.testapp.jobs import AtomicAfterFlag, AtomicHold, Noop, RecordAfterFlag, Sleep
 from tests.testapp.models import Execution
 
 #: The issue's heartbeat settings (the test settings' 0.5 s / 3 s are tighter still).
@@ -165,6 +168,102 @@ def test_jobs_outlast_a_writer_that_holds_the_lock_past_the_busy_timeout(spawn_w
     assert "database is locked" in plain.errors[0]["message"]
     assert Execution.objects.filter(label="atomic").count() == 1
     assert Execution.objects.filter(label="plain").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_live_worker_keeps_its_job_however_old_its_heartbeat_a_stopped_one_loses_it(
+    spawn_worker,
+):
+    # On SQLite a live worker's heartbeat can lapse while it waits for the write lock. The
+    # owner here writes one heartbeat at start-up and then none for a minute: its row lapses
+    # while its process runs its job, and the rescuer must ask the host, not the row.
+    if connection.vendor != "sqlite":
+        pytest.skip("only SQLite's workers all run on one host")
+    job = Sleep.dispatch(60, label="owner")
+    # (Its own timeout only needs to pass the system check: the rescuer's decides.)
+    slow_beat = {"GATOR_HEARTBEAT_INTERVAL": "60", "GATOR_HEARTBEAT_TIMEOUT": "600"}
+    owner = spawn_worker("--concurrency", "1", env=slow_beat)
+    wait_for(lambda: Job.objects.get(pk=job.pk).state == JobState.RUNNING)
+    owner_id = Job.objects.get(pk=job.pk).reserved_by
+    Job.objects.filter(pk=job.pk).update(args=[0.1])  # a rescued run is quick
+    rescuer = spawn_worker("--concurrency", "1")  # the test settings: lost after 3 s
+
+    # Well past the heartbeat timeout, with a rescue pass every 0.5 s meanwhile.
+    wait_for(lambda: heartbeat_age(owner.pid) > conf.heartbeat_timeout() + 2, timeout=30)
+    kept = Job.objects.get(pk=job.pk)
+    assert (kept.state, kept.rescues, kept.reserved_by) == (JobState.RUNNING, 0, owner_id), (
+        worker_output(rescuer)
+    )
+    assert "its process on this host is alive" in worker_output(rescuer)
+
+    owner.send_signal(signal.SIGSTOP)  # frozen: RELIABILITY.md wants its job rescued
+    try:
+        wait_for(lambda: Job.objects.get(pk=job.pk).state == JobState.SUCCEEDED, timeout=30)
+    finally:
+        owner.send_signal(signal.SIGCONT)
+    done = Job.objects.get(pk=job.pk)
+    assert (done.rescues, done.attempts) == (1, 2)
+    assert done.reserved_by != owner_id
+    assert "(its process on this host is stopped)" in done.errors[0]["message"]
+    stop_worker(rescuer)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_jobs_of_a_worker_whose_process_is_gone_are_rescued_during_a_grace_period():
+    # Our own heartbeats were late (say, waiting for the write lock), so we give workers we
+    # cannot check time to heartbeat again; one whose process is gone gets none.
+    if connection.vendor != "sqlite":
+        pytest.skip("only SQLite's workers all run on one host")
+    from django_gator.engines import get_engine
+    from django_gator.worker import WorkerProcess
+
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    exited.wait()
+    zombie = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    zombie.kill()
+    wait_for(lambda: proc_state(zombie.pid) == "Z")
+    stale = timezone.now() - timedelta(minutes=10)
+    owners = {"exited": exited.pid, "zombie": zombie.pid}
+    for name, pid in owners.items():
+        Worker.objects.create(
+            id=name,
+            hostname=socket.gethostname(),
+            pid=pid,
+            concurrency=1,
+            started_at=stale,
+            heartbeat_at=stale,
+        )
+    Worker.objects.create(id="elsewhere", hostname="h", pid=1, concurrency=1, heartbeat_at=stale)
+    engine = get_engine("default")
+    Noop.dispatch_many([[name] for name in [*owners, "elsewhere"]])
+    claimed = {name: engine.claim(name, "default", 1)[0].id for name in [*owners, "elsewhere"]}
+
+    me = WorkerProcess(install_signal_handlers=False)
+    now = time.monotonic()
+    me._last_beat = now - 10 * conf.heartbeat_timeout()
+    assert me._may_rescue(now) is False
+    me._rescue(judging=False)
+    zombie.wait()
+
+    rows = {name: Job.objects.get(pk=pk) for name, pk in claimed.items()}
+    assert {name: row.state for name, row in rows.items()} == {
+        "exited": JobState.WAITING,
+        "zombie": JobState.WAITING,
+        "elsewhere": JobState.RUNNING,  # another host: its heartbeat decides, after the grace
+    }
+    assert "(its process on this host is gone)" in rows["exited"].last_error
+    assert "(its process on this host is gone)" in rows["zombie"].last_error
+
+
+def proc_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
+
+
+def heartbeat_age(pid: int) -> float:
+    """Seconds since the heartbeat of the worker with ``pid`` (infinite without a row)."""
+    row = Worker.objects.filter(pid=pid).first()
+    return float("inf") if row is None else (timezone.now() - row.heartbeat_at).total_seconds()
 
 
 class NeverRetried(Queueable):

@@ -81,10 +81,21 @@ class SQLiteEngine(Engine):
             yield
 
     def _turns_file(self) -> str | None:
+        path = self._database_file()
+        return None if path is None else f"{path}-gator.lock"
+
+    def _database_file(self) -> str | None:
         connection = self.connection
         if connection.is_in_memory_db():
             return None
-        return f"{connection.settings_dict['NAME']}-gator.lock"
+        return str(connection.settings_dict["NAME"])
+
+    # A WAL database is shared through memory (its -shm file), so by one host only.
+    workers_share_a_host = True
+
+    def shared_memory_file(self) -> str | None:
+        path = self._database_file()
+        return None if path is None else f"{path}-shm"
 
     @contextmanager
     def write_transaction(self) -> Iterator[Any]:
