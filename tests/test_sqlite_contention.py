@@ -9,11 +9,13 @@ heartbeats, rescues of live workers' jobs and jobs ended dead on "database is lo
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
 import socket
 import sqlite3
+import struct
 import subprocess
 import sys
 import threading
@@ -29,6 +31,7 @@ from django.utils import timezone
 
 from django_gator import Queueable, conf
 from django_gator.engines.base import ClaimedJob
+from django_gator.engines.sqlite import ATOMIC_PAUSE_MAX, _lock_after_the_pause
 from django_gator.models import Job, JobState, Worker
 from django_gator.worker.execution import BUSY_ATTEMPTS, decide_retry
 from tests.conftest import ROOT, stop_worker, wait_for, worker_env, worker_output
@@ -264,6 +267,59 @@ def heartbeat_age(pid: int) -> float:
     """Seconds since the heartbeat of the worker with ``pid`` (infinite without a row)."""
     row = Worker.objects.filter(pid=pid).first()
     return float("inf") if row is None else (timezone.now() - row.heartbeat_at).total_seconds()
+
+
+#: Tries the turns file's lock 10 times in 100 ms from another process (POSIX locks do not
+#: exclude the threads of one process), and says how often it found it taken.
+PROBE = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+print("ready", flush=True)
+sys.stdin.readline()
+taken = 0
+for _ in range(10):
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.lockf(fd, fcntl.LOCK_UN)
+    except OSError:
+        taken += 1
+    time.sleep(0.01)
+print(taken, flush=True)
+"""
+
+
+def test_a_turn_waiting_out_the_pause_holds_no_lock(tmp_path):
+    # A worker stopped (SIGSTOP) while it waits for the pause after another's turn must
+    # not hold up the turns of the other workers: the file is locked for the turn only.
+    path = tmp_path / "db.sqlite3-gator.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    with subprocess.Popen(
+        [sys.executable, "-c", PROBE, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as probe:
+        try:
+            assert probe.stdout.readline() == "ready\n"
+            os.pwrite(fd, struct.pack("<d", time.monotonic() + ATOMIC_PAUSE_MAX), 0)
+            started = time.monotonic()
+            waiter = threading.Thread(target=take_a_turn, args=(fd,))
+            waiter.start()
+            probe.stdin.write("go\n")
+            probe.stdin.flush()
+            taken = int(probe.stdout.readline())
+            waiter.join(timeout=10)
+            waited = time.monotonic() - started
+        finally:
+            os.close(fd)
+    assert not waiter.is_alive()
+    assert waited >= ATOMIC_PAUSE_MAX * 0.9  # it did wait out the pause
+    assert taken <= 2  # 10 when the waiter held the lock while it paused
+
+
+def take_a_turn(fd: int) -> None:
+    _lock_after_the_pause(fd)
+    fcntl.lockf(fd, fcntl.LOCK_UN)  # a turn of no time: the probe sees only the pause
 
 
 class NeverRetried(Queueable):

@@ -168,7 +168,8 @@ class AtomicTurns:
 
     The file lock is a POSIX record lock, which a process forked by a job does not inherit;
     as POSIX locks belong to the process, a thread lock keeps this process's threads in line.
-    Without fcntl (Windows), or for an in-memory database, only the thread lock is taken."""
+    It is held for the turn only, not during the pause before it. Without fcntl (Windows),
+    or for an in-memory database, only the thread lock is taken."""
 
     def __init__(self) -> None:
         self._thread_lock = threading.Lock()
@@ -192,9 +193,7 @@ class AtomicTurns:
                 return
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
             try:
-                fcntl.lockf(fd, fcntl.LOCK_EX)
-                stored = os.pread(fd, 8, 0)
-                _pause_until(struct.unpack("<d", stored)[0] if len(stored) == 8 else 0.0)
+                _lock_after_the_pause(fd)
                 try:
                     yield mark
                 finally:
@@ -203,8 +202,22 @@ class AtomicTurns:
                 os.close(fd)  # and with it the lock
 
 
+def _lock_after_the_pause(fd: int) -> None:
+    """Lock the turns file once the pause after the last turn is over. The lock is not held
+    during the pause, so that a process stopped there (SIGSTOP) holds up no other turn; the
+    file says when the pause ends (time.monotonic(), the same clock in every process)."""
+    while True:
+        fcntl.lockf(fd, fcntl.LOCK_EX)
+        stored = os.pread(fd, 8, 0)
+        delay = (struct.unpack("<d", stored)[0] if len(stored) == 8 else 0.0) - time.monotonic()
+        if not 0 < delay <= ATOMIC_PAUSE_MAX:  # over, or not written by this host's clock
+            return
+        fcntl.lockf(fd, fcntl.LOCK_UN)
+        time.sleep(delay)
+
+
 def _pause_until(moment: float) -> None:
-    """Sleep until ``moment`` (time.monotonic(), system-wide), at most ATOMIC_PAUSE_MAX."""
+    """Sleep until ``moment`` (time.monotonic()), at most ATOMIC_PAUSE_MAX."""
     delay = moment - time.monotonic()
     if delay > 0:
         time.sleep(min(delay, ATOMIC_PAUSE_MAX))
