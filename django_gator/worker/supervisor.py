@@ -912,9 +912,12 @@ class WorkerProcess:
             self._judge_after = now + wait
             logger.warning(
                 "No heartbeat for %.1f s (frozen, or the database stalled); rescuing no "
-                "other worker's jobs for %.1f s worker=%s",
+                "other worker's jobs for %.1f s%s worker=%s",
                 gap,
                 wait,
+                " but those of gone or stopped processes on this host"
+                if self.engine.workers_share_a_host
+                else "",
                 self.worker_id,
             )
         return now >= self._judge_after
