@@ -277,7 +277,8 @@ package-check:
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
-	rm -f testproject/db.sqlite3 testproject/db.sqlite3-wal testproject/db.sqlite3-shm
+	rm -f testproject/db.sqlite3 testproject/db.sqlite3-wal testproject/db.sqlite3-shm \
+	  testproject/db.sqlite3-gator.lock
 	find . -path './.venv*' -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean

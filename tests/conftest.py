@@ -28,6 +28,17 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"django-gator: Django {django.get_version()}, database {engine}"
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove the file by which SQLite workers take turns (engines/sqlite.py) next to the
+    test database, which pytest-django removes."""
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    name = db.get("TEST", {}).get("NAME")
+    if db["ENGINE"] == "django.db.backends.sqlite3" and name:
+        Path(f"{name}-gator.lock").unlink(missing_ok=True)
+
+
 def database_url() -> str:
     """A DATABASE_URL for the test database, for worker subprocesses."""
     s = connection.settings_dict

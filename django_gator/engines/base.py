@@ -11,7 +11,7 @@ import functools
 import json
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -155,6 +155,11 @@ class Engine:
         """A short transaction for several writes; yields a cursor."""
         with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
             yield cursor
+
+    def atomic_job(self) -> AbstractContextManager[Any]:
+        """The transaction of an atomic job's handle() and success mark, as the worker
+        opens it."""
+        return transaction.atomic(using=self.alias)
 
     @contextmanager
     def raw_transaction(self, begin: str) -> Iterator[Any]:
@@ -642,6 +647,24 @@ class Engine:
         with self.connection.cursor() as cursor:
             cursor.execute(f"DELETE FROM {self.worker_table} WHERE id = %s", [worker_id])
 
+    #: Whether every worker of the database runs on one host, so that a rescuer can ask
+    #: the operating system whether a worker whose heartbeat lapsed is alive (SQLite).
+    workers_share_a_host = False
+
+    def shared_memory_file(self) -> str | None:
+        """A file that every process using the database has mapped, if there is one."""
+        return None
+
+    def lapsed_workers(self, cutoff: datetime) -> list[tuple[str, str, int, datetime]]:
+        """(id, hostname, pid, started_at) of the workers with no heartbeat since ``cutoff``."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT id, hostname, pid, started_at FROM {self.worker_table} "
+                "WHERE heartbeat_at < %s",
+                [self.adapt_dt(cutoff)],
+            )
+            return [(r[0], r[1], r[2], self.to_dt(r[3])) for r in cursor.fetchall()]
+
     def lost_claims(self, cutoff: datetime, *, sweep: bool = False) -> list[LostClaim]:
         """Running jobs whose worker has no heartbeat since ``cutoff``.
 
@@ -731,11 +754,13 @@ class Engine:
             cursor.execute(sql, params)
             return bool(cursor.rowcount == 1)
 
-    def forget_workers(self, cutoff: datetime) -> int:
-        """Delete worker rows whose heartbeat lapsed before ``cutoff``."""
+    def forget_workers(self, cutoff: datetime, only: Sequence[str] | None = None) -> int:
+        """Delete worker rows whose heartbeat lapsed before ``cutoff`` (of those, only the
+        ids in ``only``, if given)."""
+        ids = f" AND id IN ({', '.join(['%s'] * len(only))})" if only else ""
         with self.connection.cursor() as cursor:
             cursor.execute(
-                f"DELETE FROM {self.worker_table} WHERE heartbeat_at < %s",
-                [self.adapt_dt(cutoff)],
+                f"DELETE FROM {self.worker_table} WHERE heartbeat_at < %s{ids}",
+                [self.adapt_dt(cutoff), *(only or ())],
             )
             return int(cursor.rowcount)

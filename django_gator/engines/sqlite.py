@@ -1,14 +1,37 @@
 """SQLite: one writer at a time. The claim is a single UPDATE ... RETURNING statement, which
 takes SQLite's write lock before it reads, so two workers can never take the same row;
-multi-statement writes run in BEGIN IMMEDIATE transactions."""
+multi-statement writes run in BEGIN IMMEDIATE transactions. Atomic jobs, which hold the
+write lock while they run, take turns (see AtomicTurns)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+import logging
+import os
+import sqlite3
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
+from django.db import OperationalError, transaction
+
 from django_gator.engines.base import JOB_COLUMNS, READY_SQL, ClaimedJob, Engine, Keyset
+
+try:
+    import fcntl
+except ImportError:  # not on Windows: there the turns are per process
+    fcntl = None  # type: ignore[assignment]
+
+#: The longest pause between two atomic jobs' turns, in seconds. SQLite's busy handler
+#: sleeps up to 100 ms between two looks at the lock, so a pause of 150 ms lets in every
+#: writer that waited through the previous turn.
+ATOMIC_PAUSE_MAX = 0.15
+#: Longest pause between two tries to open an atomic job's transaction, in seconds.
+BEGIN_BACKOFF_MAX = 5.0
+
+logger = logging.getLogger("django_gator.worker")
 
 
 class SQLiteEngine(Engine):
@@ -28,6 +51,51 @@ class SQLiteEngine(Engine):
         # Compare-and-set writes look rows up by rowid only: without the hint, a batch of
         # ids is planned on an index of states, whose running entries grow with every job.
         self.cas_table_sql = f"{self.job_table} NOT INDEXED"
+        self.atomic_turns = AtomicTurns()
+
+    @contextmanager
+    def atomic_job(self) -> Iterator[None]:
+        """An atomic job's transaction, in its turn (see AtomicTurns).
+
+        Its BEGIN IMMEDIATE waits for the write lock up to the connection's busy timeout.
+        When another writer held the lock for longer (a stopped process, a long import),
+        the job has not started: its thread waits and tries again, rather than fail the
+        job with "database is locked"."""
+        with self.atomic_turns.turn(self._turns_file()) as began, ExitStack() as stack:
+            tries = 0
+            while True:
+                try:
+                    stack.enter_context(transaction.atomic(using=self.alias))
+                    break
+                except OperationalError as exc:
+                    if not is_busy(exc):
+                        raise
+                    tries += 1
+                    logger.warning(
+                        "The write lock stayed busy beyond the busy timeout; an atomic job "
+                        "waits to begin try=%s",
+                        tries,
+                    )
+                    time.sleep(min(0.1 * 2**tries, BEGIN_BACKOFF_MAX))
+            began()
+            yield
+
+    def _turns_file(self) -> str | None:
+        path = self._database_file()
+        return None if path is None else f"{path}-gator.lock"
+
+    def _database_file(self) -> str | None:
+        connection = self.connection
+        if connection.is_in_memory_db():
+            return None
+        return str(connection.settings_dict["NAME"])
+
+    # A WAL database is shared through memory (its -shm file), so by one host only.
+    workers_share_a_host = True
+
+    def shared_memory_file(self) -> str | None:
+        path = self._database_file()
+        return None if path is None else f"{path}-shm"
 
     @contextmanager
     def write_transaction(self) -> Iterator[Any]:
@@ -69,3 +137,95 @@ class SQLiteEngine(Engine):
         jobs = [self.claimed(row) for row in cursor.fetchall()]
         jobs.sort(key=lambda j: (-j.priority, j.id))
         return jobs
+
+
+def is_busy(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an error it was raised from, is SQLite's SQLITE_BUSY ("database
+    is locked"): another connection held the write lock beyond the busy timeout."""
+    for _ in range(5):  # Django's OperationalError is raised from the driver's
+        if exc is None:
+            return False
+        if isinstance(exc, sqlite3.OperationalError):
+            return getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_BUSY
+        exc = exc.__cause__
+    return False
+
+
+class AtomicTurns:
+    """Atomic jobs on SQLite take turns on this host, with a pause after each turn.
+
+    An atomic job's transaction holds SQLite's only write lock for as long as the job runs.
+    Left to SQLite, the executors of every worker queue in its busy handler, and as one job
+    commits, the next one takes the lock again within microseconds, while a web process
+    waiting too (its busy handler sleeping up to 100 ms between two looks) seldom finds it
+    free: it saw commits of many seconds and "database is locked", and the workers' own
+    heartbeats stalled. So an executor first takes the turn: a lock on a file next to the
+    database, held by one thread of one process at a time (every process writing to a WAL
+    database is on the same host, so the file lock reaches them all). After a turn that held
+    the write lock for t seconds, the next turn starts min(t, ATOMIC_PAUSE_MAX) later: atomic
+    jobs get at most about half of the write lock's time, and every other writer (the web
+    process, heartbeats, claims) gets in between two of them.
+
+    The file lock is a POSIX record lock, which a process forked by a job does not inherit;
+    as POSIX locks belong to the process, a thread lock keeps this process's threads in line.
+    It is held for the turn only, not during the pause before it. Without fcntl (Windows),
+    or for an in-memory database, only the thread lock is taken."""
+
+    def __init__(self) -> None:
+        self._thread_lock = threading.Lock()
+        self._next_turn = 0.0  # time.monotonic(), when there is no file to keep it in
+
+    @contextmanager
+    def turn(self, path: str | None) -> Iterator[Callable[[], None]]:
+        """Wait for the turn; yields a callable to call once the write lock is taken."""
+        began: list[float] = []
+
+        def mark() -> None:
+            began.append(time.monotonic())
+
+        with self._thread_lock:
+            if path is None or fcntl is None:
+                _pause_until(self._next_turn)
+                try:
+                    yield mark
+                finally:
+                    self._next_turn = _next_turn(began)
+                return
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            try:
+                _lock_after_the_pause(fd)
+                try:
+                    yield mark
+                finally:
+                    os.pwrite(fd, struct.pack("<d", _next_turn(began)), 0)
+            finally:
+                os.close(fd)  # and with it the lock
+
+
+def _lock_after_the_pause(fd: int) -> None:
+    """Lock the turns file once the pause after the last turn is over. The lock is not held
+    during the pause, so that a process stopped there (SIGSTOP) holds up no other turn; the
+    file says when the pause ends (time.monotonic(), the same clock in every process)."""
+    while True:
+        fcntl.lockf(fd, fcntl.LOCK_EX)
+        stored = os.pread(fd, 8, 0)
+        delay = (struct.unpack("<d", stored)[0] if len(stored) == 8 else 0.0) - time.monotonic()
+        if not 0 < delay <= ATOMIC_PAUSE_MAX:  # over, or not written by this host's clock
+            return
+        fcntl.lockf(fd, fcntl.LOCK_UN)
+        time.sleep(delay)
+
+
+def _pause_until(moment: float) -> None:
+    """Sleep until ``moment`` (time.monotonic()), at most ATOMIC_PAUSE_MAX."""
+    delay = moment - time.monotonic()
+    if delay > 0:
+        time.sleep(min(delay, ATOMIC_PAUSE_MAX))
+
+
+def _next_turn(began: list[float]) -> float:
+    """When the next turn may start: as long after now as this one held the lock, up to
+    ATOMIC_PAUSE_MAX."""
+    now = time.monotonic()
+    held = now - began[0] if began else 0.0
+    return now + min(held, ATOMIC_PAUSE_MAX)

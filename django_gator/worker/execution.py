@@ -9,7 +9,7 @@ import logging
 import time
 import traceback
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -19,6 +19,7 @@ from django.db import transaction
 
 from django_gator import conf, retry, signals
 from django_gator.engines.base import ClaimedJob, Failure
+from django_gator.engines.sqlite import is_busy
 from django_gator.exceptions import (
     GatorError,
     JobCancelled,
@@ -167,13 +168,20 @@ async def _awaited(awaitable: Any) -> Any:
 
 
 def run_claimed(
-    job: ClaimedJob, worker_id: str, commit: Commit | None = None, *, watch: bool = False
+    job: ClaimedJob,
+    worker_id: str,
+    commit: Commit | None = None,
+    *,
+    watch: bool = False,
+    atomic: Callable[[], AbstractContextManager[Any]] | None = None,
 ) -> Success | Failure:
     """Run ``job``'s handler; never raises (a BaseException from user code is an outcome).
 
     For a job class with ``atomic = True``, ``commit`` writes the success mark inside the
     transaction that wraps the middleware and ``handle()``, so the job's effects and its
-    success commit together or not at all.
+    success commit together or not at all. ``atomic`` opens that transaction (the worker
+    passes its engine's, which on SQLite takes turns with other atomic jobs); by default
+    ``transaction.atomic()`` on ``GATOR_DATABASE``.
 
     With ``watch`` (worker threads, whose connections serve job after job), every
     connection the job used is checked afterwards and restored (see :mod:`.hygiene`): a
@@ -204,7 +212,7 @@ def run_claimed(
             )
             signals.send(signals.job_started, job_class, job=instance)
             if job_class.atomic and commit is not None:
-                with transaction.atomic(using=conf.database()):
+                with atomic() if atomic else transaction.atomic(using=conf.database()):
                     result_json = _result_json(job, call_handle(instance))
                     if not commit(result_json):
                         raise ClaimLost(f"job {job.id} is no longer claimed by {worker_id}")
@@ -324,10 +332,19 @@ def _loggable_traceback(job: ClaimedJob, exc: BaseException) -> str:
     return safe(mask_text(text, secrets), conf.max_traceback_chars())
 
 
+#: Attempts in all that a job failing on SQLite's "database is locked" gets (the wait
+#: before each retry doubles from 1 s up to BUSY_MAX_WAIT); after that its policy applies.
+BUSY_ATTEMPTS = 10
+BUSY_MAX_WAIT = 60.0
+
+
 def decide_retry(
     instance: Queueable, exc: BaseException, job: ClaimedJob
 ) -> tuple[bool, float | None, str]:
-    """(dead?, seconds to wait, queue of the retry) after ``exc`` on ``job``."""
+    """(dead?, seconds to wait, queue of the retry) after ``exc`` on ``job``.
+
+    A failure on SQLite's "database is locked" is retried (see BUSY_ATTEMPTS) unless
+    ``retry_decision()`` decides otherwise; every other one as the job's class says."""
     policy = type(instance).retry
     retry_count = max(job.attempts - 1, 0)
     try:
@@ -341,6 +358,10 @@ def decide_retry(
         )
         decision = None
     queue = policy.queue if policy is not None and policy.queue else job.queue
+    if decision is None and job.attempts < BUSY_ATTEMPTS and is_busy(exc):
+        # SQLite's write lock stayed busy beyond the busy timeout: another writer's doing,
+        # not the job's, so it is tried again soon, whatever its retry policy.
+        return False, min(2.0**retry_count, BUSY_MAX_WAIT), queue
     if decision is False:
         return True, None, queue
     if policy is not None and not policy.allows(retry_count):

@@ -31,7 +31,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from secrets import token_hex
 from types import FrameType
 from typing import Any, TypeVar
@@ -62,6 +62,7 @@ from django_gator.worker.execution import (
     run_claimed,
     unstorable_failure,
 )
+from django_gator.worker.liveness import Liveness, local_worker
 from django_gator.worker.queues import QueueSpec, weighted_order
 
 logger = logging.getLogger("django_gator.worker")
@@ -161,6 +162,7 @@ class WorkerProcess:
         self._last_beat = time.monotonic()  # when our last heartbeat was written
         self._judge_after = 0.0  # no rescues before this time.monotonic() (see _may_rescue)
         self._last_sweep = -ORPHAN_SWEEP_EVERY  # the first rescue pass sweeps
+        self._spared: set[str] = set()  # lapsed workers found alive on this host (logged)
         self.processed = 0
         self.forced_exit = False
 
@@ -690,7 +692,9 @@ class WorkerProcess:
         started = time.perf_counter()
         commit = functools.partial(self._commit_atomic, job)
         try:
-            outcome = run_claimed(job, self.worker_id, commit, watch=True)
+            outcome = run_claimed(
+                job, self.worker_id, commit, watch=True, atomic=self.engine.atomic_job
+            )
         finally:
             elapsed_ms = (time.perf_counter() - started) * 1000
             close_old_connections()
@@ -881,8 +885,9 @@ class WorkerProcess:
                         self.worker_id,
                     )
                     self._register()
-                if self._may_rescue(time.monotonic()):
-                    self._rescue()
+                judging = self._may_rescue(time.monotonic())
+                if judging or self.engine.workers_share_a_host:
+                    self._rescue(judging=judging)
             except Exception:
                 logger.exception("Heartbeat failed worker=%s", self.worker_id)
                 _drop_connection(self.alias)
@@ -895,7 +900,8 @@ class WorkerProcess:
         database was down, or locked by a stalled writer), the other workers were most
         likely stopped by the same thing, and their heartbeats look lapsed although they
         are alive. They get two heartbeat intervals to write one before we rescue anything:
-        a job whose worker is alive must not be run twice."""
+        a job whose worker is alive must not be run twice. (Where the host can tell, as on
+        SQLite, a worker whose process is gone or stopped gets no such time: see _rescue.)"""
         gap = now - self._last_beat
         self._last_beat = now
         if gap > conf.heartbeat_timeout() / 2:
@@ -903,9 +909,12 @@ class WorkerProcess:
             self._judge_after = now + wait
             logger.warning(
                 "No heartbeat for %.1f s (frozen, or the database stalled); rescuing no "
-                "other worker's jobs for %.1f s worker=%s",
+                "other worker's jobs for %.1f s%s worker=%s",
                 gap,
                 wait,
+                " but those of gone or stopped processes on this host"
+                if self.engine.workers_share_a_host
+                else "",
                 self.worker_id,
             )
         return now >= self._judge_after
@@ -933,17 +942,28 @@ class WorkerProcess:
                 continue
             self._stop_background.wait(conf.scheduler_interval())
 
-    def _rescue(self) -> None:
+    def _rescue(self, *, judging: bool = True) -> None:
         """Take back the running jobs of workers whose heartbeat lapsed (every
-        ORPHAN_SWEEP_EVERY seconds also those of owners that have no worker row)."""
+        ORPHAN_SWEEP_EVERY seconds also those of owners that have no worker row).
+
+        Where all workers share this host (SQLite), the operating system is asked first
+        (see worker.liveness): a worker whose process is alive keeps its jobs, its late
+        heartbeat most likely waiting for the write lock; one whose process is gone or
+        stopped loses them even while we are not ``judging`` (see _may_rescue)."""
         cutoff = self.engine.db_now() - timedelta(seconds=conf.heartbeat_timeout())
         max_rescues = conf.max_rescues()
-        sweep = time.monotonic() - self._last_sweep >= ORPHAN_SWEEP_EVERY
+        verdicts = self._ask_the_host(cutoff)
+        if not judging and not {Liveness.GONE, Liveness.STOPPED} & set(verdicts.values()):
+            return
+        sweep = judging and time.monotonic() - self._last_sweep >= ORPHAN_SWEEP_EVERY
         lost = self.engine.lost_claims(cutoff, sweep=sweep)
         if sweep:
             self._last_sweep = time.monotonic()
         for claim in lost:
             owner = claim.owner or ""
+            verdict = verdicts.get(owner, Liveness.UNKNOWN)
+            if verdict is Liveness.ALIVE or (not judging and verdict is Liveness.UNKNOWN):
+                continue
             dead = claim.isolated and claim.crashes + 1 >= max_rescues
             if not claim.isolated:
                 reason = (
@@ -958,6 +978,8 @@ class WorkerProcess:
                 )
                 if dead:
                     reason += "; it crashes its worker, so it is a likely poison pill"
+            if verdict is not Liveness.UNKNOWN:
+                reason += f" (its process on this host is {verdict.value})"
             error, summary = error_entry(
                 WorkerLost(reason), attempt=claim.attempts, worker_id=owner, tb=""
             )
@@ -969,7 +991,38 @@ class WorkerProcess:
                     "dead" if dead else "waiting",
                     "yes" if claim.isolated else "no",
                 )
-        self.engine.forget_workers(cutoff)
+        if not judging:
+            return
+        if not self.engine.workers_share_a_host:
+            self.engine.forget_workers(cutoff)
+            return
+        # Only the rows judged here: a live worker's row stays (a write spared, too).
+        judged = [owner for owner, verdict in verdicts.items() if verdict is not Liveness.ALIVE]
+        if judged:
+            self.engine.forget_workers(cutoff, only=judged)
+
+    def _ask_the_host(self, cutoff: datetime) -> dict[str, Liveness]:
+        """Where all workers share this host: what the operating system says of each worker
+        whose heartbeat lapsed before ``cutoff`` (empty elsewhere)."""
+        if not self.engine.workers_share_a_host:
+            return {}
+        shared_memory = self.engine.shared_memory_file()
+        verdicts = {}
+        for owner, hostname, pid, started_at in self.engine.lapsed_workers(cutoff):
+            if owner == self.worker_id:
+                verdicts[owner] = Liveness.ALIVE  # we are; our heartbeat waited
+                continue
+            verdicts[owner] = local_worker(hostname, pid, started_at, shared_memory)
+            if verdicts[owner] is Liveness.ALIVE and owner not in self._spared:
+                self._spared.add(owner)
+                logger.warning(
+                    "Worker's heartbeat lapsed, but its process on this host is alive: its "
+                    "jobs stay with it id=%s pid=%s worker=%s",
+                    safe(owner),
+                    pid,
+                    self.worker_id,
+                )
+        return verdicts
 
     # -- helpers -----------------------------------------------------------------------
     def _retrying(

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from django_gator import JobCancelled, Queueable, Retry, job
+from django_gator import JobCancelled, Queueable, Retry, job, signals
 from tests.testapp.models import Execution
 
 
@@ -526,6 +526,56 @@ class Misbehaves(Queueable):
                 import threading
 
                 threading.Thread(target=time.sleep, args=(60,), daemon=False).start()
+
+
+class AtomicHold(Queueable):
+    """An atomic job that writes its ledger row, then keeps its transaction open for
+    ``hold`` seconds (on SQLite: the database's write lock, for that long). No retry
+    policy: a failed attempt ends the job ``dead``."""
+
+    atomic = True
+
+    def handle(self, hold: float, label: str = "") -> None:
+        Execution.objects.create(
+            job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label=label
+        )
+        time.sleep(hold)
+
+
+def _wait_for_file(path: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.01)
+
+
+class AtomicAfterFlag(Queueable):
+    """An atomic job whose transaction opens once ``flag_file`` exists (a job_started
+    receiver, which runs before it, waits for the file); then it writes its ledger row.
+    No retry policy."""
+
+    atomic = True
+
+    def handle(self, flag_file: str, label: str = "") -> None:
+        Execution.objects.create(
+            job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label=label
+        )
+
+
+def _wait_for_flag(sender: type[Queueable], job: Queueable, **kwargs: Any) -> None:
+    _wait_for_file(job.kwargs["flag_file"])
+
+
+signals.job_started.connect(_wait_for_flag, sender=AtomicAfterFlag)
+
+
+class RecordAfterFlag(Queueable):
+    """Waits for ``flag_file``, then writes its ledger row outside any transaction of its
+    own. No retry policy."""
+
+    def handle(self, flag_file: str, label: str = "") -> None:
+        _wait_for_file(flag_file)
         Execution.objects.create(
             job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label=label
         )
