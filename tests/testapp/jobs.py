@@ -526,6 +526,9 @@ class Misbehaves(Queueable):
                 import threading
 
                 threading.Thread(target=time.sleep, args=(60,), daemon=False).start()
+        Execution.objects.create(
+            job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label=label
+        )
 
 
 class AtomicHold(Queueable):
