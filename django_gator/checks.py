@@ -86,10 +86,11 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="django_gator.E003",
             )
         )
-    try:
-        conf.middleware()
-    except ImproperlyConfigured as exc:
-        errors.append(checks.Error(str(exc), id="django_gator.E003"))
+    for validate in (conf.middleware, conf.worker_network_timeout):
+        try:
+            validate()
+        except ImproperlyConfigured as exc:
+            errors.append(checks.Error(str(exc), id="django_gator.E003"))
     return errors
 
 
