@@ -65,9 +65,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="django_gator.E003",
             )
         )
-    for read in (conf.middleware, conf.autodiscover_modules):
+    for validate in (conf.middleware, conf.autodiscover_modules, conf.worker_network_timeout):
         try:
-            read()
+            validate()
         except ImproperlyConfigured as exc:
             errors.append(checks.Error(str(exc), id="django_gator.E003"))
     return errors

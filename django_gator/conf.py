@@ -42,6 +42,11 @@ DEFAULTS: dict[str, Any] = {
     "GATOR_ASYNC_COMMIT": True,
     # Seconds a worker thread keeps its database connection when CONN_MAX_AGE is 0.
     "GATOR_WORKER_CONN_MAX_AGE": 300,
+    # Seconds of silence from the other end after which a worker's database connection is
+    # given up, by the worker and by the server (a network partition; see
+    # worker/connections.py). None: GATOR_HEARTBEAT_TIMEOUT; 0: the drivers' and servers'
+    # own defaults (hours).
+    "GATOR_WORKER_NETWORK_TIMEOUT": None,
     # Characters of a traceback kept per attempt in the error history.
     "GATOR_MAX_TRACEBACK_CHARS": 20_000,
     # Argument keys whose values the admin and the logs never show (case-insensitive).
@@ -167,6 +172,18 @@ def heartbeat_interval() -> float:
 
 def heartbeat_timeout() -> float:
     return float(get("GATOR_HEARTBEAT_TIMEOUT"))
+
+
+def worker_network_timeout() -> float:
+    """GATOR_WORKER_NETWORK_TIMEOUT in seconds (0: off); by default the heartbeat timeout."""
+    value = get("GATOR_WORKER_NETWORK_TIMEOUT")
+    if value is None:
+        return heartbeat_timeout()
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e6:
+        raise ImproperlyConfigured(
+            f"GATOR_WORKER_NETWORK_TIMEOUT must be None, 0 or a number of seconds, got {value!r}"
+        )
+    return float(value)
 
 
 def max_rescues() -> int:

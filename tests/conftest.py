@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -71,16 +71,19 @@ def spawn_worker(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[byte
     """Start ``manage.py gator_worker`` subprocesses on the test database; killed at the end.
 
     Each one's output goes to a file (a pipe nobody reads could fill up and block it);
-    ``worker_output(proc)`` reads it."""
+    ``worker_output(proc)`` reads it. ``prefix`` goes before the command (a wrapper)."""
     procs: list[subprocess.Popen[bytes]] = []
 
     def spawn(
-        *args: str, env: dict[str, str] | None = None, **popen: object
+        *args: str,
+        env: dict[str, str] | None = None,
+        prefix: Sequence[str] = (),
+        **popen: object,
     ) -> subprocess.Popen[bytes]:
         log_path = tmp_path / f"worker-{len(procs)}.log"
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "django", "gator_worker", *args],
+                [*prefix, sys.executable, "-m", "django", "gator_worker", *args],
                 cwd=ROOT,
                 env=worker_env(**(env or {})),
                 stdout=log,

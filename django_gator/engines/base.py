@@ -14,10 +14,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django.db import IntegrityError, connections, transaction
 from django.utils.dateparse import parse_datetime
+
+if TYPE_CHECKING:
+    from django_gator.worker.connections import NetworkBounds
 
 READY_SQL = "state IN ('waiting', 'failed')"
 JOB_COLUMNS = (
@@ -187,6 +190,12 @@ class Engine:
     def prepare_bookkeeping(self) -> None:
         """Tune this thread's connection for the worker's own writes (claims, outcome
         marks, heartbeats); called before each use, cheap when nothing changed."""
+
+    def prepare_worker_session(self, raw: Any, bounds: NetworkBounds) -> None:
+        """Have the server give up this worker connection's session, and its transaction
+        and locks with it, after ``bounds`` of silence from the worker (a partition).
+        ``raw`` is the driver's connection, just opened, in autocommit; called once for each
+        connection of a worker process (see worker.connections)."""
 
     def db_now(self) -> datetime:
         with self.connection.cursor() as cursor:

@@ -13,9 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django_gator.engines.base import JOB_COLUMNS, ClaimedJob, Engine, InsertRow, Keyset
+
+if TYPE_CHECKING:
+    from django_gator.worker.connections import NetworkBounds
 
 READY_INDEX = "gator_job_ready_my"
 
@@ -39,6 +42,26 @@ class MySQLEngine(Engine):
         # START TRANSACTION ... COMMIT: two round trips fewer than toggling autocommit.
         with self.raw_transaction("START TRANSACTION") as cursor:
             yield cursor
+
+    def prepare_worker_session(self, raw: Any, bounds: NetworkBounds) -> None:
+        """MariaDB sets its TCP keepalive for the whole server only (``tcp_keepalive_time``,
+        global), so the server side is bounded by ``idle_transaction_timeout``: a session
+        left idle inside a transaction that long is disconnected and its transaction rolled
+        back, which frees its locks. (``idle_write_transaction_timeout`` would spare a
+        transaction that only locked rows with SELECT ... FOR UPDATE.) The cost: a live
+        worker's job that leaves its transaction idle that long loses it too. A session
+        idle outside a transaction holds no lock and is left alone (``wait_timeout`` would
+        also cut a long job that uses its connection again after a pause). MySQL has no
+        such setting: there the server's side keeps its defaults."""
+        if "mariadb" not in raw.get_server_info().lower():
+            return
+        cursor = raw.cursor()
+        try:
+            cursor.execute(
+                "SET SESSION idle_transaction_timeout = %s", [bounds.idle_transaction_timeout]
+            )
+        finally:
+            cursor.close()
 
     def json_append_sql(self, column: str) -> str:
         return f"JSON_ARRAY_APPEND(COALESCE({column}, '[]'), '$', JSON_EXTRACT(%s, '$'))"

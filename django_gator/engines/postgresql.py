@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django_gator.engines.base import (
     JOB_COLUMNS,
@@ -17,6 +17,9 @@ from django_gator.engines.base import (
     Keyset,
     Listener,
 )
+
+if TYPE_CHECKING:
+    from django_gator.worker.connections import NetworkBounds
 
 #: The LISTEN/NOTIFY channel; the payload is the queue name.
 CHANNEL = "django_gator"
@@ -154,6 +157,9 @@ class PostgresEngine(Engine):
         raw = django_connection.get_new_connection(params)
         try:
             raw.autocommit = True
+            from django_gator.worker.connections import bound_connection
+
+            bound_connection(self, raw)  # in a worker process, as its other connections
             raw.execute(f"LISTEN {CHANNEL}")
             yield PostgresListener(raw)
         finally:
@@ -176,6 +182,27 @@ class PostgresEngine(Engine):
         with connection.cursor() as cursor:
             cursor.execute("SET synchronous_commit TO off", [])
         raw._gator_bookkeeping = True
+
+    def prepare_worker_session(self, raw: Any, bounds: NetworkBounds) -> None:
+        """Keepalive probes and TCP_USER_TIMEOUT on the server's socket, set for this
+        session only: the backend of a worker gone silent ends, rolling back its
+        transaction, after about ``bounds.seconds`` (the defaults are the OS's: a first
+        probe after two hours, and unacknowledged data retransmitted for 15 minutes). And
+        client_connection_check_interval, so that a statement still running when the
+        worker went silent is cancelled too: otherwise PostgreSQL looks at the socket only
+        between statements. No idle_in_transaction_session_timeout: it would also end a
+        live worker's transaction left idle by a long job, which keepalives never do."""
+        settings = {
+            "tcp_keepalives_idle": bounds.keepalive_idle,
+            "tcp_keepalives_interval": bounds.keepalive_interval,
+            "tcp_keepalives_count": bounds.keepalive_count,
+            "tcp_user_timeout": bounds.user_timeout_ms,
+            "client_connection_check_interval": bounds.keepalive_interval * 1000,
+        }
+        sql = "SELECT " + ", ".join(["set_config(%s, %s, false)"] * len(settings))
+        params = [item for name, value in settings.items() for item in (name, str(value))]
+        with raw.cursor() as cursor:
+            cursor.execute(sql, params)
 
     def guard(self, condition: str) -> str:
         # Inside a CASE the conditions can neither drive an index scan nor prove a partial

@@ -54,6 +54,7 @@ from django_gator.exceptions import JobNotRegistered, JobTimeout, SchemaMissing,
 from django_gator.logutil import safe
 from django_gator.queueable import get_job_class
 from django_gator.redaction import mask_text, secret_values
+from django_gator.worker import connections as worker_connections
 from django_gator.worker.execution import (
     Success,
     error_entry,
@@ -173,8 +174,7 @@ class WorkerProcess:
         try:
             return self._run()
         finally:
-            for alias, max_age in restore.items():
-                connections.settings[alias]["CONN_MAX_AGE"] = max_age
+            restore()
 
     def _run(self) -> int:
         # Handlers first: a SIGTERM during start-up (the database may be down, and the
@@ -1125,18 +1125,7 @@ def _check_health_before_use() -> None:
             connection.health_check_done = False  # type: ignore[attr-defined]
 
 
-def _keep_connections_open() -> dict[str, Any]:
-    """Give the worker persistent connections.
-
-    ``close_old_connections()`` runs around every job; with ``CONN_MAX_AGE = 0`` (Django's
-    default, right for web requests) it would reconnect for every job. Workers keep each
-    connection for ``GATOR_WORKER_CONN_MAX_AGE`` seconds instead; broken connections are
-    still dropped and replaced."""
-    max_age = conf.get("GATOR_WORKER_CONN_MAX_AGE")
-    changed = {}
-    for alias in connections:
-        settings_dict = connections.settings[alias]
-        if settings_dict.get("CONN_MAX_AGE", 0) == 0:
-            changed[alias] = settings_dict.get("CONN_MAX_AGE", 0)
-            settings_dict["CONN_MAX_AGE"] = max_age
-    return changed
+def _keep_connections_open() -> Callable[[], None]:
+    """Give the worker persistent connections, given up by both ends when the network goes
+    silent (see worker.connections); returns a function that undoes it."""
+    return worker_connections.prepare()

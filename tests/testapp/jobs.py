@@ -341,6 +341,67 @@ class AtomicRecord(Queueable):
         return label
 
 
+class UpdateAndHold(Queueable):
+    """Stamps ledger row ``row_id`` with its attempt inside its transaction; on its first
+    attempt it then sleeps ``hold`` seconds, the row still locked (tests/test_partitions.py)."""
+
+    atomic = True
+
+    def handle(self, row_id: int, hold: float = 0) -> str:
+        Execution.objects.filter(pk=row_id).update(label=f"attempt {self.attempt}", pid=os.getpid())
+        if self.attempt == 1:
+            time.sleep(hold)
+        return f"attempt {self.attempt}"
+
+
+class KeepsDatabaseBusy(Queueable):
+    """Writes its ledger row, then keeps the database busy for ``seconds``: with one long
+    statement (``one_statement``) or a statement every 0.2 s. Atomic or not, by subclass."""
+
+    def handle(self, label: str, seconds: float, one_statement: bool = False) -> str:
+        from django.db import connection
+
+        Execution.objects.create(
+            job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label=label
+        )
+        pg = connection.vendor == "postgresql"
+        sleep_sql = "SELECT pg_sleep(%s)" if pg else "SELECT SLEEP(%s)"
+        deadline = time.monotonic() + seconds
+        with connection.cursor() as cursor:
+            if one_statement:
+                cursor.execute(sleep_sql, [seconds])
+            while time.monotonic() < deadline:
+                cursor.execute(sleep_sql, [min(0.2, max(deadline - time.monotonic(), 0))])
+        return label
+
+
+class KeepsDatabaseBusyAtomic(KeepsDatabaseBusy):
+    atomic = True
+
+
+class QueriesAfterPause(Queueable):
+    """Not atomic: writes its ledger row, leaves its connection idle for ``seconds``, then
+    writes to the row again on the same connection."""
+
+    def handle(self, label: str, seconds: float) -> str:
+        row = Execution.objects.create(
+            job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label=label
+        )
+        time.sleep(seconds)
+        Execution.objects.filter(pk=row.pk).update(label=f"{label} after the pause")
+        return label
+
+
+class ReportsConnection(Queueable):
+    """Returns what bounds the silence of its database connection: the server's session
+    settings and the client socket's options."""
+
+    def handle(self) -> dict[str, Any]:
+        from tests.partition import connection_bounds
+
+        return connection_bounds()
+
+
 class AtomicBoom(Queueable):
     """Writes a ledger row, then fails: the row must not survive."""
 
