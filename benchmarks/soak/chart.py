@@ -56,7 +56,19 @@ def draw(document: dict[str, Any], path: Path) -> None:
     ax.plot(x, [m["dispatched"] / 60 for m in minutes], label="dispatched", color="tab:gray")
     finished = [sum(m["finished"].get(s, 0) for s in ("succeeded", "dead")) / 60 for m in minutes]
     ax.plot(x, finished, label="finished (succeeded + dead)", color="tab:purple")
-    _finish(ax, "Throughput", "jobs/s", bottom=0)
+    _finish(ax, "Throughput, and the server's oldest other transaction", "jobs/s", bottom=0)
+    twin = ax.twinx()
+    held = [(m.get("horizon") or {}).get("oldest_xact_s", 0.0) / 60 for m in minutes]
+    twin.plot(
+        x,
+        held,
+        color="tab:red",
+        linestyle=":",
+        label="oldest other open transaction (holds back cleanup)",
+    )
+    twin.set_ylabel("minutes")
+    twin.set_ylim(0, max(max(held, default=0.0), 1.0) * 1.35)
+    _merge_legends(ax, twin)
 
     ax = axes[2][0]
     ax.plot(x, series("backlog", "due_max"), label="jobs due and waiting (max)", color="tab:red")
@@ -70,7 +82,7 @@ def draw(document: dict[str, Any], path: Path) -> None:
         label="oldest due job's age (max)",
     )
     twin.set_ylabel("seconds")
-    twin.set_ylim(bottom=0)
+    twin.set_ylim(0, max(filter(None, series("backlog", "oldest_s_max")), default=1.0) * 1.35)
     _merge_legends(ax, twin)
 
     ax = axes[2][1]
@@ -112,7 +124,8 @@ def draw(document: dict[str, Any], path: Path) -> None:
         )
     _finish(ax, "Worker memory and threads", "RSS, MiB", bottom=0)
     twin.set_ylabel("threads")
-    twin.set_ylim(bottom=0)
+    threads = [w["threads_max"] for m in minutes for w in m["workers"]]
+    twin.set_ylim(0, max(threads, default=1) * 1.35)
     _merge_legends(ax, twin)
 
     ax = axes[3][1]
@@ -147,17 +160,24 @@ def draw(document: dict[str, Any], path: Path) -> None:
 def _finish(
     ax: Any, title: str, unit: str, *, log: bool = False, bottom: float | None = None
 ) -> None:
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
     ax.set_title(title, fontsize=11)
     ax.set_ylabel(unit)
+    values = [
+        v for line in ax.get_lines() for v in line.get_ydata() if v is not None and v == v and v > 0
+    ]
+    top = max(values, default=1.0)
     if log:
-        from matplotlib.ticker import FuncFormatter
-
+        # Room above the data for the legend; ticks at 1, 2, 5 x 10^n written plainly.
+        low = min(values, default=1.0)
         ax.set_yscale("log")
-        plain = FuncFormatter(lambda value, _: f"{value:g}")
-        ax.yaxis.set_major_formatter(plain)
-        ax.yaxis.set_minor_formatter(plain)
+        ax.set_ylim(low / 1.5, top * 4)
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
     elif bottom is not None:
-        ax.set_ylim(bottom=bottom)
+        ax.set_ylim(bottom, top * 1.35)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=9, loc="upper left")
 

@@ -215,6 +215,15 @@ class Soak:
         self.engine = get_engine("default")
         with connection.cursor() as cursor:
             self.meta = self.describe(cursor)
+            horizon = measure.horizon(cursor)
+        self.meta["horizon_at_start"] = horizon
+        if horizon["oldest_xact_s"] > 60:
+            print(
+                f"WARNING: a transaction in database {horizon.get('database')!r} has been open "
+                f"for {horizon['oldest_xact_s']:.0f} s ({horizon.get('state')}); until it ends no "
+                "dead index entry can be removed, in any database, and the figures will show it",
+                flush=True,
+            )
         workers = 1 if self.long_tx else self.args.workers
         self.procs = [self.spawn(i) for i in range(workers)]
         held = None
@@ -390,6 +399,7 @@ class Soak:
         return {
             "workers": defaultdict(list),
             "backlog": [],
+            "horizon": [],
             "probes": defaultdict(list),
             "dispatched": self.dispatched,
             "cpu": self.cpu.seconds(),
@@ -401,6 +411,7 @@ class Soak:
 
         due, age = measure.backlog(cursor)
         state["backlog"].append((due, age))
+        state["horizon"].append(measure.horizon(cursor))
         results = {
             "claim": measure.probe_claim(connection, self.engine, "soak"),
             "mark": measure.probe_mark(connection, self.engine, 8),
@@ -497,6 +508,11 @@ class Soak:
                 "oldest_s_last": round(backlog[-1][1], 2),
             },
             "table": table,
+            # The oldest other transaction on the server during the minute: it holds back
+            # the cleanup of dead index entries in every database (see measure.horizon).
+            "horizon": max(
+                state["horizon"] or [{"oldest_xact_s": 0.0}], key=lambda h: h["oldest_xact_s"]
+            ),
             "workers": [
                 {
                     "pid": self.procs[i].pid,

@@ -224,6 +224,29 @@ def backlog(cursor: Any) -> tuple[int, float]:
     return int(count), float(age or 0.0)
 
 
+def horizon(cursor: Any) -> dict[str, Any]:
+    """The oldest transaction on the whole server that holds back cleanup (an xid or a
+    snapshot), other than the soak's own short ones: while it is open, no dead row or
+    index entry newer than it can be removed, in any database."""
+    cursor.execute(
+        "SELECT datname, state, EXTRACT(EPOCH FROM now() - xact_start), "
+        "greatest(age(backend_xid), age(backend_xmin)) FROM pg_stat_activity "
+        "WHERE (backend_xid IS NOT NULL OR backend_xmin IS NOT NULL) AND pid <> pg_backend_pid() "
+        "AND coalesce(application_name, '') NOT IN ('gator-soak-worker', 'gator-soak-harness') "
+        "ORDER BY xact_start LIMIT 1"
+    )
+    row = cursor.fetchone()
+    if row is None:
+        return {"oldest_xact_s": 0.0}
+    datname, state, age_s, xids = row
+    return {
+        "oldest_xact_s": round(float(age_s or 0.0), 1),
+        "database": datname,
+        "state": state,
+        "xid_age": xids,
+    }
+
+
 def finished_between(cursor: Any, start: Any, end: Any) -> dict[str, int]:
     cursor.execute(
         "SELECT state, count(*) FROM django_gator_job WHERE state IN ('succeeded', 'dead', "
