@@ -126,6 +126,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--chart", type=Path, help="PNG chart (default docs/soak-<cluster>.png)")
     p.add_argument("--no-chart", action="store_true")
     p.add_argument("--chart-only", type=Path, metavar="JSON", help="redraw a report's chart")
+    p.add_argument(
+        "--markdown", type=Path, metavar="JSON", help="print a report's table for the docs"
+    )
     p.add_argument("--probe-interval", type=float, default=10.0, help="seconds between probes")
     p.add_argument("--seed", type=int, default=15)
     return p
@@ -265,6 +268,7 @@ class Soak:
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "command": " ".join(shlex.quote(a) for a in sys.argv),
             "git_commit": _git("rev-parse", "--short", "HEAD"),
+            "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
             "machine": {
                 "cpus": os.cpu_count(),
                 "arch": platform.machine(),
@@ -733,6 +737,13 @@ def print_summary(summary: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.markdown:
+        from benchmarks.soak import report
+
+        document = json.loads(args.markdown.read_text())
+        long_tx = document["meta"].get("long_transaction")
+        print(report.windows(document) if long_tx else report.comparison(document))
+        return 0
     if args.chart_only:
         from benchmarks.soak.chart import draw
 
