@@ -40,7 +40,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -483,7 +483,8 @@ class Soak:
         self.reader.read()
         bucket = self.reader.minute(index)
         with connection.cursor() as cursor:
-            self.cpu.sample(measure.backend_roles(cursor))
+            roles = measure.backend_roles(cursor)
+            self.cpu.sample(roles)
             finished = measure.finished_between(cursor, start, end)
             table = measure.table_stats(cursor)
             pgss = measure.pgss_snapshot(cursor) if self.cluster else {}
@@ -528,6 +529,8 @@ class Soak:
                 for i, samples in sorted(state["workers"].items())
             ],
             "db_cpu_s": cpu,
+            # Open database connections by role at the minute's end (a leak would show).
+            "backends": dict(Counter(role for _, role in roles)),
             "worker_db_cpu_us_per_job": (
                 round(cpu.get("worker", 0.0) * 1e6 / jobs) if jobs else None
             ),
