@@ -6,6 +6,7 @@
 #   make test-chaos    the chaos tier: 10,000 jobs and 20 SIGKILLs (and more) on PostgreSQL,
 #                      smaller runs on MariaDB and SQLite
 #   make test-browser  the admin screens in headless Chromium (Playwright), on SQLite
+#   make soak          hours of steady load on PostgreSQL, a report per minute (not in make test)
 #   make browser-deps  what test-browser needs: Chromium (apt-get, as root) and playwright
 #   make lint          ruff check, ruff format --check, mypy
 #   make demo          the demo project: migrate, admin user, demo jobs, a worker and runserver
@@ -15,7 +16,8 @@
 #   make clean         caches, build files, demo databases;  make distclean also removes venvs
 #
 # Variables, set on the command line: make test PYTHON=python3.12 VENV=.venv-dj6 DJANGO='Django>=6.1,<6.2'
-#   PYTHON VENV DEMO_VENV DJANGO PG_URL MYSQL_URL PYTEST_ARGS TEST_DB_SUFFIX DEMO_ADDR (see below). Without CI=true,
+#   PYTHON VENV DEMO_VENV DJANGO PG_URL MYSQL_URL PYTEST_ARGS TEST_DB_SUFFIX DEMO_ADDR SOAK_* (see below).
+#   Without CI=true,
 #   make test skips (loudly) a database server that does not answer; with CI=true it fails.
 
 PYTHON      ?= python3
@@ -49,11 +51,11 @@ DEMO_STAMP  := $(DEMO_VENV)/.gator-installed
 DEMO_CONFIG := $(DEMO_VENV)/.gator-config
 
 .PHONY: help install demo-install sysdeps test-deps test test-sqlite test-postgres test-mysql \
-        test-chaos check-dbs lint browser-deps test-browser demo demo-check package-check clean \
-        distclean FORCE
+        test-chaos check-dbs lint browser-deps test-browser bench-deps soak demo demo-check \
+        package-check clean distclean FORCE
 
 help:
-	@sed -n '3,19s/^# \{0,1\}//p' $(MAKEFILE_LIST)
+	@sed -n '3,21s/^# \{0,1\}//p' $(MAKEFILE_LIST)
 
 # ---------------------------------------------------------------------------------------------
 # Installing
@@ -266,6 +268,43 @@ check-dbs: install
 	  echo "!!! choose them (now '$(PG_URL)' and '$(MYSQL_URL)')." >&2; \
 	  exit 1; \
 	fi
+
+# ---------------------------------------------------------------------------------------------
+# The soak (benchmarks/soak, issue 15): jobs dispatched at a fixed rate for a set time to real
+# `gator_worker` processes, with a report per minute (claim and success-mark latency, drain
+# lag, dead tuples, worker RSS and threads, the workers' database CPU) written as JSON under
+# benchmarks/results/ and drawn into docs/soak-<cluster>.png. Not part of `make test`.
+#   SOAK_CLUSTER=shared     the server at SOAK_URL; its database (name must contain "soak")
+#                           is dropped and re-created
+#   SOAK_CLUSTER=throwaway  a temporary cluster (initdb, port SOAK_PORT, autovacuum on with
+#                           the recommended per-table settings), removed afterwards; needs
+#                           PostgreSQL's binaries (SOAK_ARGS=--pg-bindir ...) and, as root,
+#                           runs the server as the postgres user
+# Empty SOAK_DURATION / SOAK_RATE take the harness's defaults: 30m and 200 jobs/s (50 jobs/s
+# with SOAK_ARGS=--long-transaction, which runs until 5 windows of 6,000 jobs are done).
+SOAK_DURATION    ?=
+SOAK_RATE        ?=
+SOAK_WORKERS     ?= 2
+SOAK_CONCURRENCY ?= 8
+SOAK_URL         ?= postgres://postgres@127.0.0.1:5432/gator_soak
+SOAK_CLUSTER     ?= shared
+SOAK_PORT        ?= 5499
+SOAK_ARGS        ?=
+BENCH_STAMP := $(VENV)/.gator-bench-installed
+
+$(BENCH_STAMP): $(STAMP)
+	@echo "==> installing the bench extra (matplotlib) into $(VENV)"
+	$(VENV_PY) -m pip install --quiet --disable-pip-version-check \
+	  -e '.[postgres,mysql,dev,bench]' $(if $(DJANGO),'$(DJANGO)')
+	@touch $@
+
+bench-deps: $(BENCH_STAMP)
+
+soak: install bench-deps
+	$(VENV_PY) -m benchmarks.soak --cluster $(SOAK_CLUSTER) --database-url '$(SOAK_URL)' \
+	  --port $(SOAK_PORT) --workers $(SOAK_WORKERS) --concurrency $(SOAK_CONCURRENCY) \
+	  $(if $(SOAK_DURATION),--duration $(SOAK_DURATION)) $(if $(SOAK_RATE),--rate $(SOAK_RATE)) \
+	  $(SOAK_ARGS)
 
 # ---------------------------------------------------------------------------------------------
 # Lint: all three checks run; fails if any failed.

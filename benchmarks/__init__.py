@@ -1,0 +1,1 @@
+"""Benchmarks and long-running measurements that are not part of the test suite."""

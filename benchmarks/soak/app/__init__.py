@@ -1,0 +1,1 @@
+"""The soak's Django app: the job mix and the statement timer the workers load."""

@@ -1,0 +1,98 @@
+"""A statement timer that the soak installs in its worker processes.
+
+Every SQL statement a worker runs through Django goes through this wrapper; the claims and
+the outcome marks (told apart by their SQL) are written with their wall-clock duration to
+``<directory>/timings-<pid>.log``, one ``<unix time> <kind> <microseconds> <rows>`` line
+each, flushed every second. The durations are what the worker's thread waited for: the
+round trip, the server's work and getting the GIL back. Nothing in django_gator changes;
+the wrapper comes from Django's ``connection.execute_wrappers``, installed on each new
+connection.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from django.db.backends.signals import connection_created
+
+_lock = threading.Lock()
+_lines: list[str] = []
+_path: Path | None = None
+
+
+@functools.lru_cache(maxsize=512)
+def kind_of(sql: str) -> str | None:
+    """The kind of a worker statement, from the SQL the engine builds (None: not timed)."""
+    if sql.startswith("WITH picked AS"):
+        return "claim_keyset" if "(next_execution_at, id) >" in sql else "claim"
+    if sql.startswith("UPDATE") and "SET state = 'succeeded'" in sql:
+        return "mark"
+    if sql.startswith("UPDATE") and "errors = " in sql and "rescues = rescues + 1" not in sql:
+        return "fail"
+    if sql.startswith("UPDATE") and "rescues = rescues + 1" in sql:
+        return "rescue"
+    if sql.startswith("WITH RECURSIVE q(queue)"):
+        return "queues"
+    if "SET heartbeat_at" in sql:
+        return "heartbeat"
+    return None
+
+
+def _rows(kind: str, params: Any) -> int:
+    """How many jobs a mark wrote (its batch), or a claim asked for (its LIMIT)."""
+    try:
+        if kind == "mark":
+            first = params[0]
+            return len(first) if isinstance(first, list) else 1
+        if kind.startswith("claim"):
+            return int(params[-2])
+    except (IndexError, TypeError, ValueError):
+        pass
+    return 1
+
+
+def timer(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+    started = time.perf_counter()
+    try:
+        return execute(sql, params, many, context)
+    finally:
+        elapsed = time.perf_counter() - started
+        kind = kind_of(sql)
+        if kind is not None:
+            line = f"{time.time():.3f} {kind} {elapsed * 1e6:.0f} {_rows(kind, params)}\n"
+            with _lock:
+                _lines.append(line)
+
+
+def flush() -> None:
+    global _lines
+    with _lock:
+        lines, _lines = _lines, []
+    if lines and _path is not None:
+        with _path.open("a") as out:
+            out.write("".join(lines))
+
+
+def _flusher() -> None:
+    while True:
+        time.sleep(1.0)
+        flush()
+
+
+def _on_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
+    if timer not in connection.execute_wrappers:
+        connection.execute_wrappers.append(timer)
+
+
+def install(directory: str) -> None:
+    global _path
+    _path = Path(directory) / f"timings-{os.getpid()}.log"
+    connection_created.connect(_on_connection, dispatch_uid="gator-soak-timer")
+    threading.Thread(target=_flusher, name="gator-soak-timings", daemon=True).start()
+    atexit.register(flush)

@@ -1,0 +1,177 @@
+"""The soak's databases: a throwaway PostgreSQL cluster, and a fresh database to run in."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shlex
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+#: Server settings of the throwaway cluster beyond initdb's stock configuration.
+CLUSTER_SETTINGS = {
+    "listen_addresses": "'127.0.0.1'",
+    "autovacuum": "on",
+    "shared_preload_libraries": "'pg_stat_statements'",
+    "pg_stat_statements.max": "1000",
+    "log_autovacuum_min_duration": "0",  # each autovacuum run in the cluster's log
+}
+
+#: What we recommend for the jobs table (set with ALTER TABLE ... SET after migrate): vacuum
+#: after 1 % of the rows plus 1,000 have changed, instead of the default 20 % + 50, which on
+#: a table of finished jobs that only grows would wait longer with every hour; and without
+#: the cost-based pause, since the table's hot part is small and its dead index entries are
+#: what every claim steps over until vacuum removes them.
+TABLE_AUTOVACUUM = {
+    "autovacuum_vacuum_scale_factor": "0.01",
+    "autovacuum_vacuum_threshold": "1000",
+    "autovacuum_vacuum_insert_scale_factor": "0.01",
+    "autovacuum_analyze_scale_factor": "0.02",
+    "autovacuum_vacuum_cost_delay": "0",
+}
+
+
+def _as_postgres(command: list[str]) -> list[str]:
+    """Run as the postgres OS user when we are root (PostgreSQL refuses to run as root)."""
+    if os.geteuid() != 0:
+        return command
+    runuser = shutil.which("runuser")
+    if runuser:
+        return [runuser, "-u", "postgres", "--", *command]
+    return ["su", "postgres", "-c", shlex.join(command)]
+
+
+class ThrowawayCluster:
+    """initdb into a temporary directory, start on its own port, stop and remove after."""
+
+    def __init__(
+        self,
+        port: int = 5499,
+        bindir: str = "/usr/lib/postgresql/15/bin",
+        settings: dict[str, str] | None = None,
+    ) -> None:
+        self.port = port
+        self.bindir = Path(bindir)
+        self.settings = {**CLUSTER_SETTINGS, **(settings or {})}
+        self.directory: Path | None = None
+        self.running = False
+
+    @property
+    def data(self) -> Path:
+        assert self.directory is not None
+        return self.directory / "data"
+
+    @property
+    def log(self) -> Path:
+        assert self.directory is not None
+        return self.directory / "server.log"
+
+    def start(self, database: str) -> str:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", self.port)) == 0:
+                raise RuntimeError(f"port {self.port} is in use; choose another with --port")
+        self.directory = Path(tempfile.mkdtemp(prefix="gator-soak-pg-"))
+        if os.geteuid() == 0:
+            user = pwd.getpwnam("postgres")
+            os.chown(self.directory, user.pw_uid, user.pw_gid)
+        initdb = [str(self.bindir / "initdb"), "-D", str(self.data), "-U", "postgres"]
+        subprocess.run(
+            _as_postgres([*initdb, "-A", "trust", "-E", "UTF8", "--no-instructions"]),
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        extra = {
+            "port": str(self.port),
+            "unix_socket_directories": f"'{self.directory}'",
+            **self.settings,
+        }
+        conf = "".join(f"{name} = {value}\n" for name, value in extra.items())
+        subprocess.run(
+            _as_postgres(["sh", "-c", f"cat >> {self.data / 'postgresql.conf'}"]),
+            input=conf.encode(),
+            check=True,
+            timeout=30,
+        )
+        pg_ctl = [str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.log)]
+        subprocess.run(
+            _as_postgres([*pg_ctl, "-w", "-t", "60", "start"]),
+            check=True,
+            capture_output=True,
+            timeout=90,
+        )
+        self.running = True
+        return f"postgres://postgres@127.0.0.1:{self.port}/{database}"
+
+    def autovacuum_log(self) -> list[str]:
+        """The cluster's log entries about automatic vacuums of the jobs table, each folded
+        into one line."""
+        try:
+            lines = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return []
+        entries: list[str] = []
+        current: list[str] | None = None
+        for line in lines:
+            if line[:1].isdigit():  # a new entry starts with its timestamp
+                if current:
+                    entries.append(" ".join(current))
+                current = [line] if "automatic vacuum of table" in line else None
+            elif current is not None:
+                current.append(line.strip())
+        if current:
+            entries.append(" ".join(current))
+        return [entry for entry in entries if "django_gator_job" in entry]
+
+    def stop(self) -> None:
+        if self.running:
+            subprocess.run(
+                _as_postgres(
+                    [str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"]
+                ),
+                check=False,
+                capture_output=True,
+                timeout=120,
+            )
+            self.running = False
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            self.directory = None
+
+
+def recreate_database(url: str) -> None:
+    """Drop and create the database named by ``url``. Refused unless its name says soak: the
+    harness empties what it is pointed at, so it must never be pointed at real data."""
+    import psycopg
+
+    parts = urlsplit(url)
+    name = parts.path.lstrip("/")
+    if "soak" not in name:
+        raise SystemExit(
+            f"the soak drops and re-creates its database; {name!r} does not have 'soak' in its "
+            "name, so it is refused (use e.g. .../gator_soak)"
+        )
+    maintenance = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(maintenance, autocommit=True) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        connection.execute(f'CREATE DATABASE "{name}"')
+
+
+def server_facts(cursor: Any) -> dict[str, Any]:
+    """Version and the settings that matter for the soak, as the server reports them."""
+    cursor.execute("SELECT version()")
+    facts: dict[str, Any] = {"version": cursor.fetchone()[0]}
+    cursor.execute(
+        "SELECT name, setting, unit FROM pg_settings WHERE name IN ('autovacuum', "
+        "'autovacuum_naptime', 'autovacuum_vacuum_cost_delay', 'shared_buffers', 'fsync', "
+        "'synchronous_commit', 'max_connections', 'shared_preload_libraries', 'work_mem')"
+    )
+    facts["settings"] = {
+        name: f"{setting}{' ' + unit if unit else ''}" for name, setting, unit in cursor.fetchall()
+    }
+    return facts

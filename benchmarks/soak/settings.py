@@ -1,0 +1,39 @@
+"""Django settings for the soak harness and the worker processes it starts.
+
+The database comes from ``DATABASE_URL``. The GATOR_* settings are the package defaults
+(heartbeat every 5 s, 30 s timeout, connections kept 300 s): the soak measures the worker
+as it is deployed, not the test suite's fast heartbeats.
+"""
+
+from __future__ import annotations
+
+import os
+
+import environ
+
+SECRET_KEY = "django-gator-soak"  # noqa: S105 - a local benchmark, never served
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+DATABASES = {"default": environ.Env().db_url_config(os.environ["DATABASE_URL"])}
+# Named connections, so that the harness can tell the workers' database backends (and
+# their CPU time) from its own in pg_stat_activity.
+DATABASES["default"].setdefault("OPTIONS", {})["application_name"] = (
+    f"gator-soak-{os.environ.get('GATOR_SOAK_ROLE', 'harness')}"
+)
+
+INSTALLED_APPS = ["django_gator", "benchmarks.soak.app"]
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {
+        "django_gator": {
+            "handlers": ["console"],
+            "level": os.environ.get("GATOR_LOG_LEVEL", "WARNING"),
+        }
+    },
+}
