@@ -49,12 +49,13 @@ from django.db import (
 from django_gator import conf, schema
 from django_gator.chain import error_handler, next_step
 from django_gator.engines import ClaimedJob, get_engine
-from django_gator.engines.base import Failure, Keyset
+from django_gator.engines.base import Failure
 from django_gator.exceptions import JobNotRegistered, JobTimeout, SchemaMissing, WorkerLost
 from django_gator.logutil import safe
 from django_gator.queueable import get_job_class
 from django_gator.redaction import mask_text, secret_values
 from django_gator.worker import connections as worker_connections
+from django_gator.worker.claims import Claimer
 from django_gator.worker.execution import (
     Success,
     error_entry,
@@ -64,21 +65,15 @@ from django_gator.worker.execution import (
     unstorable_failure,
 )
 from django_gator.worker.liveness import Liveness, local_worker
-from django_gator.worker.queues import QueueSpec, weighted_order
+from django_gator.worker.queues import QueueSpec
 
 logger = logging.getLogger("django_gator.worker")
 
 T = TypeVar("T")
-#: How long the all-queues mode trusts its list of queues with ready work.
-QUEUE_LIST_TTL = 2.0
 #: Longest pause between two tries of a write while the database is unreachable.
 MAX_BACKOFF = 5.0
 #: First idle poll after work was found (polling engines); doubles up to the poll interval.
 MIN_POLL = 0.005
-#: Longest run of keyset claims between two full claims, in seconds. A job of higher
-#: priority (or one dispatched with an ``at=`` in the past) that arrives while a worker
-#: drains a backlog is claimed at the latest after this long.
-KEYSET_FULL_EVERY = 0.25
 #: Seconds between two rescue passes that also look for running jobs whose owner has no
 #: worker row at all (a scan of every running entry; the other passes look by owner).
 ORPHAN_SWEEP_EVERY = 60.0
@@ -129,6 +124,7 @@ class WorkerProcess:
         self.pid = os.getpid()
         self.worker_id = f"{self.hostname}:{self.pid}:{token_hex(4)}"
         self.engine = get_engine(self.alias)
+        self.claimer = Claimer(self.engine, self.worker_id, self.specs, self.rng)
 
         self._lock = threading.Lock()
         self._work_ready = threading.Condition(self._lock)  # executors wait here
@@ -156,9 +152,6 @@ class WorkerProcess:
         self._done = threading.Event()
         self._stop_background = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._queue_cache: tuple[float, list[str]] = (0.0, [])
-        self._keysets: dict[str, Keyset] = {}  # per queue: the last job claimed
-        self._full_claims: dict[str, float] = {}  # per queue: time.monotonic() of the last
         self._listening = False
         self._last_beat = time.monotonic()  # when our last heartbeat was written
         self._judge_after = 0.0  # no rescues before this time.monotonic() (see _may_rescue)
@@ -390,7 +383,8 @@ class WorkerProcess:
                 self.engine.prepare_bookkeeping()
                 if failures:
                     self._release_orphans(batch)
-                jobs, written = self._claim(max(free, 0), batch)
+                marks = [(job.id, job.attempts, success.result) for job, success, _ in batch]
+                jobs, written = self.claimer.claim(max(free, 0), marks)
                 failures = 0
             except Exception:
                 failures += 1
@@ -508,76 +502,6 @@ class WorkerProcess:
                 self.worker_id,
                 ",".join(map(str, released)) or "-",
             )
-
-    def _claim(
-        self, limit: int, succeeded: Sequence[tuple[ClaimedJob, Success, float]] = ()
-    ) -> tuple[list[ClaimedJob], list[int]]:
-        """Claim up to ``limit`` jobs across our queues, writing the ``succeeded`` marks in
-        the same round trip as the first claim (one commit where commits are costly)."""
-        marks = [(job.id, job.attempts, success.result) for job, success, _ in succeeded]
-        names = self._queue_order() if limit else []
-        if not names:
-            written = self.engine.mark_succeeded(self.worker_id, marks) if marks else []
-            return [], written
-        claimed: list[ClaimedJob] = []
-        written = []
-        for name in names:
-            want = limit - len(claimed)
-            hint = self._keyset_hint(name)
-            jobs, marked = self.engine.claim_and_mark(self.worker_id, name, want, marks, after=hint)
-            written += marked
-            marks = []
-            if hint is not None and len(jobs) < want:
-                # The backlog after the keyset ran short: a full claim for the rest, which
-                # also sees higher priorities and back-dated jobs.
-                more, _ = self.engine.claim_and_mark(self.worker_id, name, want - len(jobs), [])
-                jobs += more
-                hint = None
-            self._remember_keyset(name, jobs, full=hint is None, full_batch=len(jobs) >= want)
-            claimed += jobs
-            if len(claimed) >= limit:
-                break
-        if not claimed and not self.specs:
-            self._queue_cache = (0.0, [])  # look for new queues next time
-        return claimed, written
-
-    def _keyset_hint(self, queue: str) -> Keyset | None:
-        """Where to start this queue's claim: after the last job claimed, while the queue
-        drains a backlog (the previous claim filled its batch) and a full claim ran within
-        KEYSET_FULL_EVERY seconds; None for a full claim."""
-        if not self.engine.supports_keyset:
-            return None
-        keyset = self._keysets.get(queue)
-        if keyset is None:
-            return None
-        if time.monotonic() - self._full_claims.get(queue, 0.0) > KEYSET_FULL_EVERY:
-            return None
-        return keyset
-
-    def _remember_keyset(
-        self, queue: str, jobs: Sequence[ClaimedJob], *, full: bool, full_batch: bool
-    ) -> None:
-        if not self.engine.supports_keyset:
-            return
-        if full:
-            self._full_claims[queue] = time.monotonic()
-        if not jobs or not full_batch:
-            self._keysets.pop(queue, None)  # no backlog: the next claim is a full one
-            return
-        last = max(jobs, key=lambda j: (-j.priority, j.next_execution_at, j.id))
-        self._keysets[queue] = (last.priority, last.next_execution_at, last.id)
-
-    def _queue_order(self) -> list[str]:
-        if self.specs:
-            return weighted_order(self.specs, self.rng)
-        fetched_at, names = self._queue_cache
-        if time.monotonic() - fetched_at > QUEUE_LIST_TTL:
-            names = self.engine.ready_queues()
-            # An empty list is never trusted: a job may be inserted right after.
-            self._queue_cache = (time.monotonic() if names else 0.0, names)
-        names = list(names)
-        self.rng.shuffle(names)
-        return names
 
     def _flush_succeeded(self) -> None:
         """Write the success marks that executors handed over, in one statement."""
