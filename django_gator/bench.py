@@ -15,8 +15,8 @@ from django.db import connections
 from django_gator import conf
 from django_gator.models import Job
 from django_gator.queueable import Queueable
-from django_gator.worker import WorkerProcess
 from django_gator.worker.queues import QueueSpec
+from django_gator.worker.supervisor import WorkerProcess
 
 QUEUE = "gator-bench"
 _started: dict[int, float] = {}

@@ -14,8 +14,8 @@ from urllib.parse import quote
 import pytest
 from django.db import connection
 
-from django_gator.worker import WorkerProcess
 from django_gator.worker.queues import parse_queue_specs
+from django_gator.worker.supervisor import WorkerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 

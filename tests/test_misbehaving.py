@@ -16,7 +16,7 @@ from django.db import connection
 from django_gator.engines import get_engine
 from django_gator.engines.base import Failure
 from django_gator.models import Job, JobState
-from django_gator.worker import WorkerProcess
+from django_gator.worker.supervisor import WorkerProcess
 from tests.conftest import run_worker, wait_for, worker_output
 from tests.testapp.jobs import (
     AsyncBoom,
@@ -116,7 +116,7 @@ def test_an_entry_the_database_refuses_is_recorded_in_a_form_it_accepts():
         dead=True, retry_in=None, queue="default", error="{not json", last_error="Boom: x\x00"
     )
 
-    worker._write_failure(claimed, broken, 1.0)
+    worker.outcomes.record(claimed, broken, 1.0, batch=False)
 
     row.refresh_from_db()
     assert row.state == JobState.DEAD

@@ -42,8 +42,7 @@ from django_gator.engines import get_engine
 from django_gator.engines.base import ClaimedJob, Engine, Failure
 from django_gator.models import FINAL_STATES, READY_STATES, Job, JobState, Worker
 from django_gator.validation import QUEUE_MAX_LENGTH, QUEUE_RE, check_json
-from django_gator.worker import WorkerProcess
-from django_gator.worker.execution import error_entry
+from django_gator.worker.errors import error_entry
 from django_gator.worker.queues import (
     MAX_WEIGHT,
     QueueSpec,
@@ -51,6 +50,7 @@ from django_gator.worker.queues import (
     parse_queue_specs,
     weighted_order,
 )
+from django_gator.worker.supervisor import WorkerProcess
 
 # The round-trip oracle and value strategies of the check_json tests, shared rather than
 # copied (imported by name so that mypy leaves that untyped module alone).
@@ -505,7 +505,7 @@ class JobLifecycle(RuleBasedStateMachine):
             beat = self.heartbeats.get(worker or "")
             return beat is not None and beat >= cutoff
 
-        WorkerProcess(install_signal_handlers=False)._rescue()
+        WorkerProcess(install_signal_handlers=False).lifeline.rescue()
 
         rescued = set()
         for job in self.jobs.values():
@@ -678,7 +678,7 @@ def test_a_write_with_a_stale_or_forged_claim_changes_nothing(
         elif end == "release":
             assert engine.release(worker, [(job_id, got.attempts)]) == [job_id]
         else:  # its worker never beat: lost
-            WorkerProcess(install_signal_handlers=False)._rescue()
+            WorkerProcess(install_signal_handlers=False).lifeline.rescue()
     got = engine.claim_by_id(holder, job_id)
     assert got is not None
     held = Claim(job_id, got.attempts, holder)
@@ -738,7 +738,7 @@ def test_a_job_whose_workers_keep_getting_lost_goes_dead_after_max_crashes_alone
             assert engine.isolate(owner, job_id, got.attempts)
         if cancel_in == round_:
             assert Job.objects.filter(pk=job_id).cancel() == 1
-        WorkerProcess(install_signal_handlers=False)._rescue()
+        WorkerProcess(install_signal_handlers=False).lifeline.rescue()
 
         crashes += alone
         row = Job.objects.get(pk=job_id)

@@ -218,7 +218,7 @@ def test_jobs_of_a_worker_whose_process_is_gone_are_rescued_during_a_grace_perio
     if connection.vendor != "sqlite":
         pytest.skip("only SQLite's workers all run on one host")
     from django_gator.engines import get_engine
-    from django_gator.worker import WorkerProcess
+    from django_gator.worker.supervisor import WorkerProcess
 
     exited = subprocess.Popen([sys.executable, "-c", "pass"])
     exited.wait()
@@ -243,9 +243,9 @@ def test_jobs_of_a_worker_whose_process_is_gone_are_rescued_during_a_grace_perio
 
     me = WorkerProcess(install_signal_handlers=False)
     now = time.monotonic()
-    me._last_beat = now - 10 * conf.heartbeat_timeout()
-    assert me._may_rescue(now) is False
-    me._rescue(judging=False)
+    me.lifeline.last_beat = now - 10 * conf.heartbeat_timeout()
+    assert me.lifeline.may_rescue(now) is False
+    me.lifeline.rescue(judging=False)
     zombie.wait()
 
     rows = {name: Job.objects.get(pk=pk) for name, pk in claimed.items()}

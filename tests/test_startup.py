@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from django_gator.worker import WorkerProcess
+from django_gator.worker.supervisor import WorkerProcess
 from tests.conftest import database_url, wait_for, worker_output
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -75,7 +75,7 @@ def test_the_signal_handler_takes_no_lock():
     waited for that lock would never return."""
     worker = WorkerProcess(concurrency=1, install_signal_handlers=False)
 
-    with worker._lock:
+    with worker.slots.lock:
         handler = threading.Thread(target=worker._handle_signal, args=(signal.SIGTERM, None))
         handler.start()
         handler.join(timeout=2)
@@ -88,5 +88,5 @@ def test_the_signal_handler_takes_no_lock():
     assert returned
     assert returned_again
     worker._take_signals()
-    assert worker._stopping
-    assert worker._forced
+    assert worker.slots.stopping
+    assert worker.slots.forced

@@ -220,8 +220,8 @@ def test_unique_dispatch_next_to_a_worker_marking_the_same_keys_never_deadlocks(
     # locks of concurrent inserts) are retried by dispatch, whose transaction it is.
     import random
 
-    from django_gator.worker import WorkerProcess
     from django_gator.worker.queues import parse_queue_specs
+    from django_gator.worker.supervisor import WorkerProcess
 
     monkeypatch.setitem(connections.settings["default"]["OPTIONS"], "isolation_level", isolation)
     connections["default"].close()  # the next one is opened with that isolation level

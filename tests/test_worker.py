@@ -6,10 +6,9 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection, connections
+from django.db import connections
 from django.utils import timezone
 
-from django_gator.engines import get_engine
 from django_gator.models import Job, JobState
 from tests.conftest import run_worker
 from tests.testapp.jobs import (
@@ -193,127 +192,6 @@ def test_a_worker_only_takes_jobs_from_its_queues():
     assert Job.objects.get(pk=theirs.pk).state == JobState.WAITING
 
 
-def test_outcome_writes_are_compare_and_set_on_the_claim():
-    engine = get_engine("default")
-    job = Echo.dispatch("cas")
-    [claim] = engine.claim("worker-a", "echo", 10)
-    assert claim.attempts == 1
-
-    # Another worker, or a stale attempt number, cannot write this claim's outcome.
-    assert engine.mark_succeeded("worker-b", [(claim.id, claim.attempts, None)]) == []
-    assert engine.mark_succeeded("worker-a", [(claim.id, claim.attempts + 1, None)]) == []
-    assert Job.objects.get(pk=job.pk).state == JobState.RUNNING
-    assert engine.mark_succeeded("worker-a", [(claim.id, claim.attempts, '"ok"')]) == [job.pk]
-    # Once written, the same write does nothing a second time.
-    assert engine.mark_succeeded("worker-a", [(claim.id, claim.attempts, '"ok"')]) == []
-    job.refresh_from_db()
-    assert (job.state, job.result) == (JobState.SUCCEEDED, "ok")
-
-
-def test_a_claim_is_never_handed_out_twice():
-    engine = get_engine("default")
-    Echo.dispatch_many([[i] for i in range(5)])
-
-    first = engine.claim("worker-a", "echo", 3)
-    second = engine.claim("worker-b", "echo", 10)
-
-    assert len(first) == 3
-    assert len(second) == 2
-    assert not {j.id for j in first} & {j.id for j in second}
-    assert engine.claim("worker-c", "echo", 10) == []
-
-
-def test_released_claims_go_back_to_waiting_without_charging_the_attempt():
-    engine = get_engine("default")
-    job = Echo.dispatch("release")
-    [claim] = engine.claim("worker-a", "echo", 1)
-
-    assert engine.release("worker-a", [(claim.id, claim.attempts)]) == [job.pk]
-
-    job.refresh_from_db()
-    assert (job.state, job.attempts, job.started_at) == (JobState.WAITING, 0, None)
-    [again] = engine.claim("worker-b", "echo", 1)
-    assert again.attempts == 1
-
-
-@pytest.mark.skipif("connection.vendor != 'postgresql'")
-def test_postgres_claim_uses_the_partial_ready_index():
-    Echo.dispatch_many([[i] for i in range(50)])
-    with connection.cursor() as cursor:
-        cursor.execute("SET enable_seqscan = off")
-        cursor.execute(
-            "EXPLAIN SELECT id FROM django_gator_job WHERE queue = 'echo' AND "
-            "state IN ('waiting', 'failed') AND next_execution_at <= statement_timestamp() "
-            "ORDER BY priority DESC, next_execution_at, id LIMIT 10 FOR UPDATE SKIP LOCKED"
-        )
-        plan = "\n".join(row[0] for row in cursor.fetchall())
-        cursor.execute("RESET enable_seqscan")
-    assert "gator_job_ready" in plan
-    assert "Sort" not in plan
-
-
-@pytest.mark.skipif("connection.vendor != 'mysql'")
-def test_mysql_claim_walks_the_ready_index_in_order():
-    Echo.dispatch_many([[i] for i in range(50)])
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "EXPLAIN SELECT id FROM django_gator_job FORCE INDEX (gator_job_ready_my) "
-            "WHERE queue = 'echo' AND ready_rank IS NOT NULL AND "
-            "next_execution_at <= UTC_TIMESTAMP(6) ORDER BY ready_rank, next_execution_at, id "
-            "LIMIT 10 FOR UPDATE SKIP LOCKED"
-        )
-        columns = [c[0] for c in cursor.description]
-        [row] = [dict(zip(columns, r, strict=True)) for r in cursor.fetchall()]
-    assert row["key"] == "gator_job_ready_my"
-    assert "filesort" not in (row["Extra"] or "")
-
-
-@pytest.mark.skipif("connection.vendor != 'sqlite'")
-def test_sqlite_claim_uses_the_partial_ready_index():
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "EXPLAIN QUERY PLAN SELECT id FROM django_gator_job WHERE queue = 'echo' AND "
-            "state IN ('waiting', 'failed') AND next_execution_at <= '2100-01-01' "
-            "ORDER BY priority DESC, next_execution_at, id LIMIT 10"
-        )
-        plan = " ".join(str(row[-1]) for row in cursor.fetchall())
-    assert "gator_job_ready" in plan
-    assert "TEMP B-TREE" not in plan
-
-
-def test_rescue_takes_back_only_jobs_whose_worker_stopped_heartbeating():
-    from django_gator.models import Worker
-    from django_gator.worker import WorkerProcess
-
-    engine = get_engine("default")
-    Worker.objects.create(id="alive", hostname="h", pid=1, concurrency=1)
-    Worker.objects.create(
-        id="stale",
-        hostname="h",
-        pid=2,
-        concurrency=1,
-        heartbeat_at=timezone.now() - timedelta(minutes=10),
-    )
-    Echo.dispatch_many([["a"], ["b"], ["c"]])
-    [alive_job] = engine.claim("alive", "echo", 1)
-    [stale_job] = engine.claim("stale", "echo", 1)
-    [orphan_job] = engine.claim("never-registered", "echo", 1)
-
-    WorkerProcess(install_signal_handlers=False)._rescue()
-
-    states = {
-        job.pk: (job.state, job.rescues, job.attempts)
-        for job in Job.objects.filter(pk__in=[alive_job.id, stale_job.id, orphan_job.id])
-    }
-    assert states == {
-        alive_job.id: (JobState.RUNNING, 0, 1),
-        stale_job.id: (JobState.WAITING, 1, 1),
-        orphan_job.id: (JobState.WAITING, 1, 1),
-    }
-    assert set(Worker.objects.values_list("id", flat=True)) == {"alive"}
-    assert "stopped heartbeating" in Job.objects.get(pk=stale_job.id).last_error
-
-
 def test_a_job_past_its_timeout_fails_and_its_slot_is_freed():
     from tests.testapp.jobs import TooSlow, TooSlowWithRetry
 
@@ -358,15 +236,17 @@ def test_a_retry_claimed_before_its_failed_attempt_is_put_away_keeps_every_slot(
     # good (a burst worker hung, a long-running one slowly stopped working).
     import threading
 
-    from django_gator.worker import WorkerProcess
+    from django_gator.worker.outcomes import Outcomes
+    from django_gator.worker.supervisor import WorkerProcess
 
-    original = WorkerProcess._write_failure
+    original = Outcomes._failure
 
     def slow_write_failure(self, *args, **kwargs):
-        original(self, *args, **kwargs)
+        written = original(self, *args, **kwargs)
         time.sleep(0.3)  # the fetcher claims the retry meanwhile
+        return written
 
-    monkeypatch.setattr(WorkerProcess, "_write_failure", slow_write_failure)
+    monkeypatch.setattr(Outcomes, "_failure", slow_write_failure)
     # One job, two threads: the second thread is free to start the retry.
     jobs = [RecordFailsFirst.dispatch(label="r")]
 
@@ -382,47 +262,8 @@ def test_a_retry_claimed_before_its_failed_attempt_is_put_away_keeps_every_slot(
 
     threading.Thread(target=drain, daemon=True).start()
     assert done.wait(30), "the burst worker never finished: an executor slot was lost"
-    assert worker[0]._in_flight == 0
-    assert worker[0]._running == {}
+    assert worker[0].slots.in_flight == 0
+    assert worker[0].slots.running == {}
     states = set(Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("state", flat=True))
     assert states == {JobState.SUCCEEDED}
     assert Execution.objects.count() == 2  # the failed attempt and its retry
-
-
-def test_after_a_gap_in_its_own_heartbeats_a_worker_waits_before_judging_others():
-    # Everyone was stopped by the same stall (a database outage, a frozen SQLite writer
-    # holding the lock): the peer's heartbeat looks lapsed, but it is alive and is about to
-    # heartbeat again. The first worker back must not rescue its job in the meantime.
-    from django_gator import conf
-    from django_gator.models import Worker
-    from django_gator.worker import WorkerProcess
-
-    engine = get_engine("default")
-    stalled = timezone.now() - timedelta(minutes=10)
-    Worker.objects.create(id="peer", hostname="h", pid=1, concurrency=1, heartbeat_at=stalled)
-    Worker.objects.create(id="gone", hostname="h", pid=2, concurrency=1, heartbeat_at=stalled)
-    Echo.dispatch_many([["peer"], ["gone"]])
-    [peer_job] = engine.claim("peer", "echo", 1)
-    [gone_job] = engine.claim("gone", "echo", 1)
-
-    me = WorkerProcess(install_signal_handlers=False)
-    now = time.monotonic()
-    me._last_beat = now - 10 * conf.heartbeat_timeout()  # we were stalled too
-    assert me._may_rescue(now) is False
-    assert me._may_rescue(now + conf.heartbeat_interval()) is False
-
-    assert engine.heartbeat("peer")  # the peer is back within the grace; "gone" is not
-    assert me._may_rescue(now + 2 * conf.heartbeat_interval()) is True
-    me._rescue()
-    states = dict(Job.objects.filter(pk__in=[peer_job.id, gone_job.id]).values_list("pk", "state"))
-    assert states == {peer_job.id: JobState.RUNNING, gone_job.id: JobState.WAITING}
-
-
-def test_a_worker_that_heartbeats_on_time_judges_others_at_once():
-    from django_gator import conf
-    from django_gator.worker import WorkerProcess
-
-    me = WorkerProcess(install_signal_handlers=False)
-    now = time.monotonic()
-    me._last_beat = now - conf.heartbeat_interval()
-    assert me._may_rescue(now) is True

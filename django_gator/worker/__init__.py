@@ -1,6 +1,6 @@
-"""The worker: a supervisor process with a fetcher thread, executor threads and a
-heartbeat thread. See :class:`django_gator.worker.supervisor.WorkerProcess`."""
+"""The worker: a supervisor process with fetcher, executor, heartbeat, listener and
+scheduler threads (see :mod:`django_gator.worker.supervisor` for the components).
 
-from django_gator.worker.supervisor import WorkerProcess
-
-__all__ = ["WorkerProcess"]
+Importing this package loads none of them: ``from django_gator.worker.supervisor import
+WorkerProcess`` for the process, :mod:`django_gator.worker.inline` to run one job here.
+"""

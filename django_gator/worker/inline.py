@@ -4,16 +4,18 @@ retries, chains and atomic transactions: what ``GATOR_IMMEDIATE`` and
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from secrets import token_hex
 
-from django_gator.chain import error_handler, next_step
 from django_gator.engines import ClaimedJob, get_engine
 from django_gator.engines.base import Failure
 from django_gator.logutil import safe
-from django_gator.worker.execution import outcome_state, run_claimed
+from django_gator.worker.execution import run_claimed
+from django_gator.worker.outcomes import Outcomes
 
 logger = logging.getLogger("django_gator.worker")
 
@@ -40,35 +42,14 @@ def run_inline(alias: str, job_id: int, worker_id: str) -> InlineRun | None:
     if job is None:
         return None
     follow_ups: list[int] = []
-
-    def commit(result: str | None) -> bool:
-        following = next_step(job) if job.chain_id is not None else None
-        return engine.mark_succeeded_and_insert(
-            worker_id,
-            (job.id, job.attempts, result),
-            [following] if following is not None else [],
-            follow_ups,
-        )
-
-    outcome = run_claimed(job, worker_id, commit)
-    if isinstance(outcome, Failure):
-        handler = error_handler(job) if outcome.dead and job.chain_id is not None else None
-        written = engine.mark_failed_and_insert(
-            worker_id, job.id, job.attempts, outcome, [handler] if handler else [], follow_ups
-        )
-        state = outcome_state(outcome, None)
-        exception = outcome.exception
-    else:
-        written = outcome.written if outcome.written is not None else commit(outcome.result)
-        state, exception = "succeeded", None
-    if not written:
+    outcomes = Outcomes(engine, worker_id, follow_ups=follow_ups)
+    started = time.perf_counter()
+    outcome = run_claimed(job, worker_id, functools.partial(outcomes.commit, job))
+    elapsed_ms = (time.perf_counter() - started) * 1000
+    state = outcomes.record(job, outcome, elapsed_ms, batch=False)
+    if state is None:  # the row changed while the job ran (the outcome says how)
         current = engine.claim_state(job.id)
-        logger.warning(
-            "Lost job id=%s name=%s: its row changed while it ran (now %s)",
-            job.id,
-            safe(job.name),
-            current[0] if current else "deleted",
-        )
         state = current[0] if current else "deleted"
+    exception = outcome.exception if isinstance(outcome, Failure) else None
     logger.debug("Ran job inline id=%s name=%s state=%s", job.id, safe(job.name), state)
     return InlineRun(job=job, state=state, exception=exception, follow_ups=follow_ups)

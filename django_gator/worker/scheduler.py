@@ -10,12 +10,13 @@ occurrence runs once however many schedulers saw it, and runs as long as one wor
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, close_old_connections, transaction
 from django.db.models import Q
 
 from django_gator import conf
@@ -25,6 +26,7 @@ from django_gator.logutil import safe
 from django_gator.models import Job, MisfirePolicy, Schedule, ScheduledRun, ScheduleSource
 from django_gator.queueable import get_job_class
 from django_gator.schedules import declared_schedules, next_occurrence, occurrences
+from django_gator.worker.retrier import backoff, drop_connection
 
 logger = logging.getLogger("django_gator.scheduler")
 
@@ -268,3 +270,26 @@ class Scheduler:
         )
         if deleted:
             logger.info("Pruned scheduled runs count=%s before=%s", deleted, cutoff.isoformat())
+
+
+def run_scheduler(alias: str, stopped: threading.Event, worker_id: str) -> None:
+    """The scheduler thread's body: tick every ``GATOR_SCHEDULER_INTERVAL`` seconds until
+    ``stopped`` is set, starting again after a failure (the database may be down)."""
+    scheduler: Scheduler | None = None
+    failures = 0
+    while not stopped.is_set():
+        try:
+            close_old_connections()
+            if scheduler is None:
+                candidate = Scheduler(alias)
+                candidate.sync_declared()
+                scheduler = candidate
+            scheduler.tick()
+            failures = 0
+        except Exception:
+            failures += 1
+            logger.exception("Scheduler failed; retrying worker=%s", worker_id)
+            drop_connection(alias)
+            stopped.wait(backoff(failures))
+            continue
+        stopped.wait(conf.scheduler_interval())

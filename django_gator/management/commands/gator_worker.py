@@ -16,8 +16,8 @@ from django_gator import conf
 from django_gator.exceptions import SchemaMissing
 from django_gator.logutil import safe
 from django_gator.validation import validate_queue
-from django_gator.worker import WorkerProcess
 from django_gator.worker.queues import QueueSpec, parse_queue_spec
+from django_gator.worker.supervisor import WorkerProcess
 
 
 def queue_spec(text: str) -> QueueSpec:

@@ -1,0 +1,143 @@
+"""Executor threads run one job at a time; the watchdog takes a job from an executor that
+ran past the job's timeout.
+
+An executor takes a job from :class:`~django_gator.worker.slots.Slots`, runs it (see
+:func:`~django_gator.worker.execution.run_claimed`) and hands its outcome to
+:class:`~django_gator.worker.outcomes.Outcomes`: a failure, a chain step or an atomic job
+is written at once; a plain success is left in the slots for the fetcher to write with
+others in one statement.
+
+The watchdog runs on the fetcher thread, which wakes for the next deadline. A timed-out
+job's slot gets a fresh executor thread at once, and the stuck thread gets a JobTimeout
+raised in it: that interrupts Python code, not a blocking call. When the stuck thread
+finally returns, it sees that the job is no longer its own, writes nothing, and exits.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from django.db import close_old_connections, reset_queries
+
+from django_gator.engines import ClaimedJob
+from django_gator.engines.base import Engine, Failure
+from django_gator.exceptions import JobNotRegistered, JobTimeout
+from django_gator.queueable import get_job_class
+from django_gator.worker.execution import Success, run_claimed
+from django_gator.worker.outcomes import Outcomes
+from django_gator.worker.retrier import check_health_before_use
+from django_gator.worker.slots import Finished, Slots
+
+logger = logging.getLogger("django_gator.worker")
+
+#: Starts a named thread running a function (the supervisor's, which watches it).
+Spawn = Callable[[str, Callable[[], None]], threading.Thread]
+
+
+class Executors:
+    """The executor threads of one worker, and their watchdog."""
+
+    def __init__(self, slots: Slots, outcomes: Outcomes, engine: Engine, spawn: Spawn) -> None:
+        self.slots = slots
+        self.outcomes = outcomes
+        self.engine = engine
+        self.spawn = spawn
+        self.started = 0
+
+    def start(self, count: int) -> None:
+        for _ in range(count):
+            self.start_one()
+
+    def start_one(self) -> threading.Thread:
+        self.started += 1
+        return self.spawn(f"gator-executor-{self.started}", self.loop)
+
+    # -- one executor thread ---------------------------------------------------------------
+    def loop(self) -> None:
+        """An executor thread's life: jobs until the worker closes."""
+        me = threading.current_thread()
+        while True:
+            job = self.slots.next_job(me, deadline)
+            if job is None:
+                return
+            finished: Finished | None = None
+            try:
+                outcome, elapsed_ms = self.execute(job)
+                if isinstance(outcome, Success) and outcome.batched:
+                    finished = (job, outcome, elapsed_ms)
+            except BaseException as exc:
+                logger.exception("Executor error id=%s", job.id)
+                if self.slots.still_running(me):  # else the watchdog writes its outcome
+                    self.outcomes.worker_error(job, exc)
+            if not self.slots.finish(me, finished):
+                return  # timed out: a fresh thread has this slot; this one retires
+
+    def execute(self, job: ClaimedJob) -> tuple[Success | Failure, float]:
+        """Run the job and record its outcome (a plain success is returned ``batched``,
+        for the fetcher to write)."""
+        close_old_connections()
+        check_health_before_use()
+        started = time.perf_counter()
+        commit = functools.partial(self.outcomes.commit, job)
+        try:
+            outcome = run_claimed(
+                job, self.outcomes.worker_id, commit, watch=True, atomic=self.engine.atomic_job
+            )
+        finally:
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            close_old_connections()
+            reset_queries()
+        if not self.slots.still_running(threading.current_thread()):
+            # The watchdog took this job over and writes its JobTimeout outcome; whatever
+            # this thread ended with (often the JobTimeout raised into it) is not written.
+            return outcome, elapsed_ms
+        self.outcomes.record(job, outcome, elapsed_ms, batch=True)
+        return outcome, elapsed_ms
+
+    # -- the watchdog (on the fetcher thread) ----------------------------------------------
+    def watchdog_wait_locked(self, poll_interval: float) -> float:
+        """Seconds until the next job deadline, at most ``poll_interval`` (lock held)."""
+        deadline = self.slots.next_deadline_locked()
+        if deadline is None:
+            return poll_interval
+        return max(deadline - time.monotonic(), 0.001)
+
+    def enforce_timeouts_locked(self) -> None:
+        """Take the jobs that ran past their timeout from their threads, and give each
+        slot a fresh thread (lock held). Their failures are written by
+        :meth:`write_timeouts`."""
+        for entry in self.slots.expire_locked(time.monotonic()):
+            self.start_one()
+            interrupt(entry.thread, JobTimeout)
+
+    def write_timeouts(self) -> None:
+        """Write the outcome of every job the watchdog took over (on the fetcher thread,
+        before the next claim, so a burst worker never exits with one unwritten)."""
+        with self.slots.lock:
+            self.enforce_timeouts_locked()
+            expired = self.slots.take_timed_out_locked()
+        for job in expired:
+            self.outcomes.timeout(job)
+
+
+def deadline(job: ClaimedJob) -> float | None:
+    """When (time.monotonic()) a job started now times out; None without a timeout."""
+    try:
+        timeout = get_job_class(job.name).timeout
+    except JobNotRegistered:
+        return None
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def interrupt(thread: threading.Thread, exc_type: type[BaseException]) -> None:
+    """Raise ``exc_type`` in ``thread`` at its next Python instruction (best effort)."""
+    if thread.ident is None:
+        return
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread.ident), ctypes.py_object(exc_type)
+    )

@@ -1,0 +1,174 @@
+"""The fetcher thread: it claims jobs for free executor slots and writes the batched
+success marks of finished ones, in the same round trip.
+
+One round of its loop: wait until there is something to do (a free slot, a success to
+write, a NOTIFY, a timed-out job, a stop); write the timeouts; claim up to as many jobs as
+there are free slots, writing the finished successes with the first claim; hand the jobs
+to the executors. With nothing to claim it waits: on PostgreSQL for a NOTIFY (see
+:mod:`.listener`), elsewhere polling quickly after recent work and backing off to
+``GATOR_POLL_INTERVAL``.
+
+It also starts suspects alone (see :mod:`.slots`), and after a claim failed it gives back
+the jobs that claim may have taken without our knowing (:meth:`Fetcher.release_orphans`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections.abc import Callable, Sequence
+
+from django.db import close_old_connections
+
+from django_gator.engines import ClaimedJob
+from django_gator.engines.base import Engine
+from django_gator.worker.claims import Claimer
+from django_gator.worker.executor import Executors
+from django_gator.worker.outcomes import Outcomes, Retrying, log_lost
+from django_gator.worker.retrier import backoff, drop_connection
+from django_gator.worker.slots import Finished, Slots
+
+logger = logging.getLogger("django_gator.worker")
+
+#: First idle poll after work was found (polling engines); doubles up to the poll interval.
+MIN_POLL = 0.005
+
+
+class Fetcher:
+    """The claim loop of one worker (:meth:`run` is the fetcher thread's body)."""
+
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        slots: Slots,
+        claimer: Claimer,
+        executors: Executors,
+        outcomes: Outcomes,
+        retrying: Retrying,
+        stopped: threading.Event,
+        poll_interval: float,
+        burst: bool = False,
+        listening: bool = False,
+        on_drained: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.engine = engine
+        self.slots = slots
+        self.claimer = claimer
+        self.executors = executors
+        self.outcomes = outcomes
+        self.retrying = retrying
+        self.stopped = stopped  # set when the background threads are to stop
+        self.poll_interval = poll_interval
+        self.burst = burst
+        self.listening = listening  # a listener wakes us: no need to poll quickly
+        self.on_drained = on_drained  # a burst worker found nothing left to do
+        self.worker_id = outcomes.worker_id
+
+    def run(self) -> None:
+        slots = self.slots
+        failures = 0
+        idle_wait = MIN_POLL
+        while True:
+            with slots.lock:
+                while not slots.wants_fetch_locked():
+                    slots.fetch_needed.wait(self.executors.watchdog_wait_locked(self.poll_interval))
+                    self.executors.enforce_timeouts_locked()
+                turn = slots.next_round_locked()
+            self.executors.write_timeouts()
+            if turn.stopping:
+                if turn.suspect is not None:
+                    slots.hold_again(turn.suspect)  # released by the shutdown
+                self.outcomes.write_batch(slots.take_succeeded())
+                return
+            batch = slots.take_succeeded()
+            try:
+                close_old_connections()
+                self.engine.prepare_bookkeeping()
+                if failures:
+                    self.release_orphans(batch)
+                jobs, written = self.claimer.claim(turn.free, Outcomes.marks(batch))
+                failures = 0
+            except Exception:
+                failures += 1
+                logger.exception("Claim failed; retrying worker=%s", self.worker_id)
+                drop_connection(self.engine.alias)
+                slots.put_back_succeeded(batch)  # written next time (marks are idempotent)
+                if turn.suspect is not None:
+                    slots.hold_again(turn.suspect)
+                self.stopped.wait(backoff(failures))
+                continue
+            self.outcomes.settle_batch(batch, written)
+            if turn.suspect is not None:
+                # Every success mark is written by now (nothing else was running): a crash
+                # from here on takes no finished job down with it.
+                self.start_isolated(turn.suspect)
+                continue
+            if turn.free <= 0:
+                continue
+            with slots.lock:
+                stopping = slots.stopping
+                if jobs and not stopping:
+                    held = slots.hand_out_locked(jobs)
+                    idle_wait = MIN_POLL
+                elif not jobs and not stopping:
+                    if self.burst and turn.idle and slots.in_flight == 0 and not slots.succeeded:
+                        self.on_drained()
+                        return
+                    if self.listening:
+                        wait = self.poll_interval
+                    else:
+                        wait = idle_wait
+                        idle_wait = min(idle_wait * 2, self.poll_interval)
+                    if not slots.succeeded and not slots.notified:
+                        slots.fetch_needed.wait(
+                            min(wait, self.executors.watchdog_wait_locked(self.poll_interval))
+                        )
+                    continue
+            if stopping:
+                if jobs:
+                    # A stop came in while we were claiming: hand these straight back.
+                    self.retrying("release jobs", functools.partial(self.outcomes.release, jobs))
+                return
+            if held:
+                logger.info(
+                    "Holding suspects until they can run alone worker=%s ids=%s",
+                    self.worker_id,
+                    ",".join(str(job.id) for job in held),
+                )
+
+    def start_isolated(self, job: ClaimedJob) -> None:
+        """Run a suspect alone: record on its row that this attempt is isolated (so that
+        losing this worker now is blamed on it), then hand it to an executor."""
+        written = self.retrying(
+            f"isolate job {job.id}",
+            lambda: self.engine.isolate(self.worker_id, job.id, job.attempts),
+        )
+        if written:
+            self.slots.start_isolated(job)
+            return
+        self.slots.forget(job)
+        if written is False:
+            log_lost(job, "isolated run")
+        else:  # a forced stop: hand it back
+            self.retrying("release a suspect", functools.partial(self.outcomes.release, [job]))
+
+    def release_orphans(self, unmarked: Sequence[Finished]) -> None:
+        """After a failed claim: give back the jobs it claimed without our knowing.
+
+        A claim can commit and its answer still be lost (the connection dies between the
+        COMMIT and the reply). Those rows are ``running`` under our worker id, and as our
+        heartbeat goes on nobody would ever rescue them. Only the fetcher claims, so any
+        running row of ours that no thread holds is such an orphan; it goes back to
+        ``waiting`` with its attempt uncharged, as the job never started."""
+        held = self.engine.running_claims(self.worker_id)
+        known = self.slots.held_ids() | {job.id for job, _, _ in unmarked}
+        orphans = [(job_id, attempts) for job_id, attempts in held if job_id not in known]
+        if orphans:
+            released = self.engine.release(self.worker_id, orphans)
+            logger.warning(
+                "Released jobs claimed by a claim whose answer was lost worker=%s ids=%s",
+                self.worker_id,
+                ",".join(map(str, released)) or "-",
+            )

@@ -1,0 +1,271 @@
+"""Writing an attempt's outcome: the only code that does.
+
+Every outcome is a compare-and-set on the claim (job id, attempt, worker id), so a worker
+that lost its claim meanwhile (rescued after a stall, cancelled by an operator) writes
+nothing over the job's new life. When the compare-and-set changes no row, :meth:`landed`
+asks whether an earlier try of the same write committed before its answer was lost;
+otherwise the outcome is discarded and logged.
+
+The threaded worker, immediate mode and :func:`django_gator.testing.run_jobs` all write
+through :class:`Outcomes`. The worker passes a ``retrying`` function (see
+:class:`~django_gator.worker.connections.Retrier`) so writes outlast a database restart;
+inline runs write once and let errors reach their caller.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
+
+from django.db import DatabaseError
+
+from django_gator.chain import error_handler, next_step
+from django_gator.engines import ClaimedJob
+from django_gator.engines.base import Engine, Failure
+from django_gator.exceptions import JobTimeout
+from django_gator.logutil import safe
+from django_gator.queueable import get_job_class
+from django_gator.redaction import mask_text, secret_values
+from django_gator.worker.execution import (
+    Success,
+    failure_for,
+    outcome_state,
+    unstorable_failure,
+)
+
+logger = logging.getLogger("django_gator.worker")
+
+T = TypeVar("T")
+
+
+class Retrying(Protocol):
+    """Runs a database operation, retrying while the database is unreachable; None if it
+    gave up (see :class:`~django_gator.worker.connections.Retrier`)."""
+
+    def __call__(self, what: str, action: Callable[[], T]) -> T | None: ...
+
+
+#: What :meth:`Outcomes.record` returns for a plain success left for the batched mark.
+DEFERRED = "deferred"
+
+
+def _once(what: str, action: Callable[[], T]) -> T | None:
+    return action()
+
+
+class Outcomes:
+    """Writes the outcomes of one worker's attempts (``worker_id``'s claims)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        worker_id: str,
+        retrying: Retrying | None = None,
+        follow_ups: list[int] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.worker_id = worker_id
+        self.retrying: Retrying = retrying or _once
+        #: Where the ids of the rows an outcome inserted (a chain's next step, its error
+        #: handler) are collected, if the caller wants them.
+        self.follow_ups = follow_ups
+
+    # -- one attempt -----------------------------------------------------------------------
+    def record(
+        self, job: ClaimedJob, outcome: Success | Failure, elapsed_ms: float, *, batch: bool
+    ) -> str | None:
+        """Write the outcome of ``job``'s attempt; the state its row now has, DEFERRED for a
+        plain success left to the batched mark (``batch``), or None if nothing was
+        written (the claim was lost, or the worker gave up on an unreachable database)."""
+        if isinstance(outcome, Failure):
+            return self._failure(job, outcome, elapsed_ms)
+        if outcome.written is not None:
+            return self._atomic(job, outcome, elapsed_ms)
+        if batch and job.chain_id is None:
+            outcome.batched = True
+            return DEFERRED
+        return self._success(job, outcome, elapsed_ms)
+
+    def commit(self, job: ClaimedJob, result: str | None) -> bool:
+        """An atomic job's success mark (and its chain's next step), written inside the
+        transaction that ran handle(); False if the job is no longer ours."""
+        following = next_step(job) if job.chain_id is not None else None
+        return self.engine.mark_succeeded_and_insert(
+            self.worker_id,
+            (job.id, job.attempts, result),
+            [following] if following is not None else [],
+            self.follow_ups,
+        )
+
+    def timeout(self, job: ClaimedJob) -> str | None:
+        """Fail a job the watchdog took from its executor."""
+        timeout = get_job_class(job.name).timeout or 0
+        exc = JobTimeout(f"job ran longer than its timeout of {timeout:g} s")
+        return self.record(job, failure_for(job, self.worker_id, exc), timeout * 1000, batch=False)
+
+    def worker_error(self, job: ClaimedJob, exc: BaseException) -> None:
+        """The worker itself failed while finishing ``job`` (writing its outcome, building
+        a chain's next step): record that as the attempt's failure, so the job does not
+        stay ``running`` under a live worker, where no rescue would ever reach it."""
+        try:
+            self.record(job, failure_for(job, self.worker_id, exc), 0.0, batch=False)
+        except Exception:
+            logger.exception("Could not record the failure of job id=%s; it is released", job.id)
+            self.retrying("release a job", lambda: self.release([job]))
+
+    # -- batched successes -----------------------------------------------------------------
+    @staticmethod
+    def marks(
+        batch: Sequence[tuple[ClaimedJob, Success, float]],
+    ) -> list[tuple[int, int, str | None]]:
+        return [(job.id, job.attempts, success.result) for job, success, _ in batch]
+
+    def write_batch(self, batch: Sequence[tuple[ClaimedJob, Success, float]]) -> None:
+        """Write batched success marks in one statement (those the fetcher did not write
+        with a claim)."""
+        if not batch:
+            return
+        marks = self.marks(batch)
+        written = self.retrying(
+            f"record {len(batch)} successes",
+            lambda: self.engine.mark_succeeded(self.worker_id, marks),
+        )
+        if written is not None:
+            self.settle_batch(batch, written)
+
+    def settle_batch(
+        self, batch: Sequence[tuple[ClaimedJob, Success, float]], written: Sequence[int]
+    ) -> None:
+        """After a batched mark: log each success, or its loss if its mark missed."""
+        written_ids = set(written)
+        for job, _success, elapsed_ms in batch:
+            if job.id not in written_ids and not self.landed(job, "succeeded"):
+                log_lost(job, "succeeded")
+                continue
+            if logger.isEnabledFor(logging.INFO):
+                _log_success(job, elapsed_ms)
+
+    # -- giving back -----------------------------------------------------------------------
+    def release(self, jobs: Sequence[ClaimedJob]) -> list[int]:
+        """Give claims back to ``waiting``, the attempt not charged (never started, or cut
+        off by a forced stop)."""
+        released = self.engine.release(self.worker_id, [(j.id, j.attempts) for j in jobs])
+        logger.info(
+            "Released jobs back to waiting worker=%s ids=%s",
+            self.worker_id,
+            ",".join(map(str, released)) or "-",
+        )
+        return released
+
+    def landed(self, job: ClaimedJob, expected: str) -> bool:
+        """After a compare-and-set changed no row: did an earlier try of this very write
+        commit (the connection broke before we saw the answer)?"""
+        state = self.retrying(f"read job {job.id}", lambda: self.engine.claim_state(job.id))
+        if state is None or state[1:] != (job.attempts, self.worker_id):
+            return False
+        # A failure turns into "cancelled" when a cancellation was asked for.
+        return state[0] == expected or (expected != "succeeded" and state[0] == "cancelled")
+
+    # -- the writes ------------------------------------------------------------------------
+    def _success(self, job: ClaimedJob, outcome: Success, elapsed_ms: float) -> str | None:
+        """A success written on its own; for a chain step, with the next step's row in the
+        same transaction."""
+        following = next_step(job) if job.chain_id is not None else None
+        rows = [following] if following is not None else []
+        written = self.retrying(
+            f"record success of job {job.id}",
+            lambda: self.engine.mark_succeeded_and_insert(
+                self.worker_id, (job.id, job.attempts, outcome.result), rows, self.follow_ups
+            ),
+        )
+        if written is None:
+            return None
+        if not written and not self.landed(job, "succeeded"):
+            log_lost(job, "succeeded")
+            return None
+        if logger.isEnabledFor(logging.INFO):
+            chain = f" chain={job.chain_id} next={safe(following.name) if following else '-'}"
+            _log_success(job, elapsed_ms, chain if job.chain_id is not None else "")
+        return "succeeded"
+
+    def _atomic(self, job: ClaimedJob, outcome: Success, elapsed_ms: float) -> str | None:
+        """An atomic job's success, already written with its transaction (or not)."""
+        if not outcome.written:
+            # The mark found the job taken back (rescued, or cancelled by an operator): the
+            # job's transaction rolled back, so its effects are undone, and whoever holds
+            # the job now decides what happens to it.
+            logger.warning(
+                "Lost job; its transaction rolled back id=%s name=%s attempt=%s worker=%s",
+                job.id,
+                safe(job.name),
+                job.attempts,
+                self.worker_id,
+            )
+            return None
+        _log_success(job, elapsed_ms, " atomic=yes")
+        return "succeeded"
+
+    def _failure(self, job: ClaimedJob, outcome: Failure, elapsed_ms: float) -> str | None:
+        result = outcome_state(outcome, None)
+        handler = error_handler(job) if outcome.dead and job.chain_id is not None else None
+
+        def write(failure: Failure) -> bool | None:
+            return self.retrying(
+                f"record failure of job {job.id}",
+                lambda: self.engine.mark_failed_and_insert(
+                    self.worker_id,
+                    job.id,
+                    job.attempts,
+                    failure,
+                    [handler] if handler else [],
+                    self.follow_ups,
+                ),
+            )
+
+        try:
+            written = write(outcome)
+        except DatabaseError as exc:
+            # The database refused this entry (retrying cannot help): record the failure
+            # with an entry that says what was refused instead.
+            logger.exception("The failure of job id=%s could not be stored as is", job.id)
+            outcome = unstorable_failure(outcome, exc, attempt=job.attempts, worker=self.worker_id)
+            written = write(outcome)
+        if written is None:
+            return None
+        if not written and not self.landed(job, result):
+            log_lost(job, result)
+            return None
+        logger.warning(
+            "Processed job id=%s name=%s result=%s queue=%s attempt=%s duration_ms=%.1f error=%s",
+            job.id,
+            safe(job.name),
+            result,
+            safe(job.queue),
+            job.attempts,
+            elapsed_ms,
+            safe(mask_text(outcome.last_error, secret_values(job.name, job.args, job.kwargs))),
+        )
+        return result
+
+
+def _log_success(job: ClaimedJob, elapsed_ms: float, extra: str = "") -> None:
+    logger.info(
+        "Processed job id=%s name=%s result=succeeded queue=%s attempt=%s duration_ms=%.1f%s",
+        job.id,
+        safe(job.name),
+        safe(job.queue),
+        job.attempts,
+        elapsed_ms,
+        extra,
+    )
+
+
+def log_lost(job: ClaimedJob, result: str) -> None:
+    logger.warning(
+        "Job outcome discarded: the claim was lost (rescued or changed meanwhile) "
+        "id=%s name=%s result=%s",
+        job.id,
+        safe(job.name),
+        result,
+    )

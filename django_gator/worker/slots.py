@@ -1,0 +1,248 @@
+"""What a worker holds, and the one lock that guards it.
+
+Every claimed job is in exactly one place until its outcome is handed on: ``pending``
+(claimed, waiting for an executor), ``suspects`` (claimed, held until it can run alone:
+see precise blame below), or ``running`` (an executor has it). ``in_flight`` counts them
+all, and a worker claims only while ``in_flight`` is below its concurrency. A finished
+plain success waits in ``succeeded`` for the fetcher to write it with others; a job the
+watchdog took from a stuck executor waits in ``timed_out`` for its failure to be written.
+
+Precise blame: a *suspect* is a job taken back from a worker that died while running it.
+It is claimed like any job, then held until nothing else runs here, and runs alone, so
+that if it crashes this worker too, no other job is lost with it (and only crashes while
+it ran alone count toward ``GATOR_MAX_RESCUES``).
+
+The fetcher and the executors wait on two conditions of the same lock: executors on
+``work_ready`` (a job was handed out, or the worker is closing), the fetcher on
+``fetch_needed`` (a slot freed, a success to write, a NOTIFY, a stop).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from django_gator.engines import ClaimedJob
+from django_gator.worker.execution import Success
+
+#: A plain success waiting for its batched mark: the job, its outcome, its duration (ms).
+Finished = tuple[ClaimedJob, Success, float]
+
+
+@dataclass(slots=True)
+class Running:
+    job: ClaimedJob
+    thread: threading.Thread
+    deadline: float | None  # time.monotonic() after which the job has timed out
+
+
+@dataclass(slots=True)
+class Round:
+    """What the fetcher does in one turn of its loop (see Slots.next_round)."""
+
+    stopping: bool
+    free: int  # executor slots to claim for (0 while a suspect is held or runs alone)
+    idle: bool  # nothing was claimed or running when the round began
+    suspect: ClaimedJob | None  # a held suspect that may start now, alone
+
+
+class Slots:
+    """The shared bookkeeping of one worker process. Methods take the lock themselves,
+    except those whose names end in ``_locked``, which expect the caller to hold it."""
+
+    def __init__(self, concurrency: int) -> None:
+        self.concurrency = concurrency
+        self.lock = threading.Lock()
+        self.work_ready = threading.Condition(self.lock)  # executors wait here
+        self.fetch_needed = threading.Condition(self.lock)  # the fetcher waits here
+        self.pending: deque[ClaimedJob] = deque()
+        self.suspects: deque[ClaimedJob] = deque()  # claimed, held, not started
+        self.isolated: ClaimedJob | None = None  # the suspect running alone now
+        # What each executor thread is running. Keyed by thread, not job id: a job that
+        # failed with a retry due at once can be claimed again, and started by another
+        # thread, before the thread that wrote its failure has taken it off this map.
+        self.running: dict[threading.Thread, Running] = {}
+        self.succeeded: list[Finished] = []
+        self.timed_out: list[ClaimedJob] = []  # taken over by the watchdog, not yet written
+        self.retired: set[threading.Thread] = set()  # executors whose job timed out
+        self.in_flight = 0  # claimed and not finished: pending + suspects + running
+        self.notified = False  # a NOTIFY came for one of our queues
+        self.stopping = False  # no more claims
+        self.closing = False  # executors exit once nothing is pending
+        self.forced = False  # running jobs are not waited for
+        self.processed = 0
+
+    # -- the fetcher -----------------------------------------------------------------------
+    def wants_fetch_locked(self) -> bool:
+        """Whether the fetcher has something to do now."""
+        return (
+            self.stopping
+            or bool(self.succeeded)
+            or self.notified
+            or bool(self.timed_out)
+            or self.may_isolate_locked()
+            or (self.in_flight < self.concurrency and not self.holding_locked())
+        )
+
+    def next_round_locked(self) -> Round:
+        """Start a fetcher round: how many slots to claim for, and a suspect to start."""
+        # No claims while a suspect waits for the others to finish, or runs alone.
+        held = bool(self.suspects) or self.isolated is not None
+        self.notified = False
+        return Round(
+            stopping=self.stopping,
+            free=0 if held else max(self.concurrency - self.in_flight, 0),
+            idle=self.in_flight == 0,
+            suspect=self.suspects.popleft() if self.may_isolate_locked() else None,
+        )
+
+    def holding_locked(self) -> bool:
+        """Whether claims wait for a suspect: one is held while other jobs still run, or
+        one runs alone. False once a held suspect may start, so the fetcher wakes to
+        start it."""
+        if self.isolated is not None:
+            return True
+        return bool(self.suspects) and not self.may_isolate_locked()
+
+    def may_isolate_locked(self) -> bool:
+        """A held suspect may start: nothing else is claimed or running here."""
+        return (
+            bool(self.suspects) and self.isolated is None and self.in_flight == len(self.suspects)
+        )
+
+    def hand_out_locked(self, jobs: Sequence[ClaimedJob]) -> list[ClaimedJob]:
+        """Give claimed jobs to the executors, holding back suspects (returned)."""
+        self.in_flight += len(jobs)
+        ordinary = [job for job in jobs if not job.suspect]
+        held = [job for job in jobs if job.suspect]
+        self.suspects.extend(held)
+        self.pending.extend(ordinary)
+        self.work_ready.notify(len(ordinary))
+        return held
+
+    def hold_again(self, suspect: ClaimedJob) -> None:
+        """Put back a suspect the fetcher took but could not start."""
+        with self.lock:
+            self.suspects.appendleft(suspect)
+
+    def start_isolated(self, job: ClaimedJob) -> None:
+        """Hand a suspect to an executor, to run alone."""
+        with self.lock:
+            self.isolated = job
+            self.pending.append(job)
+            self.work_ready.notify()
+
+    def forget(self, job: ClaimedJob) -> None:
+        """Stop counting a claimed job that will not run here (given back or lost)."""
+        with self.lock:
+            self.in_flight -= 1
+            self.fetch_needed.notify()
+
+    def take_succeeded(self) -> list[Finished]:
+        with self.lock:
+            batch, self.succeeded = self.succeeded, []
+        return batch
+
+    def put_back_succeeded(self, batch: Sequence[Finished]) -> None:
+        """Successes whose mark was not written (written next time: marks are idempotent)."""
+        with self.lock:
+            self.succeeded[:0] = batch
+
+    def held_ids(self) -> set[int]:
+        """The ids of every job this worker knows it holds, in any state."""
+        with self.lock:
+            known = {job.id for job in self.pending}
+            known |= {job.id for job in self.suspects}
+            known |= {entry.job.id for entry in self.running.values()}
+            known |= {job.id for job in self.timed_out}
+            known |= {job.id for job, _, _ in self.succeeded}
+        return known
+
+    def notify_fetcher(self, *, notified: bool = False) -> None:
+        with self.lock:
+            self.notified = self.notified or notified
+            self.fetch_needed.notify()
+
+    # -- executors -------------------------------------------------------------------------
+    def next_job(
+        self, thread: threading.Thread, deadline: Callable[[ClaimedJob], float | None]
+    ) -> ClaimedJob | None:
+        """Wait for a job to run on ``thread``; None once the worker is closing.
+        ``deadline(job)`` gives the job's timeout deadline (time.monotonic())."""
+        with self.lock:
+            while not self.pending and not self.closing:
+                self.work_ready.wait()
+            if not self.pending:
+                return None
+            job = self.pending.popleft()
+            self.running[thread] = Running(job, thread, deadline(job))
+            return job
+
+    def still_running(self, thread: threading.Thread) -> bool:
+        """Whether ``thread``'s job is still its own (the watchdog did not take it)."""
+        with self.lock:
+            return thread in self.running
+
+    def finish(self, thread: threading.Thread, finished: Finished | None) -> bool:
+        """``thread`` is done with its job; ``finished``, a plain success, waits for its
+        batched mark. False if the watchdog took the job over (the thread retires)."""
+        with self.lock:
+            entry = self.running.pop(thread, None)
+            if entry is None:
+                return False
+            if entry.job is self.isolated:
+                self.isolated = None
+            self.in_flight -= 1
+            self.processed += 1
+            if finished is not None:
+                self.succeeded.append(finished)
+            self.fetch_needed.notify()
+            return True
+
+    def expire_locked(self, now: float) -> list[Running]:
+        """Take the jobs that ran past their deadline off their threads."""
+        expired = [r for r in self.running.values() if r.deadline is not None and now > r.deadline]
+        for entry in expired:
+            del self.running[entry.thread]
+            if entry.job is self.isolated:
+                self.isolated = None
+            self.in_flight -= 1
+            self.retired.add(entry.thread)
+            self.timed_out.append(entry.job)
+        return expired
+
+    def take_timed_out_locked(self) -> list[ClaimedJob]:
+        expired, self.timed_out = self.timed_out, []
+        return expired
+
+    def next_deadline_locked(self) -> float | None:
+        deadlines = [r.deadline for r in self.running.values() if r.deadline is not None]
+        return min(deadlines) if deadlines else None
+
+    # -- shutdown --------------------------------------------------------------------------
+    def stop(self, *, forced: bool = False) -> None:
+        """No more claims; with ``forced``, running jobs are not waited for."""
+        with self.lock:
+            self.stopping = True
+            self.forced = self.forced or forced
+            self.fetch_needed.notify_all()
+
+    def close(self) -> list[ClaimedJob]:
+        """Stop claiming, let idle executors exit, and return the jobs claimed but never
+        started (to be released)."""
+        with self.lock:
+            self.stopping = True
+            unstarted = [*self.pending, *self.suspects]
+            self.pending.clear()
+            self.suspects.clear()
+            self.in_flight -= len(unstarted)
+            self.closing = True
+            self.work_ready.notify_all()
+            self.fetch_needed.notify_all()
+        return unstarted
+
+    def running_jobs(self) -> list[ClaimedJob]:
+        with self.lock:
+            return [entry.job for entry in self.running.values()]

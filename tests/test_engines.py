@@ -1,0 +1,102 @@
+"""The engines' claim and compare-and-set statements, and their plans, on each database."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+from django_gator.engines import get_engine
+from django_gator.models import Job, JobState
+from tests.testapp.jobs import (
+    Echo,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_outcome_writes_are_compare_and_set_on_the_claim():
+    engine = get_engine("default")
+    job = Echo.dispatch("cas")
+    [claim] = engine.claim("worker-a", "echo", 10)
+    assert claim.attempts == 1
+
+    # Another worker, or a stale attempt number, cannot write this claim's outcome.
+    assert engine.mark_succeeded("worker-b", [(claim.id, claim.attempts, None)]) == []
+    assert engine.mark_succeeded("worker-a", [(claim.id, claim.attempts + 1, None)]) == []
+    assert Job.objects.get(pk=job.pk).state == JobState.RUNNING
+    assert engine.mark_succeeded("worker-a", [(claim.id, claim.attempts, '"ok"')]) == [job.pk]
+    # Once written, the same write does nothing a second time.
+    assert engine.mark_succeeded("worker-a", [(claim.id, claim.attempts, '"ok"')]) == []
+    job.refresh_from_db()
+    assert (job.state, job.result) == (JobState.SUCCEEDED, "ok")
+
+
+def test_a_claim_is_never_handed_out_twice():
+    engine = get_engine("default")
+    Echo.dispatch_many([[i] for i in range(5)])
+
+    first = engine.claim("worker-a", "echo", 3)
+    second = engine.claim("worker-b", "echo", 10)
+
+    assert len(first) == 3
+    assert len(second) == 2
+    assert not {j.id for j in first} & {j.id for j in second}
+    assert engine.claim("worker-c", "echo", 10) == []
+
+
+def test_released_claims_go_back_to_waiting_without_charging_the_attempt():
+    engine = get_engine("default")
+    job = Echo.dispatch("release")
+    [claim] = engine.claim("worker-a", "echo", 1)
+
+    assert engine.release("worker-a", [(claim.id, claim.attempts)]) == [job.pk]
+
+    job.refresh_from_db()
+    assert (job.state, job.attempts, job.started_at) == (JobState.WAITING, 0, None)
+    [again] = engine.claim("worker-b", "echo", 1)
+    assert again.attempts == 1
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'")
+def test_postgres_claim_uses_the_partial_ready_index():
+    Echo.dispatch_many([[i] for i in range(50)])
+    with connection.cursor() as cursor:
+        cursor.execute("SET enable_seqscan = off")
+        cursor.execute(
+            "EXPLAIN SELECT id FROM django_gator_job WHERE queue = 'echo' AND "
+            "state IN ('waiting', 'failed') AND next_execution_at <= statement_timestamp() "
+            "ORDER BY priority DESC, next_execution_at, id LIMIT 10 FOR UPDATE SKIP LOCKED"
+        )
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("RESET enable_seqscan")
+    assert "gator_job_ready" in plan
+    assert "Sort" not in plan
+
+
+@pytest.mark.skipif("connection.vendor != 'mysql'")
+def test_mysql_claim_walks_the_ready_index_in_order():
+    Echo.dispatch_many([[i] for i in range(50)])
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "EXPLAIN SELECT id FROM django_gator_job FORCE INDEX (gator_job_ready_my) "
+            "WHERE queue = 'echo' AND ready_rank IS NOT NULL AND "
+            "next_execution_at <= UTC_TIMESTAMP(6) ORDER BY ready_rank, next_execution_at, id "
+            "LIMIT 10 FOR UPDATE SKIP LOCKED"
+        )
+        columns = [c[0] for c in cursor.description]
+        [row] = [dict(zip(columns, r, strict=True)) for r in cursor.fetchall()]
+    assert row["key"] == "gator_job_ready_my"
+    assert "filesort" not in (row["Extra"] or "")
+
+
+@pytest.mark.skipif("connection.vendor != 'sqlite'")
+def test_sqlite_claim_uses_the_partial_ready_index():
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "EXPLAIN QUERY PLAN SELECT id FROM django_gator_job WHERE queue = 'echo' AND "
+            "state IN ('waiting', 'failed') AND next_execution_at <= '2100-01-01' "
+            "ORDER BY priority DESC, next_execution_at, id LIMIT 10"
+        )
+        plan = " ".join(str(row[-1]) for row in cursor.fetchall())
+    assert "gator_job_ready" in plan
+    assert "TEMP B-TREE" not in plan

@@ -1,0 +1,88 @@
+"""Outcomes: the one writer of an attempt's outcome, used alone (no worker threads)."""
+
+from __future__ import annotations
+
+import pytest
+
+from django_gator.engines import get_engine
+from django_gator.exceptions import JobTimeout
+from django_gator.models import Job, JobState
+from django_gator.worker.execution import Success, failure_for
+from django_gator.worker.outcomes import DEFERRED, Outcomes
+from tests.testapp.jobs import Boom, Echo
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+WORKER = "outcomes-test"
+
+
+@pytest.fixture
+def outcomes() -> Outcomes:
+    engine = get_engine("default")
+    engine.register_worker(WORKER, "h", 1, "[]", 1)
+    return Outcomes(engine, WORKER)
+
+
+def test_a_failure_is_written_with_its_error_and_payload_kept(outcomes):
+    row = Boom.dispatch("payload")
+    [claimed] = outcomes.engine.claim(WORKER, row.queue, 1)
+    failure = failure_for(claimed, WORKER, ValueError("no good"))
+
+    assert outcomes.record(claimed, failure, 3.0, batch=True) == "dead"
+
+    row.refresh_from_db()
+    assert row.state == JobState.DEAD
+    assert row.args == ["payload"]
+    assert row.last_error == "ValueError: no good"
+    assert row.errors[-1]["worker"] == WORKER
+
+
+def test_a_plain_success_is_left_for_the_batched_mark(outcomes):
+    row = Echo.dispatch("x")
+    [claimed] = outcomes.engine.claim(WORKER, "echo", 1)
+    success = Success('"x"')
+
+    assert outcomes.record(claimed, success, 1.0, batch=True) == DEFERRED
+    assert success.batched
+    assert Job.objects.get(pk=row.pk).state == JobState.RUNNING  # nothing written yet
+
+    outcomes.write_batch([(claimed, success, 1.0)])
+    assert Job.objects.get(pk=row.pk).state == JobState.SUCCEEDED
+
+
+def test_an_outcome_for_a_lost_claim_writes_nothing(outcomes, caplog):
+    row = Echo.dispatch("x")
+    [claimed] = outcomes.engine.claim(WORKER, "echo", 1)
+    # Taken back meanwhile (another worker rescued it, and claimed it again).
+    Job.objects.filter(pk=row.pk).update(reserved_by="someone-else", attempts=2)
+
+    timeout = failure_for(claimed, WORKER, JobTimeout("late"))
+    assert outcomes.record(claimed, timeout, 1.0, batch=False) is None
+    assert outcomes.record(claimed, Success(None), 1.0, batch=False) is None
+
+    row.refresh_from_db()
+    assert (row.state, row.reserved_by, row.attempts) == (JobState.RUNNING, "someone-else", 2)
+    assert not row.errors  # no entry for the discarded failure
+    assert "claim was lost" in caplog.text
+
+
+def test_a_write_that_landed_before_its_answer_was_lost_counts_as_written(outcomes):
+    Echo.dispatch("x")
+    [claimed] = outcomes.engine.claim(WORKER, "echo", 1)
+    # The first try committed, then the connection broke before the worker saw it.
+    assert outcomes.engine.mark_succeeded(WORKER, [(claimed.id, claimed.attempts, None)])
+
+    assert outcomes.landed(claimed, "succeeded")
+    assert outcomes.record(claimed, Success(None), 1.0, batch=False) == "succeeded"
+    assert not outcomes.landed(claimed, "failed")
+
+
+def test_release_gives_a_claim_back_uncharged(outcomes):
+    row = Echo.dispatch("x")
+    [claimed] = outcomes.engine.claim(WORKER, "echo", 1)
+
+    assert outcomes.release([claimed]) == [row.pk]
+
+    row.refresh_from_db()
+    assert row.state == JobState.WAITING
+    assert row.attempts == 0

@@ -1,0 +1,104 @@
+"""Slots: the worker's shared bookkeeping, exercised alone (no database, no threads but
+the test's own)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from django_gator.engines import ClaimedJob
+from django_gator.worker.execution import Success
+from django_gator.worker.slots import Slots
+
+
+def job(job_id: int, *, suspect: bool = False) -> ClaimedJob:
+    return ClaimedJob(
+        id=job_id,
+        name="n",
+        args=[],
+        kwargs={},
+        queue="default",
+        priority=0,
+        attempts=1,
+        rescues=0,
+        suspect=suspect,
+    )
+
+
+def test_claims_are_wanted_only_while_a_slot_is_free():
+    slots = Slots(concurrency=2)
+    with slots.lock:
+        assert slots.wants_fetch_locked()
+        assert slots.next_round_locked().free == 2
+        slots.hand_out_locked([job(1), job(2)])
+        assert not slots.wants_fetch_locked()
+        assert slots.next_round_locked().free == 0
+
+
+def test_a_suspect_is_held_until_it_can_run_alone():
+    slots = Slots(concurrency=4)
+    me = threading.current_thread()
+    with slots.lock:
+        held = slots.hand_out_locked([job(1), job(2, suspect=True)])
+    assert [j.id for j in held] == [2]
+    assert slots.next_job(me, lambda j: None).id == 1  # the ordinary job runs
+    with slots.lock:
+        turn = slots.next_round_locked()
+        assert (turn.free, turn.suspect) == (0, None)  # no claims while a suspect waits
+        assert not slots.wants_fetch_locked()
+
+    assert slots.finish(me, None)
+    with slots.lock:
+        assert slots.wants_fetch_locked()  # the suspect may start now
+        turn = slots.next_round_locked()
+    assert turn.suspect is not None
+    assert turn.suspect.id == 2
+    slots.start_isolated(turn.suspect)
+    assert slots.next_job(me, lambda j: None).id == 2
+    with slots.lock:
+        assert slots.next_round_locked().free == 0  # nothing beside it
+    assert slots.finish(me, None)
+    assert slots.isolated is None
+    with slots.lock:
+        assert slots.next_round_locked().free == 4
+
+
+def test_a_finished_success_waits_for_the_fetcher_to_write_it():
+    slots = Slots(concurrency=1)
+    me = threading.current_thread()
+    with slots.lock:
+        slots.hand_out_locked([job(7)])
+    running = slots.next_job(me, lambda j: None)
+    assert slots.held_ids() == {7}
+    assert slots.finish(me, (running, Success('"ok"'), 1.0))
+    assert slots.held_ids() == {7}  # its mark is not written yet
+    [(finished, success, _)] = slots.take_succeeded()
+    assert (finished.id, success.result) == (7, '"ok"')
+    assert slots.processed == 1
+    assert slots.in_flight == 0
+
+
+def test_the_watchdog_takes_an_expired_job_and_its_thread_retires():
+    slots = Slots(concurrency=1)
+    me = threading.current_thread()
+    with slots.lock:
+        slots.hand_out_locked([job(3)])
+    slots.next_job(me, lambda j: time.monotonic() - 1)  # already past its deadline
+    with slots.lock:
+        [expired] = slots.expire_locked(time.monotonic())
+        assert expired.job.id == 3
+        assert [j.id for j in slots.take_timed_out_locked()] == [3]
+    assert me in slots.retired
+    assert not slots.still_running(me)
+    assert slots.finish(me, None) is False  # the retiring thread writes nothing
+    assert slots.in_flight == 0
+
+
+def test_closing_returns_the_unstarted_jobs_and_lets_executors_exit():
+    slots = Slots(concurrency=3)
+    with slots.lock:
+        slots.hand_out_locked([job(1), job(2, suspect=True)])
+    unstarted = slots.close()
+    assert sorted(j.id for j in unstarted) == [1, 2]
+    assert slots.in_flight == 0
+    assert slots.next_job(threading.current_thread(), lambda j: None) is None
