@@ -2,13 +2,19 @@
 
 E001  USE_TZ is False (database times are UTC; local naive times would shift every schedule).
 E002  GATOR_DATABASE names no configured database.
-E003  A GATOR_* setting has a value of the wrong type or range (or GATOR_MIDDLEWARE
-      names something that cannot be imported).
+E003  A GATOR_* setting has a value its declaration in conf.SETTINGS does not allow (wrong
+      type, out of range, an empty or non-string entry in a list of names, a dotted path in
+      GATOR_MIDDLEWARE or GATOR_SCHEDULER_CLOCK that cannot be imported), or
+      GATOR_HEARTBEAT_TIMEOUT is not longer than GATOR_HEARTBEAT_INTERVAL. One error per bad
+      setting, naming it and its value; the hint says what it allows. Every declared setting
+      is checked (GATOR_DATABASE by E002, GATOR_SCHEDULES by E005).
 W001  SQLite without WAL journal mode (readers and the worker would block each other).
 W002  SQLite without IMMEDIATE transactions ("database is locked" escapes atomic blocks).
 W003  The django_gator tables do not exist in GATOR_DATABASE (not migrated). A warning, not
       an error: ``migrate`` runs the database checks before it creates the tables, and an
       error would stop it (and ``migrate`` itself does not show it).
+W004  A setting named GATOR_* that django-gator does not declare (a typo: the setting meant
+      keeps its default), with the closest declared name.
 E004  MariaDB older than 10.6 or MySQL older than 8.0.1 (no SKIP LOCKED).
       W001, W002, W003 and E004 look at the database, so like Django's own database checks they
       run only when a database is named: ``migrate``, ``check --database``, the test runner.
@@ -26,7 +32,6 @@ from typing import Any
 
 from django.conf import settings
 from django.core import checks
-from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
 from django_gator import conf, schema
@@ -43,8 +48,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="django_gator.E001",
             )
         )
-    alias = conf.database()
-    if alias not in settings.DATABASES:
+    alias = conf.get("GATOR_DATABASE")
+    if not (isinstance(alias, str) and alias in settings.DATABASES):
         errors.append(
             checks.Error(
                 f"GATOR_DATABASE = {alias!r} is not a key of DATABASES.",
@@ -52,24 +57,19 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="django_gator.E002",
             )
         )
-    for name in conf.RANGES:
-        problem = conf.range_error(name, conf.get(name))
-        if problem is not None:
-            errors.append(checks.Error(f"{name} {problem}.", id="django_gator.E003"))
-    if conf.heartbeat_timeout() <= conf.heartbeat_interval():
+    # Every other declared setting, from the table in conf.py (GATOR_SCHEDULES: E005).
+    for problem in conf.problems():
         errors.append(
-            checks.Error(
-                f"GATOR_HEARTBEAT_TIMEOUT ({conf.heartbeat_timeout()}) must be longer than "
-                f"GATOR_HEARTBEAT_INTERVAL ({conf.heartbeat_interval()}).",
-                hint="Use a timeout of several intervals, or live workers will be rescued.",
-                id="django_gator.E003",
+            checks.Error(f"{problem.message}.", hint=problem.hint, id="django_gator.E003")
+        )
+    for name, close in conf.unknown_names():
+        errors.append(
+            checks.Warning(
+                f"{name} is not a django-gator setting; it has no effect.",
+                hint=f"Did you mean {close}?" if close else "See the settings in the README.",
+                id="django_gator.W004",
             )
         )
-    for validate in (conf.middleware, conf.autodiscover_modules, conf.worker_network_timeout):
-        try:
-            validate()
-        except ImproperlyConfigured as exc:
-            errors.append(checks.Error(str(exc), id="django_gator.E003"))
     return errors
 
 
@@ -100,8 +100,13 @@ def check_database(
     # Like Django's own database checks: only when asked for a database (``migrate``,
     # ``check --database``, the test runner). Plain ``manage.py check`` must not connect
     # (an unreachable server would crash it; SQLite would create its file).
-    alias = conf.database()
-    if databases is None or alias not in databases or alias not in settings.DATABASES:
+    alias = conf.get("GATOR_DATABASE")  # not validated: a bad one is E002, not a crash
+    if (
+        databases is None
+        or not isinstance(alias, str)
+        or alias not in databases
+        or alias not in settings.DATABASES
+    ):
         return []
     messages = _check_tables(alias)
     connection = connections[alias]

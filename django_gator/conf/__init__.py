@@ -1,0 +1,299 @@
+"""The ``GATOR_*`` settings: one declared table, and typed access to it.
+
+:data:`SETTINGS` declares each setting once: its name, default, the values it allows and
+what it means. Everything else comes from that table: the defaults (:data:`DEFAULTS`), the
+ranges of the worker's command-line options (:data:`RANGES`, :func:`range_error`), the
+system check that validates every setting at start-up (``django_gator.E003``, in
+checks.py), the accessors below, which refuse a bad value with the same words, and the
+README's settings table (tests/test_conf.py compares them).
+
+Every value is read from ``django.conf.settings`` at the moment it is needed, so
+``override_settings`` works in tests and nothing is frozen at import time.
+"""
+
+from __future__ import annotations
+
+import difflib
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
+
+from django_gator.conf.rules import Number, Setting
+from django_gator.conf.table import SETTINGS
+from django_gator.exceptions import GatorError
+
+
+class InvalidSetting(GatorError, ImproperlyConfigured, ValueError):
+    """A ``GATOR_*`` setting has a value its declaration does not allow. (A ValueError too,
+    so code that guards a conversion of the value with ``except ValueError`` still does.)"""
+
+
+BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+
+#: Each setting's default.
+DEFAULTS: dict[str, Any] = {s.name: s.default for s in SETTINGS}
+
+#: Allowed ranges of the numeric settings, ``name: (least, most or None)``. The worker's
+#: command-line options that stand in for a setting (``--poll-interval``, ``--concurrency``,
+#: ``--shutdown-timeout``) validate with :func:`range_error`, so a value refused in settings
+#: is refused on the command line too.
+RANGES: dict[str, tuple[float, float | None]] = {
+    s.name: (s.rule.low, s.rule.high) for s in SETTINGS if isinstance(s.rule, Number)
+}
+
+
+def _number_rule(name: str) -> Number:
+    rule = BY_NAME[name].rule
+    if not isinstance(rule, Number):
+        raise LookupError(f"{name} is not a numeric setting")
+    return rule
+
+
+def allowed_range(name: str) -> str:
+    """``"at least 0.001"`` or ``"from 1 to 1000"``: the range of a numeric setting."""
+    return _number_rule(name).bounds()
+
+
+def range_error(name: str, value: object, given: str | None = None) -> str | None:
+    """Why ``value`` is not allowed for the numeric setting ``name`` (``"must be at least
+    0.001, got 0"``), or None when it is. ``given`` is how the user wrote the value (the
+    command-line text); the default is its repr."""
+    return _number_rule(name).problem(value, given=given)
+
+
+def get(name: str) -> Any:
+    """The raw value of a declared setting (its default when unset), not validated."""
+    return getattr(settings, name, BY_NAME[name].default)
+
+
+def value(name: str) -> Any:
+    """The value of a declared setting; :class:`InvalidSetting` when its declaration does
+    not allow it, with the message of the system check."""
+    raw = get(name)
+    problem = BY_NAME[name].problem(raw)
+    if problem is not None:
+        raise InvalidSetting(problem)
+    return raw
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A bad setting: the message names it and its value, the hint what it allows."""
+
+    message: str
+    hint: str
+
+
+def problems(*, deep: bool = True) -> list[Problem]:
+    """What is wrong with the settings, one problem per bad setting (E003 of the system
+    checks), plus a heartbeat timeout not longer than the interval. Settings validated by
+    another check (``checked_by``) are left to it. ``deep``: import the dotted paths."""
+    found = []
+    for setting in SETTINGS:
+        if setting.checked_by is None:
+            problem = setting.problem(get(setting.name), deep=deep)
+            if problem is not None:
+                hint = (
+                    f"Allowed: {setting.rule.allowed()}; the default is {setting.shown_default()}."
+                )
+                found.append(Problem(problem, hint.replace("`", "")))
+    interval, timeout = get("GATOR_HEARTBEAT_INTERVAL"), get("GATOR_HEARTBEAT_TIMEOUT")
+    if (
+        range_error("GATOR_HEARTBEAT_INTERVAL", interval) is None
+        and range_error("GATOR_HEARTBEAT_TIMEOUT", timeout) is None
+        and timeout <= interval
+    ):
+        found.append(
+            Problem(
+                f"GATOR_HEARTBEAT_TIMEOUT ({timeout}) must be longer than "
+                f"GATOR_HEARTBEAT_INTERVAL ({interval})",
+                "Use a timeout of several intervals, or live workers will be rescued.",
+            )
+        )
+    return found
+
+
+def unknown_names() -> list[tuple[str, str | None]]:
+    """``GATOR_*`` names in the settings that are not declared (a typo: the setting meant
+    keeps its default), each with the closest declared name or None."""
+    found = []
+    for name in sorted(dir(settings)):
+        if name.startswith("GATOR_") and name not in BY_NAME:
+            close = difflib.get_close_matches(name, list(BY_NAME), n=1, cutoff=0.8)
+            found.append((name, close[0] if close else None))
+    return found
+
+
+# -- accessors ---------------------------------------------------------------------------------
+
+
+def database() -> str:
+    return str(value("GATOR_DATABASE"))
+
+
+def dispatch_on_commit() -> bool:
+    return bool(value("GATOR_DISPATCH_ON_COMMIT"))
+
+
+def dispatch_on_commit_retry_delays() -> list[float]:
+    return [float(v) for v in value("GATOR_DISPATCH_ON_COMMIT_RETRY_DELAYS")]
+
+
+def max_payload_bytes() -> int:
+    return int(value("GATOR_MAX_PAYLOAD_BYTES"))
+
+
+def concurrency() -> int:
+    return int(value("GATOR_CONCURRENCY"))
+
+
+def poll_interval() -> float:
+    return float(value("GATOR_POLL_INTERVAL"))
+
+
+def heartbeat_interval() -> float:
+    return float(value("GATOR_HEARTBEAT_INTERVAL"))
+
+
+def heartbeat_timeout() -> float:
+    return float(value("GATOR_HEARTBEAT_TIMEOUT"))
+
+
+def worker_network_timeout() -> float:
+    """GATOR_WORKER_NETWORK_TIMEOUT in seconds (0: off); by default the heartbeat timeout."""
+    seconds = value("GATOR_WORKER_NETWORK_TIMEOUT")
+    return heartbeat_timeout() if seconds is None else float(seconds)
+
+
+def worker_conn_max_age() -> float | None:
+    """GATOR_WORKER_CONN_MAX_AGE: seconds, or None for connections kept without limit."""
+    seconds = value("GATOR_WORKER_CONN_MAX_AGE")
+    return None if seconds is None else float(seconds)
+
+
+def async_commit() -> bool:
+    return bool(value("GATOR_ASYNC_COMMIT"))
+
+
+def max_rescues() -> int:
+    return int(value("GATOR_MAX_RESCUES"))
+
+
+def unknown_job_window() -> float:
+    return float(value("GATOR_UNKNOWN_JOB_WINDOW"))
+
+
+def autodiscover_modules() -> list[str]:
+    """The module names imported from each installed app to register its jobs."""
+    extra = value("GATOR_AUTODISCOVER")
+    names = ["jobs"]
+    if uses_tasks_backend():
+        names.append("tasks")
+    return names + [name for name in extra if name not in names]
+
+
+def shutdown_timeout() -> float:
+    return float(value("GATOR_SHUTDOWN_TIMEOUT"))
+
+
+def redact_keys() -> frozenset[str]:
+    return frozenset(k.lower() for k in value("GATOR_REDACT"))
+
+
+def max_traceback_chars() -> int:
+    return int(value("GATOR_MAX_TRACEBACK_CHARS"))
+
+
+_middleware_lock = threading.Lock()
+_middleware_cache: tuple[tuple[str, ...], list[Callable[..., Any]]] = ((), [])
+
+
+def middleware() -> list[Callable[..., Any]]:
+    """``GATOR_MIDDLEWARE`` resolved: each path names a callable ``(job, call_next)``, or a
+    class that is instantiated once without arguments to make one."""
+    global _middleware_cache
+    key = tuple(value("GATOR_MIDDLEWARE"))
+    cached_key, cached = _middleware_cache
+    if cached_key == key:
+        return cached
+    with _middleware_lock:
+        resolved = [_load_middleware(path) for path in key]
+        _middleware_cache = (key, resolved)
+    return resolved
+
+
+def _load_middleware(path: str) -> Callable[..., Any]:
+    try:
+        target = import_string(path)
+    except ImportError as exc:
+        raise InvalidSetting(f"GATOR_MIDDLEWARE: cannot import {path!r}: {exc}") from exc
+    if isinstance(target, type):
+        target = target()
+    if not callable(target):
+        raise InvalidSetting(
+            f"GATOR_MIDDLEWARE: {path!r} is not callable as middleware(job, call_next)"
+        )
+    return target
+
+
+def immediate() -> bool:
+    return bool(value("GATOR_IMMEDIATE"))
+
+
+def schedules() -> Mapping[str, Any]:
+    """GATOR_SCHEDULES as declared (its entries are validated by the schedules module)."""
+    declared: Mapping[str, Any] = value("GATOR_SCHEDULES")
+    return declared
+
+
+def scheduler_enabled() -> bool:
+    return bool(value("GATOR_SCHEDULER"))
+
+
+def scheduler_interval() -> float:
+    return float(value("GATOR_SCHEDULER_INTERVAL"))
+
+
+def misfire_grace() -> float:
+    return float(value("GATOR_SCHEDULE_MISFIRE_GRACE"))
+
+
+def schedule_run_retention_days() -> float:
+    return float(value("GATOR_SCHEDULE_RUN_RETENTION_DAYS"))
+
+
+def scheduler_clock() -> Callable[[], Any] | None:
+    path = value("GATOR_SCHEDULER_CLOCK")
+    if path is None or callable(path):
+        return path
+    clock: Callable[[], Any] = import_string(path)
+    return clock
+
+
+TASKS_BACKEND = "django_gator.tasks.GatorBackend"
+
+
+def uses_tasks_backend() -> bool:
+    """Whether a backend of Django's TASKS setting is ours."""
+    backends = getattr(settings, "TASKS", None) or {}
+    return isinstance(backends, dict) and any(
+        isinstance(entry, dict) and entry.get("BACKEND") == TASKS_BACKEND
+        for entry in backends.values()
+    )
+
+
+def prune_succeeded_after() -> float:
+    return float(value("GATOR_PRUNE_SUCCEEDED_AFTER"))
+
+
+def prune_cancelled_after() -> float:
+    return float(value("GATOR_PRUNE_CANCELLED_AFTER"))
+
+
+def prune_dead_after() -> float:
+    return float(value("GATOR_PRUNE_DEAD_AFTER"))

@@ -1,0 +1,204 @@
+"""The kinds of value a ``GATOR_*`` setting may take, and :class:`Setting`, one declared
+setting. Each kind says why a value is not allowed (the words of the system check and of
+the accessors' errors) and, for the README, what it allows."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from django.utils.module_loading import import_string
+
+
+class Rule(Protocol):
+    def problem(self, value: Any, *, deep: bool = False) -> str | None:
+        """Why ``value`` is not allowed (``"must be at least 1, got 0"``), or None.
+        ``deep``: also import what the value names (the system check does; the accessors,
+        called on hot paths, do not)."""
+
+    def allowed(self) -> str:
+        """The allowed values in a few words, for the README."""
+
+
+def _number_text(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+@dataclass(frozen=True)
+class Number:
+    """A number from ``low`` to ``high`` (None: no upper bound); ``whole``: an int only;
+    ``none``: None is allowed too, and means this."""
+
+    low: float
+    high: float | None = None
+    whole: bool = False
+    none: str | None = None
+
+    def bounds(self) -> str:
+        low = _number_text(self.low)
+        if self.high is None:
+            return f"at least {low}"
+        return f"from {low} to {_number_text(self.high)}"
+
+    def problem(self, value: Any, *, deep: bool = False, given: str | None = None) -> str | None:
+        shown = repr(value) if given is None else given
+        if value is None and self.none is not None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            what = "a whole number" if self.whole else "a number"
+            return f"must be {'None or ' if self.none else ''}{what}, got {shown}"
+        if self.whole and not isinstance(value, int):
+            return f"must be a whole number, got {shown}"
+        high = self.high
+        if not (math.isfinite(value) and self.low <= value and (high is None or value <= high)):
+            return f"must be {self.bounds()}, got {shown}"
+        return None
+
+    def allowed(self) -> str:
+        what = "whole number" if self.whole else "number"
+        text = f"{what}, {self.bounds()}"
+        return f"`None` ({self.none}) or {text}" if self.none else text
+
+
+@dataclass(frozen=True)
+class Flag:
+    def problem(self, value: Any, *, deep: bool = False) -> str | None:
+        return None if isinstance(value, bool) else f"must be True or False, got {value!r}"
+
+    def allowed(self) -> str:
+        return "`True` or `False`"
+
+
+@dataclass(frozen=True)
+class Text:
+    """A non-empty string: ``what`` it names."""
+
+    what: str
+
+    def problem(self, value: Any, *, deep: bool = False) -> str | None:
+        if isinstance(value, str) and value:
+            return None
+        return f"must be {self.what} (a non-empty string), got {value!r}"
+
+    def allowed(self) -> str:
+        return self.what
+
+
+@dataclass(frozen=True)
+class Names:
+    """A list of non-empty strings, each ``what`` (``"key name"``). ``sets``: a set is
+    accepted too (order does not matter). ``importable``: each names a callable that the
+    deep check imports."""
+
+    what: str
+    sets: bool = False
+    importable: bool = False
+
+    def problem(self, value: Any, *, deep: bool = False) -> str | None:
+        if not isinstance(value, list | tuple | set | frozenset) or (
+            not self.sets and isinstance(value, set | frozenset)
+        ):
+            return f"must be a list of {self.what}s, got {value!r}"
+        for item in value:
+            if not isinstance(item, str) or not item.strip():
+                return f"must be a list of {self.what}s; {item!r} is not one"
+        if deep and self.importable:
+            for item in value:
+                problem = _import_problem(item)
+                if problem is not None:
+                    return problem
+        return None
+
+    def allowed(self) -> str:
+        return f"list of {self.what}s"
+
+
+@dataclass(frozen=True)
+class Delays:
+    """A list of seconds, each from ``low`` to ``high``."""
+
+    low: float
+    high: float
+
+    def problem(self, value: Any, *, deep: bool = False) -> str | None:
+        if isinstance(value, list | tuple) and all(
+            not isinstance(v, bool)
+            and isinstance(v, int | float)
+            and math.isfinite(v)
+            and self.low <= v <= self.high
+            for v in value
+        ):
+            return None
+        return f"must be a list of seconds {self.bounds()}, got {value!r}"
+
+    def bounds(self) -> str:
+        return f"from {_number_text(self.low)} to {_number_text(self.high)}"
+
+    def allowed(self) -> str:
+        return f"list of seconds, each {self.bounds()}"
+
+
+@dataclass(frozen=True)
+class Table:
+    """A dict whose entries another check validates (``checked_by``)."""
+
+    what: str
+
+    def problem(self, value: Any, *, deep: bool = False) -> str | None:
+        return None if isinstance(value, Mapping) else f"must be a dict, got {value!r}"
+
+    def allowed(self) -> str:
+        return self.what
+
+
+@dataclass(frozen=True)
+class CallablePath:
+    """None, a callable, or the dotted path of one (imported by the deep check)."""
+
+    def problem(self, value: Any, *, deep: bool = False) -> str | None:
+        if value is None or callable(value):
+            return None
+        if not isinstance(value, str) or not value:
+            return f"must be None, a callable or its dotted path, got {value!r}"
+        return _import_problem(value) if deep else None
+
+    def allowed(self) -> str:
+        return "`None` or the dotted path of a callable"
+
+
+def _import_problem(path: str) -> str | None:
+    try:
+        target = import_string(path)
+    except ImportError as exc:
+        return f"names {path!r}, which cannot be imported: {exc}"
+    if not callable(target):
+        return f"names {path!r}, which is not callable"
+    return None
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One ``GATOR_*`` setting. ``shown``: the default as the README writes it, when it is
+    too long for the table; ``checked_by``: the system check that validates the value when
+    it is not E003 (which still refuses a value of the wrong shape in the accessor)."""
+
+    name: str
+    default: Any
+    rule: Rule
+    meaning: str
+    shown: str | None = None
+    checked_by: str | None = None
+
+    def problem(self, value: Any, *, deep: bool = False) -> str | None:
+        """``"GATOR_X must be ..., got ..."``, or None when ``value`` is allowed."""
+        problem = self.rule.problem(value, deep=deep)
+        return None if problem is None else f"{self.name} {problem}"
+
+    def shown_default(self) -> str:
+        if self.shown is not None:
+            return self.shown
+        if isinstance(self.default, str):
+            return f'"{self.default}"'
+        return repr(self.default)

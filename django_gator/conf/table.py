@@ -1,0 +1,214 @@
+"""The declared table of the ``GATOR_*`` settings: name, default, allowed values, meaning.
+
+The README's settings table is this table (tests/test_conf.py compares them); a new setting
+is added here, with bad values in tests/test_conf.py's BAD and a row in the README."""
+
+from __future__ import annotations
+
+from django_gator.conf.rules import (
+    CallablePath,
+    Delays,
+    Flag,
+    Names,
+    Number,
+    Setting,
+    Table,
+    Text,
+)
+
+DAY = 24 * 3600
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "GATOR_DATABASE",
+        "default",
+        Text("a key of `DATABASES`"),
+        "database alias of the jobs table",
+        checked_by="django_gator.E002",
+    ),
+    Setting(
+        "GATOR_DISPATCH_ON_COMMIT",
+        False,
+        Flag(),
+        "defer every dispatch's INSERT to `transaction.on_commit`",
+    ),
+    Setting(
+        "GATOR_DISPATCH_ON_COMMIT_RETRY_DELAYS",
+        [0.5, 1.0, 2.0],
+        Delays(0, 300),
+        "seconds before each new try of a deferred INSERT that failed (`[]`: one try); "
+        "then the jobs are logged and `dispatch_failed` is sent",
+    ),
+    Setting(
+        "GATOR_MAX_PAYLOAD_BYTES",
+        1_048_576,
+        Number(2, whole=True),
+        "largest JSON payload (args + kwargs) accepted by dispatch, in bytes",
+    ),
+    Setting(
+        "GATOR_CONCURRENCY",
+        4,
+        Number(1, whole=True),
+        "executor threads per worker process",
+    ),
+    Setting(
+        "GATOR_POLL_INTERVAL",
+        1.0,
+        # 0 would make an idle worker poll without pause (a busy loop).
+        Number(0.001),
+        "longest pause, in seconds, between looks for due jobs while idle",
+    ),
+    Setting(
+        "GATOR_HEARTBEAT_INTERVAL",
+        5.0,
+        Number(0.01),
+        "seconds between a worker's heartbeats",
+    ),
+    Setting(
+        "GATOR_HEARTBEAT_TIMEOUT",
+        30.0,
+        Number(0.05),
+        "heartbeat age, in seconds, after which a worker counts as lost (longer than "
+        "`GATOR_HEARTBEAT_INTERVAL`)",
+    ),
+    Setting(
+        "GATOR_MAX_RESCUES",
+        3,
+        Number(1, whole=True),
+        "crashes of its worker while a job ran alone after which it is `dead` (poison pill)",
+    ),
+    Setting(
+        "GATOR_SHUTDOWN_TIMEOUT",
+        30.0,
+        Number(0),
+        "seconds running jobs get after the first stop signal",
+    ),
+    Setting(
+        "GATOR_UNKNOWN_JOB_WINDOW",
+        900.0,
+        Number(0),
+        "seconds a job whose name a worker does not know waits for one that does (a "
+        "rolling deploy), before it goes `dead`",
+    ),
+    Setting(
+        "GATOR_AUTODISCOVER",
+        [],
+        Names("module name"),
+        "modules imported from every installed app besides `jobs` (and `tasks` with the "
+        "Tasks backend) to register its jobs",
+    ),
+    Setting(
+        "GATOR_ASYNC_COMMIT",
+        True,
+        Flag(),
+        "PostgreSQL: worker bookkeeping writes use `synchronous_commit = off`",
+    ),
+    Setting(
+        "GATOR_WORKER_CONN_MAX_AGE",
+        300,
+        Number(0, none="unlimited"),
+        "seconds a worker keeps a database connection when `CONN_MAX_AGE` is 0",
+    ),
+    Setting(
+        "GATOR_WORKER_NETWORK_TIMEOUT",
+        None,
+        Number(0, 999_999, none="`GATOR_HEARTBEAT_TIMEOUT`"),
+        "seconds of silence after which both ends give up a worker's database connection "
+        "(`0`: the drivers' and servers' defaults); see \"Network partitions\"",
+    ),
+    Setting(
+        "GATOR_MAX_TRACEBACK_CHARS",
+        20_000,
+        Number(100, whole=True),
+        "traceback characters kept per attempt",
+    ),
+    Setting(
+        "GATOR_REDACT",
+        [
+            "password",
+            "passwd",
+            "secret",
+            "token",
+            "api_key",
+            "apikey",
+            "access_key",
+            "private_key",
+            "authorization",
+            "credit_card",
+            "card_number",
+            "cvv",
+        ],
+        Names("key name", sets=True),
+        "argument keys (any case) whose values the admin and the logs never show",
+        shown='`["password", "passwd", "secret", "token", ...]`',
+    ),
+    Setting(
+        "GATOR_MIDDLEWARE",
+        [],
+        Names("dotted path", importable=True),
+        "middleware wrapped around every job's `handle()`, outermost first",
+    ),
+    Setting(
+        "GATOR_IMMEDIATE",
+        False,
+        Flag(),
+        "run each job in the dispatching thread as soon as its row is committed (tests)",
+    ),
+    Setting(
+        "GATOR_SCHEDULES",
+        {},
+        Table('dict `{name: {"job": ..., "cron": ..., ...}}`'),
+        'cron schedules declared in settings (see "Cron schedules")',
+        checked_by="django_gator.E005",
+    ),
+    Setting(
+        "GATOR_SCHEDULER",
+        True,
+        Flag(),
+        "whether `gator_worker` runs the scheduler loop (safe on every worker)",
+    ),
+    Setting(
+        "GATOR_SCHEDULER_INTERVAL",
+        1.0,
+        Number(0.001),
+        "longest pause, in seconds, between two looks at the schedules",
+    ),
+    Setting(
+        "GATOR_SCHEDULE_MISFIRE_GRACE",
+        60.0,
+        Number(0),
+        "seconds after which an occurrence not yet dispatched counts as missed",
+    ),
+    Setting(
+        "GATOR_SCHEDULE_RUN_RETENTION_DAYS",
+        7,
+        # The rows stop a second worker from dispatching the same occurrence: they must
+        # outlive every worker's look at it.
+        Number(1),
+        "days `ScheduledRun` rows are kept",
+    ),
+    Setting(
+        "GATOR_SCHEDULER_CLOCK",
+        None,
+        CallablePath(),
+        "clock of the scheduler (tests); `None`: the database's time",
+    ),
+    Setting(
+        "GATOR_PRUNE_SUCCEEDED_AFTER",
+        7 * DAY,
+        Number(0),
+        "seconds after `finished_at` that `gator_prune` keeps succeeded jobs (7 days)",
+    ),
+    Setting(
+        "GATOR_PRUNE_CANCELLED_AFTER",
+        7 * DAY,
+        Number(0),
+        "seconds after `finished_at` that `gator_prune` keeps cancelled jobs (7 days)",
+    ),
+    Setting(
+        "GATOR_PRUNE_DEAD_AFTER",
+        30 * DAY,
+        Number(0),
+        "seconds after `finished_at` that `gator_prune --dead` keeps dead jobs (30 days)",
+    ),
+)
