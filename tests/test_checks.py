@@ -508,3 +508,14 @@ def test_gator_worker_refuses_to_start_on_a_bad_setting_before_any_job_runs(tmp_
         in output
     )
     assert Job.objects.get(pk=job.pk).state == JobState.WAITING
+
+
+def test_a_worker_started_without_the_system_checks_still_refuses_a_bad_setting():
+    # call_command() and --skip-checks skip Django's checks; the worker checks anyway.
+    from django.core.management import CommandError, call_command
+
+    with (
+        override_settings(GATOR_REDACT=["password", {"token": 1}]),
+        pytest.raises(CommandError, match=r"GATOR_REDACT.*\{'token': 1\}"),
+    ):
+        call_command("gator_worker", "--burst")

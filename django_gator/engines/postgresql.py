@@ -177,7 +177,7 @@ class PostgresEngine(Engine):
         connection = self.connection
         connection.ensure_connection()
         raw = connection.connection
-        if getattr(raw, "_gator_bookkeeping", False) or not conf.get("GATOR_ASYNC_COMMIT"):
+        if getattr(raw, "_gator_bookkeeping", False) or not conf.async_commit():
             return
         with connection.cursor() as cursor:
             cursor.execute("SET synchronous_commit TO off", [])

@@ -113,7 +113,7 @@ def prepare() -> Callable[[], None]:
     database's ``OPTIONS`` are kept."""
     global _users, _bounds
     seconds = conf.worker_network_timeout()  # raises on a bad value, before any change
-    max_age = conf.get("GATOR_WORKER_CONN_MAX_AGE")
+    max_age = conf.worker_conn_max_age()
     with _lock:
         _users += 1
         if _users > 1:

@@ -117,6 +117,11 @@ class Command(BaseCommand):
             if spec.name in seen:
                 raise CommandError(f"queue {spec.name!r} is listed twice", returncode=2)
             seen.add(spec.name)
+        # The system checks ran already unless skipped (--skip-checks, call_command): the
+        # settings are checked here too, so a bad one never waits for its first use.
+        bad = conf.problems(deep=False)
+        if bad:
+            raise CommandError("; ".join(f"{p.message} ({p.hint})" for p in bad), returncode=2)
         _configure_logging(verbosity)
         try:
             worker = WorkerProcess(
