@@ -8,10 +8,12 @@ and the domain verbs used by the admin and the management commands.
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
-from django.db import IntegrityError, models, transaction
+from django.db import IntegrityError, connections, models, transaction
 from django.utils import timezone
 from django.utils.timezone import now as _now
 
@@ -22,6 +24,7 @@ from django_gator.validation import (
     PRIORITY_MIN,
     QUEUE_MAX_LENGTH,
     UNIQUE_KEY_MAX_LENGTH,
+    short_repr,
 )
 
 
@@ -52,6 +55,30 @@ READY_STATES = (JobState.WAITING, JobState.FAILED)
 FINAL_STATES = (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED)
 
 
+#: An exception class as the worker records it: ``ValueError``, ``myapp.jobs.Boom``.
+ERROR_CLASS_RE = re.compile(r"[^\s:]+")
+
+
+def exception_class_name(value: object) -> str:
+    """``value`` if it can name an exception class as the worker records it (no spaces, no
+    colon); else ValueError naming it."""
+    if not isinstance(value, str) or not ERROR_CLASS_RE.fullmatch(value):
+        raise ValueError(
+            f"{short_repr(value)} is not an exception class name (such as ValueError or "
+            "myapp.jobs.PaymentDeclined)"
+        )
+    return value
+
+
+class Pruned(NamedTuple):
+    """What :meth:`JobQuerySet.prune` did."""
+
+    deleted: int
+    batches: int
+    #: It stopped at ``max_batches`` after a full batch: more rows may be left.
+    stopped: bool
+
+
 def record(alias: str | None, ids: list[int], action: str, by: str, **details: Any) -> None:
     """Append an operator action to the audit trail of the jobs ``ids``."""
     from django_gator import conf
@@ -75,6 +102,70 @@ class JobQuerySet(models.QuerySet["Job"]):
 
     def dead(self) -> JobQuerySet:
         return self.filter(state=JobState.DEAD)
+
+    def finished(self, *, before: datetime | None = None) -> JobQuerySet:
+        """Succeeded, dead and cancelled jobs; with ``before``, those whose ``finished_at``
+        is older (a job with no ``finished_at`` is never older)."""
+        jobs = self.filter(state__in=FINAL_STATES)
+        return jobs if before is None else jobs.filter(finished_at__lt=before)
+
+    def raised(self, *classes: str) -> JobQuerySet:
+        """Jobs whose last failed attempt raised one of ``classes``, each the exception class
+        as recorded (``myapp.jobs.PaymentDeclined``) or its last dotted parts
+        (``PaymentDeclined``, ``jobs.PaymentDeclined``); case matters. The ``error_class``
+        column says it; a row that failed before that column existed (migration 0005 added
+        it, NULL in older rows) says it with the class at the start of its ``last_error``
+        (``myapp.jobs.PaymentDeclined: card expired``). No classes: no jobs. ValueError
+        names a class that cannot be one (empty, with a space or a colon)."""
+        if not classes:
+            return self.none()
+        names = "|".join(re.escape(exception_class_name(c)) for c in classes)
+        return self.filter(
+            models.Q(error_class__regex=rf"^(.*\.)?({names})$")
+            | models.Q(
+                error_class__isnull=True, last_error__regex=rf"^\s*([^:]*\.)?({names})\s*(:|$)"
+            )
+        )
+
+    def prune(
+        self,
+        *,
+        batch_size: int = 10_000,
+        max_batches: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> Pruned:
+        """Delete the finished jobs of this queryset (never a waiting, running or failed
+        one), the oldest ``finished_at`` first, ``batch_size`` rows per short transaction so
+        workers are never held up; a row that changed between the read of a batch and its
+        delete (a retried job) stays. ``progress`` is called with each batch's count. Stops
+        when a batch comes back short (nothing left) or after ``max_batches`` batches."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size!r}")
+        old = self.finished()
+        alias = old.db
+        # SQLite limits the parameters of one statement; a few more go to the state filters.
+        limit = connections[alias].features.max_query_params
+        step = max(1, limit - 10) if limit else batch_size
+        deleted = batches = 0
+        while True:
+            if max_batches is not None and batches >= max_batches:
+                return Pruned(deleted, batches, stopped=True)
+            # The (state, finished_at) index in its own order: each batch reads only its
+            # rows, however many are left.
+            ids = list(old.order_by("finished_at", "id").values_list("id", flat=True)[:batch_size])
+            if not ids:
+                return Pruned(deleted, batches, stopped=False)
+            count = 0
+            with transaction.atomic(using=alias):
+                for start in range(0, len(ids), step):
+                    _, per_model = old.filter(pk__in=ids[start : start + step]).delete()
+                    count += per_model.get(Job._meta.label, 0)
+            deleted += count
+            batches += 1
+            if progress is not None:
+                progress(count)
+            if len(ids) < batch_size:
+                return Pruned(deleted, batches, stopped=False)
 
     def stale(self, *, before: datetime) -> JobQuerySet:
         """Running jobs whose claim is older than ``before``."""

@@ -51,11 +51,12 @@ def later(**delta: float) -> Any:
 
 
 def dead_job(error_class: str = "RuntimeError", **fields: Any) -> Job:
-    """A dead job whose last attempt raised ``error_class``."""
+    """A dead job whose last attempt raised ``error_class``, recorded as the worker does."""
     job = JobFactory(dead=True, attempts=2, **fields)
     job.errors[-1]["class"] = error_class
     job.last_error = f"{error_class}: attempt 2 failed"
-    job.save(update_fields=["errors", "last_error"])
+    job.error_class = error_class
+    job.save(update_fields=["errors", "last_error", "error_class"])
     return job
 
 
@@ -460,13 +461,17 @@ def test_retry_by_error_class_matches_the_last_attempt():
     assert similar.refresh_state() == JobState.DEAD
 
 
-def test_retry_by_error_reads_the_history_when_there_is_no_summary():
-    job = dead_job("myapp.Boom")
-    Job.objects.filter(pk=job.pk).update(last_error="")
+def test_retry_by_error_matches_jobs_that_died_before_the_error_class_column():
+    # Rows that failed before migration 0005 have no error_class; their last_error starts
+    # with the class, as every failure has written it since the first version.
+    old = dead_job("myapp.jobs.Boom")
+    other = dead_job("myapp.jobs.Boomer")
+    Job.objects.filter(pk__in=[old.pk, other.pk]).update(error_class=None)
 
-    run("gator_retry", "--error", "myapp.Boom")
+    run("gator_retry", "--error", "Boom")
 
-    assert job.refresh_state() == JobState.WAITING
+    assert old.refresh_state() == JobState.WAITING
+    assert other.refresh_state() == JobState.DEAD
 
 
 def test_retry_by_id_reports_ids_that_are_not_dead():

@@ -225,18 +225,18 @@ def test_gator_worker_runs_tasks_found_by_autodiscovery(spawn_worker):
 
 
 def test_the_per_task_read_is_skipped_when_only_the_frameworks_logging_listens():
-    from django_gator.tasks import FULL, LOGGING, _listeners
+    from django_gator.tasks.listeners import FULL, LOGGING, listeners
 
     # Out of the box only the framework's own receivers (which log id, path and status).
-    assert _listeners(task_started, GatorBackend) == LOGGING
-    assert _listeners(task_finished, GatorBackend) == LOGGING
+    assert listeners(task_started, GatorBackend) == LOGGING
+    assert listeners(task_finished, GatorBackend) == LOGGING
 
     def listener(sender: Any, **kwargs: Any) -> None:
         return None
 
     task_started.connect(listener)
     try:
-        assert _listeners(task_started, GatorBackend) == FULL
+        assert listeners(task_started, GatorBackend) == FULL
     finally:
         task_started.disconnect(listener)
 
@@ -267,3 +267,11 @@ def test_the_backend_checks_its_options_and_queues():
     assert any("OPTIONS['retry'] must be a django_gator.Retry, got 3" in m for m in messages)
     assert any("OPTIONS['timeout']" in m and "-1" in m for m in messages)
     assert any("invalid queue name 'not ok'" in m for m in messages)
+
+
+def test_every_job_state_has_a_task_status():
+    from django_gator.tasks.results import STATUS
+
+    assert set(STATUS) == set(JobState.values)
+    assert {STATUS[s] for s in (JobState.DEAD, JobState.CANCELLED)} == {TaskResultStatus.FAILED}
+    assert STATUS[JobState.FAILED] == TaskResultStatus.READY  # it will run again

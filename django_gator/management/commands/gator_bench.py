@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 from typing import Any
@@ -12,13 +11,9 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import connections
 
 from django_gator import conf, wording
+from django_gator.management.arguments import WholeNumber
 
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+POSITIVE = WholeNumber(minimum=1)
 
 
 class Command(BaseCommand):
@@ -28,14 +23,14 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--dispatch", type=positive_int, default=2000, help="single dispatches")
+        parser.add_argument("--dispatch", type=POSITIVE, default=2000, help="single dispatches")
         parser.add_argument(
-            "--dispatch-many", type=positive_int, default=100_000, help="jobs via dispatch_many"
+            "--dispatch-many", type=POSITIVE, default=100_000, help="jobs via dispatch_many"
         )
-        parser.add_argument("--batch", type=positive_int, default=10_000, help="dispatch_many size")
-        parser.add_argument("--drain", type=positive_int, default=20_000, help="jobs to drain")
-        parser.add_argument("--concurrency", type=positive_int, default=8)
-        parser.add_argument("--latency", type=positive_int, default=200, help="latency samples")
+        parser.add_argument("--batch", type=POSITIVE, default=10_000, help="dispatch_many size")
+        parser.add_argument("--drain", type=POSITIVE, default=20_000, help="jobs to drain")
+        parser.add_argument("--concurrency", type=POSITIVE, default=8)
+        parser.add_argument("--latency", type=POSITIVE, default=200, help="latency samples")
         parser.add_argument(
             "--only",
             choices=["dispatch", "dispatch_many", "drain", "latency", "tasks"],

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connections, transaction
 
 from django_gator import conf, wording
 from django_gator.engines import get_engine
+from django_gator.management.arguments import Choice, Seconds, WholeNumber
 from django_gator.models import Job, JobState
 
 #: The states gator_prune may delete, in the order it deletes them, with the setting that
@@ -25,38 +24,7 @@ DEFAULT_STATES = (JobState.SUCCEEDED.value, JobState.CANCELLED.value)
 DEFAULT_BATCH_SIZE = 10_000
 
 
-def whole_number(value: object, option: str) -> int:
-    """``value`` (a command-line str, or an int from call_command) as an int of at least 1."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        number = value
-    else:
-        try:
-            number = int(str(value).strip())
-        except ValueError:
-            raise CommandError(f"{option}: {value!r} is not a whole number", returncode=2) from None
-    if number < 1:
-        raise CommandError(f"{option} must be at least 1, got {number}", returncode=2)
-    return number
-
-
-def seconds(value: object, option: str) -> float:
-    """``value`` (a command-line str, or a number from call_command) as a finite number of
-    seconds, zero or more."""
-    try:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            number = float(value)
-        else:
-            number = float(str(value).strip())
-    except (ValueError, OverflowError):
-        raise CommandError(
-            f"{option}: {value!r} is not a finite number of seconds", returncode=2
-        ) from None
-    if not 0 <= number < math.inf:
-        raise CommandError(
-            f"{option} must be a finite number of seconds, zero or more, got {value!r}",
-            returncode=2,
-        )
-    return number
+STATE = Choice(RETENTION, why="waiting, running and failed jobs are never pruned")
 
 
 def cutoff(now: datetime, retention: float) -> datetime | None:
@@ -127,10 +95,10 @@ class Command(BaseCommand):
         verbosity: int,
         **options: Any,
     ) -> None:
-        chosen = self._states(states, dead)
-        override = None if older_than is None else seconds(older_than, "--older-than")
-        batch = whole_number(batch_size, "--batch-size")
-        limit = None if max_batches is None else whole_number(max_batches, "--max-batches")
+        chosen = self._states(STATE.convert_all(states, "--state"), dead)
+        override = None if older_than is None else Seconds().convert(older_than, "--older-than")
+        batch = WholeNumber().convert(batch_size, "--batch-size")
+        limit = None if max_batches is None else WholeNumber().convert(max_batches, "--max-batches")
         self.verbosity = verbosity
 
         alias = conf.database()
@@ -157,15 +125,7 @@ class Command(BaseCommand):
         self._prune(alias, cutoffs, batch, limit)
 
     def _states(self, states: Sequence[str], dead: bool) -> list[str]:
-        wanted = set()
-        for state in states:
-            if state not in RETENTION:
-                raise CommandError(
-                    f"--state {state!r} is not one of {', '.join(RETENTION)} (waiting, running "
-                    "and failed jobs are never pruned)",
-                    returncode=2,
-                )
-            wanted.add(state)
+        wanted = set(states)
         if not wanted:
             wanted.update(DEFAULT_STATES)
         if dead:
@@ -192,27 +152,24 @@ class Command(BaseCommand):
         batches = 0
         by_state = dict.fromkeys(cutoffs, 0)
         stopped = False
+
+        def progress(deleted: int) -> None:
+            nonlocal total
+            total += deleted
+            self._say(f"deleted {deleted} (total {total})")
+
         for state, before in cutoffs.items():
             if before is None:
                 continue
-            old = _old(alias, state, before)
-            while True:
-                if limit is not None and batches >= limit:
-                    stopped = True
-                    break
-                # The (state, finished_at) index in its own order: each batch reads only its
-                # rows, however many are left.
-                ids = list(old.order_by("finished_at", "id").values_list("id", flat=True)[:batch])
-                if not ids:
-                    break
-                deleted = _delete(alias, old, ids)
-                batches += 1
-                total += deleted
-                by_state[state] += deleted
-                self._say(f"deleted {deleted} (total {total})")
-                if len(ids) < batch:
-                    break
-            if stopped:
+            pruned = _old(alias, state, before).prune(
+                batch_size=batch,
+                max_batches=None if limit is None else limit - batches,
+                progress=progress,
+            )
+            batches += pruned.batches
+            by_state[state] += pruned.deleted
+            if pruned.stopped:
+                stopped = True
                 break
         detail = ", ".join(f"{count} {state}" for state, count in by_state.items())
         self._say(f"deleted {wording.count(total, 'job')} ({detail})")
@@ -224,18 +181,4 @@ class Command(BaseCommand):
 
 def _old(alias: str, state: str, before: datetime) -> Any:
     """Jobs in ``state`` that finished before ``before``."""
-    return Job.objects.using(alias).filter(state=state, finished_at__lt=before)
-
-
-def _delete(alias: str, old: Any, ids: list[int]) -> int:
-    """Delete the rows of ``ids`` still in ``old`` (a row retried meanwhile stays), in one
-    transaction; returns how many jobs went."""
-    # SQLite limits the parameters of one statement; two more go to state and finished_at.
-    limit = connections[alias].features.max_query_params
-    step = max(1, limit - 10) if limit else len(ids)
-    deleted = 0
-    with transaction.atomic(using=alias):
-        for start in range(0, len(ids), step):
-            _, per_model = old.filter(pk__in=ids[start : start + step]).delete()
-            deleted += per_model.get(Job._meta.label, 0)
-    return deleted
+    return Job.objects.using(alias).filter(state=state).finished(before=before)

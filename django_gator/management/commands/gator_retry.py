@@ -3,40 +3,25 @@
 from __future__ import annotations
 
 import getpass
-import re
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db.models import Q, QuerySet
 
 from django_gator import conf, wording
-from django_gator.management.commands.gator_prune import whole_number
+from django_gator.management.arguments import (
+    EXCEPTION_CLASS,
+    JOB_NAME,
+    QUEUE_NAME,
+    WholeNumber,
+)
 from django_gator.models import Job, JobState
-from django_gator.validation import short_repr, validate_name, validate_queue
 
-#: Jobs retried per transaction (well under SQLite's 999 parameters per statement).
+#: Jobs retried per call of JobQuerySet.retry() (well under SQLite's 999 parameters per
+#: statement).
 BATCH = 500
-#: An exception class as the worker records it: ``ValueError``, ``myapp.jobs.Boom``.
-ERROR_CLASS_RE = re.compile(r"[^\s:]+")
 SELECTORS = "--name, --error, --id or --all"
-
-
-def error_class(last_error: str, errors: Any = None) -> str:
-    """The exception class of a job's last attempt: the ``class`` of the last entry of its
-    error history, else what precedes the first ``:`` of ``last_error``."""
-    if isinstance(errors, list) and errors and isinstance(errors[-1], dict):
-        recorded = errors[-1].get("class")
-        if isinstance(recorded, str) and recorded:
-            return recorded
-    return last_error.split(":", 1)[0].strip()
-
-
-def class_matches(recorded: str, wanted: str) -> bool:
-    """``wanted`` is the recorded class, or its last dotted parts (``Boom`` and
-    ``jobs.Boom`` both match ``myapp.jobs.Boom``)."""
-    return bool(recorded) and (recorded == wanted or recorded.endswith("." + wanted))
 
 
 class Command(BaseCommand):
@@ -107,24 +92,11 @@ class Command(BaseCommand):
         verbosity: int,
         **options: Any,
     ) -> None:
-        for name in names:
-            try:
-                validate_name(name)
-            except ValueError as exc:
-                raise CommandError(f"--name: {exc}", returncode=2) from None
-        for wanted in errors:
-            if not isinstance(wanted, str) or not ERROR_CLASS_RE.fullmatch(wanted):
-                raise CommandError(
-                    f"--error {short_repr(wanted)} is not an exception class name "
-                    "(such as ValueError or myapp.jobs.PaymentDeclined)",
-                    returncode=2,
-                )
-        job_ids = [whole_number(value, "--id") for value in ids]
+        names = JOB_NAME.convert_all(names, "--name")
+        errors = EXCEPTION_CLASS.convert_all(errors, "--error")
+        job_ids = WholeNumber().convert_all(ids, "--id")
         if queue is not None:
-            try:
-                validate_queue(queue)
-            except ValueError as exc:
-                raise CommandError(f"--queue: {exc}", returncode=2) from None
+            queue = QUEUE_NAME.convert(queue, "--queue")
         if every and (names or errors or job_ids):
             raise CommandError(
                 "--all retries every dead job; do not combine it with --name, --error or --id",
@@ -142,7 +114,9 @@ class Command(BaseCommand):
             selected = selected.filter(name__in=sorted(set(names)))
         if job_ids:
             selected = selected.filter(pk__in=sorted(set(job_ids)))
-        chosen = _matching(selected, errors) if errors else _ids(selected)
+        if errors:
+            selected = selected.raised(*errors)
+        chosen = list(selected.values_list("id", flat=True).iterator())
         what = " or ".join(states)
 
         if job_ids and verbosity >= 1:
@@ -174,36 +148,6 @@ class Command(BaseCommand):
                 f"retried {wording.count(retried, 'job')}{onto}, "
                 f"skipped {skipped}{why if skipped else ''}"
             )
-
-
-def _ids(selected: QuerySet[Job]) -> list[int]:
-    return list(selected.values_list("id", flat=True).iterator())
-
-
-def _matching(selected: QuerySet[Job], wanted: Sequence[str]) -> list[int]:
-    """Ids of the selected jobs whose last attempt raised one of the ``wanted`` classes.
-
-    ``last_error`` starts with the class (``myapp.Boom: message``) and is short, so it is
-    what is read; the error history (tracebacks, possibly large) only for the rare rows
-    without a ``last_error``.
-    """
-    rough = Q()
-    for cls in wanted:
-        # A superset of the matches; the exact test is in Python (SQLite's LIKE ignores case).
-        rough |= Q(last_error__startswith=cls) | Q(last_error__contains=f".{cls}")
-    found: set[int] = set()
-    for pk, last_error in selected.filter(rough).values_list("id", "last_error").iterator():
-        if _any_match(error_class(last_error), wanted):
-            found.add(pk)
-    no_summary = selected.filter(last_error="", errors__isnull=False)
-    for pk, history in no_summary.values_list("id", "errors").iterator():
-        if _any_match(error_class("", history), wanted):
-            found.add(pk)
-    return sorted(found)
-
-
-def _any_match(recorded: str, wanted: Iterable[str]) -> bool:
-    return any(class_matches(recorded, cls) for cls in wanted)
 
 
 def _retry(alias: str, ids: list[int], states: list[str], queue: str | None) -> int:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
 import threading
-from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -15,38 +13,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_gator import conf
 from django_gator.exceptions import SchemaMissing
 from django_gator.logutil import safe
-from django_gator.validation import validate_queue
-from django_gator.worker.queues import QueueSpec, parse_queue_spec
+from django_gator.management.arguments import QUEUE_SPEC, SettingValue
+from django_gator.worker.queues import QueueSpec
 from django_gator.worker.supervisor import WorkerProcess
-
-
-def queue_spec(text: str) -> QueueSpec:
-    name = text.partition(",")[0].strip()
-    try:
-        if name:
-            # Dispatch's own check first: its message lists the characters a name may use.
-            validate_queue(name)
-        return parse_queue_spec(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def setting_option(setting: str, kind: type[int] | type[float]) -> Callable[[str], float]:
-    """An argparse ``type=`` for an option that stands in for the numeric setting
-    ``setting``: the value must be in the range the system check (E003) allows for it."""
-
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            what = "a whole number" if kind is int else "a number"
-            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
-        problem = conf.range_error(setting, value, given=text)
-        if problem is not None:
-            raise argparse.ArgumentTypeError(f"{problem} (the range of {setting})")
-        return value
-
-    return parse
 
 
 class Command(BaseCommand):
@@ -58,7 +27,7 @@ class Command(BaseCommand):
             "--queue",
             dest="queues",
             action="append",
-            type=queue_spec,
+            type=QUEUE_SPEC,
             default=[],
             metavar="NAME[,WEIGHT]",
             help=(
@@ -70,7 +39,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "-c",
             "--concurrency",
-            type=setting_option("GATOR_CONCURRENCY", int),
+            type=SettingValue("GATOR_CONCURRENCY", int),
             default=None,
             help="Executor threads (default GATOR_CONCURRENCY, "
             f"{conf.DEFAULTS['GATOR_CONCURRENCY']}).",
@@ -82,14 +51,14 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--shutdown-timeout",
-            type=setting_option("GATOR_SHUTDOWN_TIMEOUT", float),
+            type=SettingValue("GATOR_SHUTDOWN_TIMEOUT", float),
             default=None,
             help="Seconds running jobs get to finish after SIGINT/SIGTERM (default "
             "GATOR_SHUTDOWN_TIMEOUT).",
         )
         parser.add_argument(
             "--poll-interval",
-            type=setting_option("GATOR_POLL_INTERVAL", float),
+            type=SettingValue("GATOR_POLL_INTERVAL", float),
             default=None,
             help="Longest pause, in seconds, between looks for due jobs while idle (default "
             f"GATOR_POLL_INTERVAL; {conf.allowed_range('GATOR_POLL_INTERVAL')}).",
