@@ -363,7 +363,7 @@ def test_the_dashboard_flags_a_queue_with_due_jobs_that_no_live_worker_serves(
 def test_the_throughput_chart_has_a_legend_and_labelled_time_and_count_axes():
     from datetime import UTC, datetime, timedelta
 
-    from django_gator.admin_views import chart_svg
+    from django_gator.admin.chart import chart_svg
 
     start = datetime(2026, 5, 1, 12, 1, tzinfo=UTC)
     points = [
