@@ -1,0 +1,65 @@
+"""The job dashboard: per-queue counts, the age of the oldest due job, the last hour's
+throughput (a chart) and the live workers. Needs the job view permission."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.db.models import Count
+from django.db.models.functions import TruncMinute
+from django.http import HttpRequest, HttpResponse
+
+from django_gator import conf, stats
+from django_gator.admin.chart import chart_svg
+from django_gator.admin.pages import AdminPage
+from django_gator.engines import get_engine
+from django_gator.models import Job, JobState
+
+
+def throughput(minutes: int = 60) -> list[dict[str, Any]]:
+    """Succeeded and dead jobs per minute over the last ``minutes``, oldest first (read
+    through the (state, finished_at) index)."""
+    now = get_engine(conf.database()).db_now().replace(second=0, microsecond=0)
+    since = now - timedelta(minutes=minutes - 1)
+    rows = (
+        Job.objects.filter(state__in=(JobState.SUCCEEDED, JobState.DEAD), finished_at__gte=since)
+        .annotate(minute=TruncMinute("finished_at"))
+        .values("minute", "state")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    buckets = {since + timedelta(minutes=i): {"succeeded": 0, "dead": 0} for i in range(minutes)}
+    for row in rows:
+        minute = row["minute"]
+        if minute is None:
+            continue
+        key = minute.replace(second=0, microsecond=0)
+        if key in buckets:
+            buckets[key][row["state"]] += row["n"]
+    return [{"minute": minute, **counts} for minute, counts in sorted(buckets.items())]
+
+
+class DashboardView(AdminPage):
+    """``admin:django_gator_job_dashboard``; ``?refresh=N`` reloads it every N seconds."""
+
+    template_name = "admin/django_gator/job/dashboard.html"
+
+    def get(self, request: HttpRequest) -> HttpResponse:
+        points = throughput()
+        total, exact = stats.estimated_total()
+        queues = stats.queue_stats()
+        workers = stats.workers()
+        context = {
+            **self.context("Job dashboard"),
+            "queues": queues,
+            "workers": workers,
+            "unserved": stats.unserved_queues(queues, workers),
+            "chart": chart_svg(points),
+            "succeeded_hour": sum(p["succeeded"] for p in points),
+            "dead_hour": sum(p["dead"] for p in points),
+            "total": total,
+            "total_estimated": not exact,
+            "refresh": request.GET.get("refresh", ""),
+        }
+        return self.render(context)

@@ -1,0 +1,345 @@
+"""The Job admin: a read-only browser of jobs; changes happen through permissioned actions.
+
+Rows are changed by workers and by the operator's actions only: the job list's retry and
+cancel actions (:mod:`.actions`), a job page's Retry button and argument editor
+(:mod:`.arguments`) and the dead-job screen (:mod:`.dead_jobs`), each a POST with Django's
+CSRF protection behind its own permission. Argument values named by ``GATOR_REDACT`` are
+masked on every page.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db.models import TextField
+from django.db.models.functions import Cast
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.urls import URLPattern, path, reverse
+from django.utils.functional import cached_property
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+from django.utils.text import Truncator
+
+from django_gator import redaction, stats
+from django_gator.admin.actions import JobActions
+from django_gator.admin.arguments import EDIT_ACTION, EditArgumentsView, last_restorable_edit
+from django_gator.admin.dashboard import DashboardView
+from django_gator.admin.dead_jobs import DeadJobsView
+from django_gator.admin.display import pretty, time_field
+from django_gator.admin.filters import ErrorClassFilter, JobNameFilter, QueueFilter
+from django_gator.models import Job, JobState
+
+#: The states in which a job's last error says why it is where it is; a job that succeeded
+#: (or waits or runs again) after a failed attempt keeps that error in its history only.
+ERROR_STATES = (JobState.FAILED, JobState.DEAD, JobState.CANCELLED)
+#: Characters of the last error shown in the job list (the full text is its tooltip).
+LIST_ERROR_CHARS = 40
+
+
+class EstimatedCountPaginator(Paginator):
+    """Counts the unfiltered job list from the database's row estimate (a COUNT(*) of
+    millions of rows costs seconds on PostgreSQL); filtered lists are counted exactly."""
+
+    @cached_property
+    def count(self) -> int:
+        query = getattr(self.object_list, "query", None)
+        if query is not None and not query.where:
+            total, _exact = stats.estimated_total(getattr(self.object_list, "db", None))
+            return total
+        return super().count
+
+
+class JobAdmin(JobActions):
+    paginator = EstimatedCountPaginator
+    # Sized to fit a 1400 px window with the navigation sidebar and the filters open (a
+    # browser test measures it): names wrap after their dots, times after the date, errors
+    # anywhere, and the error is cut short.
+    list_display = (
+        "id",
+        "job_name",
+        "queue",
+        "state",
+        "priority",
+        "attempts",
+        "next_run",
+        "error_summary",
+    )
+    list_filter = (
+        "state",
+        QueueFilter,
+        JobNameFilter,
+        ErrorClassFilter,
+        "created_at",
+        "finished_at",
+    )
+    search_fields = ("=id", "name", "last_error")
+    search_help_text = "Search by id, job name, error text or argument text."
+    date_hierarchy = None
+    list_per_page = 50
+    show_full_result_count = False
+    ordering = ("-id",)
+    fieldsets = (
+        (None, {"fields": ("id", "name", "state", "queue", "priority")}),
+        ("Payload", {"fields": ("args_pretty", "kwargs_pretty", "result_pretty")}),
+        (
+            "Timing",
+            {
+                "fields": (
+                    "created",
+                    "next_execution",
+                    "started",
+                    "locked",
+                    "finished",
+                )
+            },
+        ),
+        (
+            "Attempts",
+            {"fields": ("attempts", "rescues", "reserved_by", "error_class", "last_error_shown")},
+        ),
+        ("Error history", {"fields": ("error_history_html",)}),
+        ("Operator actions", {"fields": ("operator_tools", "audit_html")}),
+        ("Chain", {"fields": ("chain_id", "chain_position", "chain")}),
+    )
+    readonly_fields = (
+        "id",
+        "name",
+        "state",
+        "queue",
+        "priority",
+        "args_pretty",
+        "kwargs_pretty",
+        "result_pretty",
+        "created",
+        "next_execution",
+        "started",
+        "locked",
+        "finished",
+        "attempts",
+        "rescues",
+        "reserved_by",
+        "error_class",
+        "last_error_shown",
+        "error_history_html",
+        "operator_tools",
+        "audit_html",
+        "chain_id",
+        "chain_position",
+        "chain",
+    )
+
+    # Rows are changed by workers and actions only.
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        """The operator tools (edit arguments and retry) only for users who may retry."""
+        fieldsets = super().get_fieldsets(request, obj)
+        if self.has_retry_permission(request):
+            return fieldsets
+        return [
+            (name, {**opts, "fields": tuple(f for f in opts["fields"] if f != "operator_tools")})
+            for name, opts in fieldsets
+        ]
+
+    def get_urls(self) -> list[URLPattern]:
+        def wrap(view: Any) -> Any:
+            return self.admin_site.admin_view(view)
+
+        own = [
+            path(
+                "dead/",
+                wrap(DeadJobsView.as_view(model_admin=self)),
+                name="django_gator_job_dead",
+            ),
+            path(
+                "dashboard/",
+                wrap(DashboardView.as_view(model_admin=self)),
+                name="django_gator_job_dashboard",
+            ),
+            path(
+                "<path:object_id>/edit-arguments/",
+                wrap(EditArgumentsView.as_view(model_admin=self)),
+                name="django_gator_job_edit_arguments",
+            ),
+            path("<path:object_id>/retry/", wrap(self.retry_view), name="django_gator_job_retry"),
+        ]
+        return own + super().get_urls()
+
+    def retry_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """The Retry button of a job's page: a POST (CSRF-checked by admin_view) that needs
+        the retry permission and runs the job list's retry action on this one job."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_retry_permission(request):
+            raise PermissionDenied
+        job = get_object_or_404(Job, pk=object_id)
+        self.retry_and_report(request, Job.objects.filter(pk=job.pk))
+        return HttpResponseRedirect(reverse("admin:django_gator_job_change", args=[job.pk]))
+
+    def get_search_results(self, request: HttpRequest, queryset: Any, search_term: str) -> Any:
+        results, may_have_duplicates = super().get_search_results(request, queryset, search_term)
+        if search_term and not search_term.strip().isdigit():
+            by_args = queryset.annotate(_args_text=Cast("args", TextField())).filter(
+                _args_text__icontains=search_term.strip()
+            )
+            results = results | by_args.values_list("pk", flat=True).model.objects.filter(
+                pk__in=by_args.values("pk")
+            )
+        return results, may_have_duplicates
+
+    @staticmethod
+    def _secrets(job: Job) -> list[str]:
+        cache = job.__dict__.setdefault("_gator_secrets", {})
+        if "values" not in cache:
+            cache["values"] = redaction.job_secret_values(job.name, job.args, job.kwargs, job.audit)
+        return list(cache["values"])
+
+    created = time_field("created_at", "created at")
+    next_execution = time_field("next_execution_at", "next execution at")
+    started = time_field("started_at", "started at")
+    locked = time_field("locked_at", "locked at (last claim)")
+    finished = time_field("finished_at", "finished at")
+    next_run = time_field("next_execution_at", "next run")
+
+    @admin.display(description="name", ordering="name")
+    def job_name(self, job: Job) -> SafeString:
+        """The job name, allowed to wrap after each dot (a dotted path has no other place
+        to break, and would widen the list by itself)."""
+        *module, last = job.name.split(".")
+        return format_html_join("", "{}.<wbr>", ((part,) for part in module)) + format_html(
+            "{}", last
+        )
+
+    @admin.display(description="last error")
+    def error_summary(self, job: Job) -> SafeString | None:
+        """The start of the last error of a failed, dead or cancelled job; the whole of it
+        (masked, up to 500 characters) is the tooltip."""
+        if job.state not in ERROR_STATES or not job.last_error:
+            return None
+        text = redaction.mask_text(job.last_error, self._secrets(job))
+        return format_html(
+            '<span title="{}">{}</span>',
+            Truncator(text).chars(500),
+            Truncator(text).chars(LIST_ERROR_CHARS),
+        )
+
+    @admin.display(description="last error")
+    def last_error_shown(self, job: Job) -> str:
+        text = redaction.mask_text(job.last_error, self._secrets(job))
+        if job.state in ERROR_STATES or not text:
+            return text
+        state = job.get_state_display().lower()
+        return f"None now ({state}); the errors of earlier attempts are in the error history."
+
+    @admin.display(description="args")
+    def args_pretty(self, job: Job) -> SafeString:
+        return pretty(redaction.redact_payload(job.name, job.args, job.kwargs)[0])
+
+    @admin.display(description="kwargs")
+    def kwargs_pretty(self, job: Job) -> SafeString:
+        return pretty(redaction.redact_payload(job.name, job.args, job.kwargs)[1])
+
+    @admin.display(description="result")
+    def result_pretty(self, job: Job) -> SafeString:
+        return pretty(redaction.redact_value(job.result, redaction.keys_for(job.name)))
+
+    @admin.display(description="tools")
+    def operator_tools(self, job: Job) -> SafeString:
+        """Retry (a POST of the page's own form, with its CSRF token, to the retry view) and
+        the argument editor; shown only to users who may retry (see get_fieldsets)."""
+        if job.state not in (JobState.DEAD, JobState.FAILED):
+            return format_html("<p>{}</p>", "Only dead and failed jobs can be retried or edited.")
+        edit = reverse("admin:django_gator_job_edit_arguments", args=[job.pk])
+        tools = format_html(
+            '<button type="submit" class="button default gator-retry" formmethod="post" '
+            'formaction="{}">{}</button> <a class="button" href="{}">{}</a>',
+            reverse("admin:django_gator_job_retry", args=[job.pk]),
+            "Retry",
+            edit,
+            "Edit arguments and retry",
+        )
+        last_edit = last_restorable_edit(job)
+        if last_edit is not None:
+            tools += format_html(
+                ' <a class="button gator-undo-edit" href="{}?restore={}">{}</a>',
+                edit,
+                last_edit,
+                "Undo the last argument edit",
+            )
+        return tools
+
+    @admin.display(description="audit trail")
+    def audit_html(self, job: Job) -> SafeString:
+        """Who did what when; an argument edit also shows the values before and after it,
+        redacted as the payload is."""
+        entries = [e for e in job.audit or [] if isinstance(e, dict)]
+        if not entries:
+            return format_html("<p>{}</p>", "No operator action yet.")
+        shown = []
+        for e in entries:
+            line = format_html(
+                "<p>{} &middot; {} by <b>{}</b>{}</p>",
+                e.get("at", ""),
+                e.get("action", ""),
+                e.get("by", "?"),
+                f" (onto queue {e['queue']})" if e.get("queue") else "",
+            )
+            if e.get("action") == EDIT_ACTION and isinstance(e.get("before"), dict):
+                line += self._edit_values(job, e["before"], e.get("after"))
+            shown.append((line,))
+        return format_html_join("\n", "{}", shown)
+
+    @staticmethod
+    def _edit_values(job: Job, before: dict[str, Any], after: Any) -> SafeString:
+        after = after if isinstance(after, dict) else {}
+        old = redaction.redact_payload(job.name, before.get("args"), before.get("kwargs"))
+        new = redaction.redact_payload(job.name, after.get("args"), after.get("kwargs"))
+        return format_html(
+            '<table class="gator-edit"><thead><tr><th></th><th>{}</th><th>{}</th></tr></thead>'
+            "<tbody><tr><th>args</th><td>{}</td><td>{}</td></tr>"
+            "<tr><th>kwargs</th><td>{}</td><td>{}</td></tr></tbody></table>",
+            "before",
+            "after",
+            pretty(old[0]),
+            pretty(new[0]),
+            pretty(old[1]),
+            pretty(new[1]),
+        )
+
+    @admin.display(description="errors, oldest first")
+    def error_history_html(self, job: Job) -> SafeString:
+        secrets = self._secrets(job)
+        entries = [
+            {
+                **e,
+                "message": redaction.mask_text(str(e.get("message", "")), secrets),
+                "traceback": redaction.mask_text(str(e.get("traceback", "")), secrets),
+            }
+            for e in job.error_history
+        ]
+        if not entries:
+            return format_html("<p>{}</p>", "No errors.")
+        return format_html_join(
+            "\n",
+            "<details><summary>Attempt {} &middot; {} &middot; {}: {} &middot; worker {}"
+            "</summary><pre>{}</pre></details>",
+            (
+                (
+                    e.get("attempt", "?"),
+                    e.get("at", ""),
+                    e.get("class", ""),
+                    Truncator(str(e.get("message", ""))).chars(200),
+                    e.get("worker", ""),
+                    e.get("traceback", "") or "(no traceback)",
+                )
+                for e in entries
+            ),
+        )

@@ -1,0 +1,119 @@
+"""The job list and a job's page: escaped content, times, errors, search, masked secrets."""
+
+from __future__ import annotations
+
+import logging
+import re
+from datetime import UTC, datetime
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from django_gator.models import JobState
+from tests.admin_helpers import dead_job, dead_jobs, operator
+from tests.conftest import SECRET, run_worker
+from tests.testapp.jobs import FailsFirstTime, Noop
+
+CHANGELIST = "admin:django_gator_job_changelist"
+
+
+@pytest.mark.django_db
+def test_changelist_and_detail_render_with_html_escaped(admin_client: Client):
+    job = dead_job()
+
+    listing = admin_client.get(reverse(CHANGELIST))
+    detail = admin_client.get(reverse("admin:django_gator_job_change", args=[job.pk]))
+
+    assert listing.status_code == 200
+    assert detail.status_code == 200
+    body = detail.content.decode()
+    assert "&lt;img src=x onerror=alert(1)&gt;" in body
+    assert "<img src=x" not in body
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body
+    assert "<script>alert(1)</script>" not in body
+    assert "<b>bold</b>" not in listing.content.decode()
+
+
+@pytest.mark.django_db
+def test_the_job_list_has_priority_seconds_and_errors_only_where_they_explain_the_state(
+    admin_client: Client,
+):
+    at = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
+    dead = dead_job(priority=-3, next_execution_at=at, last_error="RuntimeError: dead-marker")
+    failed = dead_job(state=JobState.FAILED, last_error="RuntimeError: failed-marker")
+    cancelled = dead_job(state=JobState.CANCELLED, last_error="RuntimeError: cancel-marker")
+    # Succeeded, waiting or running again after a failed attempt: that error is history.
+    succeeded = dead_job(state=JobState.SUCCEEDED, last_error="RuntimeError: old-marker-1")
+    waiting = dead_job(state=JobState.WAITING, last_error="RuntimeError: old-marker-2")
+
+    page = admin_client.get(reverse(CHANGELIST)).content.decode()
+
+    assert 'column-priority"' in page
+    assert '<td class="field-priority">-3</td>' in page
+    assert '<time datetime="2026-03-04T05:06:07+00:00"' in page
+    assert '<span class="nowrap">2026-03-04</span> <span class="nowrap">05:06:07</span>' in page
+    for marker in ("dead-marker", "failed-marker", "cancel-marker"):
+        assert f"RuntimeError: {marker}" in page
+    assert "old-marker" not in page
+    # The detail pages: times to the second; an old error is not the job's "last error".
+    detail = admin_client.get(reverse("admin:django_gator_job_change", args=[dead.pk]))
+    assert '<span class="nowrap">05:06:07</span>' in detail.content.decode()
+    for job, shown in (
+        (
+            succeeded,
+            "None now (succeeded); the errors of earlier attempts are in the error history.",
+        ),
+        (waiting, "None now (waiting); the errors of earlier attempts are in the error history."),
+        (failed, "RuntimeError: failed-marker"),
+        (cancelled, "RuntimeError: cancel-marker"),
+    ):
+        body = admin_client.get(
+            reverse("admin:django_gator_job_change", args=[job.pk])
+        ).content.decode()
+        field = re.search(
+            r'field-last_error_shown">.*?<div class="readonly">(.*?)</div>', body, re.S
+        )
+        assert field, body
+        assert field.group(1) == shown, job.state
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_changelist_searches_argument_text(admin_client: Client):
+    dead_jobs()
+    Noop.dispatch("needle-in-args")
+    page = admin_client.get(
+        reverse("admin:django_gator_job_changelist"), {"q": "needle-in"}
+    ).content.decode()
+    assert "1 result" in page or page.count('class="action-select"') == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_edit_button_shows_only_to_users_who_may_retry():
+    groups = dead_jobs()
+    job = groups["logins"][0]
+    url = reverse("admin:django_gator_job_change", args=[job.pk])
+    assert "Edit arguments and retry" not in operator().get(url).content.decode()
+    assert "Edit arguments and retry" in operator("retry_job", name="r").get(url).content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_job_pages_mask_secrets_in_payload_and_errors(admin_client: Client):
+    groups = dead_jobs()
+    job = next(j for j in groups["logins"] if j.args == ["alice"])
+    detail = admin_client.get(reverse("admin:django_gator_job_change", args=[job.pk]))
+    listing = admin_client.get(reverse("admin:django_gator_job_changelist"))
+    for page in (detail.content.decode(), listing.content.decode()):
+        assert SECRET not in page
+        assert "pin-8642" not in page
+    assert "[redacted]" in detail.content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_worker_log_lines_mask_secrets(caplog):
+    FailsFirstTime.dispatch("dave", password=SECRET)
+    with caplog.at_level(logging.INFO):
+        run_worker()
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "login failed for dave" in text
+    assert SECRET not in text
