@@ -10,10 +10,12 @@ import sys
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connection
 from django.test import override_settings
 
 from django_gator import dispatch
 from django_gator.engines import base as engines
+from django_gator.engines import get_engine
 from django_gator.models import Job, JobState, record
 from django_gator.worker import connections, inline
 from tests.conftest import ROOT
@@ -56,6 +58,24 @@ def test_the_app_installs_the_workers_code_where_dispatch_and_the_engines_call_i
     assert dispatch._inline_runner is inline.run_inline
     assert dispatch._inline_worker_id is inline.inline_worker_id
     assert engines._connection_hook is connections.bound_connection
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="LISTEN is PostgreSQL's")
+@pytest.mark.django_db(transaction=True)
+def test_the_listen_connection_of_a_worker_process_is_bounded_through_the_hook():
+    # The engine opens the LISTEN connection itself, outside Django; the worker's bounds
+    # reach it only through the hook the app installed.
+    undo = connections.prepare()
+    try:
+        assert connections._bounds is not None
+        with get_engine("default").listen() as listener:
+            raw = listener.connection
+            assert raw._gator_network_bounds == connections._bounds
+            with raw.cursor() as cursor:
+                cursor.execute("SHOW tcp_user_timeout")
+                assert cursor.fetchone()[0] == str(connections._bounds.user_timeout_ms)
+    finally:
+        undo()
 
 
 @pytest.mark.django_db
