@@ -8,7 +8,7 @@
 #   make test-browser  the admin screens in headless Chromium (Playwright), on SQLite
 #   make soak          hours of steady load on PostgreSQL, a report per minute (not in make test)
 #   make browser-deps  what test-browser needs: Chromium (apt-get, as root) and playwright
-#   make lint          ruff check, ruff format --check, mypy
+#   make lint          ruff check, ruff format --check, mypy, lint-imports (the layers)
 #   make demo          the demo project: migrate, admin user, demo jobs, a worker and runserver
 #                      (in .venv-demo, with only what SQLite needs: Python is all it requires)
 #   make demo-check    the demo project, non-interactive, checked (for CI)
@@ -314,6 +314,7 @@ lint: install
 	echo "==> ruff check ."; $(VENV)/bin/ruff check . || status=1; \
 	echo "==> ruff format --check ."; $(VENV)/bin/ruff format --check . || status=1; \
 	echo "==> mypy django_gator"; $(VENV)/bin/mypy django_gator || status=1; \
+	echo "==> lint-imports (.importlinter)"; $(VENV)/bin/lint-imports --no-cache || status=1; \
 	if [ $$status != 0 ]; then echo "==> make lint FAILED" >&2; fi; \
 	exit $$status
 

@@ -9,7 +9,8 @@ Importing this package imports no models, so it is safe from settings or a model
 
 from django_gator.chain import Chain
 from django_gator.exceptions import GatorError, JobCancelled, JobNotRegistered
-from django_gator.queueable import Queueable, get_job_class, job
+from django_gator.queueable import Queueable, job
+from django_gator.registry import get_job_class
 from django_gator.retry import Retry
 from django_gator.schedules import Cron
 

@@ -17,9 +17,10 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django_gator import validation
-from django_gator.engines.base import ClaimedJob, InsertRow
 from django_gator.exceptions import JobNotRegistered
-from django_gator.queueable import JobFunction, Queueable, get_job_class, resolve_job_class
+from django_gator.queueable import JobFunction, Queueable, resolve_job_class
+from django_gator.registry import get_job_class
+from django_gator.rows import ClaimedJob, InsertRow
 
 if TYPE_CHECKING:
     from django_gator.models import Job
@@ -54,6 +55,8 @@ class Chain:
         **kwargs: Any,
     ) -> Job:
         """Insert the first step; returns its Job row (its ``chain_id`` names the chain)."""
+        # Here, not at the top: dispatch imports the models, and `import django_gator`
+        # (which imports this module) must not. Not an import cycle.
         from django_gator.dispatch import enqueue
 
         for step in self.steps[1:]:

@@ -17,7 +17,10 @@ from django.db import IntegrityError, connections, models, transaction
 from django.utils import timezone
 from django.utils.timezone import now as _now
 
+from django_gator import conf
+from django_gator.cron import next_occurrence
 from django_gator.dbtime import DbNow
+from django_gator.jsonsql import JsonAppend
 from django_gator.validation import (
     NAME_MAX_LENGTH,
     PRIORITY_MAX,
@@ -81,12 +84,12 @@ class Pruned(NamedTuple):
 
 def record(alias: str | None, ids: list[int], action: str, by: str, **details: Any) -> None:
     """Append an operator action to the audit trail of the jobs ``ids``."""
-    from django_gator import conf
-    from django_gator.engines import get_engine
-
     entry = {"at": timezone.now().isoformat(), "by": by, "action": action}
     entry.update({k: v for k, v in details.items() if v is not None})
-    get_engine(alias or conf.database()).append_audit(ids, json.dumps(entry))
+    document = json.dumps(entry)
+    jobs = Job.objects.using(alias or conf.database())
+    for start in range(0, len(ids), 1000):
+        jobs.filter(pk__in=ids[start : start + 1000]).update(audit=JsonAppend("audit", document))
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -500,8 +503,6 @@ class Schedule(models.Model):
         super().save(*args, **kwargs)
 
     def compute_next_run(self) -> datetime | None:
-        from django_gator.schedules import next_occurrence
-
         after = self.anchor_at
         if self.last_run_at is not None and self.last_run_at > after:
             after = self.last_run_at

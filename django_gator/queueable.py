@@ -1,25 +1,31 @@
-"""Job classes, the ``@job`` decorator and the registry.
+"""Job classes and the ``@job`` decorator.
 
-The registry maps a job name to its class. It is the only way a row's ``name`` becomes code:
-the worker never imports a module or resolves a dotted path taken from the database, so a
-tampered row can at worst end ``dead`` with "job name ... is not registered".
+A job class registers itself in :mod:`django_gator.registry` when it is defined. Its
+``dispatch()`` and ``cancel_requested()`` reach the dispatch code and the models through
+imports inside those methods: ``import django_gator`` (which imports this module) must not
+import the models, since settings modules and models modules import it before Django's apps
+are ready.
 """
 
 from __future__ import annotations
 
-import difflib
 import functools
 import hashlib
 import inspect
 import json
 import math
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from django_gator import validation
-from django_gator.exceptions import AlreadyRegistered, JobNotRegistered
+from django_gator import conf, validation
+
+# The registry's functions are still importable from here, where they were first.
+from django_gator.registry import get_job_class as get_job_class
+from django_gator.registry import is_registered as is_registered
+from django_gator.registry import register
+from django_gator.registry import registered_jobs as registered_jobs
+from django_gator.registry import unregister as unregister
 from django_gator.retry import Interval, Retry
 from django_gator.wording import article
 
@@ -33,56 +39,6 @@ Middleware = Callable[[Any, Callable[[], Any]], Any]
 
 #: Keyword names that dispatch() takes for itself; a handler cannot use them as parameters.
 DISPATCH_OPTIONS = frozenset({"wait", "at", "queue", "priority", "on_commit"})
-
-_registry: dict[str, type[Queueable]] = {}
-_registry_lock = threading.Lock()
-
-
-def register(cls: type[Queueable]) -> type[Queueable]:
-    """Add a job class to the registry under ``cls.name``."""
-    name = cls.name
-    with _registry_lock:
-        existing = _registry.get(name)
-        if existing is not None and existing is not cls and not _same_definition(existing, cls):
-            raise AlreadyRegistered(
-                f"job name {name!r} is already registered by {existing.__module__}."
-                f"{existing.__qualname__}; give one of them another `name`"
-            )
-        _registry[name] = cls
-    return cls
-
-
-def _same_definition(a: type, b: type) -> bool:
-    # The same class body executed twice (a module re-imported by the autoreloader or a test).
-    return (a.__module__, a.__qualname__) == (b.__module__, b.__qualname__)
-
-
-def unregister(name: str) -> None:
-    with _registry_lock:
-        _registry.pop(name, None)
-
-
-def get_job_class(name: str) -> type[Queueable]:
-    """The class registered under ``name``; :class:`JobNotRegistered` if there is none."""
-    try:
-        return _registry[name]
-    except (KeyError, TypeError):
-        matches: list[str] = []
-        if isinstance(name, str) and len(name) <= 1000:
-            # Close enough to be a typo of a registered name, not merely alike.
-            matches = difflib.get_close_matches(name, list(_registry), n=3, cutoff=0.8)
-        raise JobNotRegistered(name if isinstance(name, str) else repr(name), matches) from None
-
-
-def is_registered(job_class: type) -> bool:
-    """Whether ``job_class`` is the class registered under its name."""
-    name = getattr(job_class, "name", None)
-    return isinstance(name, str) and _registry.get(name) is job_class
-
-
-def registered_jobs() -> dict[str, type[Queueable]]:
-    with _registry_lock:
-        return dict(_registry)
 
 
 class Queueable:
@@ -239,7 +195,8 @@ class Queueable:
         if now - self._cancel_checked_at < type(self).cancel_check_interval:
             return False
         self._cancel_checked_at = now
-        from django_gator import conf
+        # Imported here, not at the top: `import django_gator` imports this module and must
+        # not import the models (see the module's docstring). Not an import cycle.
         from django_gator.models import Job
 
         self._cancel_seen = (
@@ -283,6 +240,8 @@ class Queueable:
         **kwargs: Any,
     ) -> Job:
         """Enqueue one run of this job; returns the new :class:`~django_gator.models.Job`."""
+        # Here, not at the top: dispatch imports the models, which `import django_gator`
+        # must not (see the module's docstring). Not an import cycle.
         from django_gator.dispatch import enqueue
 
         return enqueue(
@@ -310,7 +269,7 @@ class Queueable:
 
         Each item is a list of positional arguments, or a dict of keyword arguments.
         """
-        from django_gator.dispatch import enqueue
+        from django_gator.dispatch import enqueue  # not at the top: see dispatch() above
 
         items: list[tuple[Sequence[Any], Mapping[str, Any]]] = []
         for index, item in enumerate(arguments):

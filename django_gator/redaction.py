@@ -17,6 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from django_gator import conf
+from django_gator.exceptions import JobNotRegistered
+from django_gator.registry import get_job_class
 
 MASK = "[redacted]"
 #: Shortest secret value masked inside free text (shorter ones would mask ordinary words).
@@ -25,9 +27,6 @@ MIN_SECRET_LENGTH = 4
 
 def keys_for(job_name: str) -> frozenset[str]:
     """The redacted keys of a job: the setting's, plus its class's ``redact``."""
-    from django_gator.exceptions import JobNotRegistered
-    from django_gator.queueable import get_job_class
-
     keys = set(conf.redact_keys())
     with contextlib.suppress(JobNotRegistered):
         keys.update(k.lower() for k in getattr(get_job_class(job_name), "redact", ()) or ())
@@ -35,9 +34,6 @@ def keys_for(job_name: str) -> frozenset[str]:
 
 
 def _positional_names(job_name: str, count: int) -> list[str | None]:
-    from django_gator.exceptions import JobNotRegistered
-    from django_gator.queueable import get_job_class
-
     try:
         signature = get_job_class(job_name)._gator_signature
     except (JobNotRegistered, AttributeError):

@@ -15,6 +15,8 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
+from django_gator.validation import validate_queue
+
 EXPONENTIAL: Literal["exponential"] = "exponential"
 #: The longest single wait the exponential policy produces, in seconds.
 MAX_BACKOFF = 7 * 24 * 3600
@@ -75,8 +77,6 @@ class Retry:
         ):
             raise ValueError(f"max_retries must be an int >= 0 or None, got {self.max_retries!r}")
         if self.queue is not None:
-            from django_gator.validation import validate_queue
-
             validate_queue(self.queue)
 
     def allows(self, retry_count: int) -> bool:

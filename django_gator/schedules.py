@@ -1,29 +1,26 @@
-"""Cron schedules: declaring them, validating them, and working out their occurrences.
+"""Cron schedules: declaring them on job classes and in ``GATOR_SCHEDULES``, and validating
+them against the job registry.
 
-Occurrences are computed in the schedule's wall-clock time with croniter, then turned into
-UTC instants:
-
-- a wall-clock time that happens twice (the autumn change) runs once, at its first
-  occurrence (the earlier UTC instant);
-- a wall-clock time that does not exist (the spring change) runs at the instant the clock
-  jumps (02:30 on the night Europe/Berlin goes from 02:00 to 03:00 runs at 03:00 CEST);
-  several skipped occurrences fold into that one instant.
-
-The database makes each (schedule, occurrence) run once: see django_gator.worker.scheduler.
+The cron maths (occurrences, daylight-saving changes) is in :mod:`django_gator.cron`. The
+database makes each (schedule, occurrence) run once: see django_gator.worker.scheduler.
 """
 
 from __future__ import annotations
 
-import zoneinfo
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
 
-from croniter import croniter
 from django.core.exceptions import ImproperlyConfigured
 
-from django_gator import validation, wording
+from django_gator import conf, validation
+
+# The cron maths lived here before django_gator.cron: next_occurrence and occurrences stay
+# importable from this module (the worker's scheduler uses them).
+from django_gator.cron import next_occurrence as next_occurrence
+from django_gator.cron import occurrences as occurrences
+from django_gator.cron import validate_cron, validate_timezone
+from django_gator.registry import get_job_class, registered_jobs
 
 #: Misfire policies: what a worker does with occurrences missed while no worker ran.
 MISFIRE_SKIP = "skip"  # forget them; only occurrences within the grace period run
@@ -32,7 +29,6 @@ MISFIRE_CATCH_UP = "catch_up"  # run every missed occurrence, up to the catch-up
 MISFIRE_POLICIES = (MISFIRE_SKIP, MISFIRE_ONCE, MISFIRE_CATCH_UP)
 
 SCHEDULE_NAME_MAX_LENGTH = 200
-CRON_MAX_LENGTH = 200
 
 
 class ScheduleError(ValueError):
@@ -42,85 +38,6 @@ class ScheduleError(ValueError):
         self.schedule = schedule
         self.field = field_name
         super().__init__(f"schedule {schedule!r}, field {field_name!r}: {message}")
-
-
-def validate_cron(expression: object) -> str:
-    """A standard 5-field cron expression or a croniter alias (``@hourly``, ``@daily``...)."""
-    if not isinstance(expression, str) or not expression.strip():
-        raise ValueError(f"a cron expression must be a non-empty str, got {expression!r}")
-    expression = " ".join(expression.split())
-    if len(expression) > CRON_MAX_LENGTH:
-        raise ValueError(f"cron expression is longer than {CRON_MAX_LENGTH} characters")
-    fields = expression.split(" ")
-    if not expression.startswith("@") and len(fields) != 5:
-        raise ValueError(
-            f"{expression!r} has {wording.count(len(fields), 'field')}; use 5: minute hour "
-            "day-of-month month day-of-week (e.g. '*/5 * * * *')"
-        )
-    if not croniter.is_valid(expression):
-        raise ValueError(f"{expression!r} is not a valid cron expression")
-    return expression
-
-
-def validate_timezone(name: object) -> str:
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"a time zone must be an IANA name such as 'Europe/Berlin', got {name!r}")
-    try:
-        zoneinfo.ZoneInfo(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-        raise ValueError(
-            f"unknown time zone {name!r}; use an IANA name such as 'Europe/Berlin'"
-        ) from None
-    return name
-
-
-def to_utc(wall: datetime, zone: tzinfo) -> datetime:
-    """The UTC instant of naive wall-clock time ``wall`` in ``zone`` (see the module doc)."""
-    first = wall.replace(tzinfo=zone, fold=0)
-    second = wall.replace(tzinfo=zone, fold=1)
-    first_utc, second_utc = first.astimezone(UTC), second.astimezone(UTC)
-    if first_utc.astimezone(zone).replace(tzinfo=None) == wall:
-        # The time exists: once (fold=0 is the earlier of two, when it happens twice).
-        return min(first_utc, second_utc)
-    # It does not exist: the clock jumped over it. The jump lies between the two readings;
-    # find the first instant with the new offset.
-    low, high = sorted((first_utc, second_utc))
-    after = high.astimezone(zone).utcoffset()
-    while high - low > timedelta(seconds=1):
-        middle = low + (high - low) / 2
-        if middle.astimezone(zone).utcoffset() == after:
-            high = middle
-        else:
-            low = middle
-    return high.replace(microsecond=0)
-
-
-def occurrences(
-    expression: str, zone_name: str, after: datetime, until: datetime
-) -> Iterator[datetime]:
-    """UTC instants of ``expression`` in ``zone_name`` in (``after``, ``until``], in order."""
-    zone = zoneinfo.ZoneInfo(zone_name)
-    start = after.astimezone(zone).replace(tzinfo=None)
-    # Step back a little so a wall time that maps forward (a skipped hour) is not missed.
-    iterator = croniter(expression, start - timedelta(hours=3))
-    last: datetime | None = None
-    while True:
-        wall = iterator.get_next(datetime)
-        instant = to_utc(wall, zone)
-        if instant > until:
-            return
-        if instant <= after or instant == last:
-            continue
-        last = instant
-        yield instant
-
-
-def next_occurrence(expression: str, zone_name: str, after: datetime) -> datetime:
-    """The first UTC instant of ``expression`` after ``after``."""
-    horizon = after + timedelta(days=366 * 5)
-    for instant in occurrences(expression, zone_name, after, horizon):
-        return instant
-    raise ValueError(f"{expression!r} has no occurrence in the next five years")
 
 
 @dataclass(frozen=True)
@@ -168,8 +85,6 @@ class ScheduleSpec:
 
 def build_spec(name: str, job_name: str, cron: Cron, source: str) -> ScheduleSpec:
     """Validate ``cron`` for the job ``job_name``; ScheduleError names the bad field."""
-    from django_gator.queueable import get_job_class
-
     if not isinstance(name, str) or not name or len(name) > SCHEDULE_NAME_MAX_LENGTH:
         raise ScheduleError(str(name), "name", f"use 1 to {SCHEDULE_NAME_MAX_LENGTH} characters")
 
@@ -276,8 +191,6 @@ def _declared() -> tuple[list[ScheduleSpec], list[str]]:
 
 
 def _code_schedules(specs: list[ScheduleSpec], errors: list[str]) -> None:
-    from django_gator.queueable import registered_jobs
-
     for job_name, job_class in sorted(registered_jobs().items()):
         declared = getattr(job_class, "schedule", None)
         if declared is None:
@@ -297,8 +210,6 @@ def _code_schedules(specs: list[ScheduleSpec], errors: list[str]) -> None:
 
 
 def _settings_schedules(specs: list[ScheduleSpec], errors: list[str]) -> None:
-    from django_gator import conf
-
     declared = conf.get("GATOR_SCHEDULES")
     if not isinstance(declared, Mapping):
         errors.append(f"GATOR_SCHEDULES must be a dict of name -> schedule, got {declared!r}")

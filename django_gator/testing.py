@@ -45,6 +45,8 @@ def run_jobs(
     raised here, after its row was written; a job that will be retried is not an error.
     ``max_jobs`` stops a job that keeps dispatching itself: :class:`TooManyJobs`.
     """
+    # Here, not at the top: a project's test modules may import this module before Django's
+    # apps are ready, and the models and the worker need them. Not an import cycle.
     from django_gator.models import READY_STATES, Job
     from django_gator.worker.inline import inline_worker_id, run_inline
 
@@ -99,7 +101,7 @@ def _matching(
     queue: str | None,
     with_arguments: bool,
 ) -> tuple[list[Any], list[Any]]:
-    from django_gator.models import Job
+    from django_gator.models import Job  # not at the top: see run_jobs()
 
     job_class = resolve_job_class(job)
     rows = list(Job.objects.using(conf.database()).filter(name=job_class.name).order_by("id"))

@@ -16,9 +16,10 @@ from django.test import override_settings
 
 from django_gator import Queueable
 from django_gator.admin import ScheduleForm
+from django_gator.cron import occurrences, to_utc, validate_cron
 from django_gator.models import Job, JobState, Schedule, ScheduledRun, ScheduleSource
 from django_gator.queueable import unregister
-from django_gator.schedules import Cron, occurrences, to_utc, validate_cron
+from django_gator.schedules import Cron
 from django_gator.worker.scheduler import Scheduler
 from tests.clock import set_file_clock
 from tests.conftest import wait_for, worker_output

@@ -10,14 +10,17 @@ from __future__ import annotations
 import functools
 import json
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, transaction
 from django.utils.dateparse import parse_datetime
+
+from django_gator import jsonsql
+from django_gator.models import Job, Worker
+from django_gator.rows import ClaimedJob, Failure, InsertRow, LostClaim
 
 if TYPE_CHECKING:
     from django_gator.worker.connections import NetworkBounds
@@ -29,68 +32,19 @@ JOB_COLUMNS = (
 )
 
 
-@dataclass(slots=True)
-class ClaimedJob:
-    """A job a worker holds: what it needs to run it and to write its outcome."""
-
-    id: int
-    name: str
-    args: Any
-    kwargs: Any
-    queue: str
-    priority: int
-    attempts: int
-    rescues: int
-    chain_id: Any = None
-    chain_position: int | None = None
-    chain: Any = None
-    next_execution_at: Any = None  # as the database returned it (for keyset claims)
-    created_at: Any = None  # as the database returned it (a datetime, or text on SQLite)
-    #: Taken back from a lost worker before: the worker runs it alone (precise blame).
-    suspect: bool = False
+#: What runs on each connection an engine opens itself, outside Django's: see
+#: set_connection_hook().
+ConnectionHook = Callable[["Engine", Any], None]
+_connection_hook: ConnectionHook | None = None
 
 
-class LostClaim(NamedTuple):
-    """A running job whose worker's heartbeat lapsed, as lost_claims() read it."""
-
-    id: int
-    attempts: int
-    owner: str
-    rescues: int
-    isolated: bool  # the lost attempt ran alone in its worker
-    crashes: int  # workers lost before while it ran alone
-
-
-@dataclass(slots=True)
-class InsertRow:
-    """One job to insert; the JSON is already validated and serialized."""
-
-    name: str
-    args: str
-    kwargs: str
-    queue: str
-    priority: int
-    run_at: datetime | None  # None: due now, by database time
-    chain_id: str | None = None
-    chain_position: int | None = None
-    chain: str | None = None
-    unique_key: str | None = None
-
-
-@dataclass(slots=True)
-class Failure:
-    """What to write when an attempt failed."""
-
-    dead: bool
-    retry_in: float | None  # seconds from now (database time) to the retry; None: no retry
-    queue: str
-    error: str  # one error-history entry, as JSON
-    last_error: str
-    cancelled: bool = False  # the job raised JobCancelled: end it ``cancelled``
-    exception: BaseException | None = None  # what was raised (not written; for signals)
-    #: The attempt is given back (attempts - 1): the job never ran (its name is unknown
-    #: to this worker, which may run older code than the dispatcher).
-    uncharged: bool = False
+def set_connection_hook(hook: ConnectionHook | None) -> None:
+    """Install what is done with each driver connection an engine opens outside Django's
+    (PostgreSQL's LISTEN connection) before its first statement: a worker process bounds its
+    silence as it does its other connections (worker.connections.bound_connection). The
+    engines sit below the worker and do not import it; the app's ready() installs it."""
+    global _connection_hook
+    _connection_hook = hook
 
 
 #: A claim position: (priority, next_execution_at, id) of the last job claimed.
@@ -126,8 +80,6 @@ class Engine:
     now_sql = "CURRENT_TIMESTAMP"
 
     def __init__(self, alias: str) -> None:
-        from django_gator.models import Job, Worker
-
         self.alias = alias
         qn = connections[alias].ops.quote_name
         self.job_table = qn(Job._meta.db_table)
@@ -187,6 +139,13 @@ class Engine:
             connection._gator_in_transaction = False
             cursor.execute("COMMIT", [])
 
+    def opened_own_connection(self, raw: Any) -> None:
+        """``raw``, a driver connection this engine opened itself, is about to be used: hand
+        it to the installed hook (see set_connection_hook())."""
+        hook = _connection_hook
+        if hook is not None:
+            hook(self, raw)
+
     def prepare_bookkeeping(self) -> None:
         """Tune this thread's connection for the worker's own writes (claims, outcome
         marks, heartbeats); called before each use, cheap when nothing changed."""
@@ -204,7 +163,7 @@ class Engine:
 
     def json_append_sql(self, column: str) -> str:
         """SQL that appends the JSON parameter ``%s`` to the array in ``column``."""
-        raise NotImplementedError
+        return jsonsql.append_sql(self.vendor, column)
 
     #: SQL for "database now plus ``%s`` seconds" (NULL when the parameter is NULL).
     later_sql = ""
@@ -609,17 +568,6 @@ class Engine:
                 [worker_id],
             )
             return [(row[0], row[1]) for row in cursor.fetchall()]
-
-    def append_audit(self, ids: Sequence[int], entry: str) -> None:
-        """Append the JSON ``entry`` to the audit trail of each job in ``ids``."""
-        with self.connection.cursor() as cursor:
-            for start in range(0, len(ids), 1000):
-                chunk = list(ids[start : start + 1000])
-                cursor.execute(
-                    f"UPDATE {self.job_table} SET audit = {self.json_append_sql('audit')} "
-                    f"WHERE id IN ({', '.join(['%s'] * len(chunk))})",
-                    [entry, *chunk],
-                )
 
     def claim_state(self, job_id: int) -> tuple[str, int, str | None] | None:
         """(state, attempts, reserved_by) of a row, to explain a compare-and-set that missed."""

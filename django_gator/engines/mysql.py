@@ -63,9 +63,6 @@ class MySQLEngine(Engine):
         finally:
             cursor.close()
 
-    def json_append_sql(self, column: str) -> str:
-        return f"JSON_ARRAY_APPEND(COALESCE({column}, '[]'), '$', JSON_EXTRACT(%s, '$'))"
-
     def ready_condition(self) -> str:
         return "ready_rank IS NOT NULL"
 

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from django_gator import conf
 from django_gator.engines.base import (
     JOB_COLUMNS,
     READY_SQL,
@@ -45,9 +46,6 @@ class PostgresEngine(Engine):
     json_param = "%s::jsonb"
     now_sql = "statement_timestamp()"
     later_sql = "statement_timestamp() + %s::float8 * interval '1 second'"
-
-    def json_append_sql(self, column: str) -> str:
-        return f"COALESCE({column}, '[]'::jsonb) || jsonb_build_array(%s::jsonb)"
 
     #: (InsertRow attribute, SQL type of the parameter, SQL of the value in the SELECT list)
     _INSERT_COLUMNS = (
@@ -157,9 +155,7 @@ class PostgresEngine(Engine):
         raw = django_connection.get_new_connection(params)
         try:
             raw.autocommit = True
-            from django_gator.worker.connections import bound_connection
-
-            bound_connection(self, raw)  # in a worker process, as its other connections
+            self.opened_own_connection(raw)  # a worker process bounds it as its others
             raw.execute(f"LISTEN {CHANNEL}")
             yield PostgresListener(raw)
         finally:
@@ -172,8 +168,6 @@ class PostgresEngine(Engine):
         such writes; the affected jobs simply run again, and a dispatch, which commits in
         the caller's transaction, is never affected. GATOR_ASYNC_COMMIT = False turns this
         off."""
-        from django_gator import conf
-
         connection = self.connection
         connection.ensure_connection()
         raw = connection.connection

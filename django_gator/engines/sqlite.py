@@ -41,9 +41,6 @@ class SQLiteEngine(Engine):
     # NULL || '...' is NULL, and strftime() of a NULL modifier is NULL.
     later_sql = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s || ' seconds')"
 
-    def json_append_sql(self, column: str) -> str:
-        return f"json_insert(COALESCE({column}, '[]'), '$[#]', json(%s))"
-
     mark_in_claim_transaction = True
 
     def __init__(self, alias: str) -> None:

@@ -1,0 +1,75 @@
+"""The plain rows passed between dispatch, the engines and the worker.
+
+A leaf of the package: nothing here imports Django's models or any other part of
+django_gator, so job classes and chains can build rows without loading the engines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, NamedTuple
+
+
+@dataclass(slots=True)
+class ClaimedJob:
+    """A job a worker holds: what it needs to run it and to write its outcome."""
+
+    id: int
+    name: str
+    args: Any
+    kwargs: Any
+    queue: str
+    priority: int
+    attempts: int
+    rescues: int
+    chain_id: Any = None
+    chain_position: int | None = None
+    chain: Any = None
+    next_execution_at: Any = None  # as the database returned it (for keyset claims)
+    created_at: Any = None  # as the database returned it (a datetime, or text on SQLite)
+    #: Taken back from a lost worker before: the worker runs it alone (precise blame).
+    suspect: bool = False
+
+
+class LostClaim(NamedTuple):
+    """A running job whose worker's heartbeat lapsed, as lost_claims() read it."""
+
+    id: int
+    attempts: int
+    owner: str
+    rescues: int
+    isolated: bool  # the lost attempt ran alone in its worker
+    crashes: int  # workers lost before while it ran alone
+
+
+@dataclass(slots=True)
+class InsertRow:
+    """One job to insert; the JSON is already validated and serialized."""
+
+    name: str
+    args: str
+    kwargs: str
+    queue: str
+    priority: int
+    run_at: datetime | None  # None: due now, by database time
+    chain_id: str | None = None
+    chain_position: int | None = None
+    chain: str | None = None
+    unique_key: str | None = None
+
+
+@dataclass(slots=True)
+class Failure:
+    """What to write when an attempt failed."""
+
+    dead: bool
+    retry_in: float | None  # seconds from now (database time) to the retry; None: no retry
+    queue: str
+    error: str  # one error-history entry, as JSON
+    last_error: str
+    cancelled: bool = False  # the job raised JobCancelled: end it ``cancelled``
+    exception: BaseException | None = None  # what was raised (not written; for signals)
+    #: The attempt is given back (attempts - 1): the job never ran (its name is unknown
+    #: to this worker, which may run older code than the dispatcher).
+    uncharged: bool = False

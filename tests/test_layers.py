@@ -1,0 +1,106 @@
+"""The package's layers (.importlinter): what importing a module loads, and the wiring that
+lets dispatch and the engines call the worker's code without importing it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connection
+from django.test import override_settings
+
+from django_gator import dispatch
+from django_gator.engines import base as engines
+from django_gator.engines import get_engine
+from django_gator.models import Job, JobState, record
+from django_gator.worker import connections, inline
+from tests.conftest import ROOT
+from tests.factories import JobFactory
+from tests.testapp.jobs import Noop
+
+#: Modules that need Django's apps to be ready, or that are the worker's machinery.
+HEAVY = (
+    "django_gator.models",
+    "django_gator.dispatch",
+    "django_gator.engines",
+    "django_gator.worker",
+)
+
+
+def _loaded_after(code: str) -> list[str]:
+    """The django_gator modules a fresh interpreter has loaded after running ``code``, with
+    no Django settings configured (as in a settings module that imports django_gator)."""
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    script = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    return [m for m in json.loads(out) if m.startswith("django_gator")]
+
+
+def test_importing_the_package_loads_no_models_engines_dispatch_or_worker():
+    loaded = _loaded_after("import django_gator")
+    assert "django_gator.queueable" in loaded
+    assert [m for m in loaded if m.startswith(HEAVY)] == []
+
+
+def test_the_app_installs_the_workers_code_where_dispatch_and_the_engines_call_it():
+    assert dispatch._inline_runner is inline.run_inline
+    assert dispatch._inline_worker_id is inline.inline_worker_id
+    assert engines._connection_hook is connections.bound_connection
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="LISTEN is PostgreSQL's")
+@pytest.mark.django_db(transaction=True)
+def test_the_listen_connection_of_a_worker_process_is_bounded_through_the_hook():
+    # The engine opens the LISTEN connection itself, outside Django; the worker's bounds
+    # reach it only through the hook the app installed.
+    undo = connections.prepare()
+    try:
+        assert connections._bounds is not None
+        with get_engine("default").listen() as listener:
+            raw = listener.connection
+            assert raw._gator_network_bounds == connections._bounds
+            with raw.cursor() as cursor:
+                cursor.execute("SHOW tcp_user_timeout")
+                assert cursor.fetchone()[0] == str(connections._bounds.user_timeout_ms)
+    finally:
+        undo()
+
+
+@pytest.mark.django_db
+def test_immediate_mode_without_the_apps_runner_says_what_is_missing(monkeypatch):
+    monkeypatch.setattr(dispatch, "_inline_runner", None)
+    with (
+        override_settings(GATOR_IMMEDIATE=True),
+        pytest.raises(ImproperlyConfigured, match="'django_gator' in INSTALLED_APPS"),
+    ):
+        Noop.dispatch()
+    # The row was written before the run was attempted; it waits for a worker.
+    assert Job.objects.get().state == JobState.WAITING
+
+
+@pytest.mark.django_db
+def test_the_audit_trail_appends_in_order_across_batches():
+    many = JobFactory.create_batch(1001, dead=True)
+    ids = [job.pk for job in many]
+    Job.objects.filter(pk=ids[0]).update(audit=[{"action": "older"}])
+    record(None, ids, "retry", "zoë", queue="recovery", note=None)
+    record(None, ids[:1], "discard", "op")
+
+    first = Job.objects.get(pk=ids[0])
+    assert [e["action"] for e in first.audit] == ["older", "retry", "discard"]
+    last = Job.objects.get(pk=ids[-1])
+    [entry] = last.audit
+    assert entry == {"at": entry["at"], "by": "zoë", "action": "retry", "queue": "recovery"}
+    assert Job.objects.filter(pk__in=ids, audit__isnull=True).count() == 0
