@@ -16,14 +16,14 @@ class GatorConfig(AppConfig):
         from django_gator import (
             checks,  # noqa: F401 - registers the system checks
             conf,
-            dispatch,
+            immediate,
         )
         from django_gator.engines import base as engines
         from django_gator.worker import connections, inline
 
         # The wiring from the worker down: dispatch and the engines call the worker's code
         # through these without importing it (the package's layers: see .importlinter).
-        dispatch.set_inline_runner(inline.run_inline, inline.inline_worker_id)
+        immediate.set_inline_runner(inline.run_inline, inline.inline_worker_id)
         engines.set_connection_hook(connections.bound_connection)
 
         # Like admin.py: every installed app's `jobs` module registers its jobs (and its

@@ -13,7 +13,7 @@ from typing import Any
 from django.db import connections
 
 from django_gator import conf
-from django_gator.models import Job
+from django_gator.models import Job, JobState
 from django_gator.queueable import Queueable
 from django_gator.worker.queues import QueueSpec
 from django_gator.worker.supervisor import WorkerProcess
@@ -107,7 +107,7 @@ def bench_drain(count: int, concurrency: int, batch: int = 10_000) -> tuple[floa
     before = rss_mb()
     elapsed = timed(worker.run)
     after = rss_mb()
-    done = Job.objects.using(conf.database()).filter(queue=QUEUE, state="succeeded").count()
+    done = Job.objects.using(conf.database()).filter(queue=QUEUE, state=JobState.SUCCEEDED).count()
     if done != count:
         raise RuntimeError(f"drain finished {done} of {count} jobs")
     return count / elapsed, before, after
@@ -147,7 +147,7 @@ def bench_drain_tasks(count: int, concurrency: int, batch: int = 10_000) -> floa
         [QueueSpec(QUEUE)], concurrency=concurrency, burst=True, install_signal_handlers=False
     )
     elapsed = timed(worker.run)
-    done = Job.objects.using(conf.database()).filter(queue=QUEUE, state="succeeded").count()
+    done = Job.objects.using(conf.database()).filter(queue=QUEUE, state=JobState.SUCCEEDED).count()
     if done != count:
         raise RuntimeError(f"task drain finished {done} of {count} tasks")
     return count / elapsed

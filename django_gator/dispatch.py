@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.models.base import ModelState
 
-from django_gator import conf, redaction, signals, validation
+from django_gator import conf, deferred, immediate, signals, validation
 from django_gator.engines import Engine, InsertRow, get_engine
 from django_gator.exceptions import DispatchDeadlock
 from django_gator.logutil import safe
@@ -101,130 +99,21 @@ def enqueue(
     if on_commit:
         commit_alias = DEFAULT_DB_ALIAS if on_commit is True else str(on_commit)
         if connections[commit_alias].in_atomic_block:
-            _defer(job_class, alias, rows, jobs, commit_alias)
+            deferred.defer(
+                job_class,
+                alias,
+                rows,
+                jobs,
+                commit_alias,
+                write=lambda: _write(job_class, alias, rows, jobs),
+                announce=lambda created: _announce(job_class, alias, rows, jobs, created),
+            )
         else:
             # Autocommit: Django runs the callback now, and its error reaches the caller.
             transaction.on_commit(lambda: _insert(job_class, alias, rows, jobs), using=commit_alias)
     else:
         _insert(job_class, alias, rows, jobs)
     return jobs
-
-
-def _defer(
-    job_class: type[Queueable],
-    alias: str,
-    rows: list[InsertRow],
-    jobs: list[Job],
-    commit_alias: str,
-) -> None:
-    """Insert the jobs when the transaction of ``commit_alias`` commits.
-
-    By then the caller's data is committed and nobody can catch our error: the INSERT is
-    tried again (``GATOR_DISPATCH_ON_COMMIT_RETRY_DELAYS``), reconnecting, and if it still
-    fails every job is logged so that an operator can re-create it, and ``dispatch_failed``
-    is sent. The callback never raises for the insert, and it is registered ``robust`` so
-    that the caller's later on_commit callbacks run whatever happens. (With
-    GATOR_IMMEDIATE, a test setting, a job that ends dead raises here on purpose, as it does
-    from any dispatch; that one is not robust.)"""
-    delays = conf.dispatch_on_commit_retry_delays()  # a bad setting fails the dispatch now
-
-    def insert_on_commit() -> None:
-        created = _write_deferred(job_class, alias, rows, jobs, delays)
-        if created is not None:
-            _announce(job_class, alias, rows, jobs, created)
-
-    transaction.on_commit(insert_on_commit, using=commit_alias, robust=not conf.immediate())
-
-
-def _write_deferred(
-    job_class: type[Queueable],
-    alias: str,
-    rows: list[InsertRow],
-    jobs: list[Job],
-    delays: list[float],
-) -> list[Job] | None:
-    """_write() with retries; the rows it created, or None once it gave up (reported).
-    Never raises an Exception."""
-    tries = 0
-    error: BaseException
-    try:
-        while True:
-            tries += 1
-            try:
-                return _write(job_class, alias, rows, jobs)
-            except DatabaseError as exc:
-                error = exc
-                connection = connections[alias]
-                # Inside an open transaction of the jobs database (the caller's), a failed
-                # statement cannot be tried again alone.
-                if tries > len(delays) or connection.in_atomic_block:
-                    break
-                logger.warning(
-                    "Deferred dispatch failed; retrying name=%s count=%s try=%s delay=%s error=%s",
-                    safe(job_class.name),
-                    len(rows),
-                    tries,
-                    delays[tries - 1],
-                    _error_text(error, jobs),
-                )
-                with contextlib.suppress(DatabaseError):
-                    connection.close()  # the next try opens a new connection
-                time.sleep(delays[tries - 1])
-    except Exception as exc:
-        error = exc
-    _report_lost(job_class, rows, jobs, tries, error)
-    return None
-
-
-def _report_lost(
-    job_class: type[Queueable],
-    rows: list[InsertRow],
-    jobs: list[Job],
-    tries: int,
-    error: BaseException,
-) -> None:
-    """Log each job that a deferred dispatch could not insert, with what re-creates it
-    (secrets masked, as everywhere in logs), and send ``dispatch_failed``."""
-    try:
-        text = _error_text(error, jobs)
-        for row, job in zip(rows, jobs, strict=True):
-            args, kwargs = redaction.redact_payload(row.name, job.args, job.kwargs)
-            logger.error(
-                "Deferred dispatch lost: job not inserted name=%s queue=%s priority=%s "
-                "run_at=%s args=%s kwargs=%s chain_id=%s tries=%s error=%s",
-                safe(row.name),
-                safe(row.queue),
-                row.priority,
-                row.run_at.isoformat() if row.run_at is not None else "now",
-                _log_json(args),
-                _log_json(kwargs),
-                row.chain_id or "-",
-                tries,
-                text,
-            )
-    except Exception:
-        logger.exception(
-            "Deferred dispatch lost: job not inserted name=%s count=%s (its arguments could "
-            "not be logged)",
-            safe(job_class.name),
-            len(rows),
-        )
-    signals.send(signals.dispatch_failed, job_class, jobs=jobs, exception=error)
-
-
-def _error_text(error: BaseException, jobs: list[Job]) -> str:
-    secrets = sorted(
-        {s for job in jobs for s in redaction.secret_values(job.name, job.args, job.kwargs)},
-        key=len,
-        reverse=True,
-    )
-    return safe(redaction.mask_text(f"{type(error).__name__}: {error}", secrets), limit=1000)
-
-
-def _log_json(value: Any) -> str:
-    """JSON on one line: every control and non-ASCII character escaped, so it can neither
-    forge a log line nor be cut; ``json.loads`` of it gives the value back."""
-    return json.dumps(value, ensure_ascii=True, separators=(",", ":"))
 
 
 _FIELDS = [f.attname for f in Job._meta.concrete_fields]
@@ -338,7 +227,7 @@ def _announce(
             if id(job) in created_ids and row.run_at is None
         ]
         if due:
-            _after_commit(alias, lambda: run_immediately(alias, due))
+            immediate.after_commit(alias, lambda: immediate.run_immediately(alias, due))
 
 
 #: Tries of a unique dispatch in a transaction of its own that the database ends to break a
@@ -378,71 +267,6 @@ def _insert_unique(
             )
         time.sleep(random.uniform(0, 0.01 * 2**attempt))
         attempt += 1
-
-
-def _after_commit(alias: str, callback: Callable[[], None]) -> None:
-    """Run ``callback`` once the jobs' rows are committed: now in autocommit, or inside
-    nothing but a TestCase's transaction (which never commits); otherwise on commit."""
-    connection = connections[alias]
-    if all(getattr(block, "_from_testcase", False) for block in connection.atomic_blocks):
-        callback()
-    else:
-        transaction.on_commit(callback, using=alias)
-
-
-class InlineRun(Protocol):
-    """What running one job in this thread reports (worker.inline.InlineRun)."""
-
-    @property
-    def state(self) -> str: ...  # what the row became
-
-    @property
-    def exception(self) -> BaseException | None: ...
-
-    @property
-    def follow_ups(self) -> list[int]: ...  # jobs the outcome created (chain steps)
-
-
-class InlineRunner(Protocol):
-    def __call__(self, alias: str, job_id: int, worker_id: str) -> InlineRun | None:
-        """Claim job ``job_id`` as ``worker_id`` and run it in this thread, writing its
-        outcome as a worker does; None if it was not there to claim."""
-
-
-_inline_runner: InlineRunner | None = None
-_inline_worker_id: Callable[[], str] | None = None
-
-
-def set_inline_runner(runner: InlineRunner, worker_id: Callable[[], str]) -> None:
-    """Install what GATOR_IMMEDIATE runs a job with, and the worker ids it claims under.
-
-    Running a job is the worker's code, which sits above dispatch: dispatch does not import
-    it. The app's ready() installs worker.inline's run_inline and inline_worker_id."""
-    global _inline_runner, _inline_worker_id
-    _inline_runner, _inline_worker_id = runner, worker_id
-
-
-def run_immediately(alias: str, job_ids: list[int]) -> None:
-    """GATOR_IMMEDIATE: run these jobs, and the chain steps they lead to, in this thread.
-
-    A job that ends ``dead`` has its exception raised here (after its row was written),
-    so a test sees it; one that will be retried stays ``failed`` for run_jobs()."""
-    run_inline, inline_worker_id = _inline_runner, _inline_worker_id
-    if run_inline is None or inline_worker_id is None:
-        raise ImproperlyConfigured(
-            "GATOR_IMMEDIATE is on but nothing can run jobs in this process yet: the "
-            "django_gator app installs its runner when Django's apps are ready (is "
-            "'django_gator' in INSTALLED_APPS, and was django.setup() called?)"
-        )
-    worker_id = inline_worker_id()
-    todo = list(job_ids)
-    while todo:
-        outcome = run_inline(alias, todo.pop(0), worker_id)
-        if outcome is None:
-            continue
-        todo += outcome.follow_ups
-        if outcome.state == "dead" and outcome.exception is not None:
-            raise outcome.exception
 
 
 def _saved(job: Job, job_id: int, created_at: datetime, next_execution_at: datetime) -> None:

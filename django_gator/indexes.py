@@ -16,9 +16,12 @@ from typing import Any
 
 from django.db import models
 
-READY_STATES_SQL = "('waiting', 'failed')"
+from django_gator import states
+from django_gator.states import READY_STATES, JobState, sql_list
+
+READY_STATES_SQL = sql_list(READY_STATES)
 #: States in which a unique job blocks a second dispatch with the same key.
-ACTIVE_STATES = ["waiting", "failed", "running"]
+ACTIVE_STATES = [state.value for state in states.ACTIVE_STATES]
 
 
 def partial_indexes() -> list[models.Index]:
@@ -28,13 +31,13 @@ def partial_indexes() -> list[models.Index]:
         models.Index(
             fields=["queue", "-priority", "next_execution_at", "id"],
             name="gator_job_ready",
-            condition=models.Q(state__in=["waiting", "failed"]),
+            condition=models.Q(state__in=[state.value for state in READY_STATES]),
         ),
         # Rescue and shutdown: the running jobs, by worker.
         models.Index(
             fields=["reserved_by"],
             name="gator_job_running",
-            condition=models.Q(state="running"),
+            condition=models.Q(state=JobState.RUNNING.value),
         ),
     ]
 
@@ -89,7 +92,7 @@ def unique_constraint() -> models.UniqueConstraint:
 # a unique index (NULLs never collide).
 MYSQL_UNIQUE_FORWARD = [
     "ALTER TABLE django_gator_job ADD COLUMN unique_active varchar(200) GENERATED ALWAYS AS "
-    "(CASE WHEN state IN ('waiting', 'failed', 'running') THEN unique_key ELSE NULL END) "
+    f"(CASE WHEN {states.ACTIVE_SQL} THEN unique_key ELSE NULL END) "
     "VIRTUAL",
     "CREATE UNIQUE INDEX gator_job_unique_my ON django_gator_job (name, unique_active)",
 ]
@@ -138,7 +141,7 @@ def groups_index() -> models.Index:
     return models.Index(
         fields=["state", "name", "error_class"],
         name="gator_job_groups",
-        condition=models.Q(state__in=["dead", "failed"]),
+        condition=models.Q(state__in=[JobState.DEAD.value, JobState.FAILED.value]),
     )
 
 

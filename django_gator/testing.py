@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from django_gator import conf, wording
 from django_gator.queueable import JobFunction, Queueable, resolve_job_class
+from django_gator.states import JobState
 from django_gator.validation import short_repr
 
 __all__ = ["assert_dispatched", "assert_not_dispatched", "run_jobs"]
@@ -78,7 +79,7 @@ def run_jobs(
         if outcome is None:
             continue  # taken by someone else meanwhile
         ran.append(job_id)
-        if raise_errors and outcome.state == "dead" and outcome.exception is not None:
+        if raise_errors and outcome.state == JobState.DEAD and outcome.exception is not None:
             raise outcome.exception
     rows = Job.objects.using(alias).in_bulk(ran)
     return [rows[pk] for pk in ran if pk in rows]

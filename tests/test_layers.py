@@ -13,7 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 from django.test import override_settings
 
-from django_gator import dispatch
+from django_gator import immediate
 from django_gator.engines import base as engines
 from django_gator.engines import get_engine
 from django_gator.models import Job, JobState, record
@@ -55,8 +55,8 @@ def test_importing_the_package_loads_no_models_engines_dispatch_or_worker():
 
 
 def test_the_app_installs_the_workers_code_where_dispatch_and_the_engines_call_it():
-    assert dispatch._inline_runner is inline.run_inline
-    assert dispatch._inline_worker_id is inline.inline_worker_id
+    assert immediate._inline_runner is inline.run_inline
+    assert immediate._inline_worker_id is inline.inline_worker_id
     assert engines._connection_hook is connections.bound_connection
 
 
@@ -80,7 +80,7 @@ def test_the_listen_connection_of_a_worker_process_is_bounded_through_the_hook()
 
 @pytest.mark.django_db
 def test_immediate_mode_without_the_apps_runner_says_what_is_missing(monkeypatch):
-    monkeypatch.setattr(dispatch, "_inline_runner", None)
+    monkeypatch.setattr(immediate, "_inline_runner", None)
     with (
         override_settings(GATOR_IMMEDIATE=True),
         pytest.raises(ImproperlyConfigured, match="'django_gator' in INSTALLED_APPS"),

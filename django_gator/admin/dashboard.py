@@ -29,7 +29,10 @@ def throughput(minutes: int = 60) -> list[dict[str, Any]]:
         .annotate(n=Count("id"))
         .order_by()
     )
-    buckets = {since + timedelta(minutes=i): {"succeeded": 0, "dead": 0} for i in range(minutes)}
+    buckets = {
+        since + timedelta(minutes=i): {JobState.SUCCEEDED.value: 0, JobState.DEAD.value: 0}
+        for i in range(minutes)
+    }
     for row in rows:
         minute = row["minute"]
         if minute is None:

@@ -27,6 +27,7 @@ from django_gator.exceptions import (
 )
 from django_gator.logutil import safe
 from django_gator.queueable import Queueable, get_job_class
+from django_gator.states import JobState
 from django_gator.validation import check_json
 from django_gator.worker.errors import (
     error_entry,
@@ -183,7 +184,7 @@ def finished(instance: Queueable | None, outcome: Success | Failure, duration: f
     if not signals.job_finished.has_listeners(job_class):
         return
     if isinstance(outcome, Success):
-        state, exc = "succeeded", None
+        state, exc = JobState.SUCCEEDED.value, None
     else:
         state, exc = outcome_state(outcome, instance), outcome.exception
     signals.send(
@@ -194,8 +195,8 @@ def finished(instance: Queueable | None, outcome: Success | Failure, duration: f
 def outcome_state(outcome: Failure, instance: Queueable | None) -> str:
     """The state a failure will write (cancellation asked for wins over a retry)."""
     if outcome.cancelled or (instance is not None and instance._cancel_seen):
-        return "cancelled"
-    return "dead" if outcome.dead else "failed"
+        return JobState.CANCELLED.value
+    return (JobState.DEAD if outcome.dead else JobState.FAILED).value
 
 
 def _result_json(job: ClaimedJob, result: Any) -> str | None:

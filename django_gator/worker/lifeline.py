@@ -26,6 +26,7 @@ from django_gator import conf
 from django_gator.engines.base import Engine
 from django_gator.exceptions import WorkerLost
 from django_gator.logutil import safe
+from django_gator.states import JobState
 from django_gator.worker.errors import error_entry
 from django_gator.worker.liveness import Liveness, local_worker
 from django_gator.worker.retrier import drop_connection
@@ -158,7 +159,7 @@ class Lifeline:
                     "Rescued job id=%s from lost worker=%s result=%s isolated=%s",
                     claim.id,
                     safe(owner),
-                    "dead" if dead else "waiting",
+                    (JobState.DEAD if dead else JobState.WAITING).value,
                     "yes" if claim.isolated else "no",
                 )
         if not judging:

@@ -27,6 +27,7 @@ from django_gator.exceptions import JobTimeout
 from django_gator.logutil import safe
 from django_gator.queueable import get_job_class
 from django_gator.redaction import mask_text, secret_values
+from django_gator.states import JobState
 from django_gator.worker.execution import (
     Success,
     failure_for,
@@ -140,8 +141,8 @@ class Outcomes:
         """After a batched mark: log each success, or its loss if its mark missed."""
         written_ids = set(written)
         for job, _success, elapsed_ms in batch:
-            if job.id not in written_ids and not self.landed(job, "succeeded"):
-                log_lost(job, "succeeded")
+            if job.id not in written_ids and not self.landed(job, JobState.SUCCEEDED):
+                log_lost(job, JobState.SUCCEEDED)
                 continue
             if logger.isEnabledFor(logging.INFO):
                 _log_success(job, elapsed_ms)
@@ -165,7 +166,9 @@ class Outcomes:
         if state is None or state[1:] != (job.attempts, self.worker_id):
             return False
         # A failure turns into "cancelled" when a cancellation was asked for.
-        return state[0] == expected or (expected != "succeeded" and state[0] == "cancelled")
+        return state[0] == expected or (
+            expected != JobState.SUCCEEDED and state[0] == JobState.CANCELLED
+        )
 
     # -- the writes ------------------------------------------------------------------------
     def _success(self, job: ClaimedJob, outcome: Success, elapsed_ms: float) -> str | None:
@@ -181,13 +184,13 @@ class Outcomes:
         )
         if written is None:
             return None
-        if not written and not self.landed(job, "succeeded"):
-            log_lost(job, "succeeded")
+        if not written and not self.landed(job, JobState.SUCCEEDED):
+            log_lost(job, JobState.SUCCEEDED)
             return None
         if logger.isEnabledFor(logging.INFO):
             chain = f" chain={job.chain_id} next={safe(following.name) if following else '-'}"
             _log_success(job, elapsed_ms, chain if job.chain_id is not None else "")
-        return "succeeded"
+        return JobState.SUCCEEDED.value
 
     def _atomic(self, job: ClaimedJob, outcome: Success, elapsed_ms: float) -> str | None:
         """An atomic job's success, already written with its transaction (or not)."""
@@ -204,7 +207,7 @@ class Outcomes:
             )
             return None
         _log_success(job, elapsed_ms, " atomic=yes")
-        return "succeeded"
+        return JobState.SUCCEEDED.value
 
     def _failure(self, job: ClaimedJob, outcome: Failure, elapsed_ms: float) -> str | None:
         result = outcome_state(outcome, None)

@@ -26,11 +26,11 @@ from django_gator.logutil import safe
 from django_gator.models import Job, MisfirePolicy, Schedule, ScheduledRun, ScheduleSource
 from django_gator.queueable import get_job_class
 from django_gator.schedules import declared_schedules, next_occurrence, occurrences
+from django_gator.states import ACTIVE_STATES
 from django_gator.worker.retrier import backoff, drop_connection
 
 logger = logging.getLogger("django_gator.scheduler")
 
-ACTIVE_STATES = ("waiting", "failed", "running")
 #: Occurrences looked at per schedule and look, at most (after a very long downtime).
 MAX_OCCURRENCES = 100_000
 #: Seconds between two prunes of old ScheduledRun rows, per worker.

@@ -1,4 +1,4 @@
-"""The jobs table and the worker heartbeat table.
+"""The jobs table: the ``Job`` model and its domain verbs.
 
 Hot paths (dispatch, claim, outcome writes, rescue) are SQL in :mod:`django_gator.engines`,
 one module per database; the model declares the schema, the indexes the claim query needs,
@@ -15,12 +15,11 @@ from typing import Any, NamedTuple
 
 from django.db import IntegrityError, connections, models, transaction
 from django.utils import timezone
-from django.utils.timezone import now as _now
 
 from django_gator import conf
-from django_gator.cron import next_occurrence
 from django_gator.dbtime import DbNow
 from django_gator.jsonsql import JsonAppend
+from django_gator.states import FINAL_STATES, READY_STATES, JobState
 from django_gator.validation import (
     NAME_MAX_LENGTH,
     PRIORITY_MAX,
@@ -29,34 +28,6 @@ from django_gator.validation import (
     UNIQUE_KEY_MAX_LENGTH,
     short_repr,
 )
-
-
-class JobState(models.TextChoices):
-    """Where a job is in its life.
-
-    ``waiting``: ready now, or scheduled for ``next_execution_at``.
-    ``running``: claimed by the worker named in ``reserved_by``.
-    ``succeeded``: ``handle()`` returned.
-    ``failed``: ``handle()`` raised and the retry policy will run it again at
-    ``next_execution_at``.
-    ``dead``: no more attempts (retries exhausted, no retry policy, an unknown job name,
-    or the job kept killing its worker). Only an operator brings it back.
-    ``cancelled``: an operator or the code cancelled it before it ran.
-    """
-
-    WAITING = "waiting", "Waiting"
-    RUNNING = "running", "Running"
-    SUCCEEDED = "succeeded", "Succeeded"
-    FAILED = "failed", "Failed (will retry)"
-    DEAD = "dead", "Dead"
-    CANCELLED = "cancelled", "Cancelled"
-
-
-#: States a worker may claim from once ``next_execution_at`` has passed.
-READY_STATES = (JobState.WAITING, JobState.FAILED)
-#: States no worker ever leaves on its own.
-FINAL_STATES = (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED)
-
 
 #: An exception class as the worker records it: ``ValueError``, ``myapp.jobs.Boom``.
 ERROR_CLASS_RE = re.compile(r"[^\s:]+")
@@ -263,7 +234,10 @@ class Job(models.Model):
         default=0, db_default=0, help_text="Higher runs first within a queue."
     )
     state = models.CharField(
-        max_length=16, choices=JobState.choices, default=JobState.WAITING, db_default="waiting"
+        max_length=16,
+        choices=JobState.choices,
+        default=JobState.WAITING,
+        db_default=JobState.WAITING.value,
     )
     attempts = models.PositiveIntegerField(
         default=0, db_default=0, help_text="Claims so far, including the current one."
@@ -360,7 +334,7 @@ class Job(models.Model):
                 condition=models.Q(state__in=JobState.values), name="gator_job_state_valid"
             ),
             models.CheckConstraint(
-                condition=~models.Q(state="running")
+                condition=~models.Q(state=JobState.RUNNING.value)
                 | models.Q(reserved_by__isnull=False, locked_at__isnull=False),
                 name="gator_job_running_is_reserved",
             ),
@@ -395,144 +369,3 @@ class Job(models.Model):
     @property
     def error_history(self) -> list[dict[str, Any]]:
         return list(self.errors or [])
-
-
-class Worker(models.Model):
-    """A running ``gator_worker`` process; its heartbeat proves it is alive."""
-
-    id = models.CharField(primary_key=True, max_length=255)
-    hostname = models.CharField(max_length=255)
-    pid = models.PositiveIntegerField()
-    queues = models.JSONField(default=list, help_text="[[name, weight], ...]; empty = all.")
-    concurrency = models.PositiveIntegerField()
-    started_at = models.DateTimeField(default=timezone.now)
-    heartbeat_at = models.DateTimeField(default=timezone.now)
-
-    class Meta:
-        ordering = ["-started_at"]
-        indexes = [models.Index(fields=["heartbeat_at"], name="gator_worker_heartbeat")]
-
-    def __str__(self) -> str:
-        return self.id
-
-
-class ScheduleSource(models.TextChoices):
-    CODE = "code", "Job class"
-    SETTINGS = "settings", "GATOR_SCHEDULES"
-    ADMIN = "admin", "Admin"
-
-
-class MisfirePolicy(models.TextChoices):
-    SKIP = "skip", "Skip missed occurrences"
-    ONCE = "once", "Run once after a downtime"
-    CATCH_UP = "catch_up", "Run every missed occurrence (up to the limit)"
-
-
-class Schedule(models.Model):
-    """A cron schedule: every worker's scheduler dispatches ``job_name`` at each occurrence,
-    and the ``ScheduledRun`` table makes each occurrence run once across all of them."""
-
-    name = models.CharField(max_length=200, unique=True)
-    job_name = models.CharField(max_length=NAME_MAX_LENGTH, help_text="A registered job name.")
-    cron = models.CharField(
-        max_length=200, help_text="Five fields: minute hour day-of-month month day-of-week."
-    )
-    args = models.JSONField(default=list, blank=True)
-    kwargs = models.JSONField(default=dict, blank=True)
-    queue = models.CharField(
-        max_length=QUEUE_MAX_LENGTH, blank=True, default="", help_text="Empty: the job's queue."
-    )
-    priority = models.SmallIntegerField(
-        null=True, blank=True, help_text="Empty: the job's priority."
-    )
-    timezone = models.CharField(
-        max_length=64, default="UTC", help_text="IANA time zone the cron fields are read in."
-    )
-    enabled = models.BooleanField(default=True)
-    misfire = models.CharField(
-        max_length=16, choices=MisfirePolicy.choices, default=MisfirePolicy.ONCE
-    )
-    catch_up_limit = models.PositiveIntegerField(
-        default=100, help_text="Most missed occurrences run by the catch-up policy."
-    )
-    overlap = models.BooleanField(
-        default=True,
-        help_text="Dispatch even while the previous run is still waiting, retrying or running.",
-    )
-    source = models.CharField(
-        max_length=16, choices=ScheduleSource.choices, default=ScheduleSource.ADMIN
-    )
-    anchor_at = models.DateTimeField(
-        default=_now, help_text="Occurrences after this instant count."
-    )
-    last_run_at = models.DateTimeField(
-        null=True, blank=True, help_text="The last occurrence handled (run or skipped)."
-    )
-    next_run_at = models.DateTimeField(null=True, blank=True)
-    last_job_id = models.BigIntegerField(null=True, blank=True)
-    created_at = models.DateTimeField(default=_now)
-    updated_at = models.DateTimeField(default=_now)
-
-    class Meta:
-        ordering = ["name"]
-        indexes = [models.Index(fields=["enabled", "next_run_at"], name="gator_schedule_due")]
-        permissions = [("run_schedule", "Can run a schedule's job now")]
-
-    def __str__(self) -> str:
-        return f"{self.name} ({self.cron} {self.timezone})"
-
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        """Saving a new timing (cron or time zone) starts counting from now: occurrences of
-        the old timing are not caught up. next_run_at is recomputed either way."""
-        if self.pk is not None:
-            old = Schedule.objects.using(self._state.db or "default").filter(pk=self.pk)
-            previous = old.values_list("cron", "timezone").first()
-            if previous is not None and previous != (self.cron, self.timezone):
-                self.anchor_at = timezone.now()
-                self.last_run_at = None
-        self.updated_at = timezone.now()
-        self.next_run_at = self.compute_next_run()
-        if kwargs.get("update_fields") is not None:
-            kwargs["update_fields"] = {
-                *kwargs["update_fields"],
-                "anchor_at",
-                "last_run_at",
-                "next_run_at",
-                "updated_at",
-            }
-        super().save(*args, **kwargs)
-
-    def compute_next_run(self) -> datetime | None:
-        after = self.anchor_at
-        if self.last_run_at is not None and self.last_run_at > after:
-            after = self.last_run_at
-        try:
-            return next_occurrence(self.cron, self.timezone, after)
-        except ValueError:
-            return None
-
-
-class ScheduledRun(models.Model):
-    """One occurrence of a schedule, handled once: the unique (schedule, occurrence_at) row
-    is inserted in the transaction that dispatches the job, so a second worker's insert
-    fails and it dispatches nothing."""
-
-    schedule = models.ForeignKey(Schedule, on_delete=models.CASCADE, related_name="runs")
-    occurrence_at = models.DateTimeField()
-    job_id = models.BigIntegerField(null=True, blank=True)
-    skipped = models.BooleanField(
-        default=False, help_text="Not dispatched: the previous run had not finished."
-    )
-    created_at = models.DateTimeField(default=_now)
-
-    class Meta:
-        ordering = ["-occurrence_at"]
-        constraints = [
-            models.UniqueConstraint(
-                fields=["schedule", "occurrence_at"], name="gator_schedule_occurrence_once"
-            )
-        ]
-        indexes = [models.Index(fields=["occurrence_at"], name="gator_scheduledrun_at")]
-
-    def __str__(self) -> str:
-        return f"{self.schedule_id} @ {self.occurrence_at.isoformat()}"

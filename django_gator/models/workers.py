@@ -1,0 +1,25 @@
+"""The worker heartbeat table: one row per live worker process."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils import timezone
+
+
+class Worker(models.Model):
+    """A running ``gator_worker`` process; its heartbeat proves it is alive."""
+
+    id = models.CharField(primary_key=True, max_length=255)
+    hostname = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    queues = models.JSONField(default=list, help_text="[[name, weight], ...]; empty = all.")
+    concurrency = models.PositiveIntegerField()
+    started_at = models.DateTimeField(default=timezone.now)
+    heartbeat_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-started_at"]
+        indexes = [models.Index(fields=["heartbeat_at"], name="gator_worker_heartbeat")]
+
+    def __str__(self) -> str:
+        return self.id

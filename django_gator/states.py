@@ -1,0 +1,57 @@
+"""The states of a job, and everything derived from them: the groups other code asks
+about (ready, active, final) and the SQL fragments the engines and indexes use. No other
+module spells a state."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from django.db import models
+
+
+class JobState(models.TextChoices):
+    """Where a job is in its life.
+
+    ``waiting``: ready now, or scheduled for ``next_execution_at``.
+    ``running``: claimed by the worker named in ``reserved_by``.
+    ``succeeded``: ``handle()`` returned.
+    ``failed``: ``handle()`` raised and the retry policy will run it again at
+    ``next_execution_at``.
+    ``dead``: no more attempts (retries exhausted, no retry policy, an unknown job name,
+    or the job kept killing its worker). Only an operator brings it back.
+    ``cancelled``: an operator or the code cancelled it before it ran.
+    """
+
+    WAITING = "waiting", "Waiting"
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed (will retry)"
+    DEAD = "dead", "Dead"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+#: States a worker may claim from once ``next_execution_at`` has passed.
+READY_STATES = (JobState.WAITING, JobState.FAILED)
+#: States of a job that has not ended: it may still run (unique keys are held by these).
+ACTIVE_STATES = (JobState.WAITING, JobState.FAILED, JobState.RUNNING)
+#: States no worker ever leaves on its own.
+FINAL_STATES = (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED)
+
+
+def sql_list(states: Iterable[str]) -> str:
+    """``('waiting', 'failed')``: states as an SQL list (they are fixed identifiers, so
+    inlining them is safe and lets partial indexes match)."""
+    return "(" + ", ".join(f"'{JobState(state).value}'" for state in states) + ")"
+
+
+def sql_literal(state: str) -> str:
+    """``'running'``: one state as an SQL literal."""
+    return f"'{JobState(state).value}'"
+
+
+#: The condition of a job a worker may claim (with a due ``next_execution_at``).
+READY_SQL = f"state IN {sql_list(READY_STATES)}"
+#: The condition of a job that has not ended.
+ACTIVE_SQL = f"state IN {sql_list(ACTIVE_STATES)}"
+#: The condition of a claimed job.
+RUNNING_SQL = f"state = {sql_literal(JobState.RUNNING)}"
