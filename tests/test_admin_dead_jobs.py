@@ -129,3 +129,16 @@ def test_the_dead_job_screens_index_holds_only_dead_and_failed_rows():
             definition = cursor.fetchone()[0]
         assert "WHERE" in definition
         assert "dead" in definition
+
+
+def test_a_group_filter_is_the_exact_recorded_class_and_a_bad_one_matches_nothing():
+    dead_jobs()
+    client = operator()
+    # The recorded class is "PermissionError": its group, and not a suffix match.
+    exact = client.get(reverse(DEAD), {"error_class": "PermissionError"}).content.decode()
+    assert "PermissionError" in exact
+    assert "RuntimeError" not in exact
+    # A hand-edited URL naming no possible class: no jobs, and no server error.
+    bad = client.get(reverse(DEAD), {"error_class": "not a class"})
+    assert bad.status_code == 200
+    assert "0 jobs match" in bad.content.decode()

@@ -3,7 +3,7 @@ form for a bad schedule and for a schedule whose job is gone.
 
 The system checks for bad settings, databases and schedules declared in code are tested in
 tests/test_checks.py; dispatch arguments, options and the worker's command line in
-tests/test_dispatch.py, tests/test_validation.py and tests/test_worker_process.py.
+tests/test_dispatch.py, tests/test_validation.py and tests/test_supervisor.py.
 """
 
 from __future__ import annotations

@@ -70,6 +70,17 @@ def test_raised_reads_last_error_only_for_rows_without_an_error_class():
     assert ids(Job.objects.raised("KeyError")) == {recorded.pk}
 
 
+def test_raised_exact_matches_one_recorded_class_as_the_admins_groups_do():
+    builtin = raised_by("ValueError", "ValueError: bad")
+    mine = raised_by("myapp.ValueError", "myapp.ValueError: also bad")
+    old = raised_by(None, "ValueError: from before 0005")
+    old_mine = raised_by(None, "myapp.ValueError: also from before")
+
+    assert ids(Job.objects.raised("ValueError", exact=True)) == {builtin.pk, old.pk}
+    assert ids(Job.objects.raised("myapp.ValueError", exact=True)) == {mine.pk, old_mine.pk}
+    assert len(ids(Job.objects.raised("ValueError"))) == 4  # loosely: every ValueError
+
+
 def test_raised_composes_with_the_other_verbs():
     dead = raised_by("ValueError", "ValueError: x")
     failed = JobFactory(failed=True)

@@ -50,7 +50,10 @@ def matching(filters: dict[str, str]) -> JobQuerySet:
     if filters["name"]:
         jobs = jobs.filter(name=filters["name"])
     if filters["error_class"]:
-        jobs = jobs.filter(error_class=filters["error_class"])
+        try:
+            jobs = jobs.raised(filters["error_class"], exact=True)
+        except ValueError:  # not a class name (a hand-edited URL): it matches nothing
+            jobs = jobs.none()
     if filters["queue"]:
         jobs = jobs.filter(queue=filters["queue"])
     return jobs

@@ -83,21 +83,27 @@ class JobQuerySet(models.QuerySet["Job"]):
         jobs = self.filter(state__in=FINAL_STATES)
         return jobs if before is None else jobs.filter(finished_at__lt=before)
 
-    def raised(self, *classes: str) -> JobQuerySet:
+    def raised(self, *classes: str, exact: bool = False) -> JobQuerySet:
         """Jobs whose last failed attempt raised one of ``classes``, each the exception class
-        as recorded (``myapp.jobs.PaymentDeclined``) or its last dotted parts
-        (``PaymentDeclined``, ``jobs.PaymentDeclined``); case matters. The ``error_class``
-        column says it; a row that failed before that column existed (migration 0005 added
-        it, NULL in older rows) says it with the class at the start of its ``last_error``
-        (``myapp.jobs.PaymentDeclined: card expired``). No classes: no jobs. ValueError
-        names a class that cannot be one (empty, with a space or a colon)."""
+        as recorded (``myapp.jobs.PaymentDeclined``) or, unless ``exact``, its last dotted
+        parts (``PaymentDeclined``, ``jobs.PaymentDeclined``); case matters. The
+        ``error_class`` column says it; a row that failed before that column existed
+        (migration 0005 added it, NULL in older rows) says it with the class at the start of
+        its ``last_error`` (``myapp.jobs.PaymentDeclined: card expired``). No classes: no
+        jobs. ValueError names a class that cannot be one (empty, with a space or a colon).
+
+        ``gator_retry --error`` matches loosely; the admin's dead-job groups, each one
+        recorded class, match ``exact``."""
         if not classes:
             return self.none()
         names = "|".join(re.escape(exception_class_name(c)) for c in classes)
+        prefix = "" if exact else r"(.*\.)?"
+        last_error_prefix = "" if exact else r"([^:]*\.)?"
         return self.filter(
-            models.Q(error_class__regex=rf"^(.*\.)?({names})$")
+            models.Q(error_class__regex=rf"^{prefix}({names})$")
             | models.Q(
-                error_class__isnull=True, last_error__regex=rf"^\s*([^:]*\.)?({names})\s*(:|$)"
+                error_class__isnull=True,
+                last_error__regex=rf"^\s*{last_error_prefix}({names})\s*(:|$)",
             )
         )
 

@@ -1,0 +1,144 @@
+"""The fetcher, and the executors with their watchdog, used alone: real database, real
+claims, no supervisor, no signals, no heartbeat."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+from django.db import connections
+
+from django_gator.engines import get_engine
+from django_gator.exceptions import JobTimeout
+from django_gator.models import Job, JobState
+from django_gator.worker.claims import Claimer
+from django_gator.worker.executor import Executors
+from django_gator.worker.fetcher import Fetcher
+from django_gator.worker.outcomes import Outcomes
+from django_gator.worker.slots import Slots
+from tests.testapp.jobs import Boom, Echo, TooSlow
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+WORKER = "fetcher-test"
+
+
+class Parts:
+    """A worker's components, wired as the supervisor wires them, with no threads: the
+    executors' ``spawn`` only records what would have been started."""
+
+    def __init__(self, concurrency: int = 2, *, burst: bool = False) -> None:
+        self.engine = get_engine("default")
+        self.engine.register_worker(WORKER, "h", 1, "[]", concurrency)
+        self.slots = Slots(concurrency)
+        self.outcomes = Outcomes(self.engine, WORKER)
+        self.spawned: list[str] = []
+        self.executors = Executors(self.slots, self.outcomes, self.engine, self._spawn)
+        self.drained = threading.Event()
+        self.fetcher = Fetcher(
+            engine=self.engine,
+            slots=self.slots,
+            claimer=Claimer(self.engine, WORKER),
+            executors=self.executors,
+            outcomes=self.outcomes,
+            retrying=lambda what, action: action(),
+            stopped=threading.Event(),
+            poll_interval=0.05,
+            burst=burst,
+            on_drained=self.drained.set,
+        )
+
+    def _spawn(self, name: str, target: Callable[[], None]) -> threading.Thread:
+        self.spawned.append(name)
+        return threading.current_thread()
+
+
+def test_after_a_lost_claim_answer_only_the_jobs_no_thread_holds_go_back():
+    parts = Parts()
+    Echo.dispatch_many([["held"], ["orphan"]])
+    held, orphan = parts.engine.claim(WORKER, "echo", 2)  # the orphan's answer was "lost"
+    with parts.slots.lock:
+        parts.slots.hand_out_locked([held])
+
+    parts.fetcher.release_orphans([])
+
+    rows = {job.pk: job for job in Job.objects.all()}
+    assert rows[held.id].state == JobState.RUNNING
+    assert (rows[orphan.id].state, rows[orphan.id].attempts) == (JobState.WAITING, 0)
+
+
+def test_a_suspect_is_marked_isolated_before_an_executor_gets_it():
+    parts = Parts()
+    row = Echo.dispatch("suspect")
+    Job.objects.filter(pk=row.pk).update(suspect=True)
+    [suspect] = parts.engine.claim(WORKER, "echo", 1)
+    assert suspect.suspect
+    with parts.slots.lock:
+        parts.slots.hand_out_locked([suspect])
+        turn = parts.slots.next_round_locked()
+    assert turn.suspect is suspect  # nothing else here: it may start
+
+    parts.fetcher.start_isolated(suspect)
+
+    assert Job.objects.get(pk=row.pk).isolated
+    assert parts.slots.isolated is suspect
+    assert list(parts.slots.pending) == [suspect]
+
+
+def test_a_burst_fetcher_claims_hands_out_and_stops_when_nothing_is_left():
+    parts = Parts(concurrency=2, burst=True)
+    rows = Echo.dispatch_many([["a"], ["b"]])
+
+    def fetch() -> None:
+        try:
+            parts.fetcher.run()
+        finally:
+            connections.close_all()  # this thread's, as the supervisor's threads do
+
+    runner = threading.Thread(target=fetch, daemon=True)
+    runner.start()
+    me = threading.current_thread()
+    for _ in rows:  # this thread plays the executor
+        job = parts.slots.next_job(me, lambda j: None)
+        assert job is not None
+        outcome, elapsed_ms = parts.executors.execute(job)
+        parts.slots.finish(me, (job, outcome, elapsed_ms))
+    assert parts.drained.wait(10)
+    runner.join(10)
+    states = set(Job.objects.values_list("state", flat=True))
+    assert states == {JobState.SUCCEEDED}  # the batched marks were written on the way
+
+
+def test_an_executor_writes_a_failure_at_once():
+    parts = Parts()
+    row = Boom.dispatch("no")
+    [job] = parts.engine.claim(WORKER, row.queue, 1)
+    with parts.slots.lock:
+        parts.slots.hand_out_locked([job])
+    parts.slots.next_job(threading.current_thread(), lambda j: None)
+
+    parts.executors.execute(job)
+
+    row.refresh_from_db()
+    assert row.state == JobState.DEAD
+    assert row.last_error == "RuntimeError: no"
+
+
+def test_the_watchdog_fails_a_job_past_its_deadline_and_replaces_its_thread():
+    parts = Parts(concurrency=1)
+    row = TooSlow.dispatch(30)
+    [job] = parts.engine.claim(WORKER, row.queue, 1)
+    with parts.slots.lock:
+        parts.slots.hand_out_locked([job])
+    stuck = threading.Thread(target=time.sleep, args=(0,))  # stands for the executor
+    parts.slots.next_job(stuck, lambda j: time.monotonic() - 1)  # already past due
+
+    parts.executors.write_timeouts()
+
+    assert parts.spawned == ["gator-executor-1"]  # a fresh thread for the slot
+    assert stuck in parts.slots.retired
+    row.refresh_from_db()
+    assert row.state in (JobState.FAILED, JobState.DEAD)
+    assert row.last_error.startswith(f"{JobTimeout.__module__}.JobTimeout: ")
