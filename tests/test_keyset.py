@@ -1,17 +1,28 @@
-"""Keyset claims (PostgreSQL): while a worker drains a backlog, each claim starts after the
-last job it claimed instead of stepping over the dead index entries of the rows before it;
-a full claim at least every KEYSET_FULL_EVERY seconds keeps priorities honest."""
+"""Keyset claims (PostgreSQL): each claim reads every priority of a queue from the last job
+the worker claimed there, so its cost does not grow with the dead index entries that a long
+transaction keeps behind that position; higher priorities, late commits and back-dated
+jobs are still claimed within the bounds that worker/claims.py documents."""
 
 from __future__ import annotations
 
+import re
 import signal
 import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
 
+import psycopg
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from django_gator.engines import get_engine
+from django_gator.engines.base import Position
 from django_gator.models import Job, JobState
+from django_gator.worker.claims import FULL_CLAIM_EVERY, KEYSET_LOOKBACK, Claimer
+from django_gator.worker.queues import QueueSpec
 from tests.conftest import wait_for, worker_output
 from tests.testapp.jobs import Noop, Record
 
@@ -23,18 +34,182 @@ pytestmark = [
 ]
 
 
-def test_a_keyset_claim_starts_after_the_last_claimed_job():
+def _position(job: Any, lookback: float = 0.0) -> Position:
+    """The position just after ``job`` (a claimed job, or a Job row)."""
+    return Position({job.priority: (job.next_execution_at, job.id)}, lookback)
+
+
+class Clock:
+    """A monotonic clock the test moves by hand (the database is real)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def long_transaction() -> Iterator[None]:
+    """A REPEATABLE READ transaction on its own connection, open for the whole test: no
+    dead row or index entry of the jobs table can be cleaned up meanwhile."""
+    settings = connection.settings_dict
+    held = psycopg.connect(
+        dbname=settings["NAME"],
+        user=settings["USER"],
+        password=settings["PASSWORD"] or None,
+        host=settings["HOST"] or None,
+        port=settings["PORT"] or None,
+    )
+    held.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    held.execute("SELECT count(*) FROM django_gator_job").fetchone()
+    try:
+        yield
+    finally:
+        held.close()
+
+
+def _buffers(sql: str, params: Any) -> int:
+    """Shared buffers the statement reads, from EXPLAIN (ANALYZE, BUFFERS), rolled back."""
+    with connection.cursor() as cursor:
+        cursor.execute("BEGIN")
+        cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("ROLLBACK")
+    found = re.search(r"Buffers: shared hit=(\d+)(?: read=(\d+))?", plan)
+    assert found, plan
+    return int(found.group(1)) + int(found.group(2) or 0)
+
+
+def test_a_keyset_claim_reads_each_priority_from_its_position():
     engine = get_engine("default")
     jobs = Noop.dispatch_many([[i] for i in range(5)])
     first = engine.claim("w", "default", 2)
     assert [j.id for j in first] == [jobs[0].pk, jobs[1].pk]
-    last = first[-1]
-    urgent = Noop.dispatch("urgent", priority=50)
+    urgent = Noop.dispatch("urgent", priority=50)  # a priority without a position
+    back_dated = Noop.dispatch("late", at=timezone.now() - timedelta(hours=1))
 
-    after = engine.claim("w", "default", 2, after=(last.priority, last.next_execution_at, last.id))
-    assert [j.id for j in after] == [jobs[2].pk, jobs[3].pk]  # not the urgent job
-    full = engine.claim("w", "default", 2)
-    assert [j.id for j in full] == [urgent.pk, jobs[4].pk]  # a full claim sees it first
+    after = engine.claim("w", "default", 3, after=_position(first[-1]))
+    # The new priority is read from the start of its range; the back-dated job lies
+    # before the position of priority 0 and is not seen.
+    assert [j.id for j in after] == [urgent.pk, jobs[2].pk, jobs[3].pk]
+    full = engine.claim("w", "default", 3)
+    assert {j.id for j in full} == {back_dated.pk, jobs[4].pk}  # the full claim sees it
+
+
+def test_the_lookback_finds_a_job_placed_just_before_the_position():
+    engine = get_engine("default")
+    [older, newer] = [Noop.dispatch(i) for i in range(2)]
+    [newer_claim] = engine.claim("w", "default", 1, after=_position(older))
+    assert newer_claim.id == newer.pk
+    # A position past ``older`` (as if it committed after ``newer`` was claimed): without
+    # a lookback it is hidden, with one it is found.
+    assert engine.claim("w", "default", 1, after=_position(newer_claim)) == []
+    [found] = engine.claim("w", "default", 1, after=_position(newer_claim, lookback=60))
+    assert found.id == older.pk
+
+
+def test_a_claimer_finds_higher_priority_and_back_dated_jobs_within_its_bounds():
+    engine = get_engine("default")
+    clock = Clock()
+    claimer = Claimer(engine, "w", [QueueSpec("default")], clock=clock)
+    Noop.dispatch_many([[i] for i in range(4)])
+    assert len(claimer.claim(2)[0]) == 2  # the first claim is a full one
+    clock.now += 1
+    assert claimer.position("default") is not None  # from now on, keyset claims
+
+    urgent = Noop.dispatch("urgent", priority=50)
+    [claimed], _ = claimer.claim(1)
+    assert claimed.id == urgent.pk  # at once: the next claim
+
+    back_dated = Noop.dispatch("back-dated", at=timezone.now() - timedelta(hours=1))
+    seen = [j.id for j in claimer.claim(1)[0]]
+    assert back_dated.pk not in seen  # placed before the position: not yet
+    clock.now += FULL_CLAIM_EVERY + 0.1
+    assert claimer.position("default") is None  # the full claim is due
+    [claimed], _ = claimer.claim(1)
+    assert claimed.id == back_dated.pk  # within FULL_CLAIM_EVERY
+    clock.now += 1
+    assert claimer.position("default") is not None
+    [rest], _ = claimer.claim(5)
+    assert rest.args == [3]  # the backlog goes on where it stopped
+    assert claimer.claim(5) == ([], [])
+    assert KEYSET_LOOKBACK < FULL_CLAIM_EVERY
+
+
+def test_a_full_batch_of_back_dated_jobs_is_drained_from_where_it_stopped():
+    engine = get_engine("default")
+    clock = Clock()
+    claimer = Claimer(engine, "w", [QueueSpec("default")], clock=clock)
+    Noop.dispatch("first")
+    assert len(claimer.claim(1)[0]) == 1
+    hour_ago = timezone.now() - timedelta(hours=1)
+    late = [Noop.dispatch(i, at=hour_ago + timedelta(seconds=i)) for i in range(5)]
+    clock.now += FULL_CLAIM_EVERY + 0.1
+    assert {j.id for j in claimer.claim(2)[0]} == {late[0].pk, late[1].pk}  # full claim
+    clock.now += 0.1
+    # Keyset claims go on from the last back-dated job claimed, not from the old position.
+    assert {j.id for j in claimer.claim(5)[0]} == {j.pk for j in late[2:]}
+
+
+def test_all_queues_mode_claims_known_queues_and_finds_new_ones():
+    engine = get_engine("default")
+    clock = Clock()
+    claimer = Claimer(engine, "w", clock=clock)
+    Noop.dispatch("a")
+    assert len(claimer.claim(4)[0]) == 1
+    assert claimer.queue_order() == ["default"]  # known, though empty now
+    assert engine.ready_queues(["default"]) == []
+    other = Noop.dispatch("b", queue="other")
+    # The list of queues is trusted for QUEUE_LIST_TTL, or until a round finds nothing.
+    assert claimer.claim(4) == ([], [])
+    [claimed], _ = claimer.claim(4)
+    assert claimed.id == other.pk
+    Noop.dispatch("c", queue="zeta")
+    Noop.dispatch("d", queue="alpha")
+    assert engine.ready_queues(["default", "other"]) == ["alpha", "zeta"]
+    assert engine.ready_queues() == ["alpha", "zeta"]
+
+
+def test_keyset_claims_and_queue_search_do_not_step_over_dead_entries(long_transaction):
+    """With a long transaction open, every claimed job leaves a dead entry at the start of
+    the ready index. What a full claim and a plain queue search read grows with them; what
+    a keyset claim and a queue search that skips the known queue read does not."""
+    engine = get_engine("default")
+    position: dict[int, Any] = {}
+
+    def run(count: int) -> None:
+        # Due an hour ago: the keyset claim's lookback (1 s) does not reach back to them.
+        Noop.dispatch_many([[i] for i in range(count)], at=timezone.now() - timedelta(hours=1))
+        while jobs := engine.claim("w", "default", 100, after=Position(position)):
+            engine.mark_succeeded("w", [(j.id, j.attempts, None) for j in jobs])
+            position[0] = (jobs[-1].next_execution_at, jobs[-1].id)
+
+    def statement(call: Any) -> tuple[str, Any]:
+        with CaptureQueriesContext(connection) as queries:
+            call()
+        return queries.captured_queries[-1]["sql"], None
+
+    def read() -> dict[str, int]:
+        Noop.dispatch("new")  # one due job after the position
+        after = Position(position, KEYSET_LOOKBACK)
+        return {
+            "full claim": _buffers(*statement(lambda: engine.claim("p", "default", 1))),
+            "keyset claim": _buffers(
+                *statement(lambda: engine.claim("p", "default", 1, after=after))
+            ),
+            "queue search": _buffers(*statement(engine.ready_queues)),
+            "skipping search": _buffers(*statement(lambda: engine.ready_queues(["default"]))),
+        }
+
+    run(500)
+    before = read()
+    run(2500)
+    after = read()
+    for bounded in ("keyset claim", "skipping search"):
+        assert after[bounded] <= before[bounded] + 1, (bounded, before, after)
+    for growing in ("full claim", "queue search"):
+        assert after[growing] >= 3 * before[growing], (growing, before, after)
 
 
 def test_a_higher_priority_job_overtakes_a_backlog_being_drained(spawn_worker):

@@ -10,8 +10,9 @@ from __future__ import annotations
 import functools
 import json
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -47,8 +48,21 @@ def set_connection_hook(hook: ConnectionHook | None) -> None:
     _connection_hook = hook
 
 
-#: A claim position: (priority, next_execution_at, id) of the last job claimed.
-Keyset = tuple[int, Any, int]
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where a keyset claim starts reading one queue (engines with ``supports_keyset``).
+
+    ``after`` maps a priority to the (next_execution_at, id) of the last job claimed at
+    that priority: the claim reads that priority's range of the ready index from just after
+    it, so it never steps over the entries of the jobs claimed before (entries that a long
+    transaction keeps from being cleaned up). Priorities not in ``after`` are read from the
+    start of their range. ``lookback``: a priority's range is read from no later than this
+    many seconds before the database's now, so a job whose transaction committed after a
+    later job was claimed (its next_execution_at is its INSERT's time) is still seen."""
+
+    after: Mapping[int, tuple[Any, int]]
+    lookback: float = 0.0
+
 
 _ROW_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
@@ -311,21 +325,26 @@ class Engine:
 
     # -- claim -----------------------------------------------------------------------------
     def claim(
-        self, worker_id: str, queue: str, limit: int, after: Keyset | None = None
+        self, worker_id: str, queue: str, limit: int, after: Position | None = None
     ) -> list[ClaimedJob]:
-        """Atomically take up to ``limit`` due jobs of ``queue`` for ``worker_id``.
+        """Atomically take up to ``limit`` due jobs of ``queue`` for ``worker_id``, highest
+        priority first, then by next_execution_at and id.
 
-        ``after`` (engines with :attr:`supports_keyset`): only jobs of that priority placed
-        after that (next_execution_at, id) in the claim's order, so the index scan starts
-        past the rows the worker claimed last instead of stepping over their dead entries
-        again. Other engines ignore it."""
+        ``after`` (engines with :attr:`supports_keyset`): a keyset claim, which reads each
+        priority from the :class:`Position` given instead of from the start of the index
+        (a job placed before it is not seen). Other engines ignore it."""
         raise NotImplementedError
 
-    #: Whether claim() honours ``after`` (see there).
+    #: Whether claim() honours ``after`` and ready_queues() ``known`` (see there).
     supports_keyset = False
 
-    def ready_queues(self) -> list[str]:
-        """Names of the queues that hold waiting or failed jobs (a skip scan of the index)."""
+    def ready_queues(self, known: Sequence[str] = ()) -> list[str]:
+        """Names of the queues that hold waiting or failed jobs (a skip scan of the index).
+
+        ``known`` (engines with :attr:`supports_keyset`): queues the caller claims from
+        anyway; they are neither read nor returned, so their index entries (live, or dead
+        ones that a long transaction keeps) are not stepped over. Other engines ignore it.
+        """
         sql = (
             "WITH RECURSIVE q(queue) AS ("
             f" SELECT (SELECT queue FROM {self.job_table} WHERE {self.ready_condition()}"
@@ -437,7 +456,7 @@ class Engine:
         queue: str,
         limit: int,
         succeeded: Sequence[tuple[int, int, str | None]],
-        after: Keyset | None = None,
+        after: Position | None = None,
     ) -> tuple[list[ClaimedJob], list[int]]:
         """Write success marks and claim new jobs; with :attr:`mark_in_claim_transaction`
         both happen in one transaction (one commit)."""

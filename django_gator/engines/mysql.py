@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from django_gator.engines.base import JOB_COLUMNS, ClaimedJob, Engine, InsertRow, Keyset
+from django_gator.engines.base import JOB_COLUMNS, ClaimedJob, Engine, InsertRow, Position
 
 if TYPE_CHECKING:
     from django_gator.worker.connections import NetworkBounds
@@ -153,7 +153,7 @@ class MySQLEngine(Engine):
         )
 
     def claim(
-        self, worker_id: str, queue: str, limit: int, after: Keyset | None = None
+        self, worker_id: str, queue: str, limit: int, after: Position | None = None
     ) -> list[ClaimedJob]:
         with self.write_transaction() as cursor:
             return self._claim(cursor, worker_id, queue, limit)

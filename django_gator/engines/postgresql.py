@@ -15,8 +15,8 @@ from django_gator.engines.base import (
     ClaimedJob,
     Engine,
     InsertRow,
-    Keyset,
     Listener,
+    Position,
 )
 
 if TYPE_CHECKING:
@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 #: The LISTEN/NOTIFY channel; the payload is the queue name.
 CHANNEL = "django_gator"
+#: The range of the priority column (smallint): the ends of a keyset claim's gaps.
+SMALLINT_MIN, SMALLINT_MAX = -32768, 32767
 
 
 class PostgresListener(Listener):
@@ -206,32 +208,113 @@ class PostgresEngine(Engine):
     supports_keyset = True
 
     def claim(
-        self, worker_id: str, queue: str, limit: int, after: Keyset | None = None
+        self, worker_id: str, queue: str, limit: int, after: Position | None = None
     ) -> list[ClaimedJob]:
-        keyset, keyset_params = "", []
-        if after is not None:
-            # An index range that starts right after the last claimed row.
-            keyset = " AND priority = %s AND (next_execution_at, id) > (%s, %s)"
-            keyset_params = list(after)
+        if after is None:
+            picked = (
+                f"SELECT id FROM {self.job_table}"
+                f" WHERE queue = %s AND {READY_SQL} AND next_execution_at <= {self.now_sql}"
+                " ORDER BY priority DESC, next_execution_at, id"
+                " LIMIT %s FOR UPDATE SKIP LOCKED"
+            )
+            params: list[Any] = [queue, limit]
+        else:
+            picked, params = self._keyset_picked(queue, limit, after)
         sql = (
-            "WITH picked AS ("
-            f" SELECT id FROM {self.job_table}"
-            f" WHERE queue = %s AND {READY_SQL} AND next_execution_at <= {self.now_sql}"
-            f"{keyset}"
-            " ORDER BY priority DESC, next_execution_at, id"
-            " LIMIT %s FOR UPDATE SKIP LOCKED"
-            f") UPDATE {self.job_table} AS j SET state = 'running', attempts = j.attempts + 1,"
+            f"WITH picked AS ({picked})"
+            f" UPDATE {self.job_table} AS j SET state = 'running', attempts = j.attempts + 1,"
             f" reserved_by = %s, locked_at = {self.now_sql}, isolated = FALSE,"
             f" started_at = COALESCE(j.started_at, {self.now_sql})"
             " FROM picked WHERE j.id = picked.id"
             " RETURNING " + ", ".join(f"j.{c.strip()}" for c in JOB_COLUMNS.split(","))
         )
         with self.connection.cursor() as cursor:
-            cursor.execute(sql, [queue, *keyset_params, limit, worker_id])
+            cursor.execute(sql, [*params, worker_id])
             rows = cursor.fetchall()
         jobs = [self.claimed(row) for row in rows]
         jobs.sort(key=_dequeue_order)
         return jobs
+
+    def _keyset_picked(self, queue: str, limit: int, after: Position) -> tuple[str, list[Any]]:
+        """The ids a keyset claim takes: one index range scan per priority of ``after``,
+        each starting at its position (or ``lookback`` seconds before now, if that is
+        earlier), and one per gap between those priorities, from the gap's start. Every
+        scan is an index descent plus the rows it reads; none steps over the entries
+        before a position, however many a long transaction keeps there."""
+        known = sorted(after.after, reverse=True)
+        gaps: list[tuple[int, int]] = []
+        high = SMALLINT_MAX
+        for priority in known:
+            if priority < high:
+                gaps.append((priority + 1, high))
+            high = priority - 1
+        if high >= SMALLINT_MIN:
+            gaps.append((SMALLINT_MIN, high))
+        columns = "id, priority, next_execution_at"
+        ready = f"queue = %s AND {READY_SQL} AND next_execution_at <= {self.now_sql}"
+        lock = "LIMIT %s FOR UPDATE SKIP LOCKED"
+        parts = []
+        params: list[Any] = []
+        if known:
+            # The start of each priority's scan: its position, unless that is less than
+            # ``lookback`` before now; then now - lookback (any id).
+            parts.append(
+                f"SELECT s.* FROM (SELECT k.p, CASE WHEN k.t < b.since THEN k.t ELSE b.since "
+                "END AS t, CASE WHEN k.t < b.since THEN k.i ELSE 0 END AS i "
+                "FROM unnest(%s::smallint[], %s::timestamptz[], %s::bigint[]) AS k(p, t, i), "
+                f"(SELECT {self.now_sql} - %s::float8 * interval '1 second' AS since) AS b) AS c"
+                f" CROSS JOIN LATERAL (SELECT {columns} FROM {self.job_table} WHERE {ready}"
+                " AND priority = c.p AND (next_execution_at, id) > (c.t, c.i)"
+                f" ORDER BY next_execution_at, id {lock}) AS s"
+            )
+            params += [
+                known,
+                [after.after[p][0] for p in known],
+                [after.after[p][1] for p in known],
+                after.lookback,
+                queue,
+                limit,
+            ]
+        if gaps:
+            parts.append(
+                "SELECT s.* FROM unnest(%s::smallint[], %s::smallint[]) AS g(lo, hi)"
+                f" CROSS JOIN LATERAL (SELECT {columns} FROM {self.job_table} WHERE {ready}"
+                " AND priority >= g.lo AND priority <= g.hi"
+                f" ORDER BY priority DESC, next_execution_at, id {lock}) AS s"
+            )
+            params += [[g[0] for g in gaps], [g[1] for g in gaps], queue, limit]
+        picked = (
+            f"SELECT id FROM ({' UNION ALL '.join(parts)}) AS x"
+            " ORDER BY priority DESC, next_execution_at, id LIMIT %s"
+        )
+        return picked, [*params, limit]
+
+    def ready_queues(self, known: Sequence[str] = ()) -> list[str]:
+        if not known:
+            return super().ready_queues()
+        # A skip scan that jumps over the known queues: from each position (a queue found,
+        # or a known queue), the next queue with a ready entry before the next known name;
+        # if there is none, on to that known name.
+        first = (
+            f"SELECT queue FROM {self.job_table} WHERE {READY_SQL} AND queue > q.queue{{}}"
+            " ORDER BY queue LIMIT 1"
+        )
+        sql = (
+            "WITH RECURSIVE q(queue, hit) AS ("
+            " SELECT ''::varchar, false"
+            " UNION ALL"
+            " SELECT COALESCE(n.found, n.known), n.found IS NOT NULL FROM q, LATERAL ("
+            "  SELECT nk.known, CASE WHEN nk.known IS NULL"
+            f"   THEN ({first.format('')})"
+            f"   ELSE ({first.format(' AND queue < nk.known')}) END AS found"
+            "  FROM (SELECT min(k) AS known FROM unnest(%s::varchar[]) AS k"
+            "   WHERE k > q.queue) AS nk) AS n"
+            " WHERE COALESCE(n.found, n.known) IS NOT NULL"
+            ") SELECT queue FROM q WHERE hit"
+        )
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, [list(known)])
+            return [row[0] for row in cursor.fetchall()]
 
     def mark_succeeded(
         self, worker_id: str, done: Sequence[tuple[int, int, str | None]]

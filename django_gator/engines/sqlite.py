@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db import OperationalError, transaction
 
-from django_gator.engines.base import JOB_COLUMNS, READY_SQL, ClaimedJob, Engine, Keyset
+from django_gator.engines.base import JOB_COLUMNS, READY_SQL, ClaimedJob, Engine, Position
 
 try:
     import fcntl
@@ -115,7 +115,7 @@ class SQLiteEngine(Engine):
         )
 
     def claim(
-        self, worker_id: str, queue: str, limit: int, after: Keyset | None = None
+        self, worker_id: str, queue: str, limit: int, after: Position | None = None
     ) -> list[ClaimedJob]:
         with self.connection.cursor() as cursor:
             return self._claim(cursor, worker_id, queue, limit)

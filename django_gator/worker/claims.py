@@ -4,33 +4,63 @@ queue's ready index the claim starts.
 A :class:`Claimer` is used by the fetcher thread only (it keeps per-queue state without a
 lock). One call to :meth:`Claimer.claim` claims up to ``limit`` jobs across the worker's
 queues and writes a batch of success marks in the same round trip as the first claim.
+
+Keyset claims (engines with ``supports_keyset``: PostgreSQL). Claiming a job leaves a dead
+entry at the start of its queue's ready index, which PostgreSQL removes only once no open
+transaction can still see the row; while a long transaction (a report, a backup) is open,
+none is removed, and a claim that reads the index from its start steps over every job
+claimed since that transaction began. So the Claimer remembers, per queue and priority, the
+last job it claimed (a :class:`~django_gator.engines.base.Position`), and each claim reads
+every priority from there: its cost depends on the jobs it takes, not on the worker's age.
+What a position could hide, and when it is found:
+
+- a job of a priority the worker has not claimed before: read from the start of its
+  priority's range by every claim (found by the next claim);
+- a job committed after a later job was claimed (a dispatch whose transaction was still
+  open, a retry, a rescue, an admin's "run now"): each priority is read from no later than
+  KEYSET_LOOKBACK seconds before now, so one committed within that long of its INSERT is
+  found by the next claim;
+- a job placed before a position by more than that (dispatched with an ``at=`` in the past,
+  released by a stopping worker, a dispatch that committed later still, a row changed by
+  hand): found by the next full claim, which reads the queue from the start of its index at
+  least every FULL_CLAIM_EVERY seconds. That full claim is the only read whose cost grows
+  with the dead entries, once per FULL_CLAIM_EVERY instead of once per claim.
+
+In the all-queues mode the queues the worker has claimed from are claimed from every round
+(a keyset claim of an empty queue is one index descent per priority), and the search for
+other queues with work jumps over them (see ``Engine.ready_queues``).
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from django_gator.engines import ClaimedJob
-from django_gator.engines.base import Engine, Keyset
+from django_gator.engines.base import Engine, Position
 from django_gator.worker.queues import QueueSpec, weighted_order
 
 #: How long the all-queues mode trusts its list of queues with ready work.
 QUEUE_LIST_TTL = 2.0
-#: Longest run of keyset claims between two full claims, in seconds. A job of higher
-#: priority (or one dispatched with an ``at=`` in the past) that arrives while a worker
-#: drains a backlog is claimed at the latest after this long.
-KEYSET_FULL_EVERY = 0.25
+#: Keyset engines: longest time between two full claims of a queue (from the start of its
+#: ready index), in seconds: the bound on the delay of a job placed more than
+#: KEYSET_LOOKBACK before the worker's position in its queue (see the module docstring).
+FULL_CLAIM_EVERY = 10.0
+#: Keyset engines: each priority is read from no later than this many seconds before the
+#: database's now. A job committed within this long of its INSERT is not missed however
+#: the worker's position moved meanwhile; a keyset claim steps over the entries of the
+#: jobs claimed in the last KEYSET_LOOKBACK seconds, never more.
+KEYSET_LOOKBACK = 1.0
 
 #: A success mark: (job id, attempt, result JSON).
 Mark = tuple[int, int, "str | None"]
 
 
 class Claimer:
-    """Claims for one worker: weighted queue order, and keyset claims while a queue drains
-    a backlog (each claim starts after the last job the previous one took, instead of
-    walking the index from its start past the entries of every job claimed since)."""
+    """Claims for one worker: weighted queue order, and keyset claims that start where the
+    previous claim of each queue and priority stopped (see the module docstring)."""
 
     def __init__(
         self,
@@ -38,14 +68,17 @@ class Claimer:
         worker_id: str,
         specs: Sequence[QueueSpec] = (),
         rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.engine = engine
         self.worker_id = worker_id
         self.specs = list(specs)
         self.rng = rng or random.Random()
+        self.clock = clock
         self._queue_cache: tuple[float, list[str]] = (0.0, [])
-        self._keysets: dict[str, Keyset] = {}  # per queue: the last job claimed
-        self._full_claims: dict[str, float] = {}  # per queue: monotonic time of the last
+        #: Per queue, per priority: (next_execution_at, id) of the last job claimed.
+        self._positions: dict[str, dict[int, tuple[Any, int]]] = {}
+        self._full_claims: dict[str, float] = {}  # per queue: clock() of the last
 
     def claim(self, limit: int, marks: Sequence[Mark] = ()) -> tuple[list[ClaimedJob], list[int]]:
         """Claim up to ``limit`` jobs across the queues, writing the success ``marks`` in
@@ -60,19 +93,13 @@ class Claimer:
         written = []
         for name in names:
             want = limit - len(claimed)
-            hint = self._keyset_hint(name)
+            after = self.position(name)
             jobs, marked = self.engine.claim_and_mark(
-                self.worker_id, name, want, pending, after=hint
+                self.worker_id, name, want, pending, after=after
             )
             written += marked
             pending = []
-            if hint is not None and len(jobs) < want:
-                # The backlog after the keyset ran short: a full claim for the rest, which
-                # also sees higher priorities and back-dated jobs.
-                more, _ = self.engine.claim_and_mark(self.worker_id, name, want - len(jobs), [])
-                jobs += more
-                hint = None
-            self._remember_keyset(name, jobs, full=hint is None, full_batch=len(jobs) >= want)
+            self._advance(name, jobs, full=after is None, full_batch=len(jobs) >= want)
             claimed += jobs
             if len(claimed) >= limit:
                 break
@@ -84,37 +111,42 @@ class Claimer:
         """The queues to claim from, in this round's order."""
         if self.specs:
             return weighted_order(self.specs, self.rng)
+        known = sorted(self._positions)
         fetched_at, names = self._queue_cache
-        if time.monotonic() - fetched_at > QUEUE_LIST_TTL:
-            names = self.engine.ready_queues()
+        if self.clock() - fetched_at > QUEUE_LIST_TTL:
+            names = self.engine.ready_queues(known)
             # An empty list is never trusted: a job may be inserted right after.
-            self._queue_cache = (time.monotonic() if names else 0.0, names)
-        names = list(names)
+            self._queue_cache = (self.clock() if names else 0.0, names)
+        names = sorted({*names, *known})
         self.rng.shuffle(names)
         return names
 
-    def _keyset_hint(self, queue: str) -> Keyset | None:
-        """Where to start this queue's claim: after the last job claimed, while the queue
-        drains a backlog (the previous claim filled its batch) and a full claim ran within
-        KEYSET_FULL_EVERY seconds; None for a full claim."""
+    def position(self, queue: str) -> Position | None:
+        """Where this queue's next claim starts: the positions of its priorities, or None
+        for a full claim (the first one, then one at least every FULL_CLAIM_EVERY)."""
         if not self.engine.supports_keyset:
             return None
-        keyset = self._keysets.get(queue)
-        if keyset is None:
+        positions = self._positions.get(queue)
+        if positions is None or self.clock() - self._full_claims[queue] > FULL_CLAIM_EVERY:
             return None
-        if time.monotonic() - self._full_claims.get(queue, 0.0) > KEYSET_FULL_EVERY:
-            return None
-        return keyset
+        return Position(dict(positions), KEYSET_LOOKBACK)
 
-    def _remember_keyset(
+    def _advance(
         self, queue: str, jobs: Sequence[ClaimedJob], *, full: bool, full_batch: bool
     ) -> None:
+        """Move the queue's positions past the jobs just claimed. The lowest priority of a
+        full batch may have more jobs right after its last one: its position is that job,
+        even if it lies before the old position (a full claim found a back-dated job)."""
         if not self.engine.supports_keyset:
             return
         if full:
-            self._full_claims[queue] = time.monotonic()
-        if not jobs or not full_batch:
-            self._keysets.pop(queue, None)  # no backlog: the next claim is a full one
+            self._full_claims[queue] = self.clock()
+        positions = self._positions.setdefault(queue, {})
+        if not jobs:
             return
-        last = max(jobs, key=lambda j: (-j.priority, j.next_execution_at, j.id))
-        self._keysets[queue] = (last.priority, last.next_execution_at, last.id)
+        lowest = min(job.priority for job in jobs)
+        for job in sorted(jobs, key=lambda j: (j.next_execution_at, j.id)):
+            key = (job.next_execution_at, job.id)
+            old = positions.get(job.priority)
+            if old is None or key > old or (full_batch and job.priority == lowest):
+                positions[job.priority] = key

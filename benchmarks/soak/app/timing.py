@@ -37,7 +37,7 @@ def kind_of(sql: str) -> str | None:
         return "fail"
     if sql.startswith("UPDATE") and "rescues = rescues + 1" in sql:
         return "rescue"
-    if sql.startswith("WITH RECURSIVE q(queue)"):
+    if sql.startswith("WITH RECURSIVE q(queue"):
         return "queues"
     if "SET heartbeat_at" in sql:
         return "heartbeat"
