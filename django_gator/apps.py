@@ -18,7 +18,7 @@ class GatorConfig(AppConfig):
             conf,
             immediate,
         )
-        from django_gator.engines import base as engines
+        from django_gator.engines import core as engines
         from django_gator.worker import connections, inline
 
         # The wiring from the worker down: dispatch and the engines call the worker's code

@@ -55,3 +55,22 @@ READY_SQL = f"state IN {sql_list(READY_STATES)}"
 ACTIVE_SQL = f"state IN {sql_list(ACTIVE_STATES)}"
 #: The condition of a claimed job.
 RUNNING_SQL = f"state = {sql_literal(JobState.RUNNING)}"
+
+#: Each state as an SQL literal, for the engines' statements.
+SQL_WAITING = sql_literal(JobState.WAITING)
+SQL_RUNNING = sql_literal(JobState.RUNNING)
+SQL_SUCCEEDED = sql_literal(JobState.SUCCEEDED)
+SQL_FAILED = sql_literal(JobState.FAILED)
+SQL_DEAD = sql_literal(JobState.DEAD)
+SQL_CANCELLED = sql_literal(JobState.CANCELLED)
+
+
+def claim_set_sql(now_sql: str, table: str = "") -> str:
+    """The SET clause of every claim: the row becomes ``running``, charged one attempt,
+    under the worker given as the statement's first parameter. ``table``: a qualifier for
+    the columns read (``j.`` where the statement names the table ``j``)."""
+    return (
+        f"state = {SQL_RUNNING}, attempts = {table}attempts + 1, reserved_by = %s, "
+        f"locked_at = {now_sql}, isolated = FALSE, "
+        f"started_at = COALESCE({table}started_at, {now_sql})"
+    )

@@ -516,7 +516,7 @@ def test_the_on_commit_setting_is_the_default_and_the_argument_wins(
         (
             lambda: DispatchAnything.dispatch(JobFactory.build()),
             "args[0]",
-            "django_gator.models.Job",
+            "django_gator.models.jobs.Job",  # the class, where it is defined
         ),
         (lambda: DispatchAnything.dispatch(float("nan")), "args[0]", "nan"),
         (lambda: DispatchAnything.dispatch(x=float("inf")), "kwargs['x']", "inf"),

@@ -14,7 +14,7 @@ from django.db import connection
 from django.test import override_settings
 
 from django_gator import immediate
-from django_gator.engines import base as engines
+from django_gator.engines import core as engines
 from django_gator.engines import get_engine
 from django_gator.models import Job, JobState, record
 from django_gator.worker import connections, inline

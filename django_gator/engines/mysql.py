@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django_gator.engines.base import JOB_COLUMNS, ClaimedJob, Engine, InsertRow, Position
+from django_gator.states import SQL_WAITING, claim_set_sql
 
 if TYPE_CHECKING:
     from django_gator.worker.connections import NetworkBounds
@@ -105,8 +106,9 @@ class MySQLEngine(Engine):
                 cursor.execute(
                     f"INSERT INTO {self.job_table} (name, args, kwargs, queue, priority, state, "
                     "attempts, rescues, next_execution_at, created_at, last_error, chain_id, "
-                    "chain_position, chain, unique_key) VALUES (%s, %s, %s, %s, %s, 'waiting', "
-                    f"0, 0, COALESCE(%s, {self.now_sql}), {self.now_sql}, '', %s, %s, %s, %s)",
+                    "chain_position, chain, unique_key) VALUES (%s, %s, %s, %s, %s, "
+                    f"{SQL_WAITING}, 0, 0, COALESCE(%s, {self.now_sql}), {self.now_sql}, '', "
+                    "%s, %s, %s, %s)",
                     [
                         row.name,
                         row.args,
@@ -135,7 +137,7 @@ class MySQLEngine(Engine):
             f"INSERT INTO {self.job_table} (name, args, kwargs, queue, priority, state, "
             "attempts, rescues, next_execution_at, created_at, last_error, chain_id, "
             "chain_position, chain, unique_key) SELECT j.name, j.a, j.k, j.queue, j.priority, "
-            f"'waiting', 0, 0, COALESCE(j.run_at, {self.now_sql}), {self.now_sql}, '', "
+            f"{SQL_WAITING}, 0, 0, COALESCE(j.run_at, {self.now_sql}), {self.now_sql}, '', "
             "j.chain_id, j.chain_position, j.chain, j.unique_key "
             "FROM JSON_TABLE(%s, '$[*]' COLUMNS ("
             "ord FOR ORDINALITY, "
@@ -171,9 +173,7 @@ class MySQLEngine(Engine):
             return []
         ids = [row[0] for row in rows]
         cursor.execute(
-            f"UPDATE {self.job_table} SET state = 'running', attempts = attempts + 1,"
-            f" reserved_by = %s, locked_at = {self.now_sql}, isolated = FALSE,"
-            f" started_at = COALESCE(started_at, {self.now_sql})"
+            f"UPDATE {self.job_table} SET {claim_set_sql(self.now_sql)}"
             f" WHERE id IN ({', '.join(['%s'] * len(ids))})",
             [worker_id, *ids],
         )

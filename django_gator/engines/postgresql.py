@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 from django_gator import conf
 from django_gator.engines.base import (
     JOB_COLUMNS,
-    READY_SQL,
     ClaimedJob,
     Engine,
     InsertRow,
     Listener,
     Position,
 )
+from django_gator.states import READY_SQL, RUNNING_SQL, SQL_SUCCEEDED, SQL_WAITING, claim_set_sql
 
 if TYPE_CHECKING:
     from django_gator.worker.connections import NetworkBounds
@@ -102,7 +102,7 @@ class PostgresEngine(Engine):
         sql = (
             f"WITH ins AS (INSERT INTO {self.job_table} (name, args, kwargs, queue, priority, "
             "next_execution_at, chain_id, chain_position, chain, unique_key, state, attempts, "
-            f"rescues, created_at, last_error) SELECT {', '.join(select)}, 'waiting', 0, 0, "
+            f"rescues, created_at, last_error) SELECT {', '.join(select)}, {SQL_WAITING}, 0, 0, "
             f"statement_timestamp(), '' FROM {source} RETURNING id) "
             "SELECT (SELECT array_agg(id ORDER BY id) FROM ins), statement_timestamp(), "
             "(SELECT count(pg_notify(%s, q)) FROM unnest(%s::text[]) AS q)"
@@ -122,7 +122,7 @@ class PostgresEngine(Engine):
             "next_execution_at, chain_id, chain_position, chain, unique_key, state, attempts, "
             "rescues, created_at, last_error) VALUES (%s, %s::jsonb, %s::jsonb, %s, %s, "
             "COALESCE(%s::timestamptz, statement_timestamp()), %s::uuid, %s, %s::jsonb, %s, "
-            "'waiting', 0, 0, statement_timestamp(), '') "
+            f"{SQL_WAITING}, 0, 0, statement_timestamp(), '') "
             "RETURNING id, created_at, next_execution_at"
         )
         params: list[Any] = [
@@ -203,7 +203,7 @@ class PostgresEngine(Engine):
     def guard(self, condition: str) -> str:
         # Inside a CASE the conditions can neither drive an index scan nor prove a partial
         # index's predicate, so the planner has only the primary key to find the row by.
-        return f"CASE WHEN {condition} AND state = 'running' AND reserved_by = %s THEN true END"
+        return f"CASE WHEN {condition} AND {RUNNING_SQL} AND reserved_by = %s THEN true END"
 
     supports_keyset = True
 
@@ -222,9 +222,7 @@ class PostgresEngine(Engine):
             picked, params = self._keyset_picked(queue, limit, after)
         sql = (
             f"WITH picked AS ({picked})"
-            f" UPDATE {self.job_table} AS j SET state = 'running', attempts = j.attempts + 1,"
-            f" reserved_by = %s, locked_at = {self.now_sql}, isolated = FALSE,"
-            f" started_at = COALESCE(j.started_at, {self.now_sql})"
+            f" UPDATE {self.job_table} AS j SET {claim_set_sql(self.now_sql, 'j.')}"
             " FROM picked WHERE j.id = picked.id"
             " RETURNING " + ", ".join(f"j.{c.strip()}" for c in JOB_COLUMNS.split(","))
         )
@@ -323,10 +321,10 @@ class PostgresEngine(Engine):
             return super().mark_succeeded(worker_id, done)
         # Each row by its primary key (see guard()).
         sql = (
-            f"UPDATE {self.job_table} AS j SET state = 'succeeded', "
+            f"UPDATE {self.job_table} AS j SET state = {SQL_SUCCEEDED}, "
             f"finished_at = {self.now_sql}, result = u.r::jsonb "
             "FROM unnest(%s::bigint[], %s::int[], %s::text[]) AS u(id, attempts, r) "
-            "WHERE j.id = u.id AND CASE WHEN j.attempts = u.attempts AND j.state = 'running' "
+            f"WHERE j.id = u.id AND CASE WHEN j.attempts = u.attempts AND j.{RUNNING_SQL} "
             "AND j.reserved_by = %s THEN true END RETURNING j.id"
         )
         params: list[Any] = [

@@ -17,7 +17,8 @@ from typing import Any
 
 from django.db import OperationalError, transaction
 
-from django_gator.engines.base import JOB_COLUMNS, READY_SQL, ClaimedJob, Engine, Position
+from django_gator.engines.base import JOB_COLUMNS, ClaimedJob, Engine, Position
+from django_gator.states import READY_SQL, SQL_WAITING, claim_set_sql
 
 try:
     import fcntl
@@ -109,7 +110,8 @@ class SQLiteEngine(Engine):
             f"INSERT INTO {self.job_table} (name, args, kwargs, queue, priority, state, "
             "attempts, rescues, next_execution_at, created_at, last_error, chain_id, "
             f"chain_position, chain, unique_key) SELECT {col(0)}, {col(1)}, {col(2)}, {col(3)}, "
-            f"{col(4)}, 'waiting', 0, 0, COALESCE({col(5)}, {self.now_sql}), {self.now_sql}, '', "
+            f"{col(4)}, {SQL_WAITING}, 0, 0, COALESCE({col(5)}, {self.now_sql}), "
+            f"{self.now_sql}, '', "
             f"{col(6)}, {col(7)}, {col(8)}, {col(9)} FROM json_each(%s) ORDER BY key "
             "RETURNING id, created_at, next_execution_at"
         )
@@ -122,9 +124,7 @@ class SQLiteEngine(Engine):
 
     def _claim(self, cursor: Any, worker_id: str, queue: str, limit: int) -> list[ClaimedJob]:
         sql = (
-            f"UPDATE {self.job_table} SET state = 'running', attempts = attempts + 1,"
-            f" reserved_by = %s, locked_at = {self.now_sql}, isolated = FALSE,"
-            f" started_at = COALESCE(started_at, {self.now_sql})"
+            f"UPDATE {self.job_table} SET {claim_set_sql(self.now_sql)}"
             f" WHERE id IN (SELECT id FROM {self.job_table}"
             f"  WHERE queue = %s AND {READY_SQL} AND next_execution_at <= {self.now_sql}"
             "  ORDER BY priority DESC, next_execution_at, id LIMIT %s)"

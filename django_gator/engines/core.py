@@ -1,0 +1,207 @@
+"""What every engine stands on: its connection and transactions, time, the shape of a
+claimed row, and the compare-and-set guard that every write after a claim uses.
+
+Every write after a claim is a compare-and-set on the claim: ``id`` + ``state = 'running'``
++ ``attempts`` + ``reserved_by``. Zero rows changed means the job is no longer ours (it was
+rescued, re-claimed or changed by an operator): the caller logs it and writes nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections, transaction
+from django.utils.dateparse import parse_datetime
+
+from django_gator import jsonsql
+from django_gator.models import Job, Worker
+from django_gator.states import (
+    RUNNING_SQL,
+)
+
+if TYPE_CHECKING:
+    from django_gator.worker.connections import NetworkBounds
+
+JOB_COLUMNS = (
+    "id, name, args, kwargs, queue, priority, attempts, rescues, chain_id, chain_position, chain, "
+    "next_execution_at, created_at, suspect"
+)
+
+
+#: What runs on each connection an engine opens itself, outside Django's: see
+#: set_connection_hook().
+ConnectionHook = Callable[["EngineCore", Any], None]
+_connection_hook: ConnectionHook | None = None
+
+
+def set_connection_hook(hook: ConnectionHook | None) -> None:
+    """Install what is done with each driver connection an engine opens outside Django's
+    (PostgreSQL's LISTEN connection) before its first statement: a worker process bounds its
+    silence as it does its other connections (worker.connections.bound_connection). The
+    engines sit below the worker and do not import it; the app's ready() installs it."""
+    global _connection_hook
+    _connection_hook = hook
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where a keyset claim starts reading one queue (engines with ``supports_keyset``).
+
+    ``after`` maps a priority to the (next_execution_at, id) of the last job claimed at
+    that priority: the claim reads that priority's range of the ready index from just after
+    it, so it never steps over the entries of the jobs claimed before (entries that a long
+    transaction keeps from being cleaned up). Priorities not in ``after`` are read from the
+    start of their range. ``lookback``: a priority's range is read from no later than this
+    many seconds before the database's now, so a job whose transaction committed after a
+    later job was claimed (its next_execution_at is its INSERT's time) is still seen."""
+
+    after: Mapping[int, tuple[Any, int]]
+    lookback: float = 0.0
+
+
+def error_class_of(summary: str) -> str:
+    """The exception class of a ``last_error`` summary ("Class: message" or "Class")."""
+    return summary.split(":", 1)[0].strip()[:255]
+
+
+def loads(value: Any) -> Any:
+    if isinstance(value, str | bytes | bytearray):
+        return json.loads(value)
+    return value
+
+
+class Listener:
+    """A wait for wakeups pushed by the database (PostgreSQL LISTEN)."""
+
+    def wait(self, timeout: float) -> set[str]:
+        """Queue names notified within ``timeout`` seconds (empty if none)."""
+        raise NotImplementedError
+
+
+class EngineCore:
+    """An engine's plumbing; see :class:`django_gator.engines.base.Engine`."""
+
+    vendor = ""
+    #: Whether listen() works: dispatch pushes a wakeup that workers can wait for.
+    can_listen = False
+    #: SQL for "now" in database time, as stored by Django for this vendor.
+    now_sql = "CURRENT_TIMESTAMP"
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+        qn = connections[alias].ops.quote_name
+        self.job_table = qn(Job._meta.db_table)
+        self.worker_table = qn(Worker._meta.db_table)
+
+    # -- plumbing ------------------------------------------------------------------------
+    @property
+    def connection(self) -> Any:
+        return connections[self.alias]
+
+    def adapt_dt(self, value: datetime | None) -> Any:
+        if value is None:
+            return None
+        return self.connection.ops.adapt_datetimefield_value(value)
+
+    def to_dt(self, value: Any) -> datetime:
+        if isinstance(value, str):
+            parsed = parse_datetime(value)
+            if parsed is None:
+                raise ValueError(f"cannot read the timestamp {value!r}")
+            value = parsed
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value
+
+    @contextmanager
+    def write_transaction(self) -> Iterator[Any]:
+        """A short transaction for several writes; yields a cursor."""
+        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+            yield cursor
+
+    def atomic_job(self) -> AbstractContextManager[Any]:
+        """The transaction of an atomic job's handle() and success mark, as the worker
+        opens it."""
+        return transaction.atomic(using=self.alias)
+
+    @contextmanager
+    def raw_transaction(self, begin: str) -> Iterator[Any]:
+        """A transaction opened with ``begin`` on the cursor itself, outside Django's
+        autocommit bookkeeping (fewer round trips than atomic() on some databases). Inside a
+        caller's atomic block, or one of ours, it joins that transaction instead."""
+        connection = self.connection
+        if connection.in_atomic_block or getattr(connection, "_gator_in_transaction", False):
+            with connection.cursor() as cursor:
+                yield cursor
+            return
+        connection.ensure_connection()
+        with connection.cursor() as cursor:
+            cursor.execute(begin, [])
+            connection._gator_in_transaction = True
+            try:
+                yield cursor
+            except BaseException:
+                connection._gator_in_transaction = False
+                cursor.execute("ROLLBACK", [])
+                raise
+            connection._gator_in_transaction = False
+            cursor.execute("COMMIT", [])
+
+    def opened_own_connection(self, raw: Any) -> None:
+        """``raw``, a driver connection this engine opened itself, is about to be used: hand
+        it to the installed hook (see set_connection_hook())."""
+        hook = _connection_hook
+        if hook is not None:
+            hook(self, raw)
+
+    def prepare_bookkeeping(self) -> None:
+        """Tune this thread's connection for the worker's own writes (claims, outcome
+        marks, heartbeats); called before each use, cheap when nothing changed."""
+
+    def prepare_worker_session(self, raw: Any, bounds: NetworkBounds) -> None:
+        """Have the server give up this worker connection's session, and its transaction
+        and locks with it, after ``bounds`` of silence from the worker (a partition).
+        ``raw`` is the driver's connection, just opened, in autocommit; called once for each
+        connection of a worker process (see worker.connections)."""
+
+    def db_now(self) -> datetime:
+        with self.connection.cursor() as cursor:
+            cursor.execute(f"SELECT {self.now_sql}", [])
+            return self.to_dt(cursor.fetchone()[0])
+
+    def json_append_sql(self, column: str) -> str:
+        """SQL that appends the JSON parameter ``%s`` to the array in ``column``."""
+        return jsonsql.append_sql(self.vendor, column)
+
+    #: SQL for "database now plus ``%s`` seconds" (NULL when the parameter is NULL).
+    later_sql = ""
+
+    # -- compare-and-set on the claim ---------------------------------------------------
+    #: The jobs table as the target of compare-and-set writes (engines may add an index
+    #: hint there; see guard()).
+    cas_table_sql = ""
+
+    def guard(self, condition: str) -> str:
+        """``condition`` AND "still running, and still ours": the check of every
+        compare-and-set on a claim. It adds one ``%s``, the worker id, after the
+        parameters of ``condition``.
+
+        Engines phrase it (or hint the table) so that the row is found by its primary key,
+        never through the partial index of running jobs or the (state, finished_at) index:
+        those keep an entry for every job a worker ever ran until vacuum removes it, all
+        under the same owner, so a lookup through them would cost more with every job."""
+        return f"{condition} AND {RUNNING_SQL} AND reserved_by = %s"
+
+    @property
+    def claim_match(self) -> str:
+        """One claim: ``id``, ``attempts`` and the worker id, as three parameters."""
+        return f"id = %s AND {self.guard('attempts = %s')}"
+
+    @property
+    def cas_table(self) -> str:
+        return self.cas_table_sql or self.job_table

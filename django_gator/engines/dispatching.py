@@ -1,0 +1,160 @@
+"""Dispatch statements: inserting jobs (one JSON document per INSERT), unique jobs."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Sequence
+from datetime import datetime
+
+from django.db import IntegrityError, transaction
+
+from django_gator.engines.core import (
+    EngineCore,
+)
+from django_gator.rows import InsertRow
+from django_gator.states import (
+    ACTIVE_SQL,
+)
+
+_ROW_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
+class DispatchStatements(EngineCore):
+    """The INSERTs of dispatch."""
+
+    # -- dispatch --------------------------------------------------------------------------
+    def insert_jobs(
+        self, rows: Sequence[InsertRow], notify: set[str] | None = None
+    ) -> list[tuple[int, datetime, datetime]]:
+        """Insert jobs; returns (id, created_at, next_execution_at) per row, in order.
+
+        ``notify``: queues whose idle workers should wake when the transaction commits
+        (engines that can push a wakeup do; the others' workers poll).
+
+        The rows travel as one JSON document expanded by the database (``json_each`` on
+        SQLite, ``JSON_TABLE`` on MariaDB), so a dispatch_many of any length is a single
+        INSERT with a single parameter. Only a document over :attr:`insert_bytes` is split,
+        and the parts share one transaction.
+        """
+        documents = self._row_documents(rows)
+        out: list[tuple[int, datetime, datetime]] = []
+        parse = functools.lru_cache(maxsize=64)(self.to_dt)
+        context = self.write_transaction() if len(documents) > 1 else self.connection.cursor()
+        with context as cursor:
+            for document in documents:
+                cursor.execute(self.insert_sql(), [document])
+                returned = sorted(cursor.fetchall())
+                out += [(r[0], parse(r[1]), parse(r[2])) for r in returned]
+        return out
+
+    #: Largest JSON document of rows sent in one INSERT.
+    insert_bytes = 4_000_000
+
+    def insert_sql(self) -> str:
+        """An INSERT ... SELECT ... RETURNING id, created_at, next_execution_at over the
+        JSON document of rows ``%s`` (see _row_documents for its shape)."""
+        raise NotImplementedError
+
+    def _row_documents(self, rows: Sequence[InsertRow]) -> list[str]:
+        """JSON arrays of ``[name, args, kwargs, queue, priority, run_at, chain_id,
+        chain_position, chain, unique_key]`` rows, each array under :attr:`insert_bytes`."""
+        documents: list[str] = []
+        parts: list[str] = []
+        size = 0
+        encode = _ROW_ENCODER.encode
+        for row in rows:
+            run_at = self.adapt_dt(row.run_at)
+            part = encode(
+                [
+                    row.name,
+                    row.args,
+                    row.kwargs,
+                    row.queue,
+                    row.priority,
+                    None if run_at is None else str(run_at),
+                    row.chain_id,
+                    row.chain_position,
+                    row.chain,
+                    row.unique_key,
+                ]
+            )
+            if parts and size + len(part) > self.insert_bytes:
+                documents.append("[" + ",".join(parts) + "]")
+                parts, size = [], 0
+            parts.append(part)
+            size += len(part) + 1
+        documents.append("[" + ",".join(parts) + "]")
+        return documents
+
+    # -- unique jobs ---------------------------------------------------------------------
+    #: Matches the active row of (name, unique_key) through the database's unique index.
+    unique_match_sql = f"name = %s AND unique_key = %s AND {ACTIVE_SQL}"
+    #: Inserts tried per row before a dispatch of a unique job gives up.
+    UNIQUE_TRIES = 10
+
+    def insert_unique(
+        self, rows: Sequence[InsertRow], notify: set[str] | None = None
+    ) -> list[tuple[int, datetime, datetime, bool]]:
+        """Insert rows that carry a ``unique_key``; a row whose key already has a waiting,
+        failed or running job is not inserted, and that job's (id, created_at,
+        next_execution_at) comes back instead. The fourth item is True for a new row.
+
+        The database's unique index decides: a concurrent dispatch of the same key either
+        commits first (our INSERT fails inside a savepoint and we read its row) or waits for
+        ours. Rows go one at a time, each in its own savepoint, all in one transaction.
+        """
+        out: list[tuple[int, datetime, datetime, bool]] = []
+        seen: dict[tuple[str, str | None], tuple[int, datetime, datetime]] = {}
+        with transaction.atomic(using=self.alias):
+            for row in rows:
+                key = (row.name, row.unique_key)
+                if key in seen:
+                    out.append((*seen[key], False))
+                    continue
+                job_id, created_at, next_at, created = self._insert_or_find(row, notify)
+                seen[key] = (job_id, created_at, next_at)
+                out.append((job_id, created_at, next_at, created))
+        return out
+
+    def _insert_or_find(
+        self, row: InsertRow, notify: set[str] | None
+    ) -> tuple[int, datetime, datetime, bool]:
+        error: IntegrityError | None = None
+        for _ in range(self.UNIQUE_TRIES):
+            existing = self.find_unique(row.name, row.unique_key)
+            if existing is not None:
+                return (*existing, False)
+            try:
+                with transaction.atomic(using=self.alias):
+                    wake = {row.queue} if row.run_at is None and notify else None
+                    [inserted] = self.insert_jobs([row], notify=wake)
+            except IntegrityError as exc:
+                error = exc  # another dispatch took the key since our look: read its row
+                continue
+            return (*inserted, True)
+        raise IntegrityError(
+            f"could not insert or find the job {row.name!r} with unique key "
+            f"{row.unique_key!r} after {self.UNIQUE_TRIES} tries: {error}"
+        )
+
+    def is_deadlock(self, exc: BaseException) -> bool:
+        """Whether ``exc`` means the database ended the transaction to break a deadlock, so
+        that running it again from the start can succeed."""
+        return False
+
+    def unique_lookup_lock(self) -> str:
+        """Appended to the lookup of an active unique row when a plain read could miss the
+        newest commit (a snapshot taken earlier in the transaction); empty by default."""
+        return ""
+
+    def find_unique(self, name: str, key: str | None) -> tuple[int, datetime, datetime] | None:
+        """(id, created_at, next_execution_at) of the active job holding ``key``, if any."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT id, created_at, next_execution_at FROM {self.job_table} "
+                f"WHERE {self.unique_match_sql}{self.unique_lookup_lock()}",
+                [name, key],
+            )
+            row = cursor.fetchone()
+        return None if row is None else (row[0], self.to_dt(row[1]), self.to_dt(row[2]))
