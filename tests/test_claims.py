@@ -112,7 +112,7 @@ def test_the_lookback_finds_a_job_placed_just_before_the_position():
 def test_a_claimer_finds_higher_priority_and_back_dated_jobs_within_its_bounds():
     engine = get_engine("default")
     clock = Clock()
-    claimer = Claimer(engine, "w", [QueueSpec("default")], clock=clock)
+    claimer = Claimer(engine, "w", [QueueSpec("default")], clock=clock, keyset=True)
     Noop.dispatch_many([[i] for i in range(4)])
     assert len(claimer.claim(2)[0]) == 2  # the first claim is a full one
     clock.now += 1
@@ -140,7 +140,7 @@ def test_a_claimer_finds_higher_priority_and_back_dated_jobs_within_its_bounds()
 def test_a_full_batch_of_back_dated_jobs_is_drained_from_where_it_stopped():
     engine = get_engine("default")
     clock = Clock()
-    claimer = Claimer(engine, "w", [QueueSpec("default")], clock=clock)
+    claimer = Claimer(engine, "w", [QueueSpec("default")], clock=clock, keyset=True)
     Noop.dispatch("first")
     assert len(claimer.claim(1)[0]) == 1
     hour_ago = timezone.now() - timedelta(hours=1)
@@ -150,6 +150,45 @@ def test_a_full_batch_of_back_dated_jobs_is_drained_from_where_it_stopped():
     clock.now += 0.1
     # Keyset claims go on from the last back-dated job claimed, not from the old position.
     assert {j.id for j in claimer.claim(5)[0]} == {j.pk for j in late[2:]}
+
+
+class Timer:
+    """Durations chosen by the test: each claim "takes" what ``costs`` says for its kind."""
+
+    def __init__(self, claimer: Claimer, costs: dict[bool, float]) -> None:
+        self.claimer, self.costs, self.now, self.started = claimer, costs, 0.0, False
+
+    def __call__(self) -> float:
+        if self.started:  # the end of a claim: advance by its kind's cost
+            self.now += self.costs[self.kind]
+        else:
+            self.kind = self.claimer.position("default") is not None
+        self.started = not self.started
+        return self.now
+
+
+def test_a_claimer_uses_keyset_claims_only_while_they_are_cheaper():
+    engine = get_engine("default")
+    clock = Clock()
+    claimer = Claimer(engine, "w", [QueueSpec("default")], clock=clock)
+    costs = {False: 0.0005, True: 0.0008}  # a clean index: the full claim is cheaper
+    claimer.timer = Timer(claimer, costs)
+    Noop.dispatch_many([[i] for i in range(20)])
+
+    kinds = []
+    for _ in range(6):
+        kinds.append(claimer.position("default") is not None)
+        assert len(claimer.claim(1)[0]) == 1
+    assert kinds == [False, True, False, False, False, False]  # one keyset claim, measured
+
+    # Dead entries pile up (a long transaction): full claims get slower.
+    costs[False] = 0.004
+    for _ in range(4):
+        kinds.append(claimer.position("default") is not None)
+        assert len(claimer.claim(1)[0]) == 1
+    assert kinds[6:] == [False, True, True, True]  # once the average passes the margin
+    clock.now += FULL_CLAIM_EVERY + 0.1
+    assert claimer.position("default") is None  # a full claim is still due in time
 
 
 def test_all_queues_mode_claims_known_queues_and_finds_new_ones():
