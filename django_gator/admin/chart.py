@@ -13,8 +13,12 @@ from typing import Any
 from django.template.loader import render_to_string
 from django.utils import timezone
 
+from django_gator.states import JobState
+
+SUCCEEDED, DEAD = JobState.SUCCEEDED.value, JobState.DEAD.value
+
 #: The chart's colours: succeeded and dead jobs.
-CHART_COLOURS = {"succeeded": "#3a8c3a", "dead": "#c0392b"}
+CHART_COLOURS = {SUCCEEDED: "#3a8c3a", DEAD: "#c0392b"}
 TEMPLATE = "admin/django_gator/job/throughput_chart.svg"
 
 
@@ -29,7 +33,7 @@ def chart_context(
     """The geometry of the chart of ``points`` (``dashboard.throughput()``): stacked bars of
     succeeded (green) and dead (red) jobs per minute, a legend, a count axis (0, half, top)
     and a time axis labelled every 10 minutes in the admin's time zone."""
-    top = max([p["succeeded"] + p["dead"] for p in points] + [1])
+    top = max([p[SUCCEEDED] + p[DEAD] for p in points] + [1])
     left, right, head, foot = 48, 8, 26, 36
     plot_w, plot_h = width - left - right, height - head - foot
     base = head + plot_h
@@ -44,18 +48,18 @@ def chart_context(
     for i, point in enumerate(points):
         minute = timezone.localtime(point["minute"])
         zone = minute.tzname() or ""
-        ok_h = plot_h * point["succeeded"] / top
-        dead_h = plot_h * point["dead"] / top
+        ok_h = plot_h * point[SUCCEEDED] / top
+        dead_h = plot_h * point[DEAD] / top
         rects = []  # succeeded at the bottom, dead stacked on them; none of height 0
         if ok_h:
-            rects.append({"y": base - ok_h, "height": ok_h, "colour": CHART_COLOURS["succeeded"]})
+            rects.append({"y": base - ok_h, "height": ok_h, "colour": CHART_COLOURS[SUCCEEDED]})
         if dead_h:
             rects.append(
-                {"y": base - ok_h - dead_h, "height": dead_h, "colour": CHART_COLOURS["dead"]}
+                {"y": base - ok_h - dead_h, "height": dead_h, "colour": CHART_COLOURS[DEAD]}
             )
         bars.append(
             {
-                "title": f"{minute:%H:%M}: {point['succeeded']} succeeded, {point['dead']} dead",
+                "title": f"{minute:%H:%M}: {point[SUCCEEDED]} succeeded, {point[DEAD]} dead",
                 "rects": [{**r, "y": _at(r["y"]), "height": _at(r["height"])} for r in rects],
                 "x": _at(left + i * bar_w + 0.5),
                 "width": _at(max(bar_w - 1, 1)),

@@ -26,8 +26,8 @@ from django_gator.models import Job, JobQuerySet, JobState
 
 #: The states the dead-job screen shows: "dead", "failed" (retry pending) or both.
 SCREEN_STATES = {
-    "dead": (JobState.DEAD,),
-    "failed": (JobState.FAILED,),
+    JobState.DEAD.value: (JobState.DEAD,),
+    JobState.FAILED.value: (JobState.FAILED,),
     "both": (JobState.DEAD, JobState.FAILED),
 }
 MAX_GROUPS = 200
@@ -35,9 +35,9 @@ MAX_GROUPS = 200
 
 def screen_filters(data: Any) -> dict[str, str]:
     """The screen's filters from GET or POST data, as strings ('' when absent)."""
-    state = data.get("state", "dead")
+    state = data.get("state", JobState.DEAD.value)
     return {
-        "state": state if state in SCREEN_STATES else "dead",
+        "state": state if state in SCREEN_STATES else JobState.DEAD.value,
         "name": str(data.get("name", "")),
         "error_class": str(data.get("error_class", "")),
         "queue": str(data.get("queue", "")),
