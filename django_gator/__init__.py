@@ -2,13 +2,13 @@
 
 Public API::
 
-    from django_gator import Queueable, job, Retry, Chain
+    from django_gator import Queueable, job, Retry, Chain, Snooze
 
 Importing this package imports no models, so it is safe from settings or a models module.
 """
 
 from django_gator.chain import Chain
-from django_gator.exceptions import GatorError, JobCancelled, JobNotRegistered
+from django_gator.exceptions import GatorError, JobCancelled, JobNotRegistered, Snooze
 from django_gator.queueable import Queueable, job
 from django_gator.registry import get_job_class
 from django_gator.retry import Retry
@@ -24,6 +24,7 @@ __all__ = [
     "JobNotRegistered",
     "Queueable",
     "Retry",
+    "Snooze",
     "get_job_class",
     "job",
 ]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from datetime import timedelta
+
 from django.db import OperationalError
 
 
@@ -40,6 +43,44 @@ class WorkerLost(GatorError):
 class JobCancelled(GatorError):
     """Raised by a job (usually after ``self.cancel_requested()`` said so) to stop early:
     the job ends ``cancelled``, with no retry."""
+
+
+#: The longest a job can snooze at once (a year): a longer wait is a mistake, and would
+#: overflow some databases' timestamps.
+MAX_SNOOZE_SECONDS = 366 * 24 * 3600
+
+
+def snooze_seconds(delay: object) -> float:
+    """``delay`` (seconds, an int or float, or a timedelta) as seconds to snooze, or a
+    ValueError / TypeError naming the value."""
+    if isinstance(delay, timedelta):
+        seconds = delay.total_seconds()
+    elif isinstance(delay, int | float) and not isinstance(delay, bool):
+        seconds = float(delay)
+    else:
+        raise TypeError(
+            f"Snooze() takes seconds (an int or float) or a timedelta, got {delay!r} "
+            f"({type(delay).__name__})"
+        )
+    if math.isnan(seconds) or math.isinf(seconds) or seconds < 0:
+        raise ValueError(f"Snooze() takes a finite delay of 0 seconds or more, got {delay!r}")
+    if seconds > MAX_SNOOZE_SECONDS:
+        raise ValueError(
+            f"Snooze() takes at most {MAX_SNOOZE_SECONDS} seconds (366 days), got {delay!r}"
+        )
+    return seconds
+
+
+class Snooze(GatorError):
+    """Raised from ``handle()``: "not now, try again in ``delay``". The job goes back to
+    ``waiting``, due ``delay`` later (seconds, or a timedelta), without spending an attempt
+    or recording an error; its ``snoozes`` count goes up by one. A bad delay (negative,
+    NaN, infinite, not a number) raises a ValueError or TypeError here instead, which
+    fails the attempt like any other error."""
+
+    def __init__(self, delay: float | timedelta) -> None:
+        self.seconds = snooze_seconds(delay)
+        super().__init__(f"snoozed for {self.seconds:g} s")
 
 
 class TransactionLeftOpen(GatorError):

@@ -163,6 +163,15 @@ def restore_groups_index(job: Any, schema_editor: Any) -> None:
         schema_editor.add_index(job, groups_index())
 
 
+def restore_after_rebuild(apps: Any, schema_editor: Any) -> None:
+    """RunPython of a migration that SQLite carries out by rebuilding the jobs table (adding
+    a NOT NULL column): re-create the indexes of 0002, 0003 and 0005 the copy lacks."""
+    if schema_editor.connection.vendor == "sqlite":
+        job = apps.get_model("django_gator", "Job")
+        restore_claim_indexes(job, schema_editor, unique=True)
+        restore_groups_index(job, schema_editor)
+
+
 def drop_groups_index(apps: Any, schema_editor: Any) -> None:
     if schema_editor.connection.vendor == "mysql":
         return

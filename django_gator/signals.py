@@ -18,8 +18,9 @@
     ``job.kwargs``).
 ``job_finished(sender=JobClass, job=instance, state=..., exception=..., duration=...)``
     When the attempt is over: ``state`` is what the row becomes (``"succeeded"``,
-    ``"failed"`` (will retry), ``"dead"`` or ``"cancelled"``), ``exception`` is what
-    ``handle()`` raised (None on success), ``duration`` the seconds the attempt took. A
+    ``"failed"`` (will retry), ``"dead"``, ``"cancelled"``, or ``"waiting"`` when it
+    raised :class:`~django_gator.Snooze`), ``exception`` is what ``handle()`` raised (None
+    on success; the Snooze for a snooze), ``duration`` the seconds the attempt took. A
     success is sent before its row is written (workers write successes in batches).
 """
 

@@ -24,12 +24,12 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 
-from django_gator import redaction, stats
+from django_gator import redaction, stats, wording
 from django_gator.admin.actions import JobActions
 from django_gator.admin.arguments import EDIT_ACTION, EditArgumentsView, last_restorable_edit
 from django_gator.admin.dashboard import DashboardView
 from django_gator.admin.dead_jobs import DeadJobsView
-from django_gator.admin.display import pretty, time_field
+from django_gator.admin.display import pretty, time_field, when
 from django_gator.admin.filters import ErrorClassFilter, JobNameFilter, QueueFilter
 from django_gator.models import Job, JobState
 
@@ -51,6 +51,17 @@ class EstimatedCountPaginator(Paginator):
             total, _exact = stats.estimated_total(getattr(self.object_list, "db", None))
             return total
         return super().count
+
+
+#: The "Attempts" part of a job's page.
+ATTEMPT_FIELDS = (
+    "attempts",
+    "snoozes",
+    "rescues",
+    "reserved_by",
+    "error_class",
+    "last_error_shown",
+)
 
 
 class JobAdmin(JobActions):
@@ -99,7 +110,7 @@ class JobAdmin(JobActions):
         ),
         (
             "Attempts",
-            {"fields": ("attempts", "rescues", "reserved_by", "error_class", "last_error_shown")},
+            {"fields": ATTEMPT_FIELDS},
         ),
         ("Error history", {"fields": ("error_history_html",)}),
         ("Operator actions", {"fields": ("operator_tools", "audit_html")}),
@@ -119,11 +130,7 @@ class JobAdmin(JobActions):
         "started",
         "locked",
         "finished",
-        "attempts",
-        "rescues",
-        "reserved_by",
-        "error_class",
-        "last_error_shown",
+        *ATTEMPT_FIELDS,
         "error_history_html",
         "operator_tools",
         "audit_html",
@@ -207,7 +214,20 @@ class JobAdmin(JobActions):
     started = time_field("started_at", "started at")
     locked = time_field("locked_at", "locked at (last claim)")
     finished = time_field("finished_at", "finished at")
-    next_run = time_field("next_execution_at", "next run")
+
+    @admin.display(description="next run", ordering="next_execution_at")
+    def next_run(self, job: Job) -> SafeString | None:
+        """When the job is due; under it, how many times it snoozed, if it did (in the
+        same cell: the list has no room for another column)."""
+        shown = when(job.next_execution_at)
+        if not job.snoozes:
+            return shown
+        return format_html(
+            '{}<br><span class="snoozes" title="{}">{}</span>',
+            shown or "-",
+            "times handle() raised Snooze (no attempt counted)",
+            wording.count(job.snoozes, "snooze"),
+        )
 
     @admin.display(description="name", ordering="name")
     def job_name(self, job: Job) -> SafeString:

@@ -263,6 +263,27 @@ class Engine(DispatchStatements, WorkerStatements):
             cursor.execute(sql, params)
             return bool(cursor.rowcount == 1)
 
+    def mark_snoozed(self, worker_id: str, job_id: int, attempts: int, seconds: float) -> bool:
+        """The claimed job raised Snooze: back to ``waiting``, due ``seconds`` from now
+        (database time), its attempt given back and its ``snoozes`` counted; errors,
+        ``last_error``, queue and retry state untouched. A job whose cancellation was asked
+        for ends ``cancelled`` instead (not counted as a snooze). False if the claim was
+        lost."""
+        sql = (
+            f"UPDATE {self.cas_table} SET "
+            f"next_execution_at = CASE WHEN cancel_requested THEN next_execution_at "
+            f"ELSE {self.later_sql} END, "
+            f"finished_at = CASE WHEN cancel_requested THEN {self.now_sql} ELSE NULL END, "
+            "snoozes = snoozes + CASE WHEN cancel_requested THEN 0 ELSE 1 END, "
+            # Last: MySQL evaluates SET left to right (the WHERE sees the old values).
+            f"state = CASE WHEN cancel_requested THEN {SQL_CANCELLED} ELSE {SQL_WAITING} END, "
+            "attempts = attempts - 1 "
+            f"WHERE {self.claim_match}"
+        )
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, [seconds, job_id, attempts, worker_id])
+            return bool(cursor.rowcount == 1)
+
     def release(self, worker_id: str, claims: Sequence[tuple[int, int]]) -> list[int]:
         """Give claims back to ``waiting`` without charging the attempt (``cancelled`` if
         a cancellation was asked for); returns the ids written."""

@@ -6,14 +6,6 @@ from django.db import migrations, models
 from django_gator import indexes
 
 
-def restore_indexes(apps, schema_editor):  # type: ignore[no-untyped-def]
-    # SQLite rebuilds the table to add NOT NULL columns, dropping the partial indexes.
-    if schema_editor.connection.vendor == "sqlite":
-        job = apps.get_model("django_gator", "Job")
-        indexes.restore_claim_indexes(job, schema_editor, unique=True)
-        indexes.restore_groups_index(job, schema_editor)
-
-
 class Migration(migrations.Migration):
     atomic = False  # MySQL cannot run DDL inside a transaction
     dependencies = [
@@ -48,5 +40,6 @@ class Migration(migrations.Migration):
                 help_text="Workers lost while this job ran alone in them: crashes it caused.",
             ),
         ),
-        migrations.RunPython(restore_indexes, migrations.RunPython.noop),
+        # SQLite rebuilds the table to add NOT NULL columns, dropping the partial indexes.
+        migrations.RunPython(indexes.restore_after_rebuild, migrations.RunPython.noop),
     ]

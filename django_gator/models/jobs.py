@@ -251,6 +251,11 @@ class Job(models.Model):
     rescues = models.PositiveSmallIntegerField(
         default=0, db_default=0, help_text="Times the job was taken back from a lost worker."
     )
+    snoozes = models.PositiveIntegerField(
+        default=0,
+        db_default=0,
+        help_text="Times handle() raised Snooze: back to waiting, no attempt counted.",
+    )
     next_execution_at = models.DateTimeField(default=timezone.now)
     reserved_by = models.CharField(  # noqa: DJ001 - NULL until the first claim
         max_length=255, null=True, blank=True, help_text="Worker that claimed the job last."

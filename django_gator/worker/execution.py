@@ -23,7 +23,9 @@ from django_gator.exceptions import (
     GatorError,
     JobCancelled,
     JobNotRegistered,
+    Snooze,
     TransactionLeftOpen,
+    snooze_seconds,
 )
 from django_gator.logutil import safe
 from django_gator.queueable import Queueable, get_job_class
@@ -52,6 +54,19 @@ class Success:
     # Atomic jobs: True if the success mark committed with handle()'s transaction, False if
     # the claim was lost and the transaction rolled back; None for other jobs.
     written: bool | None = None
+
+
+@dataclass(slots=True)
+class Snoozed:
+    """handle() raised :class:`~django_gator.exceptions.Snooze`: the job goes back to
+    ``waiting``, due ``seconds`` from now, its attempt given back, no error recorded."""
+
+    seconds: float
+    exception: Snooze
+
+
+#: Every outcome of an attempt that run_claimed() decides.
+Outcome = Success | Failure | Snoozed
 
 
 class ClaimLost(GatorError):
@@ -99,8 +114,12 @@ def run_claimed(
     *,
     watch: bool = False,
     atomic: Callable[[], AbstractContextManager[Any]] | None = None,
-) -> Success | Failure:
+) -> Outcome:
     """Run ``job``'s handler; never raises (a BaseException from user code is an outcome).
+
+    A :class:`~django_gator.exceptions.Snooze` raised by the handler (or its middleware)
+    is a :class:`Snoozed` outcome: no error entry, no ``on_error()``, no retry decision. For
+    an atomic job it was raised inside the transaction, so the job's writes roll back.
 
     For a job class with ``atomic = True``, ``commit`` writes the success mark inside the
     transaction that wraps the middleware and ``handle()``, so the job's effects and its
@@ -118,7 +137,7 @@ def run_claimed(
     result_json: str | None = None
     watcher = ConnectionWatch() if watch else None
     raised: BaseException | None = None
-    outcome: Success | Failure
+    outcome: Outcome
     try:
         with watcher or nullcontext():
             job_class = get_job_class(job.name)
@@ -170,21 +189,33 @@ def run_claimed(
                 "were rolled back. Commit with transaction.atomic() instead of a raw BEGIN, "
                 "and end every transaction the job starts."
             )
-    if raised is not None:
+    if isinstance(raised, Snooze):
+        try:
+            # Checked again: a subclass may have set its own ``seconds``. Milliseconds:
+            # SQLite reads the delay back from its decimal text.
+            outcome = Snoozed(round(snooze_seconds(raised.seconds), 3), raised)
+        except (TypeError, ValueError) as bad:  # a failure that names the value
+            outcome = _failure(job, worker_id, bad, instance)
+    elif raised is not None:
         outcome = _failure(job, worker_id, raised, instance)
     finished(instance, outcome, time.perf_counter() - started)
     return outcome
 
 
-def finished(instance: Queueable | None, outcome: Success | Failure, duration: float) -> None:
-    """Send job_finished for an attempt whose outcome is decided."""
+def finished(instance: Queueable | None, outcome: Outcome, duration: float) -> None:
+    """Send job_finished for an attempt whose outcome is decided. A snooze sends it with
+    ``state="waiting"`` and the Snooze as ``exception``."""
     if instance is None:
         return
     job_class = type(instance)
     if not signals.job_finished.has_listeners(job_class):
         return
+    exc: BaseException | None
     if isinstance(outcome, Success):
         state, exc = JobState.SUCCEEDED.value, None
+    elif isinstance(outcome, Snoozed):
+        state = (JobState.CANCELLED if instance._cancel_seen else JobState.WAITING).value
+        exc = outcome.exception
     else:
         state, exc = outcome_state(outcome, instance), outcome.exception
     signals.send(

@@ -25,10 +25,10 @@ from collections.abc import Callable
 from django.db import close_old_connections, reset_queries
 
 from django_gator.engines import ClaimedJob
-from django_gator.engines.base import Engine, Failure
+from django_gator.engines.base import Engine
 from django_gator.exceptions import JobNotRegistered, JobTimeout
 from django_gator.queueable import get_job_class
-from django_gator.worker.execution import Success, run_claimed
+from django_gator.worker.execution import Outcome, Success, run_claimed
 from django_gator.worker.outcomes import Outcomes
 from django_gator.worker.retrier import check_health_before_use
 from django_gator.worker.slots import Finished, Slots
@@ -77,7 +77,7 @@ class Executors:
             if not self.slots.finish(me, finished):
                 return  # timed out: a fresh thread has this slot; this one retires
 
-    def execute(self, job: ClaimedJob) -> tuple[Success | Failure, float]:
+    def execute(self, job: ClaimedJob) -> tuple[Outcome, float]:
         """Run the job and record its outcome (a plain success is returned ``batched``,
         for the fetcher to write)."""
         close_old_connections()

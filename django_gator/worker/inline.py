@@ -25,7 +25,7 @@ class InlineRun:
     """One job run in the calling thread."""
 
     job: ClaimedJob
-    state: str  # what the row became: succeeded, failed, dead or cancelled
+    state: str  # what the row became: succeeded, failed, dead, cancelled or waiting (snoozed)
     exception: BaseException | None = None
     #: Jobs the outcome created (a chain's next step or its error handler).
     follow_ups: list[int] = field(default_factory=list)

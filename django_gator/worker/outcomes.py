@@ -29,6 +29,8 @@ from django_gator.queueable import get_job_class
 from django_gator.redaction import mask_text, secret_values
 from django_gator.states import JobState
 from django_gator.worker.execution import (
+    Outcome,
+    Snoozed,
     Success,
     failure_for,
     outcome_state,
@@ -74,13 +76,15 @@ class Outcomes:
 
     # -- one attempt -----------------------------------------------------------------------
     def record(
-        self, job: ClaimedJob, outcome: Success | Failure, elapsed_ms: float, *, batch: bool
+        self, job: ClaimedJob, outcome: Outcome, elapsed_ms: float, *, batch: bool
     ) -> str | None:
         """Write the outcome of ``job``'s attempt; the state its row now has, DEFERRED for a
         plain success left to the batched mark (``batch``), or None if nothing was
         written (the claim was lost, or the worker gave up on an unreachable database)."""
         if isinstance(outcome, Failure):
             return self._failure(job, outcome, elapsed_ms)
+        if isinstance(outcome, Snoozed):
+            return self._snoozed(job, outcome, elapsed_ms)
         if outcome.written is not None:
             return self._atomic(job, outcome, elapsed_ms)
         if batch and job.chain_id is None:
@@ -159,11 +163,13 @@ class Outcomes:
         )
         return released
 
-    def landed(self, job: ClaimedJob, expected: str) -> bool:
+    def landed(self, job: ClaimedJob, expected: str, *, given_back: bool = False) -> bool:
         """After a compare-and-set changed no row: did an earlier try of this very write
-        commit (the connection broke before we saw the answer)?"""
+        commit (the connection broke before we saw the answer)? ``given_back``: the write
+        gave the attempt back (a snooze), so the row has one attempt fewer."""
         state = self.retrying(f"read job {job.id}", lambda: self.engine.claim_state(job.id))
-        if state is None or state[1:] != (job.attempts, self.worker_id):
+        attempts = job.attempts - 1 if given_back else job.attempts
+        if state is None or state[1:] != (attempts, self.worker_id):
             return False
         # A failure turns into "cancelled" when a cancellation was asked for.
         return state[0] == expected or (
@@ -208,6 +214,31 @@ class Outcomes:
             return None
         _log_success(job, elapsed_ms, " atomic=yes")
         return JobState.SUCCEEDED.value
+
+    def _snoozed(self, job: ClaimedJob, outcome: Snoozed, elapsed_ms: float) -> str | None:
+        """Back to waiting, due later, the attempt given back (``cancelled`` instead if a
+        cancellation was asked for meanwhile). Nothing follows in a chain: the step waits."""
+        written = self.retrying(
+            f"record snooze of job {job.id}",
+            lambda: self.engine.mark_snoozed(self.worker_id, job.id, job.attempts, outcome.seconds),
+        )
+        if written is None:
+            return None
+        if not written and not self.landed(job, JobState.WAITING, given_back=True):
+            log_lost(job, JobState.WAITING)
+            return None
+        logger.info(
+            "Processed job id=%s name=%s result=snoozed queue=%s attempt=%s duration_ms=%.1f "
+            "snoozed_s=%g",
+            job.id,
+            safe(job.name),
+            safe(job.queue),
+            job.attempts,
+            elapsed_ms,
+            outcome.seconds,
+        )
+        # As for a failure, a cancellation asked for meanwhile makes the row ``cancelled``.
+        return JobState.WAITING.value
 
     def _failure(self, job: ClaimedJob, outcome: Failure, elapsed_ms: float) -> str | None:
         result = outcome_state(outcome, None)

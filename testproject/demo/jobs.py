@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from django.contrib.sessions.models import Session
@@ -22,7 +23,7 @@ from django.dispatch import receiver
 from django.utils import timezone, translation
 
 from demo.models import LoyaltyEntry
-from django_gator import Cron, JobCancelled, Queueable, Retry, job
+from django_gator import Cron, JobCancelled, Queueable, Retry, Snooze, job
 from django_gator.signals import job_finished
 
 logger = logging.getLogger(__name__)
@@ -246,6 +247,23 @@ class ExportOrders(Queueable):
                 raise JobCancelled(f"export stopped after {done} batches")
             time.sleep(0.05)  # stand-in for writing one batch
         return batches
+
+
+# --- Snooze: "not now, ask again later", without spending an attempt ----------------------------
+
+
+class FetchShippingLabel(Queueable):
+    """The carrier publishes a shipment's label a little while after it is booked. Until
+    then the job snoozes: it goes back to waiting and asks again later, spending no attempt
+    and recording no error (the admin shows how many times it snoozed)."""
+
+    queue = "shipping"
+
+    def handle(self, shipment_id: int, ready_at: str) -> str:
+        wait = (datetime.fromisoformat(ready_at) - timezone.now()).total_seconds()
+        if wait > 0:
+            raise Snooze(min(wait, 1.0))  # ask again in at most a second
+        return f"label for shipment {shipment_id}"
 
 
 # --- Atomic jobs: effects and success commit together --------------------------------------------

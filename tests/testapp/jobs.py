@@ -6,10 +6,11 @@ import os
 import signal
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, ClassVar
 
-from django_gator import JobCancelled, Queueable, Retry, job, signals
+from django_gator import JobCancelled, Queueable, Retry, Snooze, job, signals
 from tests.testapp.models import Execution
 
 
@@ -643,3 +644,146 @@ class RecordAfterFlag(Queueable):
         Execution.objects.create(
             job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label=label
         )
+
+
+# -- snooze (tests/test_snooze.py) ---------------------------------------------------------
+
+
+def _runs_so_far(job_id: int | None) -> int:
+    """Ledger rows of this job: how many times its handle() ran before (snoozes included;
+    the attempt number does not move when a job snoozes)."""
+    return Execution.objects.filter(job_id=job_id).count()
+
+
+class SnoozesThenSucceeds(Queueable):
+    """Snoozes ``times`` times (``seconds``, or ``minutes`` as a timedelta), then succeeds.
+    Its retry policy must stay untouched by the snoozes; ``on_error`` must not be called."""
+
+    queue = "snooze"
+    retry = Retry(interval=0, max_retries=1)
+
+    def handle(self, times: int = 1, seconds: float = 30, minutes: float = 0) -> dict[str, Any]:
+        runs = _runs_so_far(self.job_id)
+        Execution.objects.create(
+            job_id=self.job_id, attempt=runs, pid=os.getpid(), label=f"attempt {self.attempt}"
+        )
+        if runs < times:
+            raise Snooze(timedelta(minutes=minutes) if minutes else seconds)
+        return {"attempt": self.attempt, "runs": runs + 1}
+
+    def on_error(self, exc: BaseException) -> None:
+        TRACE.append(("on_error", type(exc).__name__))
+
+
+class SnoozesOnceUnique(SnoozesThenSucceeds):
+    unique = True
+
+
+class AtomicSnooze(Queueable):
+    """An atomic job that writes a ledger row in its transaction, then snoozes on its first
+    run (``flag_file`` marks that run, outside the transaction): the row must roll back."""
+
+    queue = "snooze"
+    atomic = True
+
+    def handle(self, label: str, flag_file: str) -> str:
+        first = not Path(flag_file).exists()
+        Path(flag_file).touch()
+        Execution.objects.create(
+            job_id=self.job_id,
+            attempt=0 if first else 1,
+            pid=os.getpid(),
+            label=label if first else f"{label} done",
+        )
+        if first:
+            raise Snooze(30)
+        return label
+
+
+class AsyncSnooze(Queueable):
+    """An ``async def`` handler that snoozes on its first run."""
+
+    queue = "snooze"
+
+    async def handle(self, seconds: float = 30) -> str:
+        runs = await Execution.objects.filter(job_id=self.job_id).acount()
+        await Execution.objects.acreate(
+            job_id=self.job_id, attempt=runs, pid=os.getpid(), label="async"
+        )
+        if runs == 0:
+            raise Snooze(seconds)
+        return "async done"
+
+
+@job(queue="snooze")
+def snooze_until_file(flag_file: str, seconds: float = 30) -> str:
+    """A ``@job`` function: snoozes until ``flag_file`` exists (and creates it)."""
+    path = Path(flag_file)
+    if not path.exists():
+        path.touch()
+        raise Snooze(seconds)
+    return "ran after the snooze"
+
+
+#: Snooze delays that must be refused, by name (JSON cannot carry NaN or infinities).
+BAD_SNOOZES: dict[str, Any] = {
+    "negative": -1,
+    "nan": float("nan"),
+    "infinite": float("inf"),
+    "text": "30",
+    "bool": True,
+    "none": None,
+    "too long": timedelta(days=400),
+}
+
+
+class SnoozesBadly(Queueable):
+    queue = "snooze"
+
+    def handle(self, kind: str) -> None:
+        raise Snooze(BAD_SNOOZES[kind])
+
+
+class SnoozeWithBadSeconds(Snooze):
+    """A subclass that sets its own delay after the check: caught when the outcome is
+    decided."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.seconds = -5
+
+
+class SnoozesThroughSubclass(Queueable):
+    queue = "snooze"
+
+    def handle(self) -> None:
+        raise SnoozeWithBadSeconds()
+
+
+class SnoozesWhenCancelled(Queueable):
+    """Touches ``flag_file``, waits for a cancel request, then snoozes: cancel wins."""
+
+    queue = "snooze"
+    cancel_check_interval = 0.01
+
+    def handle(self, flag_file: str) -> None:
+        Path(flag_file).touch()
+        deadline = time.monotonic() + 30
+        while not self.cancel_requested() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        raise Snooze(30)
+
+
+class SnoozeStep(Queueable):
+    """A chain step that snoozes on its first run, then records itself."""
+
+    queue = "chains"
+
+    def handle(self, order: str) -> str:
+        runs = _runs_so_far(self.job_id)
+        Execution.objects.create(
+            job_id=self.job_id, attempt=runs, pid=os.getpid(), label=f"SnoozeStep:{order}"
+        )
+        if runs == 0:
+            raise Snooze(30)
+        return "SnoozeStep"

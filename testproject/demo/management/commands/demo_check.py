@@ -24,6 +24,7 @@ from demo.jobs import (
     CapturePayment,
     ChargeCard,
     ExportOrders,
+    FetchShippingLabel,
     ImportLegacyOrders,
     RebuildSearchIndex,
     ReserveStock,
@@ -55,6 +56,7 @@ EXPECTED_COUNTS = {
     SendReceipt.name: 1,
     ExportOrders.name: 2,
     AwardLoyaltyPoints.name: 1,
+    FetchShippingLabel.name: 1,
 }
 
 
@@ -145,6 +147,9 @@ class Command(BaseCommand):
         entries = list(LoyaltyEntry.objects.values_list("order_id", "points"))
         if entries != [(1003, 50)]:
             problems.append(f"loyalty entries are {entries}, expected [(1003, 50)]")
+        label = next((job for job in jobs if job.name == FetchShippingLabel.name), None)
+        if label is not None and label.snoozes < 1:
+            problems.append(f"#{label.pk} {label.name} never snoozed (snoozes={label.snoozes})")
         return problems
 
     def check_dispatch_options(self, jobs: list[Job]) -> list[str]:

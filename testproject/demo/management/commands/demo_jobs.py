@@ -7,12 +7,14 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
+from django.utils import timezone
 
 from demo.jobs import (
     AwardLoyaltyPoints,
     CapturePayment,
     ChargeCard,
     ExportOrders,
+    FetchShippingLabel,
     ImportLegacyOrders,
     RebuildSearchIndex,
     ReserveStock,
@@ -114,6 +116,10 @@ class Command(BaseCommand):
         cancelled.cancel()
         jobs.append(("cancelled before it ran", cancelled))
         jobs.append(("checks cancel_requested()", ExportOrders.dispatch(batches=3)))
+
+        # Snooze: the label is published 3 s from now; until then the job snoozes.
+        ready_at = (timezone.now() + timedelta(seconds=3)).isoformat()
+        jobs.append(("snoozes until ready", FetchShippingLabel.dispatch(1003, ready_at)))
 
         # An atomic job: its LoyaltyEntry row commits with its success, exactly once.
         jobs.append(("atomic", AwardLoyaltyPoints.dispatch(order_id=1003, points=50)))
