@@ -123,6 +123,7 @@ for _name, _value in {
     "state": JobState.WAITING.value,
     "attempts": 0,
     "rescues": 0,
+    "snoozes": 0,
     "last_error": "",
     "cancel_requested": False,
     "suspect": False,
