@@ -257,10 +257,7 @@ class PostgresEngine(Engine):
         if high >= SMALLINT_MIN:
             gaps.append((SMALLINT_MIN, high))
         columns = "id, priority, next_execution_at"
-        ready = (
-            f"queue = %s AND {READY_SQL} AND next_execution_at <= {self.now_sql}"
-            f" AND {self.not_paused_sql}"
-        )
+        ready = f"queue = %s AND {READY_SQL} AND next_execution_at <= {self.now_sql}"
         lock = "LIMIT %s FOR UPDATE SKIP LOCKED"
         parts = []
         params: list[Any] = []
@@ -282,7 +279,6 @@ class PostgresEngine(Engine):
                 [after.after[p][1] for p in known],
                 after.lookback,
                 queue,
-                queue,
                 limit,
             ]
         if gaps:
@@ -292,12 +288,14 @@ class PostgresEngine(Engine):
                 " AND priority >= g.lo AND priority <= g.hi"
                 f" ORDER BY priority DESC, next_execution_at, id {lock}) AS s"
             )
-            params += [[g[0] for g in gaps], [g[1] for g in gaps], queue, queue, limit]
+            params += [[g[0] for g in gaps], [g[1] for g in gaps], queue, limit]
+        # The pause check once for the whole claim: a one-time filter above the scans,
+        # which then do not run at all when the queue is paused.
         picked = (
-            f"SELECT id FROM ({' UNION ALL '.join(parts)}) AS x"
+            f"SELECT id FROM ({' UNION ALL '.join(parts)}) AS x WHERE {self.not_paused_sql}"
             " ORDER BY priority DESC, next_execution_at, id LIMIT %s"
         )
-        return picked, [*params, limit]
+        return picked, [*params, queue, limit]
 
     def ready_queues(self, known: Sequence[str] = ()) -> list[str]:
         if not known:

@@ -83,4 +83,3 @@ class Queue(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} (paused)" if self.paused else self.name
-
