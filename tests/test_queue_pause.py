@@ -56,9 +56,18 @@ def test_pause_and_resume_record_who_and_when_and_are_idempotent():
     assert django_gator.resume_queue("emails", by="carol") is True
     resumed = Queue.objects.get(name="emails")
     assert (resumed.paused, resumed.paused_by, resumed.paused_at) == (False, "", None)
+    assert resumed.updated_by == "carol"
+    assert resumed.updated_at >= first.paused_at
     assert django_gator.resume_queue("emails") is False
     assert django_gator.resume_queue("never-paused") is False
     assert not Queue.objects.filter(name="never-paused").exists()
+
+
+def test_a_long_who_is_cut_to_fit_its_column():
+    django_gator.pause_queue("emails", by="ops-" + "x" * 300)
+    row = Queue.objects.get(name="emails")
+    assert row.paused_by == ("ops-" + "x" * 300)[:150]
+    assert row.updated_by == row.paused_by
 
 
 @pytest.mark.parametrize("name", ["", "no spaces", "x" * 101, "émails"])
@@ -112,6 +121,18 @@ def test_stats_show_paused_queues_and_do_not_call_them_unserved():
     queues = {q.queue: q for q in stats.queue_stats()}
     assert (queues["emails"].paused, queues["emails"].as_dict()["paused_at"]) == (False, None)
     assert stats.unserved_queues(list(queues.values()), stats.workers()) == ["emails"]
+
+
+def test_run_jobs_leaves_the_jobs_of_a_paused_queue_waiting():
+    from django_gator.testing import run_jobs
+
+    held = Record.dispatch("held", queue="emails")
+    free = Record.dispatch("free", queue="reports")
+    django_gator.pause_queue("emails")
+    assert [j.pk for j in run_jobs()] == [free.pk]
+    assert held.refresh_state() == JobState.WAITING
+    django_gator.resume_queue("emails")
+    assert [j.pk for j in run_jobs()] == [held.pk]
 
 
 # -- real workers -------------------------------------------------------------------------

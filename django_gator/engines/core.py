@@ -173,13 +173,14 @@ class EngineCore:
     # -- paused queues -------------------------------------------------------------------
     @property
     def not_paused_sql(self) -> str:
-        """ "The queue ``%s`` is not paused": one primary-key probe of the queue table, with
-        no reference to the outer row, so the planner evaluates it once per statement. Part
-        of every claim's WHERE, so a committed pause stops the next claim of every worker."""
+        """SQL for: the queue named by the parameter ``%s`` is not paused. One primary-key
+        probe of the queue table, with no reference to the outer row, so the planner
+        evaluates it once per statement. Part of every claim's WHERE, so a committed pause
+        stops the next claim of every worker."""
         return f"NOT EXISTS (SELECT 1 FROM {self.queue_table} WHERE name = %s AND paused)"
 
     def unpaused_sql(self, column: str) -> str:
-        """ "The queue named by ``column`` is not paused" (for a list of queues)."""
+        """SQL for: the queue named by ``column`` is not paused (for a list of queues)."""
         return (
             f"NOT EXISTS (SELECT 1 FROM {self.queue_table} p WHERE p.name = {column} AND p.paused)"
         )

@@ -1,5 +1,5 @@
-"""Queues with a row of their own: paused (by whom, since when), and the pause permission.
-Every claim reads the row of the queue it claims from."""
+"""Queues with a row of their own: paused (by whom, since when), who changed them last, and
+the pause permission. Every claim reads the row of the queue it claims from."""
 
 import django.utils.timezone
 from django.db import migrations, models
@@ -34,6 +34,15 @@ class Migration(migrations.Migration):
                     ),
                 ),
                 ("updated_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "updated_by",
+                    models.CharField(
+                        blank=True,
+                        default="",
+                        help_text="Who changed the row last (paused or resumed the queue).",
+                        max_length=150,
+                    ),
+                ),
             ],
             options={
                 "db_table": "django_gator_queue",

@@ -14,9 +14,13 @@ from typing import Any
 from django.db import models, transaction
 from django.utils import timezone
 
+from django_gator.logutil import safe
 from django_gator.validation import QUEUE_MAX_LENGTH, validate_queue
 
 logger = logging.getLogger("django_gator.audit")
+
+#: Longest "who" recorded (``paused_by``, ``updated_by``); longer values are cut.
+BY_MAX_LENGTH = 150
 
 
 class QueueQuerySet(models.QuerySet["Queue"]):
@@ -31,38 +35,41 @@ class QueueQuerySet(models.QuerySet["Queue"]):
         row is left as it is (who paused it first, and when, stay recorded).
         ValueError if ``name`` is not a valid queue name."""
         validate_queue(name)
+        by = str(by)[:BY_MAX_LENGTH]
         now = timezone.now()
+        fields = {"paused_at": now, "paused_by": by, "updated_at": now, "updated_by": by}
         with transaction.atomic(using=self.db):
-            _, created = self.get_or_create(
-                name=name,
-                defaults={"paused": True, "paused_at": now, "paused_by": by, "updated_at": now},
-            )
+            _, created = self.get_or_create(name=name, defaults={"paused": True, **fields})
             changed = created or bool(
-                self.filter(name=name, paused=False).update(
-                    paused=True, paused_at=now, paused_by=by, updated_at=now
-                )
+                self.filter(name=name, paused=False).update(paused=True, **fields)
             )
         if changed:
-            logger.info("Queue paused queue=%s by=%s", name, by or "-")
+            logger.info("Queue paused queue=%s by=%s", name, safe(by) or "-")
         return changed
 
     def resume(self, name: str, *, by: str = "") -> bool:
         """Resume the queue ``name``. True if it was paused; False if it was not (nothing is
         written). ValueError if ``name`` is not a valid queue name."""
         validate_queue(name)
+        by = str(by)[:BY_MAX_LENGTH]
         changed = bool(
             self.filter(name=name, paused=True).update(
-                paused=False, paused_at=None, paused_by="", updated_at=timezone.now()
+                paused=False,
+                paused_at=None,
+                paused_by="",
+                updated_at=timezone.now(),
+                updated_by=by,
             )
         )
         if changed:
-            logger.info("Queue resumed queue=%s by=%s", name, by or "-")
+            logger.info("Queue resumed queue=%s by=%s", name, safe(by) or "-")
         return changed
 
 
 class Queue(models.Model):
     """A queue's own state, shared by every worker: whether it is paused, by whom, since
-    when. Queues without a row are not paused."""
+    when, and who changed it last. Queues without a row are not paused. (Settings of a
+    queue's own, such as limits, belong here too: one row per queue, read by its claims.)"""
 
     name = models.CharField(primary_key=True, max_length=QUEUE_MAX_LENGTH)
     paused = models.BooleanField(
@@ -70,9 +77,18 @@ class Queue(models.Model):
     )
     paused_at = models.DateTimeField(null=True, blank=True)
     paused_by = models.CharField(
-        max_length=150, blank=True, default="", help_text="Who paused it (user or caller)."
+        max_length=BY_MAX_LENGTH,
+        blank=True,
+        default="",
+        help_text="Who paused it (user or caller).",
     )
     updated_at = models.DateTimeField(default=timezone.now)
+    updated_by = models.CharField(
+        max_length=BY_MAX_LENGTH,
+        blank=True,
+        default="",
+        help_text="Who changed the row last (paused or resumed the queue).",
+    )
 
     objects = QueueQuerySet.as_manager()
 
