@@ -2,7 +2,7 @@
 
 Public API::
 
-    from django_gator import Queueable, job, Retry, Chain, Snooze
+    from django_gator import Queueable, job, Retry, Chain, Snooze, pause_queue, resume_queue
 
 Importing this package imports no models, so it is safe from settings or a models module.
 """
@@ -16,6 +16,28 @@ from django_gator.schedules import Cron
 
 __version__ = "0.1.0.dev0"
 
+
+def pause_queue(name: str, *, by: str | None = None) -> bool:
+    """Stop every worker claiming jobs of the queue ``name`` until it is resumed; jobs keep
+    arriving and wait, running ones finish. True if it was not paused already (a second
+    pause keeps the first one's who and when). ValueError if ``name`` is not a valid queue
+    name. See :mod:`django_gator.pausing`."""
+    # Imported here so that `import django_gator` loads no models.
+    from django_gator import pausing
+
+    return pausing.pause_queue(name, by=by)
+
+
+def resume_queue(name: str, *, by: str | None = None) -> bool:
+    """Let the workers claim the jobs of the queue ``name`` again (on PostgreSQL, idle
+    workers are woken at once). True if it was paused. ValueError if ``name`` is not a
+    valid queue name."""
+    # Imported here so that `import django_gator` loads no models.
+    from django_gator import pausing
+
+    return pausing.resume_queue(name, by=by)
+
+
 __all__ = [
     "Chain",
     "Cron",
@@ -27,4 +49,6 @@ __all__ = [
     "Snooze",
     "get_job_class",
     "job",
+    "pause_queue",
+    "resume_queue",
 ]

@@ -26,7 +26,7 @@ from django.db.models import Count, Min, Q
 
 from django_gator import conf
 from django_gator.engines import get_engine
-from django_gator.models import READY_STATES, Job, JobState, Worker
+from django_gator.models import READY_STATES, Job, JobState, Queue, Worker
 
 #: The window of the ``*_last_hour`` counts, in seconds.
 LAST_HOUR = 3600.0
@@ -43,7 +43,9 @@ class QueueStats:
     jobs and its age in seconds (how long the queue's head has waited); None when nothing is
     ready. ``succeeded_last_hour`` / ``dead_last_hour``: jobs that ended in that state within
     the last hour, by ``finished_at``. ``succeeded`` / ``cancelled``: totals, only with
-    ``queue_stats(exact=True)``, else None.
+    ``queue_stats(exact=True)``, else None. ``paused``: no worker claims from the queue
+    (see :func:`django_gator.pause_queue`); ``paused_at`` and ``paused_by`` say since when
+    and who paused it (None and "" when it is not paused).
     """
 
     queue: str
@@ -58,11 +60,15 @@ class QueueStats:
     dead_last_hour: int = 0
     succeeded: int | None = None
     cancelled: int | None = None
+    paused: bool = False
+    paused_at: datetime | None = None
+    paused_by: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: datetimes as ISO 8601 strings."""
         data = asdict(self)
         data["oldest_due_at"] = _iso(self.oldest_due_at)
+        data["paused_at"] = _iso(self.paused_at)
         return data
 
 
@@ -103,9 +109,11 @@ def queue_stats(
     """Per-queue figures (see :class:`QueueStats`), sorted by queue name.
 
     A queue appears when it has waiting, failed, running or dead jobs, or jobs that
-    succeeded within the last hour (or, with ``exact``, any succeeded or cancelled job).
+    succeeded within the last hour (or, with ``exact``, any succeeded or cancelled job), or
+    a row of its own in the queue table (it was ever paused).
 
-    Three queries whatever the number of queues (four with ``exact``): the ready index for
+    Four queries whatever the number of queues (five with ``exact``): the queue table, the
+    ready index for
     ready/scheduled/oldest, the ``(state, finished_at)`` index for failed/running/dead, and
     the same index over the last hour for the recent outcomes. ``exact=True`` also counts
     every succeeded and cancelled row, which reads all of them: keep it for small tables.
@@ -161,6 +169,12 @@ def queue_stats(
     )
     for recent in recent_rows:
         setattr(entry(recent["queue"]), f"{recent['state']}_last_hour", recent["count"])
+
+    for queue in Queue.objects.using(alias):
+        known = entry(queue.name)
+        known.paused = queue.paused
+        known.paused_at = queue.paused_at if queue.paused else None
+        known.paused_by = queue.paused_by if queue.paused else ""
 
     if exact:
         final_rows = (
@@ -248,7 +262,9 @@ def workers(alias: str | None = None, *, now: datetime | None = None) -> list[Wo
 def unserved_queues(queues: list[QueueStats], live: list[WorkerStats]) -> list[str]:
     """The queues of ``queues`` that have jobs due now and no live worker (of ``live``,
     as :func:`workers` returns them) to run them, sorted. A worker without a queue list
-    (started without ``-q``) serves every queue."""
+    (started without ``-q``) serves every queue. A paused queue is not counted: its jobs
+    wait because it is paused."""
+    queues = [q for q in queues if not q.paused]
     served: set[str] = set()
     for worker in live:
         if not worker.queues:

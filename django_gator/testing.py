@@ -40,7 +40,8 @@ def run_jobs(
     time) sets the clock that decides what is due, so scheduled jobs and retries can be
     reached without waiting; by default it is the current time. Jobs that the run
     dispatches, retries that fall due and next chain steps run too, each in this thread,
-    through the same claim, retry, chain and atomic-transaction code as the worker.
+    through the same claim, retry, chain and atomic-transaction code as the worker. Jobs of
+    paused queues are left waiting, as a worker leaves them.
 
     With ``raise_errors`` (the default) the first job that ends ``dead`` has its exception
     raised here, after its row was written; a job that will be retried is not an error.
@@ -48,7 +49,7 @@ def run_jobs(
     """
     # Here, not at the top: a project's test modules may import this module before Django's
     # apps are ready, and the models and the worker need them. Not an import cycle.
-    from django_gator.models import READY_STATES, Job
+    from django_gator.models import READY_STATES, Job, Queue
     from django_gator.worker.inline import inline_worker_id, run_inline
 
     if now is not None and advance is not None:
@@ -63,7 +64,11 @@ def run_jobs(
     ran: list[int] = []
     while True:
         clock = now or timezone.now() + (advance or timedelta())
-        due = Job.objects.using(alias).filter(state__in=READY_STATES, next_execution_at__lte=clock)
+        due = (
+            Job.objects.using(alias)
+            .filter(state__in=READY_STATES, next_execution_at__lte=clock)
+            .exclude(queue__in=Queue.objects.using(alias).paused_names())
+        )
         if queues:
             due = due.filter(queue__in=queues)
         order = due.order_by("-priority", "next_execution_at", "id")

@@ -238,8 +238,12 @@ def test_status_json_has_stable_keys():
         "dead_last_hour",
         "succeeded",
         "cancelled",
+        "paused",
+        "paused_at",
+        "paused_by",
     }
     assert default["queue"] == "default"
+    assert (default["paused"], default["paused_at"], default["paused_by"]) == (False, None, "")
     assert (default["ready"], default["scheduled"], default["running"]) == (3, 2, 2)
     assert default["oldest_due_age"] > 100
     assert default["succeeded"] is None

@@ -127,3 +127,50 @@ def test_rescue_finds_the_jobs_of_lapsed_workers_by_owner():
     assert lost == []
     assert len(captured.captured_queries) == 2  # db_now() and the worker table
     assert "django_gator_job" not in captured.captured_queries[-1]["sql"]
+
+
+def _claims(action) -> list[str]:
+    """The statements ``action`` sends that read the queue table."""
+    with CaptureQueriesContext(connection) as captured:
+        action()
+    return [q["sql"] for q in captured.captured_queries if "django_gator_queue" in q["sql"]]
+
+
+@pytest.mark.parametrize("kind", ["full", "keyset"])
+def test_a_claim_checks_its_queue_once_per_statement_by_primary_key(kind):
+    """The pause check of a claim is one probe of the queue row, made once for the whole
+    statement (not once per job row), and the jobs are still read through the ready index."""
+    from django_gator import pause_queue
+    from django_gator.engines.core import Position
+
+    engine = get_engine("default")
+    if kind == "keyset" and not engine.supports_keyset:
+        pytest.skip("keyset claims are PostgreSQL's")
+    pause_queue("other")  # the table has a row, of another queue
+    jobs = Noop.dispatch_many([[] for _ in range(50)])
+    after = None
+    if kind == "keyset":
+        after = Position({0: (jobs[0].next_execution_at - timedelta(seconds=5), 0)}, 1.0)
+    statements = _claims(lambda: engine.claim(WORKER, "default", 10, after=after))
+    assert statements
+    for sql in statements:
+        plan = _explain(sql)
+        if connection.vendor == "postgresql":
+            assert "gator_job_ready" in plan, plan
+            # An InitPlan under a One-Time Filter: evaluated once, before any job is read.
+            assert "One-Time Filter" in plan, plan
+            assert "SubPlan" not in plan, plan
+        elif connection.vendor == "sqlite":
+            assert "gator_job_ready" in plan, plan
+            queue_lines = [line for line in plan.splitlines() if "django_gator_queue" in line]
+            assert queue_lines, plan
+            assert all("PRIMARY KEY" in line or "autoindex" in line for line in queue_lines), plan
+            assert "CORRELATED" not in plan, plan
+        else:
+            # The subquery runs once (not DEPENDENT); the optimizer reads the queue row by
+            # its primary key as a constant ("const table"), or names the key.
+            subquery = [line for line in plan.splitlines() if "'SUBQUERY'" in line]
+            assert subquery, plan
+            assert all("const table" in line or "'PRIMARY'" in line for line in subquery), plan
+            assert any("gator_job_ready_my" in line for line in plan.splitlines()), plan
+            assert "DEPENDENT" not in plan, plan

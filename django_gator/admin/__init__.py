@@ -4,8 +4,8 @@ editor), workers and schedules.
 Django's admin autodiscovery imports this package, which registers the three ModelAdmins
 with the default admin site. Each module holds one screen or one concern: :mod:`.jobs`,
 :mod:`.actions`, :mod:`.filters`, :mod:`.dead_jobs`, :mod:`.arguments`, :mod:`.dashboard`
-and :mod:`.chart`, :mod:`.workers`, :mod:`.schedules`; :mod:`.pages` and :mod:`.display` are
-what they share.
+and :mod:`.chart`, :mod:`.queues` (pause and resume), :mod:`.workers`, :mod:`.schedules`;
+:mod:`.pages` and :mod:`.display` are what they share.
 """
 
 from __future__ import annotations

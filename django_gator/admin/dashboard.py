@@ -1,5 +1,6 @@
 """The job dashboard: per-queue counts, the age of the oldest due job, the last hour's
-throughput (a chart) and the live workers. Needs the job view permission."""
+throughput (a chart) and the live workers, with Pause and Resume buttons per queue for
+users with the pause permission (see :mod:`.queues`). Needs the job view permission."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from django.http import HttpRequest, HttpResponse
 
 from django_gator import conf, stats
 from django_gator.admin.chart import chart_svg
-from django_gator.admin.pages import AdminPage
+from django_gator.admin.pages import PAUSE_PERMISSION, AdminPage
 from django_gator.engines import get_engine
 from django_gator.models import Job, JobState
 
@@ -64,5 +65,6 @@ class DashboardView(AdminPage):
             "total": total,
             "total_estimated": not exact,
             "refresh": request.GET.get("refresh", ""),
+            "can_pause": request.user.has_perm(PAUSE_PERMISSION),
         }
         return self.render(context)

@@ -2,7 +2,8 @@
 
 Rows are changed by workers and by the operator's actions only: the job list's retry and
 cancel actions (:mod:`.actions`), a job page's Retry button and argument editor
-(:mod:`.arguments`) and the dead-job screen (:mod:`.dead_jobs`), each a POST with Django's
+(:mod:`.arguments`), the dead-job screen (:mod:`.dead_jobs`) and the dashboard's queue
+buttons (:mod:`.queues`), each a POST with Django's
 CSRF protection behind its own permission. Argument values named by ``GATOR_REDACT`` are
 masked on every page.
 """
@@ -31,6 +32,7 @@ from django_gator.admin.dashboard import DashboardView
 from django_gator.admin.dead_jobs import DeadJobsView
 from django_gator.admin.display import pretty, time_field, when
 from django_gator.admin.filters import ErrorClassFilter, JobNameFilter, QueueFilter
+from django_gator.admin.queues import QueuePauseView
 from django_gator.models import Job, JobState
 
 #: The states in which a job's last error says why it is where it is; a job that succeeded
@@ -170,6 +172,11 @@ class JobAdmin(JobActions):
                 "dashboard/",
                 wrap(DashboardView.as_view(model_admin=self)),
                 name="django_gator_job_dashboard",
+            ),
+            path(
+                "dashboard/queues/",
+                wrap(QueuePauseView.as_view(model_admin=self)),
+                name="django_gator_job_pause_queue",
             ),
             path(
                 "<path:object_id>/edit-arguments/",

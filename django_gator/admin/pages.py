@@ -23,6 +23,8 @@ from django.views import View
 #: The permission to retry a job or edit its arguments, and the one to cancel or discard it.
 RETRY_PERMISSION = "django_gator.retry_job"
 CANCEL_PERMISSION = "django_gator.cancel_job"
+#: The permission to pause and resume queues (the dashboard's buttons).
+PAUSE_PERMISSION = "django_gator.pause_queue"
 
 #: Django 6.1 made the admin's breadcrumbs an <ol> of <li> (ticket #34041) and styles only
 #: ``ol.breadcrumbs``; up to 6.0 they are a <div> with &rsaquo; between the links.

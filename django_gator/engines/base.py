@@ -73,7 +73,8 @@ class Engine(DispatchStatements, WorkerStatements):
     supports_keyset = False
 
     def ready_queues(self, known: Sequence[str] = ()) -> list[str]:
-        """Names of the queues that hold waiting or failed jobs (a skip scan of the index).
+        """Names of the queues that hold waiting or failed jobs (a skip scan of the index),
+        except paused ones.
 
         ``known`` (engines with :attr:`supports_keyset`): queues the caller claims from
         anyway; they are neither read nor returned, so their index entries (live, or dead
@@ -86,7 +87,7 @@ class Engine(DispatchStatements, WorkerStatements):
             " UNION ALL"
             f" SELECT (SELECT queue FROM {self.job_table} WHERE {self.ready_condition()}"
             "  AND queue > q.queue ORDER BY queue LIMIT 1) FROM q WHERE q.queue IS NOT NULL"
-            ") SELECT queue FROM q WHERE queue IS NOT NULL"
+            f") SELECT queue FROM q WHERE queue IS NOT NULL AND {self.unpaused_sql('q.queue')}"
         )
         with self.connection.cursor() as cursor:
             cursor.execute(sql, [])

@@ -9,7 +9,7 @@ rescued, re-claimed or changed by an operator): the caller logs it and writes no
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,7 +19,7 @@ from django.db import connections, transaction
 from django.utils.dateparse import parse_datetime
 
 from django_gator import jsonsql
-from django_gator.models import Job, Worker
+from django_gator.models import Job, Queue, Worker
 from django_gator.states import (
     RUNNING_SQL,
 )
@@ -97,6 +97,7 @@ class EngineCore:
         qn = connections[alias].ops.quote_name
         self.job_table = qn(Job._meta.db_table)
         self.worker_table = qn(Worker._meta.db_table)
+        self.queue_table = qn(Queue._meta.db_table)
 
     # -- plumbing ------------------------------------------------------------------------
     @property
@@ -168,6 +169,25 @@ class EngineCore:
         and locks with it, after ``bounds`` of silence from the worker (a partition).
         ``raw`` is the driver's connection, just opened, in autocommit; called once for each
         connection of a worker process (see worker.connections)."""
+
+    # -- paused queues -------------------------------------------------------------------
+    @property
+    def not_paused_sql(self) -> str:
+        """SQL for: the queue named by the parameter ``%s`` is not paused. One primary-key
+        probe of the queue table, with no reference to the outer row, so the planner
+        evaluates it once per statement. Part of every claim's WHERE, so a committed pause
+        stops the next claim of every worker."""
+        return f"NOT EXISTS (SELECT 1 FROM {self.queue_table} WHERE name = %s AND paused)"
+
+    def unpaused_sql(self, column: str) -> str:
+        """SQL for: the queue named by ``column`` is not paused (for a list of queues)."""
+        return (
+            f"NOT EXISTS (SELECT 1 FROM {self.queue_table} p WHERE p.name = {column} AND p.paused)"
+        )
+
+    def wake(self, queues: Collection[str]) -> None:
+        """Tell idle workers that ``queues`` may have claimable jobs (after a resume).
+        Engines whose workers poll do nothing: the next poll finds them."""
 
     def db_now(self) -> datetime:
         with self.connection.cursor() as cursor:

@@ -164,10 +164,10 @@ class MySQLEngine(Engine):
         select = (
             f"SELECT {JOB_COLUMNS} FROM {self.job_table} FORCE INDEX ({READY_INDEX})"
             f" WHERE queue = %s AND ready_rank IS NOT NULL"
-            f" AND next_execution_at <= {self.now_sql}"
+            f" AND next_execution_at <= {self.now_sql} AND {self.not_paused_sql}"
             " ORDER BY ready_rank, next_execution_at, id LIMIT %s FOR UPDATE SKIP LOCKED"
         )
-        cursor.execute(select, [queue, limit])
+        cursor.execute(select, [queue, queue, limit])
         rows = cursor.fetchall()
         if not rows:
             return []

@@ -3,7 +3,7 @@ and NOTIFY on dispatch (delivered by PostgreSQL only when the transaction commit
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -149,6 +149,13 @@ class PostgresEngine(Engine):
             returned = cursor.fetchone()
         return returned[0], returned[1], returned[2]
 
+    def wake(self, queues: Collection[str]) -> None:
+        """A NOTIFY per queue, as dispatch sends: listening workers claim at once (delivered
+        when the caller's transaction commits, if there is one)."""
+        with self.connection.cursor() as cursor:
+            for queue in sorted(queues):
+                cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, queue])
+
     @contextmanager
     def listen(self) -> Iterator[Listener]:
         """A connection of its own (not Django's), in autocommit, listening on CHANNEL."""
@@ -214,10 +221,11 @@ class PostgresEngine(Engine):
             picked = (
                 f"SELECT id FROM {self.job_table}"
                 f" WHERE queue = %s AND {READY_SQL} AND next_execution_at <= {self.now_sql}"
+                f" AND {self.not_paused_sql}"
                 " ORDER BY priority DESC, next_execution_at, id"
                 " LIMIT %s FOR UPDATE SKIP LOCKED"
             )
-            params: list[Any] = [queue, limit]
+            params: list[Any] = [queue, queue, limit]
         else:
             picked, params = self._keyset_picked(queue, limit, after)
         sql = (
@@ -281,11 +289,13 @@ class PostgresEngine(Engine):
                 f" ORDER BY priority DESC, next_execution_at, id {lock}) AS s"
             )
             params += [[g[0] for g in gaps], [g[1] for g in gaps], queue, limit]
+        # The pause check once for the whole claim: a one-time filter above the scans,
+        # which then do not run at all when the queue is paused.
         picked = (
-            f"SELECT id FROM ({' UNION ALL '.join(parts)}) AS x"
+            f"SELECT id FROM ({' UNION ALL '.join(parts)}) AS x WHERE {self.not_paused_sql}"
             " ORDER BY priority DESC, next_execution_at, id LIMIT %s"
         )
-        return picked, [*params, limit]
+        return picked, [*params, queue, limit]
 
     def ready_queues(self, known: Sequence[str] = ()) -> list[str]:
         if not known:
@@ -308,7 +318,7 @@ class PostgresEngine(Engine):
             "  FROM (SELECT min(k) AS known FROM unnest(%s::varchar[]) AS k"
             "   WHERE k > q.queue) AS nk) AS n"
             " WHERE COALESCE(n.found, n.known) IS NOT NULL"
-            ") SELECT queue FROM q WHERE hit"
+            f") SELECT queue FROM q WHERE hit AND {self.unpaused_sql('q.queue')}"
         )
         with self.connection.cursor() as cursor:
             cursor.execute(sql, [list(known)])

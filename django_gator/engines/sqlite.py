@@ -127,10 +127,11 @@ class SQLiteEngine(Engine):
             f"UPDATE {self.job_table} SET {claim_set_sql(self.now_sql)}"
             f" WHERE id IN (SELECT id FROM {self.job_table}"
             f"  WHERE queue = %s AND {READY_SQL} AND next_execution_at <= {self.now_sql}"
+            f"  AND {self.not_paused_sql}"
             "  ORDER BY priority DESC, next_execution_at, id LIMIT %s)"
             f" RETURNING {JOB_COLUMNS}"
         )
-        cursor.execute(sql, [worker_id, queue, limit])
+        cursor.execute(sql, [worker_id, queue, queue, limit])
         jobs = [self.claimed(row) for row in cursor.fetchall()]
         jobs.sort(key=lambda j: (-j.priority, j.id))
         return jobs

@@ -1,4 +1,4 @@
-"""django-gator's tables: jobs, workers, cron schedules and their runs.
+"""django-gator's tables: jobs, workers, queues, cron schedules and their runs.
 
 Hot paths (dispatch, claim, outcome writes, rescue) are SQL in :mod:`django_gator.engines`,
 one module per database; the models declare the schema, the indexes the claim query needs,
@@ -13,6 +13,7 @@ from django_gator.models.jobs import (
     exception_class_name,
     record,
 )
+from django_gator.models.queues import Queue, QueueQuerySet
 from django_gator.models.schedules import MisfirePolicy, Schedule, ScheduledRun, ScheduleSource
 from django_gator.models.workers import Worker
 from django_gator.states import FINAL_STATES, READY_STATES, JobState
@@ -26,6 +27,8 @@ __all__ = [
     "JobState",
     "MisfirePolicy",
     "Pruned",
+    "Queue",
+    "QueueQuerySet",
     "Schedule",
     "ScheduleSource",
     "ScheduledRun",

@@ -19,6 +19,7 @@ from django.utils import timezone
 from django_gator import conf
 from django_gator.dbtime import DbNow
 from django_gator.jsonsql import JsonAppend
+from django_gator.models.queues import Queue
 from django_gator.states import FINAL_STATES, READY_STATES, JobState
 from django_gator.validation import (
     NAME_MAX_LENGTH,
@@ -65,8 +66,10 @@ def record(alias: str | None, ids: list[int], action: str, by: str, **details: A
 
 class JobQuerySet(models.QuerySet["Job"]):
     def ready(self) -> JobQuerySet:
-        """Jobs a worker may claim now."""
-        return self.filter(state__in=READY_STATES, next_execution_at__lte=DbNow())
+        """Jobs a worker may claim now: due, and not in a paused queue."""
+        return self.filter(state__in=READY_STATES, next_execution_at__lte=DbNow()).exclude(
+            queue__in=Queue.objects.using(self.db).paused_names()
+        )
 
     def scheduled(self) -> JobQuerySet:
         return self.filter(state__in=READY_STATES, next_execution_at__gt=DbNow())

@@ -359,3 +359,35 @@ def test_the_retry_button_on_a_dead_jobs_page_retries_it(page):
     assert (carol.state, carol.attempts, len(carol.errors)) == (JobState.WAITING, 1, 1)
     assert [(e["action"], e["by"]) for e in carol.audit] == [("retry", "boss")]
     assert Job.objects.filter(state=JobState.DEAD).count() == 4
+
+
+def test_pausing_and_resuming_a_queue_from_the_dashboard(page, spawn_worker):
+    from django_gator.models import Queue
+
+    user = User.objects.create_user("ops", password=PASSWORD, is_staff=True)
+    for codename in ("view_job", "pause_queue"):
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    first = Noop.dispatch(queue="emails")
+    log_in(page, "ops")
+    page.goto(reverse("admin:django_gator_job_dashboard"))
+    row = page.locator("#gator-queues tbody tr", has_text="emails")
+    row.get_by_role("button", name="Pause").click()
+
+    expect(page.locator("ul.messagelist")).to_contain_text("Queue emails paused")
+    row = page.locator("#gator-queues tbody tr", has_text="emails")
+    expect(row).to_contain_text("paused by ops")
+    queue = Queue.objects.get(name="emails")
+    assert (queue.paused, queue.paused_by) == (True, "ops")
+
+    proc = spawn_worker("--concurrency", "2")
+    other = Noop.dispatch(queue="other")
+    wait_for(lambda: other.refresh_state() == JobState.SUCCEEDED)
+    assert first.refresh_state() == JobState.WAITING, worker_output(proc)
+
+    page.goto(reverse("admin:django_gator_job_dashboard"))
+    page.locator("#gator-queues tbody tr", has_text="emails").get_by_role(
+        "button", name="Resume"
+    ).click()
+    expect(page.locator("ul.messagelist")).to_contain_text("Queue emails resumed")
+    wait_for(lambda: first.refresh_state() == JobState.SUCCEEDED, timeout=10)
+    assert not Queue.objects.get(name="emails").paused
