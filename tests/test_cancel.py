@@ -54,7 +54,10 @@ def test_a_running_job_stops_when_asked(spawn_worker):
 
     assert Job.objects.filter(pk=job.pk).cancel() == 1
     job.refresh_from_db()
-    assert (job.state, job.cancel_requested) == (JobState.RUNNING, True)
+    # A request, not a cancellation: the row stays running until the job sees it (it looks
+    # every 10 ms, so under load it may have stopped already by this read).
+    assert job.cancel_requested
+    assert job.state in (JobState.RUNNING, JobState.CANCELLED)
 
     wait_for(lambda: job.refresh_state() == JobState.CANCELLED, timeout=10)
     job.refresh_from_db()

@@ -201,7 +201,15 @@ def test_workers_stop_claiming_a_paused_queue_and_resume_it(spawn_worker):
 def test_resume_wakes_idle_listening_workers_at_once(spawn_worker):
     # A poll interval of a minute: only the NOTIFY of the resume can wake the worker.
     proc = spawn_worker("--concurrency", "2", env={"GATOR_POLL_INTERVAL": "60"})
-    wait_for(lambda: Noop.dispatch().refresh_state() == JobState.SUCCEEDED, timeout=30)
+    # Until its LISTEN connection is up the worker misses dispatches (and polls only once a
+    # minute): dispatch until one of them runs.
+    warm_up: list[int] = []
+
+    def listening() -> bool:
+        warm_up.append(Noop.dispatch().pk)
+        return Job.objects.filter(pk__in=warm_up, state=JobState.SUCCEEDED).exists()
+
+    wait_for(listening, timeout=30, interval=0.2)
     django_gator.pause_queue("emails")
     job = Record.dispatch("woken", queue="emails")
     time.sleep(1.0)
