@@ -404,4 +404,6 @@ def test_the_admin_shows_the_snoozes_in_the_list_and_on_the_job(admin_client):
     assert "<time " in cell
     assert '<td class="field-attempts">0</td>' in listing
     body = detail.content.decode()
-    assert re.search(r"<label>Snoozes:</label>\s*<div class=\"readonly\">1</div>", body), body
+    # The value follows the label (after the help text on Django 6.1, before it on 5.2).
+    field = body.partition("<label>Snoozes:</label>")[2].partition("<label>")[0]
+    assert '<div class="readonly">1</div>' in field, body
