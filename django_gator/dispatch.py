@@ -233,7 +233,9 @@ def _announce(
 
 #: Tries of a unique dispatch in a transaction of its own that the database ends to break a
 #: deadlock (MariaDB/MySQL; see MySQLEngine.unique_lookup_lock).
-DEADLOCK_TRIES = 5
+DEADLOCK_TRIES = 10
+#: Longest pause between two of those tries, in seconds (random, doubling up to this).
+DEADLOCK_MAX_PAUSE = 0.5
 
 
 def _insert_unique(
@@ -266,7 +268,7 @@ def _insert_unique(
                 attempt,
                 safe(str(exc)),
             )
-        time.sleep(random.uniform(0, 0.01 * 2**attempt))
+        time.sleep(random.uniform(0, min(0.01 * 2**attempt, DEADLOCK_MAX_PAUSE)))
         attempt += 1
 
 
