@@ -1,9 +1,5 @@
-"""The jobs table: the ``Job`` model and its domain verbs.
-
-Hot paths (dispatch, claim, outcome writes, rescue) are SQL in :mod:`django_gator.engines`,
-one module per database; the model declares the schema, the indexes the claim query needs,
-and the domain verbs used by the admin and the management commands.
-"""
+"""The jobs table: the ``Job`` model, its indexes, and the domain verbs the admin and the
+management commands share (see the package docstring for where the hot paths live)."""
 
 from __future__ import annotations
 

@@ -242,7 +242,3 @@ class Slots:
             self.work_ready.notify_all()
             self.fetch_needed.notify_all()
         return unstarted
-
-    def running_jobs(self) -> list[ClaimedJob]:
-        with self.lock:
-            return [entry.job for entry in self.running.values()]
