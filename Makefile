@@ -7,6 +7,7 @@
 #                      smaller runs on MariaDB and SQLite
 #   make test-browser  the admin screens in headless Chromium (Playwright), on SQLite
 #   make soak          hours of steady load on PostgreSQL, a report per minute (not in make test)
+#   make bench-peers   django-gator beside Celery, procrastinate, django-q2, django-tasks-db
 #   make browser-deps  what test-browser needs: Chromium (apt-get, as root) and playwright
 #   make lint          ruff check, ruff format --check, mypy, lint-imports (the layers)
 #   make demo          the demo project: migrate, admin user, demo jobs, a worker and runserver
@@ -51,11 +52,11 @@ DEMO_STAMP  := $(DEMO_VENV)/.gator-installed
 DEMO_CONFIG := $(DEMO_VENV)/.gator-config
 
 .PHONY: help install demo-install sysdeps test-deps test test-sqlite test-postgres test-mysql \
-        test-chaos check-dbs lint browser-deps test-browser bench-deps soak demo demo-check \
+        test-chaos check-dbs lint browser-deps test-browser bench-deps soak bench-peers demo demo-check \
         package-check clean distclean FORCE
 
 help:
-	@sed -n '3,21s/^# \{0,1\}//p' $(MAKEFILE_LIST)
+	@sed -n '3,22s/^# \{0,1\}//p' $(MAKEFILE_LIST)
 
 # ---------------------------------------------------------------------------------------------
 # Installing
@@ -305,6 +306,37 @@ soak: install bench-deps
 	  --port $(SOAK_PORT) --workers $(SOAK_WORKERS) --concurrency $(SOAK_CONCURRENCY) \
 	  $(if $(SOAK_DURATION),--duration $(SOAK_DURATION)) $(if $(SOAK_RATE),--rate $(SOAK_RATE)) \
 	  $(SOAK_ARGS)
+
+# ---------------------------------------------------------------------------------------------
+# Side by side (benchmarks/peers, issue 20): django-gator, Celery (Redis broker; threads and
+# prefork pools), procrastinate, django-q2 (ORM broker) and django-tasks-db, one after another
+# on the same PostgreSQL server, with the same workloads; prints a table, writes
+# benchmarks/results/peers.json and draws docs/peers.png. Needs PostgreSQL (its database,
+# whose name must contain "peers", is dropped and re-created per peer) and Redis (Celery's
+# broker, and the ledger every peer's jobs report their start times to). The peers live in a
+# virtualenv of their own (PEERS_VENV), at the versions in benchmarks/peers/requirements.txt.
+#   PEERS=celery-threads,django-gator   a subset;  PEERS_ARGS=--quick   a smoke run
+PEERS_VENV  ?= .venv-peers
+PEERS_URL   ?= postgres://postgres@127.0.0.1:5432/gator_peers
+PEERS_REDIS ?= redis://127.0.0.1:6379
+PEERS       ?=
+PEERS_ARGS  ?=
+PEERS_STAMP := $(PEERS_VENV)/.gator-installed
+
+$(PEERS_STAMP): pyproject.toml benchmarks/peers/requirements.txt
+	@$(call ensure_venv,$(PEERS_VENV))
+	@echo "==> installing the peers (benchmarks/peers/requirements.txt) into $(PEERS_VENV)"
+	$(PEERS_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(PEERS_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
+	  -r benchmarks/peers/requirements.txt -e '.[postgres]'
+	@touch $@
+
+bench-peers: $(PEERS_STAMP)
+	@$(PEERS_VENV)/bin/python scripts/db_ping.py --tcp '$(PEERS_URL)'
+	@$(PEERS_VENV)/bin/python -c "import redis, sys; redis.Redis.from_url(sys.argv[1]).ping()" \
+	  '$(PEERS_REDIS)' || { echo "ERROR: Redis does not answer at $(PEERS_REDIS)" >&2; exit 1; }
+	$(PEERS_VENV)/bin/python -m benchmarks.peers --database-url '$(PEERS_URL)' \
+	  --redis-url '$(PEERS_REDIS)' $(if $(PEERS),--peers $(PEERS)) $(PEERS_ARGS)
 
 # ---------------------------------------------------------------------------------------------
 # Lint: all three checks run; fails if any failed.
