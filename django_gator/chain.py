@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django_gator.queueable import JobFunction, Queueable, resolve_job_class
-from django_gator.workflows import Workflow
+from django_gator.workflows import Step, Workflow
 
 if TYPE_CHECKING:
     from django_gator.models import Job
@@ -43,9 +43,9 @@ class Chain:
     def workflow(self, *args: Any, **kwargs: Any) -> Workflow:
         """The workflow this chain dispatches with these arguments."""
         workflow = Workflow(repr(self)[:200], on_error=self.on_error)
-        previous = None
+        previous: Step | None = None
         for job_class in self.steps:
-            after = [previous] if previous is not None else []
+            after: list[Step] = [previous] if previous is not None else []
             previous = workflow.add(job_class, *args, after=after, **kwargs)
         return workflow
 
@@ -64,5 +64,5 @@ class Chain:
         workflow = self.workflow(*args, **kwargs)
         workflow.dispatch(wait=wait, at=at, queue=queue, priority=priority, on_commit=on_commit)
         first = workflow.steps[0].job
-        assert first is not None  # noqa: S101 - the first step waits for nothing
+        assert first is not None
         return first

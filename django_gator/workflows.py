@@ -269,7 +269,7 @@ def _find_cycle(steps: Sequence[Step]) -> list[Step]:
                 todo.pop()
                 continue
             if color[dependency.position] == grey:
-                cycle = path[path.index(dependency) :] + [dependency]
+                cycle = [*path[path.index(dependency) :], dependency]
                 return cycle[::-1]
             if color[dependency.position] == white:
                 color[dependency.position] = grey

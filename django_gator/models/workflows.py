@@ -76,9 +76,7 @@ class WorkflowStep(models.Model):
     priority = models.SmallIntegerField(default=0)
     after = models.JSONField(default=list, blank=True, help_text="Positions it waits for.")
     children = models.JSONField(default=list, blank=True, help_text="Positions waiting for it.")
-    waiting_on = models.PositiveIntegerField(
-        default=0, help_text="Dependencies not satisfied yet."
-    )
+    waiting_on = models.PositiveIntegerField(default=0, help_text="Dependencies not satisfied yet.")
     on_dead = models.CharField(max_length=8, choices=ON_DEAD_CHOICES, default=ON_DEAD_CANCEL)
     state = models.CharField(max_length=16, choices=StepState.choices, default=StepState.BLOCKED)
     job_id = models.BigIntegerField(null=True, blank=True, help_text="Its job, once released.")
@@ -125,7 +123,8 @@ def settle(alias: str, job_ids: Iterable[int], states: Sequence[str] = FINAL_STA
         .order_by("pk")
     )
     for job_id, workflow_id, position, state in list(finished):
-        _settle_one(alias, job_id, workflow_id, position, state, out)
+        if workflow_id is not None and position is not None:
+            _settle_one(alias, job_id, workflow_id, position, state, out)
     return out
 
 
@@ -168,8 +167,10 @@ def _settle_one(
             cancelled_by=position,
         )
     if state == JobState.DEAD:
-        handler = WorkflowRun.objects.using(alias).filter(pk=workflow_id).values_list(
-            "on_error", flat=True
+        handler = (
+            WorkflowRun.objects.using(alias)
+            .filter(pk=workflow_id)
+            .values_list("on_error", flat=True)
         )
         name = handler.first()
         if name:

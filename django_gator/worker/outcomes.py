@@ -260,9 +260,7 @@ class Outcomes:
                 lambda: self.engine.with_steps(
                     _steps(job),
                     self.follow_ups,
-                    lambda: self.engine.mark_failed(
-                        self.worker_id, job.id, job.attempts, failure
-                    ),
+                    lambda: self.engine.mark_failed(self.worker_id, job.id, job.attempts, failure),
                 ),
             )
 
