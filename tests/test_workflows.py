@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import signal
+import uuid
 
 import pytest
 from django.db import transaction
@@ -225,6 +226,36 @@ def test_a_chain_is_a_workflow():
     first = Chain(Noop, Noop).dispatch()
     run = WorkflowRun.objects.get(pk=first.chain_id)
     assert [s.after for s in WorkflowStep.objects.filter(workflow=run)] == [[], [0]]
+
+
+def test_a_chain_dispatched_before_workflows_is_converted_and_goes_on():
+    """Migration 0009 turns an active chain of the old kind (only its current step has a
+    row; the spec names the rest) into a workflow, so its later steps still run."""
+    from importlib import import_module
+    from types import SimpleNamespace
+
+    from django.apps import apps
+    from django.db import connection
+
+    migration = import_module("django_gator.migrations.0009_workflows")
+    chain_id = uuid.uuid4()
+    spec = {"steps": [DagStep.name, DagStep.name, DagStep.name], "queue": None}
+    Job.objects.create(
+        name=DagStep.name,
+        args=[1],
+        chain_id=chain_id,
+        chain_position=1,
+        chain={**spec, "priority": None, "on_error": None},
+    )
+    migration.convert_chains(apps, SimpleNamespace(connection=connection))
+    migration.convert_chains(apps, SimpleNamespace(connection=connection))  # idempotent
+
+    run_worker()
+
+    steps = steps_by_position(WorkflowRun.objects.get(pk=chain_id))
+    assert [steps[p].state for p in range(3)] == [StepState.SUCCEEDED] * 3
+    assert ledger() == ["start:1", "end:1", "start:1", "end:1"]
+    assert Job.objects.filter(chain_id=chain_id).count() == 2
 
 
 def random_dag(rng: random.Random, size: int) -> dict[int, list[int]]:

@@ -8,6 +8,63 @@ import django.db.models.deletion
 import django.utils.timezone
 from django.db import migrations, models
 
+ACTIVE = ("waiting", "failed", "running")
+
+
+def convert_chains(apps, schema_editor):
+    """Chains dispatched before workflows and still active become workflows, so their later
+    steps are released as before (a chain's spec names its steps; only the current one has
+    a job row)."""
+    from django_gator.exceptions import JobNotRegistered
+    from django_gator.registry import get_job_class
+
+    job_model = apps.get_model("django_gator", "Job")
+    run_model = apps.get_model("django_gator", "WorkflowRun")
+    step_model = apps.get_model("django_gator", "WorkflowStep")
+    alias = schema_editor.connection.alias
+    jobs = job_model.objects.using(alias).filter(chain_id__isnull=False, state__in=ACTIVE)
+    for job in jobs.iterator():
+        spec = job.chain if isinstance(job.chain, dict) else {}
+        names = spec.get("steps") or []
+        current = job.chain_position or 0
+        if current >= len(names) or run_model.objects.using(alias).filter(pk=job.chain_id):
+            continue
+        run_model.objects.using(alias).create(
+            id=job.chain_id,
+            name=("Chain(" + ", ".join(names) + ")")[:200],
+            on_error=spec.get("on_error") or "",
+        )
+        steps = []
+        for position, name in enumerate(names):
+            try:
+                job_class = get_job_class(name)
+                queue, priority = job_class.queue, job_class.priority
+            except JobNotRegistered:
+                queue, priority = "default", 0
+            if position < current:
+                state, job_id, waiting_on = "succeeded", None, 0
+            elif position == current:
+                state, job_id, waiting_on = "released", job.pk, 0
+            else:
+                state, job_id, waiting_on = "blocked", None, 1
+            steps.append(
+                step_model(
+                    workflow_id=job.chain_id,
+                    position=position,
+                    name=name,
+                    args=job.args,
+                    kwargs=job.kwargs,
+                    queue=spec.get("queue") or queue,
+                    priority=spec["priority"] if spec.get("priority") is not None else priority,
+                    after=[position - 1] if position else [],
+                    children=[position + 1] if position + 1 < len(names) else [],
+                    waiting_on=waiting_on,
+                    state=state,
+                    job_id=job_id,
+                )
+            )
+        step_model.objects.using(alias).bulk_create(steps)
+
 
 class Migration(migrations.Migration):
     dependencies = [
@@ -122,4 +179,5 @@ class Migration(migrations.Migration):
                 ],
             },
         ),
+        migrations.RunPython(convert_chains, migrations.RunPython.noop),
     ]
