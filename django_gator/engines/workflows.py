@@ -3,12 +3,14 @@ transaction that writes a step's final state (see :mod:`django_gator.models.work
 
 from __future__ import annotations
 
+import random
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TypeVar
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 
 from django_gator import validation
 from django_gator.engines.dispatching import DispatchStatements
@@ -19,6 +21,8 @@ from django_gator.rows import InsertRow
 from django_gator.states import StepState
 
 T = TypeVar("T")
+#: Tries of a step's final write and its settling that the database ends to break a deadlock.
+DEADLOCK_TRIES = 5
 
 
 class WorkflowStatements(DispatchStatements):
@@ -34,14 +38,27 @@ class WorkflowStatements(DispatchStatements):
         With no ids, just ``write()``: ordinary jobs pay nothing."""
         if not job_ids:
             return write()
-        # Django's atomic(), not write_transaction(): the settling uses the ORM, which on
-        # SQLite cannot join a transaction opened on the cursor. The write comes first, so
-        # SQLite's write lock is taken before anything is read.
-        with transaction.atomic(using=self.alias):
-            written = write()
-            if written:
-                self.settle_steps(job_ids, inserted)
-        return written
+        ours = not self.connection.in_atomic_block
+        tries = 1
+        while True:
+            try:
+                # Django's atomic(), not write_transaction(): the settling uses the ORM,
+                # which on SQLite cannot join a transaction opened on the cursor. The write
+                # comes first, so SQLite's write lock is taken before anything is read.
+                with transaction.atomic(using=self.alias):
+                    written = write()
+                    if written:
+                        self.settle_steps(job_ids, inserted)
+                return written
+            except DatabaseError as exc:
+                # InnoDB may end one of two transactions that lock the same steps in
+                # another order; ours is run again from the start (the write is a
+                # compare-and-set, so running it again is safe). In a caller's
+                # transaction, only the caller can.
+                if not ours or tries >= DEADLOCK_TRIES or not self.is_deadlock(exc):
+                    raise
+            time.sleep(random.uniform(0, 0.01 * 2**tries))
+            tries += 1
 
     def settle_steps(self, job_ids: Sequence[int], inserted: list[int] | None = None) -> None:
         """Inside an open transaction: release or cancel what follows the steps among
