@@ -323,3 +323,34 @@ def test_a_random_dag_of_50_steps_with_real_workers(spawn_worker):
     assert len(starts) == len(expected_to_end) + len(flaky) + 3
     # Parallel: more than one process took steps.
     assert Execution.objects.values("pid").distinct().count() > 1
+
+
+def test_many_parents_finishing_at_once_release_each_child_exactly_once(spawn_worker):
+    """A wide fan-in: 40 parallel steps, 20 steps each after two of them and one after all
+    40, taken by two worker processes of 4 threads: parents finish at the same moment in
+    different workers, and each child still gets exactly one job, after its parents."""
+    rng = random.Random(7)
+    wf = Workflow(name="fan-in")
+    roots = [wf.add(DagStep, node) for node in range(40)]
+    graph: dict[int, list[int]] = {node: [] for node in range(40)}
+    for node in range(40, 60):
+        parents = rng.sample(range(40), 2)
+        graph[node] = parents
+        wf.add(DagStep, node, after=[roots[p] for p in parents])
+    graph[60] = list(range(40))
+    wf.add(DagStep, 60, after=roots)
+    run = wf.dispatch()
+    workers = [spawn_worker("--concurrency", "4") for _ in range(2)]
+
+    wait_for(
+        lambda: WorkflowStep.objects.filter(workflow=run, state=StepState.SUCCEEDED).count() == 61,
+        timeout=90,
+    )
+    for worker in workers:
+        worker.send_signal(signal.SIGTERM)
+    for worker in workers:
+        assert worker.wait(timeout=30) == 0, worker_output(worker)
+
+    check_order(graph, ledger(), set(graph))
+    positions = list(Job.objects.filter(chain_id=run.id).values_list("chain_position", flat=True))
+    assert sorted(positions) == list(range(61))
