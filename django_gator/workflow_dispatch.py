@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
-from django_gator import conf, immediate
+from django_gator import conf, immediate, signals
 from django_gator.dispatch import _saved, _unsaved
 from django_gator.engines import get_engine
 from django_gator.engines.workflows import step_row
@@ -88,6 +88,8 @@ def dispatch_workflow(
         for job, (job_id, created_at, next_execution_at) in zip(root_jobs, inserted, strict=True):
             _saved(job, job_id, created_at, next_execution_at)
         ids = [r[0] for r in inserted]
+        for spec, job in zip((s for s in specs if not s.after), root_jobs, strict=True):
+            signals.send(signals.job_dispatched, spec.job_class, jobs=[job])
         logger.info(
             "Enqueued workflow id=%s name=%s steps=%s first_ids=%s",
             run.id,

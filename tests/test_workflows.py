@@ -354,3 +354,24 @@ def test_many_parents_finishing_at_once_release_each_child_exactly_once(spawn_wo
     check_order(graph, ledger(), set(graph))
     positions = list(Job.objects.filter(chain_id=run.id).values_list("chain_position", flat=True))
     assert sorted(positions) == list(range(61))
+
+
+def test_run_jobs_and_immediate_mode_run_a_whole_graph(settings):
+    from django_gator.testing import run_jobs
+
+    wf = Workflow()
+    a = wf.add(DagStep, 0)
+    b = wf.add(DagStep, 1, fail_until=1)
+    wf.add(DagStep, 2, after=[a, b])
+    wf.dispatch()
+    run_jobs()
+    check_order({0: [], 1: [], 2: [0, 1]}, ledger(), {0, 1, 2})
+
+    Execution.objects.all().delete()
+    settings.GATOR_IMMEDIATE = True
+    wf = Workflow()
+    first = wf.add(DagStep, 10)
+    wf.add(DagStep, 11, after=[first])
+    run = wf.dispatch()
+    assert steps_by_position(run)[1].state == StepState.SUCCEEDED
+    assert ledger() == ["start:10", "end:10", "start:11", "end:11"]
