@@ -7,11 +7,13 @@ import uuid
 import django.db.models.deletion
 import django.utils.timezone
 from django.db import migrations, models
+from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+from django.db.migrations.state import StateApps
 
 ACTIVE = ("waiting", "failed", "running")
 
 
-def convert_chains(apps, schema_editor):
+def convert_chains(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     """Chains dispatched before workflows and still active become workflows, so their later
     steps are released as before (a chain's spec names its steps; only the current one has
     a job row)."""
