@@ -260,7 +260,9 @@ class Outcomes:
                 lambda: self.engine.with_steps(
                     _steps(job),
                     self.follow_ups,
-                    lambda: self.engine.mark_failed(self.worker_id, job.id, job.attempts, failure),
+                    lambda: self.engine.mark_failed_and_insert(
+                        self.worker_id, job.id, job.attempts, failure, [], self.follow_ups
+                    ),
                 ),
             )
 
