@@ -375,3 +375,45 @@ def test_run_jobs_and_immediate_mode_run_a_whole_graph(settings):
     run = wf.dispatch()
     assert steps_by_position(run)[1].state == StepState.SUCCEEDED
     assert ledger() == ["start:10", "end:10", "start:11", "end:11"]
+
+
+#: The boundaries of a step's success, which releases the next step (test_boundaries.py
+#: covers every boundary for plain jobs; a step's failure writes through the same code).
+STEP_FAULTS = [
+    "kill_before_success_commit",
+    "kill_after_success_commit",
+    "lose_success_answer",
+    "lose_failure_answer",
+]
+
+
+@pytest.mark.parametrize("fault", STEP_FAULTS)
+def test_a_fault_at_a_steps_commit_boundary_releases_its_child_exactly_once(spawn_worker, fault):
+    """A worker SIGKILLed, or losing the answer of its commit, around the write of a step's
+    outcome (which releases the next step): the next step gets exactly one job and runs
+    once, after the first step's successful run."""
+    from tests.test_boundaries import FAST
+
+    wf = Workflow()
+    first = wf.add(DagStep, 0, fail_until=1 if "failure" in fault else 0)
+    wf.add(DagStep, 1, after=[first])
+    run = wf.dispatch()
+    faulty = spawn_worker("--concurrency", "1", env={**FAST, "GATOR_TEST_FAULT": fault})
+    if fault.startswith("kill_"):
+        assert faulty.wait(timeout=60) == -signal.SIGKILL, worker_output(faulty)
+        finisher = spawn_worker("--concurrency", "1", env=FAST)
+    else:
+        finisher = faulty
+    wait_for(
+        lambda: WorkflowStep.objects.filter(workflow=run, state=StepState.SUCCEEDED).count() == 2,
+        timeout=60,
+    )
+    finisher.send_signal(signal.SIGTERM)
+    assert finisher.wait(timeout=30) == 0, worker_output(finisher)
+    assert f"FAULT {fault}" in worker_output(faulty)
+
+    assert Job.objects.filter(chain_id=run.id, chain_position=1).count() == 1
+    ran = ledger()
+    assert ran.count("start:1") == ran.count("end:1") == 1
+    assert ran.index("start:1") > ran.index("end:0")
+    assert not Job.objects.filter(state=JobState.RUNNING).exists()
