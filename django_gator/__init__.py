@@ -2,7 +2,8 @@
 
 Public API::
 
-    from django_gator import Queueable, job, Retry, Chain, Snooze, pause_queue, resume_queue
+    from django_gator import Queueable, job, Retry, Chain, Workflow, Snooze, pause_queue,
+    resume_queue
 
 Importing this package imports no models, so it is safe from settings or a models module.
 """
@@ -13,6 +14,7 @@ from django_gator.queueable import Queueable, job
 from django_gator.registry import get_job_class
 from django_gator.retry import Retry
 from django_gator.schedules import Cron
+from django_gator.workflows import Workflow
 
 __version__ = "0.1.0.dev0"
 
@@ -47,6 +49,7 @@ __all__ = [
     "Queueable",
     "Retry",
     "Snooze",
+    "Workflow",
     "get_job_class",
     "job",
     "pause_queue",

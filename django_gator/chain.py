@@ -1,26 +1,22 @@
 """Chains: run jobs one after another, each only after the previous one succeeded.
 
-``Chain(FetchData, ProcessData, NotifyUser).dispatch(order_id)`` inserts the first step now.
-When a step succeeds, the worker inserts the next step in the same transaction that marks
-the step succeeded, so there is no moment at which a step is done and its successor lost.
-Every step gets the chain's arguments. A step that fails is retried by its own policy; a
-step that ends ``dead`` stops the chain, and the chain's ``on_error`` job (if any) is
-dispatched with ``(chain_id, job_id)`` of the dead step, in the transaction that marks it
-dead.
+``Chain(FetchData, ProcessData, NotifyUser).dispatch(order_id)`` is a
+:class:`~django_gator.workflows.Workflow` whose steps form a line, each step getting the
+chain's arguments. The first step's job is inserted now; each next one when the previous
+succeeds, in the transaction that marks it succeeded, so there is no moment at which a
+step is done and its successor lost. A step that fails is retried by its own policy; a
+step that ends ``dead`` cancels the rest of the chain, and the chain's ``on_error`` job
+(if any) is dispatched with ``(chain_id, job_id)`` of the dead step, in the transaction
+that marks it dead. A job's ``chain_id`` is its workflow's id.
 """
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django_gator import validation
-from django_gator.exceptions import JobNotRegistered
 from django_gator.queueable import JobFunction, Queueable, resolve_job_class
-from django_gator.registry import get_job_class
-from django_gator.rows import ClaimedJob, InsertRow
+from django_gator.workflows import Step, Workflow
 
 if TYPE_CHECKING:
     from django_gator.models import Job
@@ -44,6 +40,15 @@ class Chain:
     def __repr__(self) -> str:
         return "Chain(" + ", ".join(step.name for step in self.steps) + ")"
 
+    def workflow(self, *args: Any, **kwargs: Any) -> Workflow:
+        """The workflow this chain dispatches with these arguments."""
+        workflow = Workflow(repr(self)[:200], on_error=self.on_error)
+        previous: Step | None = None
+        for job_class in self.steps:
+            after: list[Step] = [previous] if previous is not None else []
+            previous = workflow.add(job_class, *args, after=after, **kwargs)
+        return workflow
+
     def dispatch(
         self,
         *args: Any,
@@ -54,83 +59,10 @@ class Chain:
         on_commit: bool | str | None = None,
         **kwargs: Any,
     ) -> Job:
-        """Insert the first step; returns its Job row (its ``chain_id`` names the chain)."""
-        # Here, not at the top: dispatch imports the models, and `import django_gator`
-        # (which imports this module) must not. Not an import cycle.
-        from django_gator.dispatch import enqueue
-
-        for step in self.steps[1:]:
-            step.check_arguments(args, kwargs)  # fail now, not halfway through the chain
-        if queue is not None:
-            validation.validate_queue(queue)
-        if priority is not None:
-            validation.validate_priority(priority)
-        spec = {
-            "steps": [step.name for step in self.steps],
-            "queue": queue,
-            "priority": priority,
-            "on_error": self.on_error.name if self.on_error else None,
-        }
-        return enqueue(
-            self.steps[0],
-            [(args, kwargs)],
-            wait=wait,
-            at=at,
-            queue=queue,
-            priority=priority,
-            on_commit=on_commit,
-            chain=(uuid.uuid4().hex, 0, validation.dumps(spec)),
-        )[0]
-
-
-def next_step(job: ClaimedJob) -> InsertRow | None:
-    """The row of the step after ``job`` in its chain, or None if ``job`` was the last."""
-    spec = _spec(job)
-    steps = spec.get("steps") or []
-    position = (job.chain_position or 0) + 1
-    if position >= len(steps):
-        return None
-    return _row(job, steps[position], spec, position, job.args, job.kwargs)
-
-
-def error_handler(job: ClaimedJob) -> InsertRow | None:
-    """The row of the chain's ``on_error`` job for a step that ended dead, if it has one."""
-    spec = _spec(job)
-    name = spec.get("on_error")
-    if not name:
-        return None
-    return _row(job, name, {}, None, [str(job.chain_id), job.id], {})
-
-
-def _spec(job: ClaimedJob) -> dict[str, Any]:
-    spec = job.chain
-    return spec if isinstance(spec, dict) else {}
-
-
-def _row(
-    job: ClaimedJob,
-    name: str,
-    spec: dict[str, Any],
-    position: int | None,
-    args: Sequence[Any],
-    kwargs: dict[str, Any],
-) -> InsertRow:
-    try:
-        job_class = get_job_class(name)
-        queue, priority = job_class.queue, job_class.priority
-    except JobNotRegistered:
-        # Inserted anyway: the worker will mark it dead with a clear error, and nothing of
-        # the chain is silently dropped.
-        queue, priority = "default", 0
-    chain_id = job.chain_id.hex if isinstance(job.chain_id, uuid.UUID) else job.chain_id
-    return InsertRow(
-        name=name,
-        args=validation.dumps(list(args)),
-        kwargs=validation.dumps(dict(kwargs)),
-        queue=spec.get("queue") or queue,
-        priority=spec["priority"] if spec.get("priority") is not None else priority,
-        run_at=None,
-        chain_id=chain_id if position is not None else None,
-        chain_position=position,
-        chain=validation.dumps(spec) if position is not None else None,
-    )
+        """Insert the chain; returns its first step's Job row (its ``chain_id`` names the
+        chain's workflow)."""
+        workflow = self.workflow(*args, **kwargs)
+        workflow.dispatch(wait=wait, at=at, queue=queue, priority=priority, on_commit=on_commit)
+        first = workflow.steps[0].job
+        assert first is not None
+        return first

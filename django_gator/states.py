@@ -74,3 +74,21 @@ def claim_set_sql(now_sql: str, table: str = "") -> str:
         f"locked_at = {now_sql}, isolated = FALSE, "
         f"started_at = COALESCE({table}started_at, {now_sql})"
     )
+
+
+class StepState(models.TextChoices):
+    """Where a workflow step is (``django_gator_workflow_step.state``).
+
+    ``blocked``: some step it comes after has not succeeded yet; it has no job row, so
+    no claim ever reads it. ``released``: all its dependencies are satisfied and its job
+    row exists (the job's own state says the rest). ``succeeded``, ``dead``,
+    ``cancelled``: the final state of its job, written in the transaction that wrote the
+    job's. A blocked step whose ancestor died (or was cancelled) becomes ``cancelled``
+    itself, with the reason, and never gets a job row.
+    """
+
+    BLOCKED = "blocked", "Blocked (waiting on dependencies)"
+    RELEASED = "released", "Released (its job is queued or running)"
+    SUCCEEDED = "succeeded", "Succeeded"
+    DEAD = "dead", "Dead"
+    CANCELLED = "cancelled", "Cancelled"

@@ -131,6 +131,21 @@ def install(fault: str) -> None:
 
     wrap("mark_failed_and_insert", failure_write)
 
+    def workflow_write(
+        original: Callable[..., Any], self: Any, job_ids: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        # A workflow step's outcome commits with the release of what follows it, when
+        # with_steps() returns: the "after commit" faults fire there for steps.
+        result = original(self, job_ids, *args, **kwargs)
+        if job_ids and result:
+            if fault.startswith("kill_after_") and _once(fault):
+                _die()
+            if fault.startswith("lose_") and fault != "lose_claim_answer" and _once(fault):
+                _lose(fault)
+        return result
+
+    wrap("with_steps", workflow_write)
+
     if fault == "kill_after_success_commit":
         # An atomic job's mark commits with its transaction, after the engine call
         # returned: job_finished is sent once that transaction has committed.

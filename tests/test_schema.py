@@ -33,6 +33,8 @@ ALL_TABLES = [
     "django_gator_schedule",
     "django_gator_scheduledrun",
     "django_gator_worker",
+    "django_gator_workflow",
+    "django_gator_workflow_step",
 ]
 
 
@@ -145,10 +147,16 @@ def test_a_partly_migrated_database_names_the_missing_tables(unmigrated):
 
     missing = schema.missing_tables(EMPTY)
 
-    assert missing == ["django_gator_queue", "django_gator_schedule", "django_gator_scheduledrun"]
+    assert missing == [
+        "django_gator_queue",
+        "django_gator_schedule",
+        "django_gator_scheduledrun",
+        "django_gator_workflow",
+        "django_gator_workflow_step",
+    ]
     assert schema.missing_tables_message(EMPTY, missing).endswith(
         f"(database {EMPTY!r}; missing: django_gator_queue, django_gator_schedule, "
-        "django_gator_scheduledrun)"
+        "django_gator_scheduledrun, django_gator_workflow, django_gator_workflow_step)"
     )
 
 

@@ -33,6 +33,7 @@ from django_gator.admin.dead_jobs import DeadJobsView
 from django_gator.admin.display import pretty, time_field, when
 from django_gator.admin.filters import ErrorClassFilter, JobNameFilter, QueueFilter
 from django_gator.admin.queues import QueuePauseView
+from django_gator.admin.workflows import workflow_link
 from django_gator.models import Job, JobState
 
 #: The states in which a job's last error says why it is where it is; a job that succeeded
@@ -116,7 +117,7 @@ class JobAdmin(JobActions):
         ),
         ("Error history", {"fields": ("error_history_html",)}),
         ("Operator actions", {"fields": ("operator_tools", "audit_html")}),
-        ("Chain", {"fields": ("chain_id", "chain_position", "chain")}),
+        ("Workflow or chain", {"fields": ("workflow", "chain_position")}),
     )
     readonly_fields = (
         "id",
@@ -136,10 +137,14 @@ class JobAdmin(JobActions):
         "error_history_html",
         "operator_tools",
         "audit_html",
-        "chain_id",
+        "workflow",
         "chain_position",
-        "chain",
     )
+
+    @admin.display(description="workflow")
+    def workflow(self, job: Job) -> Any:
+        """A link to the page of the job's workflow (a chain is one)."""
+        return workflow_link(job, self.admin_site.name)
 
     # Rows are changed by workers and actions only.
     def has_add_permission(self, request: HttpRequest) -> bool:

@@ -23,6 +23,7 @@ from django_gator.engines.core import (
 )
 from django_gator.engines.dispatching import DispatchStatements
 from django_gator.engines.workers import WorkerStatements
+from django_gator.engines.workflows import WorkflowStatements
 from django_gator.rows import ClaimedJob, Failure, InsertRow, LostClaim
 from django_gator.states import (
     READY_SQL,
@@ -49,8 +50,9 @@ __all__ = [
 ]
 
 
-class Engine(DispatchStatements, WorkerStatements):
-    """What the package asks of a database: dispatch, claims, outcomes, worker rows."""
+class Engine(WorkflowStatements, DispatchStatements, WorkerStatements):
+    """What the package asks of a database: dispatch, claims, outcomes, worker rows,
+    workflows."""
 
     @contextmanager
     def listen(self) -> Iterator[Listener]:

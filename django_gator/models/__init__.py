@@ -1,4 +1,5 @@
-"""django-gator's tables: jobs, workers, queues, cron schedules and their runs.
+"""django-gator's tables: jobs, workers, queues, cron schedules and their runs,
+workflows and their steps.
 
 Hot paths (dispatch, claim, outcome writes, rescue) are SQL in :mod:`django_gator.engines`,
 one module per database; the models declare the schema, the indexes the claim query needs,
@@ -16,6 +17,7 @@ from django_gator.models.jobs import (
 from django_gator.models.queues import Queue, QueueQuerySet
 from django_gator.models.schedules import MisfirePolicy, Schedule, ScheduledRun, ScheduleSource
 from django_gator.models.workers import Worker
+from django_gator.models.workflows import WorkflowRun, WorkflowStep
 from django_gator.states import FINAL_STATES, READY_STATES, JobState
 
 __all__ = [
@@ -33,6 +35,8 @@ __all__ = [
     "ScheduleSource",
     "ScheduledRun",
     "Worker",
+    "WorkflowRun",
+    "WorkflowStep",
     "exception_class_name",
     "record",
 ]

@@ -60,6 +60,17 @@ def record(alias: str | None, ids: list[int], action: str, by: str, **details: A
         jobs.filter(pk__in=ids[start : start + 1000]).update(audit=JsonAppend("audit", document))
 
 
+#: Called with (alias, job ids) in the transaction of an operator's cancel() or discard(),
+#: for rows it may have ended ``cancelled``: :mod:`.workflows` installs the settling of
+#: workflow steps here (it imports this module, so this one cannot import it).
+cancel_hooks: list[Callable[[str, list[int]], None]] = []
+
+
+def _cancelled(alias: str, ids: list[int]) -> None:
+    for hook in cancel_hooks:
+        hook(alias, ids)
+
+
 class JobQuerySet(models.QuerySet["Job"]):
     def ready(self) -> JobQuerySet:
         """Jobs a worker may claim now: due, and not in a paused queue."""
@@ -199,6 +210,7 @@ class JobQuerySet(models.QuerySet["Job"]):
             discardable.filter(pk__in=ids).update(state=JobState.CANCELLED, finished_at=DbNow())
             if ids:
                 record(self.db, ids, "discard", by)
+                _cancelled(self.db, ids)
         return len(ids)
 
     def cancel(self) -> int:
@@ -208,6 +220,19 @@ class JobQuerySet(models.QuerySet["Job"]):
         alone. Returns how many rows changed; one UPDATE, so no row slips between the two.
         """
         ready = models.Q(state__in=READY_STATES)
+        with transaction.atomic(using=self.db):
+            # Workflow steps among them: their descendants are cancelled in this transaction.
+            steps = list(
+                self.filter(ready, chain_id__isnull=False)
+                .select_for_update()
+                .values_list("pk", flat=True)
+            )
+            changed = self._cancel(ready)
+            if steps:
+                _cancelled(self.db, steps)
+        return changed
+
+    def _cancel(self, ready: models.Q) -> int:
         return self.filter(
             models.Q(state__in=READY_STATES) | models.Q(state=JobState.RUNNING)
         ).update(

@@ -166,7 +166,11 @@ class Fetcher:
         known = self.slots.held_ids() | {job.id for job, _, _ in unmarked}
         orphans = [(job_id, attempts) for job_id, attempts in held if job_id not in known]
         if orphans:
-            released = self.engine.release(self.worker_id, orphans)
+            released = self.engine.with_steps(  # a cancelled orphan may be a workflow step
+                [job_id for job_id, _ in orphans],
+                None,
+                functools.partial(self.engine.release, self.worker_id, orphans),
+            )
             logger.warning(
                 "Released jobs claimed by a claim whose answer was lost worker=%s ids=%s",
                 self.worker_id,

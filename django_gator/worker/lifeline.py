@@ -15,6 +15,7 @@ where all workers share one host (SQLite), the operating system is asked first (
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -154,7 +155,12 @@ class Lifeline:
             error, summary = error_entry(
                 WorkerLost(reason), attempt=claim.attempts, worker_id=owner, tb=""
             )
-            if self.engine.rescue(claim, cutoff, dead=dead, error=error, last_error=summary):
+            # A rescue can end the job (dead, cancelled): a workflow step's dependents are
+            # settled in its transaction.
+            rescue = functools.partial(
+                self.engine.rescue, claim, cutoff, dead=dead, error=error, last_error=summary
+            )
+            if self.engine.with_steps([claim.id], None, rescue):
                 logger.warning(
                     "Rescued job id=%s from lost worker=%s result=%s isolated=%s",
                     claim.id,

@@ -20,7 +20,6 @@ from typing import Protocol, TypeVar
 
 from django.db import DatabaseError
 
-from django_gator.chain import error_handler, next_step
 from django_gator.engines import ClaimedJob
 from django_gator.engines.base import Engine, Failure
 from django_gator.exceptions import JobTimeout
@@ -70,8 +69,8 @@ class Outcomes:
         self.engine = engine
         self.worker_id = worker_id
         self.retrying: Retrying = retrying or _once
-        #: Where the ids of the rows an outcome inserted (a chain's next step, its error
-        #: handler) are collected, if the caller wants them.
+        #: Where the ids of the rows an outcome inserted (workflow steps it released, an
+        #: on_error handler) are collected, if the caller wants them.
         self.follow_ups = follow_ups
 
     # -- one attempt -----------------------------------------------------------------------
@@ -95,12 +94,12 @@ class Outcomes:
     def commit(self, job: ClaimedJob, result: str | None) -> bool:
         """An atomic job's success mark (and its chain's next step), written inside the
         transaction that ran handle(); False if the job is no longer ours."""
-        following = next_step(job) if job.chain_id is not None else None
-        return self.engine.mark_succeeded_and_insert(
-            self.worker_id,
-            (job.id, job.attempts, result),
-            [following] if following is not None else [],
+        return self.engine.with_steps(
+            _steps(job),
             self.follow_ups,
+            lambda: self.engine.mark_succeeded_and_insert(
+                self.worker_id, (job.id, job.attempts, result), [], self.follow_ups
+            ),
         )
 
     def timeout(self, job: ClaimedJob) -> str | None:
@@ -155,7 +154,12 @@ class Outcomes:
     def release(self, jobs: Sequence[ClaimedJob]) -> list[int]:
         """Give claims back to ``waiting``, the attempt not charged (never started, or cut
         off by a forced stop)."""
-        released = self.engine.release(self.worker_id, [(j.id, j.attempts) for j in jobs])
+        claims = [(j.id, j.attempts) for j in jobs]
+        released = self.engine.with_steps(
+            [id_ for j in jobs for id_ in _steps(j)],
+            self.follow_ups,
+            lambda: self.engine.release(self.worker_id, claims),
+        )
         logger.info(
             "Released jobs back to waiting worker=%s ids=%s",
             self.worker_id,
@@ -178,14 +182,16 @@ class Outcomes:
 
     # -- the writes ------------------------------------------------------------------------
     def _success(self, job: ClaimedJob, outcome: Success, elapsed_ms: float) -> str | None:
-        """A success written on its own; for a chain step, with the next step's row in the
-        same transaction."""
-        following = next_step(job) if job.chain_id is not None else None
-        rows = [following] if following is not None else []
+        """A success written on its own; for a workflow step, with the release of the
+        steps that waited for it in the same transaction."""
         written = self.retrying(
             f"record success of job {job.id}",
-            lambda: self.engine.mark_succeeded_and_insert(
-                self.worker_id, (job.id, job.attempts, outcome.result), rows, self.follow_ups
+            lambda: self.engine.with_steps(
+                _steps(job),
+                self.follow_ups,
+                lambda: self.engine.mark_succeeded_and_insert(
+                    self.worker_id, (job.id, job.attempts, outcome.result), [], self.follow_ups
+                ),
             ),
         )
         if written is None:
@@ -194,8 +200,7 @@ class Outcomes:
             log_lost(job, JobState.SUCCEEDED)
             return None
         if logger.isEnabledFor(logging.INFO):
-            chain = f" chain={job.chain_id} next={safe(following.name) if following else '-'}"
-            _log_success(job, elapsed_ms, chain if job.chain_id is not None else "")
+            _log_success(job, elapsed_ms, f" workflow={job.chain_id}" if job.chain_id else "")
         return JobState.SUCCEEDED.value
 
     def _atomic(self, job: ClaimedJob, outcome: Success, elapsed_ms: float) -> str | None:
@@ -220,7 +225,13 @@ class Outcomes:
         cancellation was asked for meanwhile). Nothing follows in a chain: the step waits."""
         written = self.retrying(
             f"record snooze of job {job.id}",
-            lambda: self.engine.mark_snoozed(self.worker_id, job.id, job.attempts, outcome.seconds),
+            lambda: self.engine.with_steps(
+                _steps(job),
+                self.follow_ups,
+                lambda: self.engine.mark_snoozed(
+                    self.worker_id, job.id, job.attempts, outcome.seconds
+                ),
+            ),
         )
         if written is None:
             return None
@@ -242,18 +253,16 @@ class Outcomes:
 
     def _failure(self, job: ClaimedJob, outcome: Failure, elapsed_ms: float) -> str | None:
         result = outcome_state(outcome, None)
-        handler = error_handler(job) if outcome.dead and job.chain_id is not None else None
 
         def write(failure: Failure) -> bool | None:
             return self.retrying(
                 f"record failure of job {job.id}",
-                lambda: self.engine.mark_failed_and_insert(
-                    self.worker_id,
-                    job.id,
-                    job.attempts,
-                    failure,
-                    [handler] if handler else [],
+                lambda: self.engine.with_steps(
+                    _steps(job),
                     self.follow_ups,
+                    lambda: self.engine.mark_failed_and_insert(
+                        self.worker_id, job.id, job.attempts, failure, [], self.follow_ups
+                    ),
                 ),
             )
 
@@ -281,6 +290,12 @@ class Outcomes:
             safe(mask_text(outcome.last_error, secret_values(job.name, job.args, job.kwargs))),
         )
         return result
+
+
+def _steps(job: ClaimedJob) -> list[int]:
+    """``[job.id]`` for a workflow step (whose final state settles its workflow), else
+    nothing."""
+    return [job.id] if job.chain_id is not None else []
 
 
 def _log_success(job: ClaimedJob, elapsed_ms: float, extra: str = "") -> None:

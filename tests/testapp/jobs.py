@@ -787,3 +787,31 @@ class SnoozeStep(Queueable):
         if runs == 0:
             raise Snooze(30)
         return "SnoozeStep"
+
+
+class DagStep(Queueable):
+    """A workflow step for the DAG tests: ledger rows at its start (every attempt) and at
+    its end (the successful one: job id negated). Attempts up to ``fail_until`` fail (each
+    retried at once; the third failure is dead)."""
+
+    retry = Retry(interval=0, max_retries=2)
+
+    def handle(self, node: int, fail_until: int = 0) -> None:
+        Execution.objects.create(
+            job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label=f"start:{node}"
+        )
+        time.sleep(0.002 * (node % 5))
+        if self.attempt <= fail_until:
+            raise RuntimeError(f"node {node} fails on attempt {self.attempt}")
+        Execution.objects.create(
+            job_id=-self.job_id, attempt=self.attempt, pid=os.getpid(), label=f"end:{node}"
+        )
+
+
+class WorkflowFailed(Queueable):
+    """A workflow's on_error job: records which workflow and job."""
+
+    def handle(self, workflow_id: str, job_id: int) -> None:
+        Execution.objects.create(
+            job_id=0, attempt=job_id, pid=os.getpid(), label=f"on_error:{workflow_id}"
+        )

@@ -1,0 +1,154 @@
+"""Workflow statements: inserting a workflow, and releasing or cancelling its steps in the
+transaction that writes a step's final state (see :mod:`django_gator.models.workflows`)."""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import TypeVar
+
+from django.db import DatabaseError, transaction
+
+from django_gator import validation
+from django_gator.engines.dispatching import DispatchStatements
+from django_gator.exceptions import JobNotRegistered
+from django_gator.models.workflows import Settled, WorkflowRun, WorkflowStep, settle
+from django_gator.registry import get_job_class
+from django_gator.rows import InsertRow
+from django_gator.states import StepState
+
+T = TypeVar("T")
+#: Tries of a step's final write and its settling that the database ends to break a deadlock.
+DEADLOCK_TRIES = 5
+
+
+class WorkflowStatements(DispatchStatements):
+    """Workflows' writes. Every path that gives a step's job its final state (a success,
+    a failure to dead, a cancellation, a rescue) runs through :meth:`with_steps`."""
+
+    def with_steps(
+        self, job_ids: Sequence[int], inserted: list[int] | None, write: Callable[[], T]
+    ) -> T:
+        """Run ``write`` (a write that may end some of ``job_ids`` in a final state) and,
+        if it wrote, settle the workflow steps among them in the same transaction. The ids
+        of the rows it inserts (released steps, an on_error handler) go to ``inserted``.
+        With no ids, just ``write()``: ordinary jobs pay nothing."""
+        if not job_ids:
+            return write()
+        ours = not self.connection.in_atomic_block
+        tries = 1
+        while True:
+            try:
+                # Django's atomic(), not write_transaction(): the settling uses the ORM,
+                # which on SQLite cannot join a transaction opened on the cursor. The write
+                # comes first, so SQLite's write lock is taken before anything is read.
+                with transaction.atomic(using=self.alias):
+                    written = write()
+                    if written:
+                        self.settle_steps(job_ids, inserted)
+                return written
+            except DatabaseError as exc:
+                # InnoDB may end one of two transactions that lock the same steps in
+                # another order; ours is run again from the start (the write is a
+                # compare-and-set, so running it again is safe). In a caller's
+                # transaction, only the caller can.
+                if not ours or tries >= DEADLOCK_TRIES or not self.is_deadlock(exc):
+                    raise
+            time.sleep(random.uniform(0, 0.01 * 2**tries))
+            tries += 1
+
+    def settle_steps(self, job_ids: Sequence[int], inserted: list[int] | None = None) -> None:
+        """Inside an open transaction: release or cancel what follows the steps among
+        ``job_ids`` that reached a final state (exactly once; a step settled already is
+        left alone)."""
+        self.insert_settled(settle(self.alias, job_ids), inserted)
+
+    def insert_settled(self, settled: Settled, inserted: list[int] | None) -> None:
+        rows = [_step_row(step) for step in settled.release]
+        rows += [_handler_row(*handler) for handler in settled.handlers]
+        if not rows:
+            return
+        ids = [row[0] for row in self.insert_jobs(rows, notify={row.queue for row in rows})]
+        steps = WorkflowStep.objects.using(self.alias)
+        for step, job_id in zip(settled.release, ids, strict=False):
+            steps.filter(pk=step.pk, state=StepState.BLOCKED).update(
+                state=StepState.RELEASED, job_id=job_id
+            )
+        if inserted is not None:
+            inserted += ids
+
+    def insert_workflow(
+        self, run: WorkflowRun, steps: Sequence[WorkflowStep], roots: Sequence[InsertRow]
+    ) -> list[tuple[int, datetime, datetime]]:
+        """Insert the workflow, its steps, and the job rows of its first steps (``roots``,
+        one per step with no dependency, in the order of ``steps``), in one transaction
+        (the caller's, if one is open). Returns insert_jobs()'s answer for the roots."""
+        due_now = {r.queue for r in roots if r.run_at is None}
+        with transaction.atomic(using=self.alias):  # an INSERT first (see with_steps)
+            inserted = self.insert_jobs(roots, notify=due_now)
+            ids = [r[0] for r in inserted]
+            run.save(using=self.alias, force_insert=True)
+            by_position = dict(zip((row.chain_position for row in roots), ids, strict=True))
+            for step in steps:
+                if step.position in by_position:
+                    step.state = StepState.RELEASED
+                    step.job_id = by_position[step.position]
+            WorkflowStep.objects.using(self.alias).bulk_create(steps, batch_size=500)
+        return inserted
+
+
+def step_row(
+    workflow_id: str,
+    position: int,
+    name: str,
+    args_json: str,
+    kwargs_json: str,
+    queue: str,
+    priority: int,
+    run_at: datetime | None = None,
+) -> InsertRow:
+    """The job row of a workflow's step: its ``chain_id`` is the workflow's id, its
+    ``chain_position`` the step's position."""
+    return InsertRow(
+        name=name,
+        args=args_json,
+        kwargs=kwargs_json,
+        queue=queue,
+        priority=priority,
+        run_at=run_at,
+        chain_id=workflow_id,
+        chain_position=position,
+    )
+
+
+def _step_row(step: WorkflowStep) -> InsertRow:
+    return step_row(
+        step.workflow_id.hex,
+        step.position,
+        step.name,
+        validation.dumps(step.args),
+        validation.dumps(step.kwargs),
+        step.queue,
+        step.priority,
+    )
+
+
+def _handler_row(name: str, workflow_id: uuid.UUID, job_id: int) -> InsertRow:
+    """The on_error job of a workflow, for its step whose job ``job_id`` ended dead."""
+    try:
+        job_class = get_job_class(name)
+        queue, priority = job_class.queue, job_class.priority
+    except JobNotRegistered:
+        # Inserted anyway: the worker marks it dead with a clear error; nothing is dropped.
+        queue, priority = "default", 0
+    return InsertRow(
+        name=name,
+        args=validation.dumps([str(workflow_id), job_id]),
+        kwargs="{}",
+        queue=queue,
+        priority=priority,
+        run_at=None,
+    )

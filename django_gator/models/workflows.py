@@ -1,0 +1,210 @@
+"""Workflows: a graph of steps, each a job that runs once every step it comes after has
+succeeded (:mod:`django_gator.workflows` builds and dispatches them; a Chain is a line).
+
+A step is a row of ``django_gator_workflow_step``. Until its dependencies are satisfied it
+is ``blocked`` and has no job row at all, so the claim never reads it and ordinary jobs
+are claimed exactly as fast as before. When a step's job reaches a final state, the
+transaction that writes that state also calls :func:`settle`, which (under a lock on the
+step's row, with a compare-and-set on its state, so exactly once):
+
+- on success (or death of a step marked ``on_dead="continue"``): takes one from the
+  ``waiting_on`` counter of each child, and hands back the children it brought to zero,
+  to be released (their job rows inserted, by the engine, in the same transaction);
+- on death or cancellation: marks every blocked descendant ``cancelled`` with the reason
+  (which step ended how), and hands back the workflow's ``on_error`` job, if any.
+
+Two parents finishing at once in two workers both update the child's counter; the
+second waits for the first's row lock and then counts down from its committed value, so
+exactly one of them sees zero. The read that decides is a locking read, which MariaDB
+under REPEATABLE READ needs to see the newest commit.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import models
+from django.db.models import F
+from django.utils import timezone
+
+from django_gator.models.jobs import Job, cancel_hooks
+from django_gator.states import FINAL_STATES, JobState, StepState
+from django_gator.validation import NAME_MAX_LENGTH, QUEUE_MAX_LENGTH
+
+#: on_dead values: a dead step cancels its descendants, or counts as satisfied.
+ON_DEAD_CANCEL = "cancel"
+ON_DEAD_CONTINUE = "continue"
+ON_DEAD_CHOICES = ((ON_DEAD_CANCEL, "Cancel its descendants"), (ON_DEAD_CONTINUE, "Continue"))
+
+
+class WorkflowRun(models.Model):
+    """One dispatched workflow (or chain). Its steps' jobs carry its id in ``chain_id``
+    and their step's position in ``chain_position``."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4)
+    name = models.CharField(max_length=200, blank=True, default="")
+    on_error = models.CharField(
+        max_length=NAME_MAX_LENGTH,
+        blank=True,
+        default="",
+        help_text="Job dispatched with (workflow id, job id) when a step ends dead.",
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "django_gator_workflow"
+        ordering = ["-created_at"]
+        verbose_name = "workflow"
+
+    def __str__(self) -> str:
+        return self.name or str(self.id)
+
+
+class WorkflowStep(models.Model):
+    """One step of a workflow: the job to run and the steps it waits for."""
+
+    id = models.BigAutoField(primary_key=True)
+    workflow = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="steps")
+    position = models.PositiveSmallIntegerField()
+    name = models.CharField(max_length=NAME_MAX_LENGTH, help_text="Registered job name.")
+    args = models.JSONField(default=list, blank=True)
+    kwargs = models.JSONField(default=dict, blank=True)
+    queue = models.CharField(max_length=QUEUE_MAX_LENGTH, default="default")
+    priority = models.SmallIntegerField(default=0)
+    after = models.JSONField(default=list, blank=True, help_text="Positions it waits for.")
+    children = models.JSONField(default=list, blank=True, help_text="Positions waiting for it.")
+    waiting_on = models.PositiveIntegerField(default=0, help_text="Dependencies not satisfied yet.")
+    on_dead = models.CharField(max_length=8, choices=ON_DEAD_CHOICES, default=ON_DEAD_CANCEL)
+    state = models.CharField(max_length=16, choices=StepState.choices, default=StepState.BLOCKED)
+    job_id = models.BigIntegerField(null=True, blank=True, help_text="Its job, once released.")
+    reason = models.TextField(blank=True, default="", help_text="Why it was cancelled.")
+    cancelled_by = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="Position of the step whose end cancelled it."
+    )
+
+    class Meta:
+        db_table = "django_gator_workflow_step"
+        ordering = ["workflow", "position"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workflow", "position"], name="gator_workflow_step_position"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"step {self.position} ({self.name})"
+
+
+@dataclass(slots=True)
+class Settled:
+    """What the final states settled asks the engine to insert, in the same transaction."""
+
+    #: Steps whose dependencies are now all satisfied (locked, still ``blocked``).
+    release: list[WorkflowStep]
+    #: (job name, workflow id, job id) of on_error handlers to dispatch.
+    handlers: list[tuple[str, uuid.UUID, int]]
+
+
+def settle(alias: str, job_ids: Iterable[int], states: Sequence[str] = FINAL_STATES) -> Settled:
+    """Inside the transaction that wrote the final state of some of ``job_ids``: settle
+    the workflow steps among them. Jobs not in a workflow, not final, or already settled
+    are left alone, so calling it again (or for jobs that are not steps) is harmless."""
+    out = Settled([], [])
+    ids = list(job_ids)
+    if not ids:
+        return out
+    finished = (
+        Job.objects.using(alias)
+        .filter(pk__in=ids, chain_id__isnull=False, state__in=states)
+        .values_list("pk", "chain_id", "chain_position", "state")
+        .order_by("pk")
+    )
+    for job_id, workflow_id, position, state in list(finished):
+        if workflow_id is not None and position is not None:
+            _settle_one(alias, job_id, workflow_id, position, state, out)
+    return out
+
+
+def _settle_one(
+    alias: str, job_id: int, workflow_id: uuid.UUID, position: int, state: str, out: Settled
+) -> None:
+    steps = WorkflowStep.objects.using(alias).filter(workflow_id=workflow_id)
+    step = steps.select_for_update().filter(position=position, job_id=job_id).first()
+    if step is None:
+        return
+    succeeded = state == JobState.SUCCEEDED
+    continues = state == JobState.DEAD and step.on_dead == ON_DEAD_CONTINUE
+    if step.state == StepState.RELEASED:
+        pass
+    elif succeeded and step.state in (StepState.DEAD, StepState.CANCELLED):
+        # An operator retried a step that had cancelled its descendants, and now it
+        # succeeded: what it cancelled waits again (its counters were kept).
+        if step.on_dead == ON_DEAD_CONTINUE and step.state == StepState.DEAD:
+            steps.filter(pk=step.pk).update(state=StepState.SUCCEEDED)
+            return  # its children were credited when it died
+        steps.filter(cancelled_by=position, state=StepState.CANCELLED).update(
+            state=StepState.BLOCKED, reason="", cancelled_by=None
+        )
+    else:
+        return  # settled already
+    steps.filter(pk=step.pk).update(state=state, reason="")
+    if succeeded or continues:
+        if step.children:
+            # Counted down whatever the child's state, so that a child cancelled by
+            # another step and brought back later has the right count.
+            steps.filter(position__in=step.children).update(waiting_on=F("waiting_on") - 1)
+            _release_ready(steps, step.children, out)
+        return
+    descendants = _all_descendants(steps, step.children)
+    if descendants:
+        verb = "ended dead" if state == JobState.DEAD else "was cancelled"
+        steps.filter(position__in=descendants, state=StepState.BLOCKED).update(
+            state=StepState.CANCELLED,
+            reason=f"step {position} ({step.name}, job {job_id}) {verb}",
+            cancelled_by=position,
+        )
+    if state == JobState.DEAD:
+        handler = (
+            WorkflowRun.objects.using(alias)
+            .filter(pk=workflow_id)
+            .values_list("on_error", flat=True)
+        )
+        name = handler.first()
+        if name:
+            out.handlers.append((name, workflow_id, job_id))
+
+
+def _release_ready(steps: Any, positions: Sequence[int], out: Settled) -> None:
+    if positions:
+        ready = steps.select_for_update().filter(
+            position__in=list(positions), state=StepState.BLOCKED, waiting_on=0
+        )
+        out.release += list(ready.order_by("position"))
+
+
+def _all_descendants(steps: Any, children: Sequence[int]) -> list[int]:
+    """Positions reachable from ``children`` (one read of the workflow's graph)."""
+    if not children:
+        return []
+    graph = dict(steps.values_list("position", "children"))
+    seen: set[int] = set()
+    todo = list(children)
+    while todo:
+        position = todo.pop()
+        if position not in seen:
+            seen.add(position)
+            todo += graph.get(position) or []
+    return sorted(seen)
+
+
+def settle_cancelled(alias: str, job_ids: Iterable[int]) -> None:
+    """After an operator's cancellation or discard: settle the steps among ``job_ids``
+    that it ended ``cancelled`` (their descendants are cancelled; nothing is released, so
+    no job row is inserted). Called in the cancelling transaction."""
+    settle(alias, job_ids, states=(JobState.CANCELLED,))
+
+
+cancel_hooks.append(settle_cancelled)

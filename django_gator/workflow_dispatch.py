@@ -1,0 +1,111 @@
+"""Inserting a checked workflow (:meth:`django_gator.workflows.Workflow.dispatch`): its
+row, its steps' rows and the job rows of the steps that wait for nothing, in one
+transaction, now or when the caller's transaction commits."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+
+from django_gator import conf, immediate, signals
+from django_gator.dispatch import _saved, _unsaved
+from django_gator.engines import get_engine
+from django_gator.engines.workflows import step_row
+from django_gator.logutil import safe
+from django_gator.models import Job, WorkflowRun, WorkflowStep
+from django_gator.registry import is_registered
+
+if TYPE_CHECKING:
+    from django_gator.workflows import StepSpec
+
+logger = logging.getLogger("django_gator.dispatch")
+
+
+def dispatch_workflow(
+    name: str,
+    on_error: str,
+    specs: Sequence[StepSpec],
+    *,
+    run_at: datetime | None,
+    on_commit: bool | str | None,
+) -> tuple[WorkflowRun, list[Job]]:
+    """Insert the workflow; returns its row and the Job rows of its first steps (filled
+    in once inserted, as dispatch's are)."""
+    for spec in specs:
+        if not is_registered(spec.job_class):
+            raise TypeError(
+                f"step {spec.position}: {spec.job_class.__qualname__} is not a registered "
+                "job (an abstract base?); use a concrete subclass"
+            )
+    alias = conf.database()
+    run = WorkflowRun(id=uuid.uuid4(), name=name, on_error=on_error)
+    children: dict[int, list[int]] = {spec.position: [] for spec in specs}
+    for spec in specs:
+        for parent in spec.after:
+            children[parent].append(spec.position)
+    steps = []
+    roots = []
+    root_jobs = []
+    for spec in specs:
+        args, kwargs = spec.values()
+        steps.append(
+            WorkflowStep(
+                workflow=run,
+                position=spec.position,
+                name=spec.job_class.name,
+                args=args,
+                kwargs=kwargs,
+                queue=spec.queue,
+                priority=spec.priority,
+                after=spec.after,
+                children=children[spec.position],
+                waiting_on=len(spec.after),
+                on_dead=spec.on_dead,
+            )
+        )
+        if not spec.after:
+            row = step_row(
+                run.id.hex,
+                spec.position,
+                spec.job_class.name,
+                spec.args_json,
+                spec.kwargs_json,
+                spec.queue,
+                spec.priority,
+                run_at,
+            )
+            roots.append(row)
+            root_jobs.append(_unsaved(alias, row, args, kwargs))
+
+    def write() -> None:
+        engine = get_engine(alias)
+        inserted = engine.insert_workflow(run, steps, roots)
+        for job, (job_id, created_at, next_execution_at) in zip(root_jobs, inserted, strict=True):
+            _saved(job, job_id, created_at, next_execution_at)
+        ids = [r[0] for r in inserted]
+        for spec, job in zip((s for s in specs if not s.after), root_jobs, strict=True):
+            signals.send(signals.job_dispatched, spec.job_class, jobs=[job])
+        logger.info(
+            "Enqueued workflow id=%s name=%s steps=%s first_ids=%s",
+            run.id,
+            safe(name),
+            len(steps),
+            ",".join(map(str, ids)),
+        )
+        if conf.immediate() and run_at is None:
+            immediate.after_commit(alias, lambda: immediate.run_immediately(alias, ids))
+
+    if on_commit is None:
+        on_commit = conf.dispatch_on_commit()
+    if on_commit:
+        commit_alias = DEFAULT_DB_ALIAS if on_commit is True else str(on_commit)
+        if connections[commit_alias].in_atomic_block:
+            transaction.on_commit(write, using=commit_alias)
+            return run, root_jobs
+    write()
+    return run, root_jobs

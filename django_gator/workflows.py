@@ -1,0 +1,278 @@
+"""Workflows: a graph of jobs, each run once all the steps it comes after have succeeded.
+
+::
+
+    wf = Workflow(name=f"order {order.id}")
+    fetch_a = wf.add(FetchSource, "a")
+    fetch_b = wf.add(FetchSource, "b")
+    merge = wf.add(MergeSources, order.id, after=[fetch_a, fetch_b])
+    wf.add(NotifyUser, order.id, after=[merge])
+    wf.dispatch()
+
+:meth:`Workflow.dispatch` checks the graph (no cycle, every dependency a step of this
+workflow) and inserts it in one transaction: the workflow's row, one row per step, and
+the job rows of the steps that wait for nothing. The other steps get their job rows when
+their last dependency succeeds, in the transaction that marks it succeeded (see
+:mod:`django_gator.models.workflows`). A step whose job ends ``dead`` cancels every step
+that depends on it, directly or not (each records which step died), unless it was added
+with ``on_dead="continue"``: then its dependents go on as if it had succeeded.
+
+A :class:`~django_gator.chain.Chain` is a workflow whose steps form a line.
+
+Extension point (batches): a step is anything with a ``job_class``, its arguments and
+``after``; :meth:`Workflow.add` is where a step that is itself a batch will be accepted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django_gator import validation
+from django_gator.queueable import JobFunction, Queueable, resolve_job_class
+
+if TYPE_CHECKING:
+    from django_gator.models import Job, WorkflowRun
+
+#: on_dead values (see Workflow.add).
+ON_DEAD = ("cancel", "continue")
+#: Most steps in one workflow (a step's position is a small integer on its job row).
+MAX_STEPS = 32767
+
+
+class Step:
+    """One step of a :class:`Workflow`, as :meth:`Workflow.add` returns it; pass it in
+    another step's ``after``."""
+
+    __slots__ = ("after", "args", "job", "job_class", "kwargs", "on_dead", "position", "workflow")
+
+    def __init__(
+        self,
+        workflow: Workflow,
+        position: int,
+        job_class: type[Queueable],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        after: list[Any],
+        on_dead: str,
+    ) -> None:
+        self.workflow = workflow
+        self.position = position
+        self.job_class = job_class
+        self.args = args
+        self.kwargs = kwargs
+        self.after = after
+        self.on_dead = on_dead
+        #: Its Job row once dispatched, for a step that waits for nothing (None otherwise).
+        self.job: Job | None = None
+
+    def depends_on(self, *steps: Step) -> Step:
+        """Add dependencies after the fact (checked, like ``after``, at dispatch)."""
+        self.after.extend(steps)
+        return self
+
+    def __repr__(self) -> str:
+        return f"<step {self.position} ({self.job_class.name})>"
+
+    def label(self) -> str:
+        return f"step {self.position} ({self.job_class.name})"
+
+
+class Workflow:
+    """A graph of steps; build it with :meth:`add`, insert it with :meth:`dispatch`."""
+
+    def __init__(
+        self, name: str = "", *, on_error: type[Queueable] | JobFunction | None = None
+    ) -> None:
+        if not isinstance(name, str) or len(name) > 200:
+            raise ValueError(
+                f"a workflow's name is a str of at most 200 characters, got "
+                f"{validation.short_repr(name)}"
+            )
+        self.name = name
+        #: Dispatched with (workflow id, job id) when a step ends dead (and cancels).
+        self.on_error = resolve_job_class(on_error) if on_error is not None else None
+        if self.on_error is not None:
+            self.on_error.check_arguments(["workflow-id", 1], {})
+        self.steps: list[Step] = []
+        #: The WorkflowRun row once dispatched.
+        self.run: WorkflowRun | None = None
+
+    def __repr__(self) -> str:
+        return f"Workflow({self.name!r}, {len(self.steps)} steps)"
+
+    def add(
+        self,
+        job: type[Queueable] | JobFunction,
+        *args: Any,
+        after: Iterable[Step] = (),
+        on_dead: str = "cancel",
+        **kwargs: Any,
+    ) -> Step:
+        """Add a step that runs ``job(*args, **kwargs)`` once every step in ``after`` has
+        succeeded. ``on_dead``: ``"cancel"`` (default), a dead end of this step cancels
+        every step after it; ``"continue"``, they treat it as satisfied."""
+        if self.run is not None:
+            raise ValueError(f"{self!r} was dispatched already; build a new Workflow")
+        job_class = resolve_job_class(job)
+        if on_dead not in ON_DEAD:
+            raise ValueError(
+                f"on_dead must be 'cancel' or 'continue', got {validation.short_repr(on_dead)}"
+            )
+        if isinstance(after, (Step, str, bytes)):
+            raise TypeError(f"after= takes a list of steps, got {validation.short_repr(after)}")
+        job_class.check_arguments(args, kwargs)
+        step = Step(self, len(self.steps), job_class, args, dict(kwargs), list(after), on_dead)
+        self.steps.append(step)
+        return step
+
+    def check(self) -> None:
+        """Refuse a graph that cannot run: no step, too many, a dependency that is not a
+        step of this workflow, or a cycle; the error names the value."""
+        if not self.steps:
+            raise ValueError(f"{self!r} has no step; add one before dispatch()")
+        if len(self.steps) > MAX_STEPS:
+            raise ValueError(f"{self!r} has {len(self.steps)} steps, over {MAX_STEPS}")
+        for step in self.steps:
+            for dependency in step.after:
+                if not isinstance(dependency, Step):
+                    raise TypeError(
+                        f"{step.label()} of {self!r} depends on "
+                        f"{validation.short_repr(dependency)}, which is not a step "
+                        "(pass what Workflow.add() returned)"
+                    )
+                if dependency.workflow is not self:
+                    raise ValueError(
+                        f"{step.label()} of {self!r} depends on {dependency.label()} of "
+                        f"another workflow, {dependency.workflow!r}"
+                    )
+        cycle = _find_cycle(self.steps)
+        if cycle:
+            raise ValueError(
+                f"{self!r} has a cycle: " + " -> ".join(step.label() for step in cycle)
+            )
+
+    def dispatch(
+        self,
+        *,
+        wait: timedelta | float | None = None,
+        at: datetime | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        on_commit: bool | str | None = None,
+    ) -> WorkflowRun:
+        """Check the graph and insert it (inside the caller's transaction, or after it
+        commits with ``on_commit`` as for ``dispatch``); returns its WorkflowRun row.
+        ``wait``/``at`` delay the steps that wait for nothing; ``queue``/``priority``
+        override every step's."""
+        # Here, not at the top: it imports the models, and `import django_gator` (which
+        # imports this module) must not. Not an import cycle.
+        from django_gator.workflow_dispatch import dispatch_workflow
+
+        if self.run is not None:
+            raise ValueError(f"{self!r} was dispatched already")
+        self.check()
+        if queue is not None:
+            validation.validate_queue(queue)
+        if priority is not None:
+            validation.validate_priority(priority)
+        specs = []
+        for step in self.steps:
+            try:
+                args_json, kwargs_json = validation.encode_payload(step.args, step.kwargs)
+            except (TypeError, ValueError) as exc:
+                exc.args = (f"{step.label()}: {exc}", *exc.args[1:])
+                raise
+            specs.append(
+                StepSpec(
+                    position=step.position,
+                    job_class=step.job_class,
+                    args_json=args_json,
+                    kwargs_json=kwargs_json,
+                    queue=queue if queue is not None else step.job_class.queue,
+                    priority=priority if priority is not None else step.job_class.priority,
+                    after=sorted({d.position for d in step.after}),
+                    on_dead=step.on_dead,
+                )
+            )
+        run, roots = dispatch_workflow(
+            self.name,
+            self.on_error.name if self.on_error else "",
+            specs,
+            run_at=validation.resolve_when(wait=wait, at=at),
+            on_commit=on_commit,
+        )
+        self.run = run
+        by_position = dict(zip((s.position for s in specs if not s.after), roots, strict=True))
+        for step in self.steps:
+            step.job = by_position.get(step.position)
+        return run
+
+
+class StepSpec:
+    """A checked step, its arguments serialized: what dispatch_workflow inserts."""
+
+    __slots__ = (
+        "after",
+        "args_json",
+        "job_class",
+        "kwargs_json",
+        "on_dead",
+        "position",
+        "priority",
+        "queue",
+    )
+
+    def __init__(
+        self,
+        *,
+        position: int,
+        job_class: type[Queueable],
+        args_json: str,
+        kwargs_json: str,
+        queue: str,
+        priority: int,
+        after: list[int],
+        on_dead: str,
+    ) -> None:
+        self.position = position
+        self.job_class = job_class
+        self.args_json = args_json
+        self.kwargs_json = kwargs_json
+        self.queue = queue
+        self.priority = priority
+        self.after = after
+        self.on_dead = on_dead
+
+    def values(self) -> tuple[Any, Any]:
+        return json.loads(self.args_json), json.loads(self.kwargs_json)
+
+
+def _find_cycle(steps: Sequence[Step]) -> list[Step]:
+    """A cycle among ``steps`` (first step repeated at the end), or [] if there is none.
+    Iterative depth-first search, so a long chain does not hit the recursion limit."""
+    white, grey, black = 0, 1, 2
+    color = [white] * len(steps)
+    for start in steps:
+        if color[start.position] != white:
+            continue
+        path: list[Step] = [start]
+        todo: list[Iterator[Step]] = [iter(start.after)]
+        color[start.position] = grey
+        while todo:
+            dependency = next(todo[-1], None)
+            if dependency is None:
+                color[path[-1].position] = black
+                path.pop()
+                todo.pop()
+                continue
+            if color[dependency.position] == grey:
+                cycle = [*path[path.index(dependency) :], dependency]
+                return cycle[::-1]
+            if color[dependency.position] == white:
+                color[dependency.position] = grey
+                path.append(dependency)
+                todo.append(iter(dependency.after))
+    return []
