@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -49,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--database-url", default="")
     options = parser.parse_args(argv)
+    # A SIGTERM ends the benchmark through the finally blocks, which stop its worker.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
     url = options.database_url or f"sqlite:///{tempfile.mkdtemp()}/bench.sqlite3"
     os.environ["DATABASE_URL"] = url
@@ -127,10 +130,15 @@ def run(count: int, jobs: int, loops: int, concurrency: int) -> tuple[float, flo
     started = time.perf_counter()
     proc = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     peak: dict[int, int] = {}
-    while proc.poll() is None:
-        for pid in [proc.pid, *children(proc.pid)]:
-            peak[pid] = max(peak.get(pid, 0), rss_bytes(pid))
-        time.sleep(0.2)
+    try:
+        while proc.poll() is None:
+            for pid in [proc.pid, *children(proc.pid)]:
+                peak[pid] = max(peak.get(pid, 0), rss_bytes(pid))
+            time.sleep(0.2)
+    finally:
+        if proc.poll() is None:  # the benchmark was interrupted: stop the worker too
+            proc.terminate()
+            proc.wait()
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         raise SystemExit(f"gator_worker exited {proc.returncode}")
