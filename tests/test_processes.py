@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -146,6 +147,24 @@ def test_sigterm_lets_every_worker_finish_its_job_and_exits_0(spawn_worker, tmp_
     assert proc.wait(timeout=60) == 0, worker_output(proc)
     assert all(Job.objects.get(pk=j.pk).state == JobState.SUCCEEDED for j in jobs)
     assert Execution.objects.filter(label="drain").count() == 2
+    assert not [pid for pid in pids if alive(pid)]
+
+
+def test_a_second_signal_to_the_supervisor_stops_the_workers_now(spawn_worker):
+    job = Sleep.dispatch(60, label="interrupted")
+    proc = spawn_worker("--processes", "2")
+    wait_for(lambda: Job.objects.get(pk=job.pk).state == JobState.RUNNING)
+    pids = {w.pid for w in children_of(proc)}
+
+    begun = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+
+    assert proc.wait(timeout=30) == 0, worker_output(proc)
+    assert time.monotonic() - begun < 15  # not the 60 s job, nor the shutdown timeout
+    job.refresh_from_db()
+    assert (job.state, job.attempts) == (JobState.WAITING, 0)  # handed back, not charged
     assert not [pid for pid in pids if alive(pid)]
 
 
