@@ -9,9 +9,9 @@ connections or threads), with ``--supervisor ID`` added, and then only watches:
   log says how it ended (exit code or signal);
 - a worker that stopped to recycle (``--max-jobs``, ``--max-memory``) exits with
   ``EXIT_RECYCLED`` and is replaced at once;
-- the first SIGINT/SIGTERM is passed on to every worker (they stop claiming and finish their
-  jobs), a second one too (they hand their jobs back and exit now); the supervisor exits 0
-  once every worker has stopped;
+- the first SIGINT/SIGTERM is passed on to every worker, as SIGTERM (they stop claiming and
+  finish their jobs), a second one too (they hand their jobs back and exit now); the
+  supervisor exits 0 once every worker has stopped;
 - with ``--burst``, a worker that exits 0 has drained its queues and is not replaced; the
   supervisor exits when every worker has.
 
@@ -47,8 +47,9 @@ logger = logging.getLogger("django_gator.worker")
 #: The exit code of a supervised worker that stopped to recycle (sysexits' EX_TEMPFAIL:
 #: "start another"). A worker started on its own exits 0 when it recycles.
 EXIT_RECYCLED = 75
-#: A worker that ends sooner than this many seconds after its start failed at start-up.
-START_GRACE = 10.0
+#: A worker that ends sooner than this many seconds after its start failed at start-up
+#: (generous: on a loaded machine, Django's start-up alone has taken 18 s).
+START_GRACE = 60.0
 #: The first pause before starting again a worker that failed at start-up; it doubles with
 #: each failure in a row, up to MAX_BACKOFF.
 FIRST_BACKOFF = 0.5
@@ -294,7 +295,10 @@ class ProcessSupervisor:
             )
             for child in self.children:
                 child.restart_at = None
-                self._signal(child, signum)
+                # Always SIGTERM: a worker counts either signal alike, and one still
+                # starting (its handlers not yet installed) ends quietly on SIGTERM,
+                # where SIGINT would print a KeyboardInterrupt traceback.
+                self._signal(child, signal.SIGTERM)
 
     def _signal(self, child: Child, signum: int) -> None:
         if child.process is not None:
