@@ -78,7 +78,8 @@ class WorkerStats:
 
     ``queues``: ``[[name, weight], ...]`` as the worker registered them (empty: every
     queue). ``heartbeat_age``: seconds since its last heartbeat. ``running_job_ids``: the
-    jobs it holds in state ``running``, lowest id first.
+    jobs it holds in state ``running``, lowest id first. ``supervisor``: the id of the
+    ``gator_worker --processes`` supervisor that started it (empty if none).
     """
 
     id: str
@@ -90,6 +91,8 @@ class WorkerStats:
     heartbeat_at: datetime
     heartbeat_age: float
     running_job_ids: list[int] = field(default_factory=list)
+    #: The id of the ``gator_worker --processes`` supervisor that started it, or "".
+    supervisor: str = ""
 
     @property
     def running(self) -> int:
@@ -240,6 +243,7 @@ def workers(alias: str | None = None, *, now: datetime | None = None) -> list[Wo
             started_at=w.started_at,
             heartbeat_at=w.heartbeat_at,
             heartbeat_age=max(0.0, (now - w.heartbeat_at).total_seconds()),
+            supervisor=w.supervisor,
         )
         for w in Worker.objects.using(alias)
         .filter(heartbeat_at__gte=cutoff)

@@ -33,3 +33,22 @@ def test_the_workers_page_shows_queues_and_weights_readably(admin_client: Client
     )
     # Times to the second, as on the job pages.
     assert f'<span class="nowrap">{every.heartbeat_at:%H:%M:%S}</span>' in listing
+
+
+def test_the_workers_page_shows_each_process_with_its_supervisor(admin_client: Client):
+    from tests.factories import WorkerFactory
+
+    sup = "host-a:4242:0badcafe"
+    children = [WorkerFactory(supervisor=sup) for _ in range(2)]
+    alone = WorkerFactory()
+
+    listing = admin_client.get(reverse("admin:django_gator_worker_changelist")).content.decode()
+    narrowed = admin_client.get(
+        reverse("admin:django_gator_worker_changelist"), {"supervisor": sup}
+    ).content.decode()
+
+    assert listing.count(sup) >= 2
+    assert all(child.id in narrowed for child in children)
+    assert alone.id not in narrowed
+    # Workers started on their own first, then each supervisor's processes together.
+    assert listing.index(alone.id) < min(listing.index(child.id) for child in children)

@@ -260,6 +260,7 @@ def test_status_json_has_stable_keys():
         "heartbeat_age",
         "running",
         "running_job_ids",
+        "supervisor",
     }
     assert entry["running_job_ids"] == [running.pk]
     assert entry["running"] == 1
@@ -620,3 +621,21 @@ def test_commands_exit_0_from_the_command_line():
         )
         assert proc.returncode == 0, (args, proc.stderr)
     assert list(Job.objects.values_list("state", flat=True)) == [JobState.WAITING]
+
+
+def test_status_shows_each_worker_process_under_its_supervisor():
+    alone = WorkerFactory()
+    sup = "host-a:4242:0badcafe"
+    first = WorkerFactory(supervisor=sup)
+    second = WorkerFactory(supervisor=sup)
+
+    lines = run("gator_status").splitlines()
+    document = json.loads(run("gator_status", "--json"))
+
+    at = {name: i for i, line in enumerate(lines) for name in (line.split() or [""])[:2]}
+    assert "Workers (3 live)" in lines
+    assert at[alone.id] < at[sup] < at[first.id] < at[second.id]
+    assert lines[at[sup]].split() == ["supervisor", sup]
+    assert lines[at[first.id]].startswith(f"    {first.id}")  # indented under it
+    by_id = {w["id"]: w["supervisor"] for w in document["workers"]}
+    assert by_id == {alone.id: "", first.id: sup, second.id: sup}

@@ -35,11 +35,30 @@ def describe_queues(queues: Any) -> str:
 
 
 class WorkerAdmin(admin.ModelAdmin):
-    list_display = ("id", "hostname", "pid", "queue_list", "concurrency", "started", "heartbeat")
+    list_display = (
+        "id",
+        "supervisor_shown",
+        "hostname",
+        "pid",
+        "queue_list",
+        "concurrency",
+        "started",
+        "heartbeat",
+    )
     fields = readonly_fields = list_display
+    # The processes of one `gator_worker --processes` supervisor next to each other, after
+    # the workers started on their own.
+    ordering = ("supervisor", "-started_at")
+    list_filter = ("supervisor",)
+    search_fields = ("id", "supervisor", "hostname")
 
     started = time_field("started_at", "started at")
     heartbeat = time_field("heartbeat_at", "heartbeat at")
+
+    @admin.display(description="supervisor", ordering="supervisor")
+    def supervisor_shown(self, worker: Worker) -> str:
+        """The ``--processes`` supervisor that started this worker, or "-"."""
+        return worker.supervisor or "-"
 
     @admin.display(description="queues")
     def queue_list(self, worker: Worker) -> str:

@@ -152,6 +152,10 @@ def concurrency() -> int:
     return int(value("GATOR_CONCURRENCY"))
 
 
+def processes() -> int:
+    return int(value("GATOR_PROCESSES"))
+
+
 def poll_interval() -> float:
     return float(value("GATOR_POLL_INTERVAL"))
 

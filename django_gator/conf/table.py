@@ -52,6 +52,13 @@ SETTINGS: tuple[Setting, ...] = (
         "executor threads per worker process",
     ),
     Setting(
+        "GATOR_PROCESSES",
+        1,
+        Number(1, whole=True),
+        "worker processes one `gator_worker` runs (more than 1: a supervisor starts and "
+        "watches them)",
+    ),
+    Setting(
         "GATOR_POLL_INTERVAL",
         1.0,
         # 0 would make an idle worker poll without pause (a busy loop).

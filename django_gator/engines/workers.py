@@ -22,14 +22,22 @@ class WorkerStatements(EngineCore):
 
     # -- workers, heartbeats and rescue ---------------------------------------------------
     def register_worker(
-        self, worker_id: str, hostname: str, pid: int, queues: str, concurrency: int
+        self,
+        worker_id: str,
+        hostname: str,
+        pid: int,
+        queues: str,
+        concurrency: int,
+        supervisor: str = "",
     ) -> None:
+        """Insert the worker's row; ``supervisor`` is the id of the ``--processes``
+        supervisor that started it (empty for a worker started on its own)."""
         with self.connection.cursor() as cursor:
             cursor.execute(
                 f"INSERT INTO {self.worker_table} (id, hostname, pid, queues, concurrency, "
-                f"started_at, heartbeat_at) VALUES (%s, %s, %s, %s, %s, {self.now_sql}, "
-                f"{self.now_sql})",
-                [worker_id, hostname, pid, queues, concurrency],
+                f"supervisor, started_at, heartbeat_at) VALUES (%s, %s, %s, %s, %s, %s, "
+                f"{self.now_sql}, {self.now_sql})",
+                [worker_id, hostname, pid, queues, concurrency, supervisor],
             )
 
     def heartbeat(self, worker_id: str) -> bool:

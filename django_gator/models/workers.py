@@ -14,6 +14,14 @@ class Worker(models.Model):
     pid = models.PositiveIntegerField()
     queues = models.JSONField(default=list, help_text="[[name, weight], ...]; empty = all.")
     concurrency = models.PositiveIntegerField()
+    supervisor = models.CharField(
+        max_length=255,
+        blank=True,
+        default="",
+        db_default="",  # rows inserted by workers of an older release
+        help_text="Id (host:pid:token) of the `gator_worker --processes` supervisor that "
+        "started this worker; empty for a worker started on its own.",
+    )
     started_at = models.DateTimeField(default=timezone.now)
     heartbeat_at = models.DateTimeField(default=timezone.now)
 

@@ -73,6 +73,8 @@ class Slots:
         self.closing = False  # executors exit once nothing is pending
         self.forced = False  # running jobs are not waited for
         self.processed = 0
+        # Jobs this worker may still claim (--max-jobs; 0 once recycling): None = no limit.
+        self.budget: int | None = None
 
     # -- the fetcher -----------------------------------------------------------------------
     def wants_fetch_locked(self) -> bool:
@@ -83,7 +85,9 @@ class Slots:
             or self.notified
             or bool(self.timed_out)
             or self.may_isolate_locked()
-            or (self.in_flight < self.concurrency and not self.holding_locked())
+            or (
+                self.in_flight < self.concurrency and not self.holding_locked() and self.budget != 0
+            )
         )
 
     def next_round_locked(self) -> Round:
@@ -91,9 +95,12 @@ class Slots:
         # No claims while a suspect waits for the others to finish, or runs alone.
         held = bool(self.suspects) or self.isolated is not None
         self.notified = False
+        free = 0 if held else max(self.concurrency - self.in_flight, 0)
+        if self.budget is not None:
+            free = min(free, self.budget)
         return Round(
             stopping=self.stopping,
-            free=0 if held else max(self.concurrency - self.in_flight, 0),
+            free=free,
             idle=self.in_flight == 0,
             suspect=self.suspects.popleft() if self.may_isolate_locked() else None,
         )
@@ -115,6 +122,8 @@ class Slots:
     def hand_out_locked(self, jobs: Sequence[ClaimedJob]) -> list[ClaimedJob]:
         """Give claimed jobs to the executors, holding back suspects (returned)."""
         self.in_flight += len(jobs)
+        if self.budget is not None:
+            self.budget = max(self.budget - len(jobs), 0)
         ordinary = [job for job in jobs if not job.suspect]
         held = [job for job in jobs if job.suspect]
         self.suspects.extend(held)
@@ -220,6 +229,12 @@ class Slots:
     def next_deadline_locked(self) -> float | None:
         deadlines = [r.deadline for r in self.running.values() if r.deadline is not None]
         return min(deadlines) if deadlines else None
+
+    # -- recycling -------------------------------------------------------------------------
+    def spent_locked(self) -> bool:
+        """The claim budget is used up and every job claimed under it has finished (and
+        its success mark has been written or handed to the fetcher): time to recycle."""
+        return self.budget == 0 and self.in_flight == 0
 
     # -- shutdown --------------------------------------------------------------------------
     def stop(self, *, forced: bool = False) -> None:

@@ -44,6 +44,7 @@ from django_gator.worker.claims import Claimer
 from django_gator.worker.executor import Executors
 from django_gator.worker.fetcher import Fetcher
 from django_gator.worker.lifeline import Lifeline
+from django_gator.worker.limits import Limits
 from django_gator.worker.listener import listen
 from django_gator.worker.outcomes import Outcomes
 from django_gator.worker.queues import QueueSpec
@@ -69,6 +70,8 @@ class WorkerProcess:
         install_signal_handlers: bool = True,
         rng: random.Random | None = None,
         scheduler: bool | None = None,
+        limits: Limits | None = None,
+        supervisor: str = "",
     ) -> None:
         self.specs = list(queues)
         self.concurrency = concurrency or conf.concurrency()
@@ -96,8 +99,13 @@ class WorkerProcess:
         self._stop_background = threading.Event()  # fetcher, heartbeat, listener, scheduler
         self._threads: list[threading.Thread] = []
         self.forced_exit = False
+        # Recycling (--max-jobs, --max-memory) and the --processes supervisor, if any.
+        self.limits = limits or Limits()
+        self.supervisor = supervisor
+        self.recycled: str | None = None  # why this worker stopped by itself to recycle
 
         self.slots = Slots(self.concurrency)
+        self.slots.budget = self.limits.max_jobs
         self.retrying = Retrier(self.alias, self.worker_id, self._giving_up)
         self.outcomes = Outcomes(self.engine, self.worker_id, self.retrying)
         self.claimer = Claimer(self.engine, self.worker_id, self.specs, rng)
@@ -152,6 +160,7 @@ class WorkerProcess:
                 self._wake.wait(0.1)
                 self._wake.clear()
                 self._take_signals()
+                self._take_limits()
             self._shutdown()
         finally:
             for signum, handler in previous.items():
@@ -181,7 +190,7 @@ class WorkerProcess:
     def _register(self) -> bool:
         queues = json.dumps([[s.name, s.weight] for s in self.specs])
         self.engine.register_worker(
-            self.worker_id, self.hostname, self.pid, queues, self.concurrency
+            self.worker_id, self.hostname, self.pid, queues, self.concurrency, self.supervisor
         )
         return True
 
@@ -248,6 +257,31 @@ class WorkerProcess:
         if self._signals > 1 and not self.slots.forced:
             self.force_stop()
         elif self._signals and not self.slots.stopping:
+            self.request_stop()
+
+    def _take_limits(self) -> None:
+        """Recycle once a limit is reached (main thread only): no more claims; once every
+        claimed job has run, stop. Stop at once if the supervisor is gone."""
+        slots = self.slots
+        if slots.stopping or not self.limits.active:
+            return
+        if self.limits.orphaned():
+            logger.warning("Supervisor gone; worker stopping id=%s", self.worker_id)
+            self.request_stop()
+            return
+        reason = self.limits.over_memory()
+        with slots.lock:
+            if reason is None and slots.budget == 0 and self.recycled is None:
+                reason = f"max-jobs {self.limits.max_jobs}"
+            if reason is not None and self.recycled is None:
+                self.recycled = reason
+                slots.budget = 0  # no more claims
+                slots.fetch_needed.notify()
+                logger.info(
+                    "Worker recycling: no more claims id=%s reason=%s", self.worker_id, reason
+                )
+            spent = slots.spent_locked()
+        if spent:
             self.request_stop()
 
     def _install_signals(self) -> dict[int, Any]:

@@ -54,8 +54,9 @@ class Command(BaseCommand):
         "dead_last_hour, succeeded and cancelled (null unless --exact), paused (true or "
         "false), paused_at (ISO 8601 or null) and paused_by), workers (a list of "
         "objects with id, hostname, pid, queues, concurrency, started_at, heartbeat_at, "
-        "heartbeat_age (seconds), running, running_job_ids) and total_rows (an object with "
-        "count and exact: false when count is the database's estimate)."
+        "heartbeat_age (seconds), running, running_job_ids, supervisor: the id of the "
+        "gator_worker --processes supervisor that started it, or empty) and total_rows (an "
+        "object with count and exact: false when count is the database's estimate)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -131,13 +132,16 @@ class Command(BaseCommand):
             self.stdout.write("  (none: no heartbeat within GATOR_HEARTBEAT_TIMEOUT)")
             return
         rows = []
-        for w in live:
+        for supervisor, w in _under_supervisors(live):
+            if w is None:  # the line of a supervisor, above its worker processes
+                rows.append([f"supervisor {safe(supervisor)}", "", "", "", "", ""])
+                continue
             ids = ", ".join(str(i) for i in w.running_job_ids[:MAX_IDS_SHOWN])
             if w.running > MAX_IDS_SHOWN:
                 ids += f", ... (+{w.running - MAX_IDS_SHOWN})"
             rows.append(
                 [
-                    w.id,
+                    f"  {w.id}" if supervisor else w.id,
                     _queues_text(w.queues),
                     str(w.concurrency),
                     str(w.running),
@@ -162,6 +166,23 @@ class Command(BaseCommand):
         self.stdout.write(line(columns))
         for row in rows:
             self.stdout.write(line(row))
+
+
+def _under_supervisors(
+    live: list[stats.WorkerStats],
+) -> list[tuple[str, stats.WorkerStats | None]]:
+    """The workers in the order to print them: those started on their own first, then
+    each supervisor's (``(supervisor, None)``, then ``(supervisor, worker)`` for each of
+    its processes). Within a group, as given (oldest first)."""
+    alone: list[tuple[str, stats.WorkerStats | None]] = [("", w) for w in live if not w.supervisor]
+    groups: dict[str, list[stats.WorkerStats]] = {}
+    for w in live:
+        if w.supervisor:
+            groups.setdefault(w.supervisor, []).append(w)
+    for supervisor, members in groups.items():
+        alone.append((supervisor, None))
+        alone.extend((supervisor, w) for w in members)
+    return alone
 
 
 def _totals(queues: list[stats.QueueStats], exact: bool) -> stats.QueueStats:

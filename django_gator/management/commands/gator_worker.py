@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
@@ -13,9 +14,19 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_gator import conf
 from django_gator.exceptions import SchemaMissing
 from django_gator.logutil import safe
-from django_gator.management.arguments import QUEUE_SPEC, SettingValue
+from django_gator.management.arguments import QUEUE_SPEC, SettingValue, WholeNumber
+from django_gator.worker.limits import Limits
+from django_gator.worker.processes import (
+    EXIT_RECYCLED,
+    ProcessSupervisor,
+    as_child,
+    child_arguments,
+)
 from django_gator.worker.queues import QueueSpec
 from django_gator.worker.supervisor import WorkerProcess
+
+#: Options of the supervisor alone, not passed on to the worker processes it starts.
+SUPERVISOR_ONLY = ("processes", "supervisor", "settings", "pythonpath", "skip_checks", "version")
 
 
 class Command(BaseCommand):
@@ -68,6 +79,35 @@ class Command(BaseCommand):
             action="store_true",
             help="Do not dispatch cron schedules from this worker (default: GATOR_SCHEDULER).",
         )
+        self._add_process_arguments(parser)
+
+    def _add_process_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "-p",
+            "--processes",
+            type=SettingValue("GATOR_PROCESSES", int),
+            default=None,
+            help="Worker processes, each with --concurrency threads; more than 1 starts a "
+            "supervisor that starts them, restarts any that dies and passes signals on "
+            "(default GATOR_PROCESSES, 1).",
+        )
+        parser.add_argument(
+            "--max-jobs",
+            type=WholeNumber(1),
+            default=None,
+            metavar="N",
+            help="Recycle a worker process after it has claimed N jobs: it stops claiming, "
+            "finishes them and exits (with --processes, a fresh one replaces it).",
+        )
+        parser.add_argument(
+            "--max-memory",
+            type=WholeNumber(1),
+            default=None,
+            metavar="MB",
+            help="Recycle a worker process whose resident memory passes MB MiB (looked at "
+            "every second), as --max-jobs does.",
+        )
+        parser.add_argument("--supervisor", default="", help=argparse.SUPPRESS)
 
     def handle(
         self,
@@ -79,6 +119,10 @@ class Command(BaseCommand):
         poll_interval: float | None,
         no_scheduler: bool,
         verbosity: int,
+        processes: int | None = None,
+        max_jobs: int | None = None,
+        max_memory: int | None = None,
+        supervisor: str = "",
         **options: Any,
     ) -> None:
         seen: set[str] = set()
@@ -92,7 +136,16 @@ class Command(BaseCommand):
         if bad:
             raise CommandError("; ".join(f"{p.message} ({p.hint})" for p in bad), returncode=2)
         _configure_logging(verbosity)
+        count = 1 if supervisor else processes or conf.processes()
+        if count > 1:
+            self._supervise(count, burst)
+            return
         try:
+            limits = Limits(
+                max_jobs=max_jobs,
+                max_memory_mb=max_memory,
+                supervisor_pid=processes_as_child(supervisor),
+            )
             worker = WorkerProcess(
                 queues,
                 concurrency=concurrency,
@@ -100,6 +153,8 @@ class Command(BaseCommand):
                 shutdown_timeout=shutdown_timeout,
                 poll_interval=poll_interval,
                 scheduler=False if no_scheduler else None,
+                limits=limits,
+                supervisor=supervisor,
             )
         except ValueError as exc:
             raise CommandError(str(exc), returncode=2) from None
@@ -117,6 +172,8 @@ class Command(BaseCommand):
                 "Exiting past threads that jobs started and left running threads=%s",
                 safe(",".join(t.name for t in strays)),
             )
+        if worker.recycled and supervisor and not code:
+            code = EXIT_RECYCLED  # the supervisor starts a fresh process
         if worker.forced_exit or strays:
             # Executor threads may still be inside user code; leave without waiting for
             # them. Their jobs were handed back to `waiting` before this point.
@@ -126,6 +183,26 @@ class Command(BaseCommand):
             os._exit(code)
         if code:
             sys.exit(code)
+
+    def execute(self, *args: Any, **options: Any) -> str | None:
+        self._options = options  # all of them, for the worker processes of a supervisor
+        return super().execute(*args, **options)
+
+    def _supervise(self, count: int, burst: bool) -> None:
+        """Run ``count`` worker processes with this command's options."""
+        parser = self.create_parser("manage.py", "gator_worker")
+        arguments = child_arguments(parser, self._options, SUPERVISOR_ONLY)
+        ProcessSupervisor(count, arguments, burst=burst).run()
+
+
+def processes_as_child(supervisor: str) -> int | None:
+    """The supervisor's pid for a worker it started (``--supervisor``), else None."""
+    if not supervisor:
+        return None
+    try:
+        return as_child(supervisor)
+    except ValueError as exc:
+        raise CommandError(str(exc), returncode=2) from None
 
 
 def _configure_logging(verbosity: int) -> None:

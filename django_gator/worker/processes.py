@@ -1,0 +1,325 @@
+"""``gator_worker --processes N``: a supervisor process that keeps N worker processes running.
+
+The supervisor holds no database connection and runs no job. It starts each worker as a new
+interpreter running the same management command (never a fork of a process that may hold
+connections or threads), with ``--supervisor ID`` added, and then only watches:
+
+- a worker that exits or dies is started again, at once if it had been running for a while,
+  else after a pause that doubles with each failure at start-up (up to ``MAX_BACKOFF``); the
+  log says how it ended (exit code or signal);
+- a worker that stopped to recycle (``--max-jobs``, ``--max-memory``) exits with
+  ``EXIT_RECYCLED`` and is replaced at once;
+- the first SIGINT/SIGTERM is passed on to every worker, as SIGTERM (they stop claiming and
+  finish their jobs), a second one too (they hand their jobs back and exit now); the
+  supervisor exits 0 once every worker has stopped;
+- with ``--burst``, a worker that exits 0 has drained its queues and is not replaced; the
+  supervisor exits when every worker has.
+
+Workers run in a process group of their own, so that a Ctrl-C in a terminal reaches the
+supervisor alone (which passes it on once), not every worker twice. A worker whose
+supervisor was SIGKILLed stops by itself: on Linux the kernel sends it SIGTERM
+(``PR_SET_PDEATHSIG``, see :func:`as_child`); everywhere, it stops when it sees that its
+parent process changed (:meth:`.limits.Limits.orphaned`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from secrets import token_hex
+from types import FrameType
+from typing import Any
+
+from django_gator.worker.queues import QueueSpec
+
+logger = logging.getLogger("django_gator.worker")
+
+#: The exit code of a supervised worker that stopped to recycle (sysexits' EX_TEMPFAIL:
+#: "start another"). A worker started on its own exits 0 when it recycles.
+EXIT_RECYCLED = 75
+#: A worker that ends sooner than this many seconds after its start failed at start-up
+#: (generous: on a loaded machine, Django's start-up alone has taken 18 s).
+START_GRACE = 60.0
+#: The first pause before starting again a worker that failed at start-up; it doubles with
+#: each failure in a row, up to MAX_BACKOFF.
+FIRST_BACKOFF = 0.5
+MAX_BACKOFF = 30.0
+#: How often the supervisor looks at its workers and at the signals it received.
+TICK = 0.1
+#: Linux prctl(2) option: the signal this process gets when its parent exits.
+PR_SET_PDEATHSIG = 1
+
+
+def supervisor_pid(supervisor_id: str) -> int:
+    """The pid in a supervisor id (``host:pid:token``); ValueError if there is none."""
+    parts = supervisor_id.rsplit(":", 2)
+    if len(parts) != 3 or not parts[1].isdigit():
+        raise ValueError(f"supervisor id {supervisor_id!r} is not HOST:PID:TOKEN")
+    return int(parts[1])
+
+
+def as_child(supervisor_id: str) -> int:
+    """Prepare this process to run as a worker of the supervisor ``supervisor_id``: on
+    Linux, ask the kernel for SIGTERM (a graceful stop) when the supervisor exits, however
+    it exits. Returns the supervisor's pid, which the worker also watches for (the only
+    way elsewhere, and it covers a supervisor that died before the request was made)."""
+    pid = supervisor_pid(supervisor_id)
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+                raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        except (OSError, AttributeError) as exc:
+            logger.warning("No parent-death signal; watching the parent pid only error=%s", exc)
+    return pid
+
+
+def child_arguments(
+    parser: argparse.ArgumentParser, options: Mapping[str, Any], leave_out: Collection[str]
+) -> list[str]:
+    """The command line that gives a worker process the options of this one: each option
+    of ``parser`` whose value in ``options`` is not its default, except the destinations
+    in ``leave_out``. Options are found through the parser, so that a new option of
+    ``gator_worker`` reaches the workers without a change here."""
+    args: list[str] = []
+    for action in parser._actions:
+        if not action.option_strings or action.dest in leave_out or action.dest == "help":
+            continue
+        value = options.get(action.dest, action.default)
+        if value is None or value == action.default or action.default == argparse.SUPPRESS:
+            continue
+        flag = max(action.option_strings, key=len)
+        if action.nargs == 0:  # store_true and the like: the flag alone
+            if value:
+                args.append(flag)
+        elif isinstance(value, list | tuple):
+            for item in value:
+                args += [flag, _text(item)]
+        else:
+            args += [flag, _text(value)]
+    return args
+
+
+def _text(value: object) -> str:
+    if isinstance(value, QueueSpec):
+        return f"{value.name},{value.weight}"
+    return str(value)
+
+
+def child_environment() -> dict[str, str]:
+    """This process's environment, with its import path, so that a worker started as
+    ``python -m django`` imports the project as this process does (whether it was started
+    by ``manage.py``, ``django-admin --pythonpath`` or ``call_command``)."""
+    env = dict(os.environ)
+    paths = dict.fromkeys(os.path.abspath(p) for p in sys.path if p)
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
+
+
+@dataclass
+class Child:
+    """One worker slot of the supervisor and the process now in it."""
+
+    index: int
+    process: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    failures: int = 0  # start-up failures in a row
+    restart_at: float | None = None  # when to start the next process (after a backoff)
+    finished: bool = False  # a burst worker that drained its queues: not replaced
+    starts: int = 0
+
+
+class ProcessSupervisor:
+    """Starts ``processes`` workers running ``python -m django gator_worker ARGUMENTS
+    --supervisor ID`` and keeps them running; ``run()`` blocks until they have all
+    stopped, and returns 0."""
+
+    def __init__(
+        self,
+        processes: int,
+        arguments: Sequence[str],
+        *,
+        burst: bool = False,
+        install_signal_handlers: bool = True,
+    ) -> None:
+        if processes < 1:
+            raise ValueError(f"processes must be at least 1, got {processes}")
+        self.processes = processes
+        self.arguments = list(arguments)
+        self.burst = burst
+        self.install_signal_handlers = install_signal_handlers
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{token_hex(4)}"
+        self.children = [Child(index) for index in range(processes)]
+        self.started = 0  # worker processes started, replacements included
+        self._signals: list[int] = []  # appended by the handler, acted on by the loop
+        self._forwarded = 0
+        self._env = child_environment()
+
+    @property
+    def stopping(self) -> bool:
+        return bool(self._signals)
+
+    def command(self, child: Child) -> list[str]:
+        extra = ["--supervisor", self.id, "--skip-checks"]
+        if child.index > 0 and "--no-scheduler" not in self.arguments:
+            extra.append("--no-scheduler")  # one process dispatches the cron schedules
+        return [sys.executable, "-m", "django", "gator_worker", *self.arguments, *extra]
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def run(self) -> int:
+        previous = self._install_signals() if self.install_signal_handlers else {}
+        try:
+            logger.info(
+                "Supervisor started id=%s processes=%s burst=%s",
+                self.id,
+                self.processes,
+                self.burst,
+            )
+            for child in self.children:
+                self._start(child)
+            while self._live():
+                self._forward_signals()
+                now = time.monotonic()
+                for child in self.children:
+                    self._look_at(child, now)
+                time.sleep(TICK)
+        finally:
+            self._stop_leftovers()
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        logger.info("Supervisor stopped id=%s started=%s", self.id, self.started)
+        return 0
+
+    def _live(self) -> bool:
+        """Some worker is running, or due to be started again."""
+        return any(
+            c.process is not None or (c.restart_at is not None and not self.stopping)
+            for c in self.children
+        )
+
+    def _start(self, child: Child) -> None:
+        child.restart_at = None
+        child.process = subprocess.Popen(
+            self.command(child),
+            env=self._env,
+            stdin=subprocess.DEVNULL,
+            process_group=0,  # the terminal's Ctrl-C reaches the supervisor only
+        )
+        child.started_at = time.monotonic()
+        child.starts += 1
+        self.started += 1
+        logger.info(
+            "Started worker process supervisor=%s slot=%s pid=%s",
+            self.id,
+            child.index,
+            child.process.pid,
+        )
+
+    def _look_at(self, child: Child, now: float) -> None:
+        """Reap ``child``'s process if it ended, and start another when one is due."""
+        process = child.process
+        if process is not None:
+            code = process.poll()
+            if code is None:
+                return
+            child.process = None
+            self._ended(child, process.pid, code, now)
+        if child.restart_at is not None and not self.stopping and now >= child.restart_at:
+            self._start(child)
+
+    def _ended(self, child: Child, pid: int, code: int, now: float) -> None:
+        lived = now - child.started_at
+        how = describe_exit(code)
+        if self.stopping:
+            log = logger.info if code in (0, -signal.SIGTERM, -signal.SIGINT) else logger.warning
+            log("Worker process stopped pid=%s %s", pid, how)
+            return
+        if code == EXIT_RECYCLED:
+            logger.info("Worker process recycled pid=%s; starting another", pid)
+            child.failures = 0
+            child.restart_at = now
+            return
+        if code == 0 and self.burst:
+            logger.info("Worker process drained its queues pid=%s", pid)
+            child.finished = True
+            return
+        if lived < START_GRACE:
+            child.failures += 1
+            delay = min(FIRST_BACKOFF * 2 ** (child.failures - 1), MAX_BACKOFF)
+        else:
+            child.failures = 0
+            delay = 0.0
+        child.restart_at = now + delay
+        logger.warning(
+            "Worker process ended pid=%s %s after=%.1fs; starting another in %.1fs "
+            "(failures at start-up in a row: %s)",
+            pid,
+            how,
+            lived,
+            delay,
+            child.failures,
+        )
+
+    # -- signals -----------------------------------------------------------------------------
+    def _handle_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signals.append(signum)  # only noted: the loop passes it on within TICK
+
+    def _install_signals(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {
+            signum: signal.signal(signum, self._handle_signal)
+            for signum in (signal.SIGINT, signal.SIGTERM)
+        }
+
+    def _forward_signals(self) -> None:
+        while self._forwarded < len(self._signals):
+            signum = self._signals[self._forwarded]
+            self._forwarded += 1
+            kind = "graceful" if self._forwarded == 1 else "now"
+            logger.info(
+                "Supervisor stopping id=%s signal=%s stop=%s",
+                self.id,
+                signal.Signals(signum).name,
+                kind,
+            )
+            for child in self.children:
+                child.restart_at = None
+                # Always SIGTERM: a worker counts either signal alike, and one still
+                # starting (its handlers not yet installed) ends quietly on SIGTERM,
+                # where SIGINT would print a KeyboardInterrupt traceback.
+                self._signal(child, signal.SIGTERM)
+
+    def _signal(self, child: Child, signum: int) -> None:
+        if child.process is not None:
+            child.process.send_signal(signum)  # nothing if it has ended
+
+    def _stop_leftovers(self) -> None:
+        """After an error in the supervisor itself: stop the workers it leaves (they finish
+        their jobs), and wait for them."""
+        alive = [c for c in self.children if c.process is not None and c.process.poll() is None]
+        for child in alive:
+            self._signal(child, signal.SIGTERM)
+        for child in alive:
+            assert child.process is not None
+            child.process.wait()
+
+
+def describe_exit(code: int) -> str:
+    """``code=1`` or ``signal=SIGKILL`` (a negative Popen return code)."""
+    if code < 0:
+        try:
+            return f"signal={signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal={-code}"
+    return f"code={code}"
