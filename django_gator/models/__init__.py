@@ -1,4 +1,4 @@
-"""django-gator's tables: jobs, workers, queues, cron schedules and their runs.
+"""django-gator's tables: jobs, workers, queues, cron schedules and their runs, leases.
 
 Hot paths (dispatch, claim, outcome writes, rescue) are SQL in :mod:`django_gator.engines`,
 one module per database; the models declare the schema, the indexes the claim query needs,
@@ -13,6 +13,7 @@ from django_gator.models.jobs import (
     exception_class_name,
     record,
 )
+from django_gator.models.leases import Lease, LeaseQuerySet
 from django_gator.models.queues import Queue, QueueQuerySet
 from django_gator.models.schedules import MisfirePolicy, Schedule, ScheduledRun, ScheduleSource
 from django_gator.models.workers import Worker
@@ -25,6 +26,8 @@ __all__ = [
     "Job",
     "JobQuerySet",
     "JobState",
+    "Lease",
+    "LeaseQuerySet",
     "MisfirePolicy",
     "Pruned",
     "Queue",
