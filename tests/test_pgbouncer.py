@@ -192,9 +192,7 @@ def test_a_drain_by_two_worker_processes_through_pgbouncer_loses_nothing(pgbounc
     )
     assert Job.objects.filter(state=JobState.WAITING).count() == 400
     before = transactions_through(pgbouncer)
-    workers = [
-        spawn_worker("--burst", "--concurrency", "4", env=pgbouncer.env()) for _ in range(2)
-    ]
+    workers = [spawn_worker("--burst", "--concurrency", "4", env=pgbouncer.env()) for _ in range(2)]
     for worker in workers:
         assert worker.wait(timeout=180) == 0, worker_output(worker)
     # Every job ran exactly once (Execution's unique key refuses a second run of a claim).
@@ -220,9 +218,7 @@ def test_heartbeats_and_rescue_work_through_pgbouncer(pgbouncer, spawn_worker, t
     lost.send_signal(signal.SIGKILL)
     lost.wait(timeout=10)
     rescuer = spawn_worker("--concurrency", "2", env=pgbouncer.env())
-    wait_for(
-        lambda: Job.objects.filter(pk=job.pk, state=JobState.SUCCEEDED).exists(), timeout=60
-    )
+    wait_for(lambda: Job.objects.filter(pk=job.pk, state=JobState.SUCCEEDED).exists(), timeout=60)
     job.refresh_from_db()
     assert job.attempts == 2
     assert "stopped heartbeating" in job.errors[0]["message"]
@@ -250,9 +246,7 @@ def test_the_listener_works_through_gator_listen_database(pgbouncer, spawn_worke
 
 @on_postgres
 @pytest.mark.django_db(transaction=True)
-def test_without_gator_listen_database_a_pooled_worker_polls_and_says_so(
-    pgbouncer, spawn_worker
-):
+def test_without_gator_listen_database_a_pooled_worker_polls_and_says_so(pgbouncer, spawn_worker):
     worker = spawn_worker("--concurrency", "2", env=pgbouncer.env(GATOR_POLL_INTERVAL="0.2"))
     job = Record.dispatch("polled")
     wait_for(lambda: Execution.objects.filter(job_id=job.pk).exists(), timeout=60)

@@ -80,7 +80,7 @@ class Text:
     none: str | None = None
 
     def problem(self, value: Any, *, deep: bool = False) -> str | None:
-        if isinstance(value, str) and value or (value is None and self.none is not None):
+        if (isinstance(value, str) and value) or (value is None and self.none is not None):
             return None
         alternative = "None or " if self.none is not None else ""
         return f"must be {alternative}{self.what} (a non-empty string), got {value!r}"

@@ -109,7 +109,7 @@ SETTINGS: tuple[Setting, ...] = (
         Names("key of `DATABASES`"),
         "aliases reached through a transaction-pooling proxy (PgBouncer "
         "`pool_mode = transaction`): no session settings, no server-side prepares, no LISTEN; "
-        "see \"PgBouncer\"",
+        'see "PgBouncer"',
     ),
     Setting(
         "GATOR_LISTEN_DATABASE",

@@ -45,9 +45,7 @@ class Pruner:
     """Automatic pruning for worker ``worker_id``: :meth:`run` is the thread's body;
     :meth:`prune_once` one pass (if this worker gets the lease)."""
 
-    def __init__(
-        self, engine: Engine, worker_id: str, rng: random.Random | None = None
-    ) -> None:
+    def __init__(self, engine: Engine, worker_id: str, rng: random.Random | None = None) -> None:
         self.engine = engine
         self.worker_id = worker_id
         self.rng = rng or random.Random()
