@@ -11,7 +11,9 @@ about 80 % of the rows go) and after VACUUM ANALYZE:
   calls), and an EXPLAIN (ANALYZE, BUFFERS) of the full claim of one job;
 - the admin's Job changelist (the default list, and filtered to waiting jobs and to
   succeeded jobs), through Django's test client as a superuser: p50 of 5 requests;
-- during the pruning pass, a claim of one job every 0.1 s from another connection.
+- during the pruning pass, a claim of one job every 0.1 s from another connection;
+- before pruning, what a migration costs on the full table: a partial index like the
+  claim's, and a NOT NULL column with a default.
 
 Prints a JSON report (and writes it with ``--out``).
 """
@@ -71,6 +73,31 @@ def fill(cursor: Any, rows: int, days: int, ready: int) -> float:
     )
     cursor.execute("ANALYZE django_gator_job")
     return time.perf_counter() - started
+
+
+def time_ddl(cursor: Any) -> dict[str, float]:
+    """What an upgrade's migration would cost on this table: seconds for a partial index
+    like the claim's (built by reading the whole table, writes blocked meanwhile), and for
+    adding a NOT NULL column with a default (a catalogue change); each undone after."""
+    timings = {}
+    for label, do, undo in (
+        (
+            "create_partial_index_s",
+            "CREATE INDEX bench_ready ON django_gator_job (queue, priority DESC, "
+            "next_execution_at, id) WHERE state IN ('waiting', 'failed')",
+            "DROP INDEX bench_ready",
+        ),
+        (
+            "add_column_with_default_s",
+            "ALTER TABLE django_gator_job ADD COLUMN bench_x integer NOT NULL DEFAULT 0",
+            "ALTER TABLE django_gator_job DROP COLUMN bench_x",
+        ),
+    ):
+        started = time.perf_counter()
+        cursor.execute(do)
+        timings[label] = round(time.perf_counter() - started, 3)
+        cursor.execute(undo)
+    return timings
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -210,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
             report["meta"]["server"] = server_facts(cursor)
             print(f"filling {args.rows:,} finished jobs and {args.ready:,} ready ones", flush=True)
             report["fill_s"] = round(fill(cursor, args.rows, args.days, args.ready), 1)
+            report["ddl"] = time_ddl(cursor)
+            print(json.dumps(report["ddl"]), flush=True)
         print("measuring before pruning", flush=True)
         report["before"] = measure(args.claims)
         print(json.dumps(report["before"]), flush=True)
