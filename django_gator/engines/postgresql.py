@@ -183,10 +183,13 @@ class PostgresEngine(Engine):
         connection = self.connection
         connection.ensure_connection()
         raw = connection.connection
+        if getattr(raw, "_gator_bookkeeping", False):
+            return
         if self.pooled:
             raw.prepare_threshold = None  # see prepare_worker_session()
+            raw._gator_bookkeeping = True
             return
-        if getattr(raw, "_gator_bookkeeping", False) or not conf.async_commit():
+        if not conf.async_commit():
             return
         with connection.cursor() as cursor:
             cursor.execute("SET synchronous_commit TO off", [])
