@@ -82,25 +82,29 @@ endef
 sysdeps:
 	@$(check_sysdeps)
 
-# The partition tests (tests/test_partitions.py) cut a worker process off the database with
-# iptables, as root; without it they skip, saying why. As root with apt-get, the test targets
-# install it; under CI=true a missing iptables that cannot be installed is an error.
-define check_iptables
-if command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ]; then \
+# Tools some tests need, from Debian packages: the partition tests (tests/test_partitions.py)
+# cut a worker process off the database with iptables, as root; the PgBouncer tests
+# (tests/test_pgbouncer.py) start their own pgbouncer in front of PostgreSQL. Without the
+# tool those tests skip, saying why. As root with apt-get, the test targets install it;
+# under CI=true a missing tool that cannot be installed is an error.
+# $(call check_tool,COMMAND (= its package),TESTS)
+define check_tool
+if command -v $(1) >/dev/null 2>&1 || [ -x /usr/sbin/$(1) ]; then \
   :; \
 elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-  echo "==> the partition tests need iptables; installing it with apt-get"; \
-  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y iptables; \
+  echo "==> the $(2) tests need $(1); installing it with apt-get"; \
+  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $(1); \
 elif [[ "$${CI:-}" =~ ^([Tt]rue|TRUE|1|yes)$$ ]]; then \
-  echo "ERROR: the partition tests need iptables (and root); CI=$${CI}, so this fails." >&2; \
+  echo "ERROR: the $(2) tests need $(1) (and root to install it); CI=$${CI}, so this fails." >&2; \
   exit 1; \
 else \
-  echo "NOTE: no iptables: the partition tests will skip (as root: apt-get install iptables)"; \
+  echo "NOTE: no $(1): the $(2) tests will skip (as root: apt-get install $(1))"; \
 fi
 endef
 
 test-deps:
-	@$(check_iptables)
+	@$(call check_tool,iptables,partition)
+	@$(call check_tool,pgbouncer,PgBouncer)
 
 install: $(STAMP)
 

@@ -101,6 +101,15 @@ if os.environ.get("GATOR_TEST_DB_NAME") and _db["ENGINE"] != "django.db.backends
     # Separate test databases for test runs that share a server at the same time.
     _db.setdefault("TEST", {})["NAME"] = os.environ["GATOR_TEST_DB_NAME"]
 
+if os.environ.get("GATOR_TEST_PGBOUNCER_PORT") and _db["ENGINE"].endswith("postgresql"):
+    # tests/test_pgbouncer.py: this process reaches the database through a PgBouncer in
+    # transaction mode; "direct" is the same database without it (for LISTEN).
+    DATABASES["direct"] = {**_db, "OPTIONS": dict(_db.get("OPTIONS") or {})}
+    _db.update(HOST="127.0.0.1", PORT=int(os.environ["GATOR_TEST_PGBOUNCER_PORT"]))
+    GATOR_POOLED_DATABASES = ["default"]
+    if os.environ.get("GATOR_TEST_LISTEN_DATABASE"):
+        GATOR_LISTEN_DATABASE = os.environ["GATOR_TEST_LISTEN_DATABASE"]
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -39,6 +39,8 @@ BAD: dict[str, list[tuple[Any, str]]] = {
     "GATOR_UNKNOWN_JOB_WINDOW": [(-1, "-1"), ("soon", "'soon'")],
     "GATOR_AUTODISCOVER": [("tasks", "'tasks'"), (["ok", 3], "3")],
     "GATOR_ASYNC_COMMIT": [("no", "'no'")],
+    "GATOR_POOLED_DATABASES": [("default", "'default'"), ([""], "''")],
+    "GATOR_LISTEN_DATABASE": [("", "''"), (["direct"], "['direct']")],
     "GATOR_WORKER_CONN_MAX_AGE": [(-5, "-5"), ("300", "'300'")],
     "GATOR_WORKER_NETWORK_TIMEOUT": [
         (-1, "-1"),
@@ -59,6 +61,10 @@ BAD: dict[str, list[tuple[Any, str]]] = {
     "GATOR_PRUNE_SUCCEEDED_AFTER": [("a week", "'a week'")],
     "GATOR_PRUNE_CANCELLED_AFTER": [(-1, "-1")],
     "GATOR_PRUNE_DEAD_AFTER": [(math.nan, "nan")],
+    "GATOR_AUTO_PRUNE": [("off", "'off'")],
+    "GATOR_PRUNE_INTERVAL": [(0, "0")],
+    "GATOR_PRUNE_BATCH_SIZE": [(0, "0"), (10.5, "10.5")],
+    "GATOR_PRUNE_PAUSE": [(-1, "-1"), (61, "61")],
 }
 
 BAD_CASES = [
@@ -83,6 +89,8 @@ ACCESSORS: dict[str, tuple[Callable[[], Any], Any]] = {
     "GATOR_UNKNOWN_JOB_WINDOW": (conf.unknown_job_window, 900.0),
     "GATOR_AUTODISCOVER": (conf.autodiscover_modules, ["jobs", "tasks"]),
     "GATOR_ASYNC_COMMIT": (conf.async_commit, True),
+    "GATOR_POOLED_DATABASES": (conf.pooled_databases, frozenset()),
+    "GATOR_LISTEN_DATABASE": (conf.listen_database, None),
     "GATOR_WORKER_CONN_MAX_AGE": (conf.worker_conn_max_age, 300.0),
     "GATOR_WORKER_NETWORK_TIMEOUT": (conf.worker_network_timeout, 30.0),
     "GATOR_MAX_TRACEBACK_CHARS": (conf.max_traceback_chars, 20_000),
@@ -98,6 +106,10 @@ ACCESSORS: dict[str, tuple[Callable[[], Any], Any]] = {
     "GATOR_PRUNE_SUCCEEDED_AFTER": (conf.prune_succeeded_after, 604_800.0),
     "GATOR_PRUNE_CANCELLED_AFTER": (conf.prune_cancelled_after, 604_800.0),
     "GATOR_PRUNE_DEAD_AFTER": (conf.prune_dead_after, 2_592_000.0),
+    "GATOR_AUTO_PRUNE": (conf.auto_prune, True),
+    "GATOR_PRUNE_INTERVAL": (conf.prune_interval, 300.0),
+    "GATOR_PRUNE_BATCH_SIZE": (conf.prune_batch_size, 1000),
+    "GATOR_PRUNE_PAUSE": (conf.prune_pause, 0.1),
 }
 
 

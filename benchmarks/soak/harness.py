@@ -115,6 +115,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=5499, help="port of the throwaway cluster")
     p.add_argument("--pg-bindir", default="/usr/lib/postgresql/15/bin")
     p.add_argument(
+        "--table-autovacuum",
+        choices=["recommended", "default"],
+        default="recommended",
+        help="throwaway cluster: the jobs table's autovacuum settings (cluster.TABLE_AUTOVACUUM) "
+        "or PostgreSQL's defaults",
+    )
+    p.add_argument(
+        "--prefill",
+        type=int,
+        default=0,
+        metavar="N",
+        help="start with N succeeded jobs in the table (a table with history), then ANALYZE",
+    )
+    p.add_argument(
         "-L",
         "--long-transaction",
         action="store_true",
@@ -287,7 +301,12 @@ class Soak:
             "concurrency": self.args.concurrency,
             "mix": self.mix,
             "long_transaction": self.long_tx,
-            "table_autovacuum": TABLE_AUTOVACUUM if self.cluster else None,
+            "table_autovacuum": (
+                TABLE_AUTOVACUUM
+                if self.cluster and self.args.table_autovacuum == "recommended"
+                else None
+            ),
+            "prefill": self.args.prefill,
             "latency_source": (
                 "worker-side: each claim and success-mark statement timed in the worker "
                 "process by a Django execute wrapper (round trip + server + GIL wait)"
@@ -738,6 +757,24 @@ def print_summary(summary: dict[str, Any]) -> None:
             print(f"  {key}: {summary[key]}")
 
 
+def prefill(cursor: Any, count: int) -> None:
+    """``count`` succeeded jobs, finished over the past six days (inside the default
+    retention), as a table that has run for a while holds them (one INSERT ... SELECT per
+    500,000 rows), then ANALYZE."""
+    step = 500_000
+    for start in range(0, count, step):
+        cursor.execute(
+            "INSERT INTO django_gator_job (name, args, kwargs, queue, priority, "
+            "next_execution_at, state, attempts, rescues, created_at, started_at, finished_at, "
+            "last_error, errors, reserved_by) "
+            "SELECT 'soak.history', '[]', '{}', 'default', 0, t, 'succeeded', 1, 0, t, t, t, "
+            "'', '[]', 'soak-history' FROM (SELECT now() - (i %% 518400) * interval "
+            "'1 second' AS t FROM generate_series(%s, %s) AS i) AS s",
+            [start + 1, min(start + step, count)],
+        )
+    cursor.execute("ANALYZE django_gator_job")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.markdown:
@@ -776,8 +813,12 @@ def main(argv: list[str] | None = None) -> int:
         with connection.cursor() as cursor:
             if cluster is not None:
                 cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-                options = ", ".join(f"{k} = {v}" for k, v in TABLE_AUTOVACUUM.items())
-                cursor.execute(f"ALTER TABLE django_gator_job SET ({options})")
+                if args.table_autovacuum == "recommended":
+                    options = ", ".join(f"{k} = {v}" for k, v in TABLE_AUTOVACUUM.items())
+                    cursor.execute(f"ALTER TABLE django_gator_job SET ({options})")
+            if args.prefill:
+                print(f"soak: prefilling {args.prefill:,} succeeded jobs", flush=True)
+                prefill(cursor, args.prefill)
         soak = Soak(args, url, cluster)
         print(
             f"soak: {soak.rate:g} jobs/s for up to {soak.duration:g} s on {args.cluster} "

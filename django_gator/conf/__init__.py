@@ -301,3 +301,28 @@ def prune_cancelled_after() -> float:
 
 def prune_dead_after() -> float:
     return float(value("GATOR_PRUNE_DEAD_AFTER"))
+
+
+def pooled_databases() -> frozenset[str]:
+    return frozenset(value("GATOR_POOLED_DATABASES"))
+
+
+def listen_database() -> str | None:
+    alias = value("GATOR_LISTEN_DATABASE")
+    return None if alias is None else str(alias)
+
+
+def auto_prune() -> bool:
+    return bool(value("GATOR_AUTO_PRUNE"))
+
+
+def prune_interval() -> float:
+    return float(value("GATOR_PRUNE_INTERVAL"))
+
+
+def prune_batch_size() -> int:
+    return int(value("GATOR_PRUNE_BATCH_SIZE"))
+
+
+def prune_pause() -> float:
+    return float(value("GATOR_PRUNE_PAUSE"))

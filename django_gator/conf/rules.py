@@ -76,14 +76,17 @@ class Text:
     """A non-empty string: ``what`` it names."""
 
     what: str
+    #: None is allowed too, and means this.
+    none: str | None = None
 
     def problem(self, value: Any, *, deep: bool = False) -> str | None:
-        if isinstance(value, str) and value:
+        if (isinstance(value, str) and value) or (value is None and self.none is not None):
             return None
-        return f"must be {self.what} (a non-empty string), got {value!r}"
+        alternative = "None or " if self.none is not None else ""
+        return f"must be {alternative}{self.what} (a non-empty string), got {value!r}"
 
     def allowed(self) -> str:
-        return self.what
+        return self.what if self.none is None else f"`None` ({self.none}) or {self.what}"
 
 
 @dataclass(frozen=True)

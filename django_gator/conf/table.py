@@ -111,6 +111,20 @@ SETTINGS: tuple[Setting, ...] = (
         "PostgreSQL: worker bookkeeping writes use `synchronous_commit = off`",
     ),
     Setting(
+        "GATOR_POOLED_DATABASES",
+        [],
+        Names("key of `DATABASES`"),
+        "aliases reached through a transaction-pooling proxy (PgBouncer "
+        "`pool_mode = transaction`): no session settings, no server-side prepares, no LISTEN; "
+        'see "PgBouncer"',
+    ),
+    Setting(
+        "GATOR_LISTEN_DATABASE",
+        None,
+        Text("a key of `DATABASES`", none="`GATOR_DATABASE`"),
+        "PostgreSQL: the alias of a direct (not pooled) connection the worker LISTENs on",
+    ),
+    Setting(
         "GATOR_WORKER_CONN_MAX_AGE",
         300,
         Number(0, none="unlimited"),
@@ -217,5 +231,30 @@ SETTINGS: tuple[Setting, ...] = (
         30 * DAY,
         Number(0),
         "seconds after `finished_at` that `gator_prune --dead` keeps dead jobs (30 days)",
+    ),
+    Setting(
+        "GATOR_AUTO_PRUNE",
+        True,
+        Flag(),
+        "workers delete succeeded and cancelled jobs past their retention (one worker at a "
+        "time); `False`: only `gator_prune` does",
+    ),
+    Setting(
+        "GATOR_PRUNE_INTERVAL",
+        300.0,
+        Number(0.01),
+        "seconds between two automatic pruning passes (each by one worker of the fleet)",
+    ),
+    Setting(
+        "GATOR_PRUNE_BATCH_SIZE",
+        1000,
+        Number(1, whole=True),
+        "rows an automatic pruning pass deletes per transaction",
+    ),
+    Setting(
+        "GATOR_PRUNE_PAUSE",
+        0.1,
+        Number(0, 60),
+        "seconds an automatic pruning pass waits between two batches",
     ),
 )

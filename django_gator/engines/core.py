@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, transaction
 from django.utils.dateparse import parse_datetime
 
-from django_gator import jsonsql
+from django_gator import conf, jsonsql
 from django_gator.models import Job, Queue, Worker
 from django_gator.states import (
     RUNNING_SQL,
@@ -152,6 +152,13 @@ class EngineCore:
                 raise
             connection._gator_in_transaction = False
             cursor.execute("COMMIT", [])
+
+    @property
+    def pooled(self) -> bool:
+        """This alias goes through a transaction-pooling proxy (``GATOR_POOLED_DATABASES``):
+        consecutive transactions may run on different server sessions, so nothing may
+        rely on session state (SET, LISTEN, prepared statements)."""
+        return self.alias in conf.pooled_databases()
 
     def opened_own_connection(self, raw: Any) -> None:
         """``raw``, a driver connection this engine opened itself, is about to be used: hand

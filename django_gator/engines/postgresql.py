@@ -158,7 +158,9 @@ class PostgresEngine(Engine):
 
     @contextmanager
     def listen(self) -> Iterator[Listener]:
-        """A connection of its own (not Django's), in autocommit, listening on CHANNEL."""
+        """A connection of its own (not Django's), in autocommit, listening on CHANNEL.
+        Behind a transaction pooler, use the engine of a direct alias instead
+        (``GATOR_LISTEN_DATABASE``; worker/pooling.py)."""
         django_connection = self.connection
         params = django_connection.get_connection_params()
         raw = django_connection.get_new_connection(params)
@@ -176,11 +178,18 @@ class PostgresEngine(Engine):
         WAL flush. A PostgreSQL crash (not a clean restart) can undo the last moments of
         such writes; the affected jobs simply run again, and a dispatch, which commits in
         the caller's transaction, is never affected. GATOR_ASYNC_COMMIT = False turns this
-        off."""
+        off. Behind a transaction pooler (``pooled``) a SET would stick to whichever server
+        session ran it, so it is skipped there (docs/deployment.md: set it on the role)."""
         connection = self.connection
         connection.ensure_connection()
         raw = connection.connection
-        if getattr(raw, "_gator_bookkeeping", False) or not conf.async_commit():
+        if getattr(raw, "_gator_bookkeeping", False):
+            return
+        if self.pooled:
+            raw.prepare_threshold = None  # see prepare_worker_session()
+            raw._gator_bookkeeping = True
+            return
+        if not conf.async_commit():
             return
         with connection.cursor() as cursor:
             cursor.execute("SET synchronous_commit TO off", [])
@@ -194,7 +203,15 @@ class PostgresEngine(Engine):
         client_connection_check_interval, so that a statement still running when the
         worker went silent is cancelled too: otherwise PostgreSQL looks at the socket only
         between statements. No idle_in_transaction_session_timeout: it would also end a
-        live worker's transaction left idle by a long job, which keepalives never do."""
+        live worker's transaction left idle by a long job, which keepalives never do.
+
+        Behind a transaction pooler (``pooled``) the server's session belongs to the pooler
+        and is shared: nothing is set there (the client's socket, to the pooler, is still
+        bounded), and psycopg never prepares a statement on the server (the next
+        transaction may run on a session that does not have it)."""
+        if self.pooled:
+            raw.prepare_threshold = None
+            return
         settings = {
             "tcp_keepalives_idle": bounds.keepalive_idle,
             "tcp_keepalives_interval": bounds.keepalive_interval,

@@ -1,5 +1,5 @@
 """django-gator's tables: jobs, workers, queues, cron schedules and their runs,
-workflows and their steps.
+workflows and their steps, leases.
 
 Hot paths (dispatch, claim, outcome writes, rescue) are SQL in :mod:`django_gator.engines`,
 one module per database; the models declare the schema, the indexes the claim query needs,
@@ -14,6 +14,7 @@ from django_gator.models.jobs import (
     exception_class_name,
     record,
 )
+from django_gator.models.leases import Lease, LeaseQuerySet
 from django_gator.models.queues import Queue, QueueQuerySet
 from django_gator.models.schedules import MisfirePolicy, Schedule, ScheduledRun, ScheduleSource
 from django_gator.models.workers import Worker
@@ -27,6 +28,8 @@ __all__ = [
     "Job",
     "JobQuerySet",
     "JobState",
+    "Lease",
+    "LeaseQuerySet",
     "MisfirePolicy",
     "Pruned",
     "Queue",

@@ -10,7 +10,9 @@ The components (each constructed and tested on its own):
   watchdog for timeouts;
 - :class:`~.outcomes.Outcomes`: the only writer of an attempt's outcome;
 - :class:`~.lifeline.Lifeline`: heartbeats, and the rescue of lost workers' jobs;
-- :func:`~.listener.listen` (PostgreSQL) wakes the fetcher on NOTIFY;
+- :func:`~.listener.listen` (PostgreSQL) wakes the fetcher on NOTIFY (behind a pooler, on
+  ``GATOR_LISTEN_DATABASE``: see :mod:`.pooling`);
+- :class:`~.pruner.Pruner` deletes old finished jobs, one worker of the fleet at a time;
 - :func:`~.scheduler.run_scheduler` dispatches due cron occurrences;
 - :class:`~.retrier.Retrier`: database writes that outlast an outage.
 
@@ -47,6 +49,8 @@ from django_gator.worker.lifeline import Lifeline
 from django_gator.worker.limits import Limits
 from django_gator.worker.listener import listen
 from django_gator.worker.outcomes import Outcomes
+from django_gator.worker.pooling import listen_engine
+from django_gator.worker.pruner import Pruner
 from django_gator.worker.queues import QueueSpec
 from django_gator.worker.retrier import Retrier
 from django_gator.worker.scheduler import run_scheduler
@@ -110,7 +114,8 @@ class WorkerProcess:
         self.outcomes = Outcomes(self.engine, self.worker_id, self.retrying)
         self.claimer = Claimer(self.engine, self.worker_id, self.specs, rng)
         self.executors = Executors(self.slots, self.outcomes, self.engine, self._spawn)
-        self.listening = not burst and self.engine.can_listen
+        self.listen_on = None if burst else listen_engine(self.engine, self.poll_interval)
+        self.listening = self.listen_on is not None
         self.fetcher = Fetcher(
             engine=self.engine,
             slots=self.slots,
@@ -125,6 +130,7 @@ class WorkerProcess:
             on_drained=self._drained,
         )
         self.lifeline = Lifeline(self.engine, self.worker_id, self._register)
+        self.pruner = Pruner(self.engine, self.worker_id, rng) if not burst else None
 
     @property
     def processed(self) -> int:
@@ -197,12 +203,16 @@ class WorkerProcess:
     def _start_threads(self) -> None:
         self.executors.start(self.concurrency)
         stopped = self._stop_background
-        if self.listening:
+        if self.listen_on is not None:
             queues = [s.name for s in self.specs]
             self._spawn(
                 "gator-listener",
-                functools.partial(listen, self.engine, self.slots, queues, stopped, self.worker_id),
+                functools.partial(
+                    listen, self.listen_on, self.slots, queues, stopped, self.worker_id
+                ),
             )
+        if self.pruner is not None and conf.auto_prune():
+            self._spawn("gator-pruner", functools.partial(self.pruner.run, stopped.wait))
         self._spawn("gator-heartbeat", functools.partial(self.lifeline.run, stopped.wait))
         self._spawn("gator-fetcher", self.fetcher.run)
         if self.run_scheduler:

@@ -1,0 +1,141 @@
+"""Automatic pruning: the prune lease (one holder at a time, on every database), one pass of
+the pruner, and a live worker keeping a trickle of jobs at a bounded row count."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connections
+from django.utils import timezone
+
+from django_gator.engines import get_engine
+from django_gator.models import Job, Lease
+from django_gator.worker.pruner import Pruner
+from django_gator.worker.supervisor import WorkerProcess
+from tests.conftest import wait_for
+from tests.factories import JobFactory
+from tests.testapp.jobs import Noop
+
+
+def db_now():
+    return get_engine("default").db_now()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_lease_has_one_holder_until_it_expires():
+    now = db_now()
+    assert Lease.objects.take("prune", "a", now=now, seconds=60)
+    assert not Lease.objects.take("prune", "b", now=now, seconds=60)
+    assert Lease.objects.take("prune", "a", now=now + timedelta(seconds=30), seconds=60)
+    # a renewed until now + 90 s: b gets it only after that.
+    assert not Lease.objects.take("prune", "b", now=now + timedelta(seconds=89), seconds=60)
+    assert Lease.objects.take("prune", "b", now=now + timedelta(seconds=91), seconds=60)
+    assert not Lease.objects.take("prune", "a", now=now + timedelta(seconds=92), seconds=60)
+    assert Lease.objects.get(name="prune").holder == "b"
+    # Another duty is another row.
+    assert Lease.objects.take("other", "a", now=now, seconds=60)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_workers_never_both_take_the_lease():
+    now = db_now()
+    barrier = threading.Barrier(6)
+    won: list[str] = []
+
+    def take(holder: str) -> None:
+        try:
+            barrier.wait()
+            if Lease.objects.take("prune", holder, now=now, seconds=60):
+                won.append(holder)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=take, args=(f"w{i}",)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(won) == 1
+    assert Lease.objects.get(name="prune").holder == won[0]
+
+
+def finished(state: str, seconds_ago: float, count: int = 1) -> list[Job]:
+    when = timezone.now() - timedelta(seconds=seconds_ago)
+    trait = {state: True}
+    return JobFactory.create_batch(count, finished_at=when, **trait)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pass_deletes_old_succeeded_and_cancelled_jobs_in_batches_and_nothing_else(settings):
+    settings.GATOR_PRUNE_SUCCEEDED_AFTER = 3600
+    settings.GATOR_PRUNE_CANCELLED_AFTER = 60
+    settings.GATOR_PRUNE_BATCH_SIZE = 3
+    settings.GATOR_PRUNE_PAUSE = 0
+    old = finished("succeeded", 7200, 7) + finished("cancelled", 120, 2)
+    kept = (
+        finished("succeeded", 60, 2)  # within its retention
+        + finished("cancelled", 10)
+        + finished("dead", 10**6)  # dead jobs wait for an operator
+        + JobFactory.create_batch(2)  # waiting
+        + [JobFactory(failed=True), JobFactory(running=True)]
+    )
+    pruner = Pruner(get_engine("default"), "pruner-1")
+    assert pruner.prune_once() == len(old)
+    assert set(Job.objects.values_list("id", flat=True)) == {job.id for job in kept}
+    assert pruner.prune_once() == 0
+    # Another worker gets no pass while the lease is held.
+    assert Pruner(get_engine("default"), "pruner-2").prune_once() is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_auto_prune_off_prunes_nothing(settings):
+    settings.GATOR_AUTO_PRUNE = False
+    settings.GATOR_PRUNE_SUCCEEDED_AFTER = 0
+    finished("succeeded", 3600, 3)
+    assert Pruner(get_engine("default"), "pruner-1").prune_once() is None
+    assert Job.objects.count() == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_keeps_a_steady_trickle_of_jobs_at_a_bounded_row_count(settings):
+    settings.GATOR_PRUNE_SUCCEEDED_AFTER = 0.5
+    settings.GATOR_PRUNE_INTERVAL = 0.2
+    settings.GATOR_PRUNE_PAUSE = 0
+    worker = WorkerProcess(concurrency=2, install_signal_handlers=False)
+
+    def run() -> None:
+        try:
+            worker.run()
+        finally:
+            connections.close_all()  # this thread's own (registering the worker)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        dispatched = 0
+        counts = []
+        # 300 jobs, five every 20 ms or so: about 6 s on a quiet machine (a busy one takes
+        # longer, and the bound below is relative to what was dispatched).
+        deadline = time.monotonic() + 120
+        while dispatched < 300 and time.monotonic() < deadline:
+            for _ in range(5):
+                Noop.dispatch()
+                dispatched += 1
+            time.sleep(0.02)
+            counts.append(Job.objects.count())
+        assert dispatched == 300
+        # Rows live about retention + a pass interval: never near all of them at once.
+        assert max(counts[len(counts) // 2 :]) < dispatched * 0.5, (max(counts), dispatched)
+        # Once the trickle stops, everything finished is pruned.
+        wait_for(lambda: Job.objects.count() == 0, timeout=30)
+        pruner = worker.pruner
+        assert pruner is not None
+        # All by the pruner (its count is added up at the end of its pass).
+        wait_for(lambda: pruner.deleted == dispatched, timeout=10)
+    finally:
+        worker.request_stop()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
