@@ -59,6 +59,38 @@ class Chain:
         # (which imports this module) must not. Not an import cycle.
         from django_gator.dispatch import enqueue
 
+        chain = self._chain(args, kwargs, queue, priority)
+        options: dict[str, Any] = {"wait": wait, "at": at, "queue": queue, "priority": priority}
+        return enqueue(
+            self.steps[0], [(args, kwargs)], on_commit=on_commit, chain=chain, **options
+        )[0]
+
+    async def adispatch(
+        self,
+        *args: Any,
+        wait: timedelta | float | None = None,
+        at: datetime | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        on_commit: bool | str | None = None,
+        **kwargs: Any,
+    ) -> Job:
+        """:meth:`dispatch` for async code, validated before its INSERT goes to a thread
+        (see :func:`django_gator.dispatch.aenqueue`)."""
+        from django_gator.dispatch import aenqueue  # not at the top: see dispatch()
+
+        chain = self._chain(args, kwargs, queue, priority)
+        options: dict[str, Any] = {"wait": wait, "at": at, "queue": queue, "priority": priority}
+        jobs = await aenqueue(
+            self.steps[0], [(args, kwargs)], on_commit=on_commit, chain=chain, **options
+        )
+        return jobs[0]
+
+    def _chain(
+        self, args: Any, kwargs: Any, queue: str | None, priority: int | None
+    ) -> tuple[str, int, str]:
+        """Check the later steps' arguments and the options; the new chain's (id, first
+        position, spec JSON)."""
         for step in self.steps[1:]:
             step.check_arguments(args, kwargs)  # fail now, not halfway through the chain
         if queue is not None:
@@ -71,16 +103,7 @@ class Chain:
             "priority": priority,
             "on_error": self.on_error.name if self.on_error else None,
         }
-        return enqueue(
-            self.steps[0],
-            [(args, kwargs)],
-            wait=wait,
-            at=at,
-            queue=queue,
-            priority=priority,
-            on_commit=on_commit,
-            chain=(uuid.uuid4().hex, 0, validation.dumps(spec)),
-        )[0]
+        return (uuid.uuid4().hex, 0, validation.dumps(spec))
 
 
 def next_step(job: ClaimedJob) -> InsertRow | None:

@@ -152,6 +152,10 @@ def concurrency() -> int:
     return int(value("GATOR_CONCURRENCY"))
 
 
+def async_concurrency() -> int:
+    return int(value("GATOR_ASYNC_CONCURRENCY"))
+
+
 def poll_interval() -> float:
     return float(value("GATOR_POLL_INTERVAL"))
 

@@ -52,6 +52,12 @@ SETTINGS: tuple[Setting, ...] = (
         "executor threads per worker process",
     ),
     Setting(
+        "GATOR_ASYNC_CONCURRENCY",
+        100,
+        Number(1, whole=True),
+        "`async def` jobs run at once on each worker process's event loop",
+    ),
+    Setting(
         "GATOR_POLL_INTERVAL",
         1.0,
         # 0 would make an idle worker poll without pause (a busy loop).

@@ -39,6 +39,7 @@ from django.db import DatabaseError, connections
 from django_gator import conf, schema
 from django_gator.engines import ClaimedJob, get_engine
 from django_gator.exceptions import JobTimeout, SchemaMissing
+from django_gator.worker import aio
 from django_gator.worker import connections as worker_connections
 from django_gator.worker.claims import Claimer
 from django_gator.worker.executor import Executors
@@ -69,11 +70,15 @@ class WorkerProcess:
         install_signal_handlers: bool = True,
         rng: random.Random | None = None,
         scheduler: bool | None = None,
+        async_concurrency: int | None = None,
     ) -> None:
         self.specs = list(queues)
         self.concurrency = concurrency or conf.concurrency()
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
+        self.async_concurrency = async_concurrency or conf.async_concurrency()
+        if self.async_concurrency < 1:
+            raise ValueError(f"async concurrency must be at least 1, got {self.async_concurrency}")
         self.burst = burst
         self.shutdown_timeout = (
             conf.shutdown_timeout() if shutdown_timeout is None else shutdown_timeout
@@ -97,9 +102,14 @@ class WorkerProcess:
         self._threads: list[threading.Thread] = []
         self.forced_exit = False
 
-        self.slots = Slots(self.concurrency)
+        # The event loop of async jobs (see .aio), if any job class is async.
+        loop = aio.any_async_jobs()
+        self.slots = Slots(
+            self.concurrency, self.async_concurrency, aio.runs_async if loop else None
+        )
         self.retrying = Retrier(self.alias, self.worker_id, self._giving_up)
         self.outcomes = Outcomes(self.engine, self.worker_id, self.retrying)
+        self.aio = aio.AsyncRunner(self.slots, self.outcomes, self._spawn) if loop else None
         self.claimer = Claimer(self.engine, self.worker_id, self.specs, rng)
         self.executors = Executors(self.slots, self.outcomes, self.engine, self._spawn)
         self.listening = not burst and self.engine.can_listen
@@ -115,6 +125,7 @@ class WorkerProcess:
             burst=burst,
             listening=self.listening,
             on_drained=self._drained,
+            start_async=self.aio.submit if self.aio else lambda jobs: None,
         )
         self.lifeline = Lifeline(self.engine, self.worker_id, self._register)
 
@@ -187,6 +198,8 @@ class WorkerProcess:
 
     def _start_threads(self) -> None:
         self.executors.start(self.concurrency)
+        if self.aio is not None:
+            self.aio.start()
         stopped = self._stop_background
         if self.listening:
             queues = [s.name for s in self.specs]
@@ -276,6 +289,8 @@ class WorkerProcess:
                 self.shutdown_timeout,
             )
         interrupted = self._wait_for_running(time.monotonic() + self.shutdown_timeout)
+        if self.aio is not None:
+            self.aio.close(cancel=bool(interrupted))  # interrupted async jobs are given back
         self._stop_background.set()
         for thread in self._threads:
             if thread.name in ("gator-fetcher", "gator-heartbeat"):
@@ -305,14 +320,16 @@ class WorkerProcess:
         forced stop; the jobs still running then."""
         slots = self.slots
         with slots.lock:
-            while slots.running and not slots.forced:
+            while (slots.running or slots.async_slots.running) and not slots.forced:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 slots.fetch_needed.wait(min(remaining, 0.1))
                 if self._signals > 1:  # a second signal: stop waiting for the jobs
                     slots.forced = True
-            return [entry.job for entry in slots.running.values()]
+            return [entry.job for entry in slots.running.values()] + list(
+                slots.async_slots.running.values()
+            )
 
     def _queues_text(self) -> str:
         if not self.specs:
