@@ -896,3 +896,15 @@ class SyncLayered(Queueable):
 @job(queue="aio")
 async def async_add(a: int, b: int) -> int:
     return a + b
+
+
+class ThreadSleep(Queueable):
+    """The sync twin of AsyncSleep (benchmarks/io_bound.py): waits, holding its thread."""
+
+    queue = "aio"
+
+    def handle(self, seconds: float = 0.2) -> str:
+        import threading
+
+        time.sleep(seconds)
+        return threading.current_thread().name
