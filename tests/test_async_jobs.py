@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ from django_gator import Queueable, job, signals
 from django_gator.models import Job, JobState
 from django_gator.queueable import unregister
 from django_gator.testing import run_jobs
-from tests.conftest import ROOT, run_worker, wait_for, worker_env
+from tests.conftest import ROOT, run_worker, wait_for, worker_env, worker_output
 from tests.testapp import tasks
 from tests.testapp.jobs import (
     AsyncLayered,
@@ -148,11 +149,30 @@ def test_an_async_job_sees_its_cancellation(spawn_worker):
     assert proc.wait(30) == 0
 
 
+def test_sigterm_lets_async_jobs_finish_and_a_forced_stop_gives_them_back(spawn_worker):
+    quick = AsyncSleep.dispatch_many([[1.0]] * 5)
+    slow = AsyncSleep.dispatch_many([[60.0]] * 5)
+    proc = spawn_worker("-q", "aio", "--concurrency", "1", "--shutdown-timeout", "3")
+    ids = [r.pk for r in quick + slow]
+    wait_for(lambda: Job.objects.filter(pk__in=ids, state=JobState.RUNNING).count() == 10)
+
+    proc.send_signal(signal.SIGTERM)
+
+    assert proc.wait(30) == 0, worker_output(proc)
+    # The quick ones finished within the shutdown timeout; the slow ones were cancelled
+    # and given back, their attempt not charged.
+    done = Job.objects.filter(pk__in=[r.pk for r in quick])
+    assert {j.state for j in done} == {JobState.SUCCEEDED}
+    back = Job.objects.filter(pk__in=[r.pk for r in slow])
+    assert {(j.state, j.attempts) for j in back} == {(JobState.WAITING, 0)}
+
+
 def test_a_transaction_left_open_on_the_orm_thread_is_rolled_back_and_fails_the_job():
-    # Alone: the check runs when a job ends, and blames the job that ends next.
+    # Together on the loop: the job whose call left the transaction is blamed, and the
+    # stray transaction is gone before the other job's calls use the connection.
     row = AsyncLeavesTransaction.dispatch()
-    run_worker(concurrency=1)
-    after = AsyncRecord.dispatch("after")
+    after = AsyncRecord.dispatch("after", 0.1)
+
     run_worker(concurrency=1)
 
     row.refresh_from_db()

@@ -8,11 +8,12 @@ holds no thread. Up to ``--async-concurrency`` run at once.
 What is not the handler's own code runs off the loop, in threads:
 
 - sync code the job calls through ``sync_to_async`` (the async ORM does): Django's rule
-  for thread-sensitive code sends it to one thread, the *ORM thread*, shared by every job
-  on the loop (the loop's tasks share one asgiref ``ThreadSensitiveContext``). Its
-  connections are watched as an executor's are (:mod:`.hygiene`): after a job that used
-  them, a transaction left open is rolled back and the job fails with
-  ``TransactionLeftOpen``; they are closed when the loop stops;
+  for thread-sensitive code sends it to one thread, the *ORM thread*
+  (:class:`OrmThread`), shared by every job on the loop (the loop's tasks share one
+  asgiref ``ThreadSensitiveContext`` whose executor it is). Each call is watched as an
+  executor's job is (:mod:`.hygiene`): a transaction it leaves open is rolled back at
+  once and the job that made the call fails with ``TransactionLeftOpen``; the thread's
+  connections are closed when the loop stops;
 - the job_started and job_finished signals, ``on_error()`` and ``retry_decision()``, and
   sync middleware (see :func:`acall_handle`), also on the ORM thread;
 - the outcome writes, by :class:`~.outcomes.Outcomes` as for a thread's job, on a few
@@ -27,14 +28,22 @@ them back, as it does for jobs still in its threads.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import inspect
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any
 
-from asgiref.sync import ThreadSensitiveContext, async_to_sync, iscoroutinefunction, sync_to_async
+from asgiref.sync import (
+    SyncToAsync,
+    ThreadSensitiveContext,
+    async_to_sync,
+    iscoroutinefunction,
+    sync_to_async,
+)
 from django.db import close_old_connections, connections
 
 from django_gator import conf, signals
@@ -105,42 +114,71 @@ async def acall_handle(instance: Queueable) -> Any:
     return await call(0)
 
 
-class OrmThread:
-    """The watch on the connections of the thread where the loop's jobs' sync code runs
-    (every call must come from inside the loop's ThreadSensitiveContext)."""
+#: The job whose task is calling (set in each job's task; read where its sync calls go).
+_current_job: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "gator_current_job", default=None
+)
+
+
+class OrmThread(Executor):
+    """The thread where the loop's jobs' sync code runs (Django's thread-sensitive rule;
+    the loop's ThreadSensitiveContext uses this executor). Every call is watched as an
+    executor thread's job is (:mod:`.hygiene`): a transaction it leaves open is rolled back
+    at once, before another job's call could join it, and the job that made the call is
+    told when it ends (:meth:`problems`)."""
 
     def __init__(self) -> None:
-        self.watch: ConnectionWatch | None = None
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gator-aio-orm")
+        self.left: dict[int, list[str]] = {}  # by job id: what its calls left open
 
-    async def start(self) -> None:
-        await sync_to_async(self._rewatch)()
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        # Called on the loop, in the calling job's task: the job is known here.
+        return self.pool.submit(self._call, _current_job.get(), fn, args, kwargs)
 
-    def _rewatch(self) -> None:
-        if self.watch is not None:
-            self.watch.__exit__(None, None, None)
-        self.watch = ConnectionWatch().__enter__()
+    def _call(self, job_id: int | None, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        watch = ConnectionWatch()
+        try:
+            with watch:
+                return fn(*args, **kwargs)
+        finally:
+            left = watch.clean()
+            if left:
+                logger.warning(
+                    "Async job left %s; rolled back and reconnected id=%s",
+                    " and ".join(left),
+                    job_id,
+                )
+                if job_id is not None:
+                    self.left.setdefault(job_id, []).extend(left)
+            elif watch.used():
+                close_old_connections()  # as around an executor's job
 
-    async def clean(self) -> list[str]:
-        """After a job: restore the thread's connections if they were used since the last
-        look (read here without a thread hop); a description of each stray transaction."""
-        if self.watch is None or not self.watch.used():
-            return []
-        return await sync_to_async(self._clean)()
+    def problems(self, job_id: int) -> list[str]:
+        """What the calls of job ``job_id`` left open (on the loop, once the job ended)."""
+        return self.left.pop(job_id, [])
 
-    def _clean(self) -> list[str]:
-        assert self.watch is not None
-        problems = self.watch.clean()
-        self._rewatch()
-        close_old_connections()
-        return problems
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self.pool.shutdown(wait=wait, cancel_futures=cancel_futures)
 
-    async def close(self) -> None:
-        def close() -> None:
-            if self.watch is not None:
-                self.watch.__exit__(None, None, None)
-            connections.close_all()
+    def context(self) -> ThreadSensitiveContext:
+        """The asgiref context that sends thread-sensitive calls here (enter it first)."""
+        if "executor" in inspect.signature(ThreadSensitiveContext).parameters:
+            return ThreadSensitiveContext(executor=self)
+        return _ContextWithExecutor(self)  # asgiref < 3.13
 
-        await sync_to_async(close)()
+
+class _ContextWithExecutor(ThreadSensitiveContext):
+    """ThreadSensitiveContext(executor=...) for asgiref before 3.13, which pick a context's
+    executor from the same map."""
+
+    def __init__(self, executor: Executor) -> None:
+        super().__init__()
+        self._gator_executor = executor
+
+    async def __aenter__(self) -> ThreadSensitiveContext:
+        entered = await super().__aenter__()
+        SyncToAsync.context_to_thread_executor[self] = self._gator_executor
+        return entered
 
 
 async def arun_claimed(job: ClaimedJob, worker_id: str, orm: OrmThread) -> Outcome:
@@ -150,6 +188,7 @@ async def arun_claimed(job: ClaimedJob, worker_id: str, orm: OrmThread) -> Outco
     started = time.perf_counter()
     raised: BaseException | None = None
     outcome: Outcome | None = None
+    _current_job.set(job.id)  # this task's context: its sync calls carry it
     try:
         instance = instance_for(job)
         job_class = type(instance)
@@ -168,19 +207,13 @@ async def arun_claimed(job: ClaimedJob, worker_id: str, orm: OrmThread) -> Outco
         raised = exc  # the job's own (a subtask's cancellation it let through)
     except BaseException as exc:
         raised = exc
-    leftovers = await orm.clean()
-    if leftovers:
-        logger.warning(
-            "Async job left %s; rolled back and reconnected id=%s attempt=%s",
-            " and ".join(leftovers),
-            job.id,
-            job.attempts,
+    leftovers = orm.problems(job.id)
+    if leftovers and raised is None:
+        raised = TransactionLeftOpen(
+            f"a sync call of the job left {' and '.join(leftovers)}; its uncommitted writes "
+            "were rolled back. End every transaction inside the function given to "
+            "sync_to_async (transaction.atomic() does)."
         )
-        if raised is None:
-            raised = TransactionLeftOpen(
-                f"an async job left {' and '.join(leftovers)} on the thread its ORM calls "
-                "share with the other async jobs; the uncommitted writes were rolled back"
-            )
     if raised is not None:
         outcome = await sync_to_async(raised_outcome)(job, worker_id, raised, instance)
     assert outcome is not None
@@ -270,15 +303,15 @@ class AsyncRunner:
             self.loop.close()
 
     async def _main(self) -> None:
-        async with ThreadSensitiveContext():  # one ORM thread for every job of the loop
-            await self.orm.start()
+        async with self.orm.context():  # one ORM thread for every job of the loop
             self.ready.set()
             while (jobs := await self.intake.get()) is not None:
                 for job in jobs:
                     self._start(job)
             if self.tasks:
                 await asyncio.gather(*self.tasks, return_exceptions=True)
-            await self.orm.close()
+            await sync_to_async(connections.close_all)()  # the ORM thread's
+        self.orm.shutdown()
 
     def _cancel_all(self) -> None:
         for task in self.tasks:
