@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import inspect
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from typing import Any
 
 from asgiref.sync import (
@@ -44,7 +46,7 @@ from asgiref.sync import (
     iscoroutinefunction,
     sync_to_async,
 )
-from django.db import close_old_connections, connections
+from django.db import close_old_connections
 
 from django_gator import conf, signals
 from django_gator.engines import ClaimedJob
@@ -70,6 +72,9 @@ from django_gator.worker.outcomes import Outcomes
 from django_gator.worker.slots import Finished, Slots
 
 logger = logging.getLogger("django_gator.worker")
+
+#: Starts a named thread running a function (the supervisor's, which watches it).
+Spawn = Callable[[str, Callable[[], None]], threading.Thread]
 
 #: Threads that write the outcomes of the loop's jobs.
 WRITERS = 4
@@ -114,6 +119,46 @@ async def acall_handle(instance: Queueable) -> Any:
     return await call(0)
 
 
+class Threads(Executor):
+    """A few threads that the worker spawns (so each closes its database connections when
+    it ends, as every worker thread does), running what is submitted, in order."""
+
+    def __init__(self, spawn: Spawn, name: str, count: int) -> None:
+        self.spawn = spawn
+        self.name = name
+        self.count = count
+        self.queue: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self.threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for number in range(1, self.count + 1):
+            self.threads.append(self.spawn(f"{self.name}-{number}", self._work))
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        self.queue.put((future, functools.partial(fn, *args, **kwargs)))
+        return future
+
+    def _work(self) -> None:
+        while (item := self.queue.get()) is not None:
+            future, call = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(call())
+            except BaseException as exc:
+                future.set_exception(exc)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        for _ in self.threads:
+            self.queue.put(None)
+        if wait:
+            for thread in self.threads:
+                thread.join(CLOSE_TIMEOUT)
+
+
 #: The job whose task is calling (set in each job's task; read where its sync calls go).
 _current_job: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "gator_current_job", default=None
@@ -127,8 +172,8 @@ class OrmThread(Executor):
     at once, before another job's call could join it, and the job that made the call is
     told when it ends (:meth:`problems`)."""
 
-    def __init__(self) -> None:
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gator-aio-orm")
+    def __init__(self, spawn: Spawn) -> None:
+        self.pool = Threads(spawn, "gator-aio-orm", 1)
         self.left: dict[int, list[str]] = {}  # by job id: what its calls left open
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
@@ -245,7 +290,7 @@ class AsyncRunner:
         self,
         slots: Slots,
         outcomes: Outcomes,
-        spawn: Callable[[str, Callable[[], None]], threading.Thread],
+        spawn: Spawn,
     ) -> None:
         self.slots = slots
         self.outcomes = outcomes
@@ -253,18 +298,15 @@ class AsyncRunner:
         self.loop = asyncio.new_event_loop()
         self.intake: asyncio.Queue[list[ClaimedJob] | None] = asyncio.Queue()
         self.tasks: set[asyncio.Task[None]] = set()
-        self.orm = OrmThread()
-        self.writer_threads: list[threading.Thread] = []
-        self.writers = ThreadPoolExecutor(
-            max_workers=WRITERS,
-            thread_name_prefix="gator-aio-writer",
-            initializer=lambda: self.writer_threads.append(threading.current_thread()),
-        )
+        self.orm = OrmThread(spawn)
+        self.writers = Threads(spawn, "gator-aio-writer", WRITERS)
         self.thread: threading.Thread | None = None
         self.ready = threading.Event()
 
     # -- from the worker's threads ---------------------------------------------------------
     def start(self) -> None:
+        self.orm.pool.start()
+        self.writers.start()
         self.thread = self.spawn("gator-aio", self._thread)
         self.ready.wait(CLOSE_TIMEOUT)
 
@@ -282,16 +324,6 @@ class AsyncRunner:
             self.loop.call_soon_threadsafe(self._cancel_all)
         self.loop.call_soon_threadsafe(self.intake.put_nowait, None)
         self.thread.join(CLOSE_TIMEOUT)
-        count = len(self.writer_threads)
-        if count:
-            barrier = threading.Barrier(count)
-
-            def close() -> None:
-                barrier.wait(CLOSE_TIMEOUT)
-                connections.close_all()
-
-            for _ in range(count):
-                self.writers.submit(close)
         self.writers.shutdown(wait=True)
 
     # -- the loop thread -------------------------------------------------------------------
@@ -310,8 +342,7 @@ class AsyncRunner:
                     self._start(job)
             if self.tasks:
                 await asyncio.gather(*self.tasks, return_exceptions=True)
-            await sync_to_async(connections.close_all)()  # the ORM thread's
-        self.orm.shutdown()
+        self.orm.shutdown()  # its thread closes its connections as it ends
 
     def _cancel_all(self) -> None:
         for task in self.tasks:
