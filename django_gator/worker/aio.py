@@ -295,7 +295,8 @@ class AsyncRunner:
         self.slots = slots
         self.outcomes = outcomes
         self.spawn = spawn
-        self.loop = asyncio.new_event_loop()
+        # Made by start(): a worker that never starts leaves no loop to close.
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.intake: asyncio.Queue[list[ClaimedJob] | None] = asyncio.Queue()
         self.tasks: set[asyncio.Task[None]] = set()
         self.orm = OrmThread(spawn)
@@ -305,6 +306,7 @@ class AsyncRunner:
 
     # -- from the worker's threads ---------------------------------------------------------
     def start(self) -> None:
+        self.loop = asyncio.new_event_loop()
         self.orm.pool.start()
         self.writers.start()
         self.thread = self.spawn("gator-aio", self._thread)
@@ -312,13 +314,13 @@ class AsyncRunner:
 
     def submit(self, jobs: Sequence[ClaimedJob]) -> None:
         """Start these jobs on the loop (any thread)."""
-        if jobs:
+        if jobs and self.loop is not None:
             self.loop.call_soon_threadsafe(self.intake.put_nowait, list(jobs))
 
     def close(self, *, cancel: bool = False) -> None:
         """Stop the loop once its jobs are done (``cancel``: cancel them first), close the
         connections of its threads, and wait for them."""
-        if self.thread is None:
+        if self.thread is None or self.loop is None:
             return
         if cancel:
             self.loop.call_soon_threadsafe(self._cancel_all)
@@ -328,11 +330,13 @@ class AsyncRunner:
 
     # -- the loop thread -------------------------------------------------------------------
     def _thread(self) -> None:
-        asyncio.set_event_loop(self.loop)
+        loop = self.loop
+        assert loop is not None
+        asyncio.set_event_loop(loop)
         try:
-            self.loop.run_until_complete(self._main())
+            loop.run_until_complete(self._main())
         finally:
-            self.loop.close()
+            loop.close()
 
     async def _main(self) -> None:
         async with self.orm.context():  # one ORM thread for every job of the loop
@@ -385,4 +389,4 @@ class AsyncRunner:
             close_old_connections()
             return write(*args, **kwargs)
 
-        return await self.loop.run_in_executor(self.writers, lambda: run())
+        return await asyncio.get_running_loop().run_in_executor(self.writers, run)
