@@ -66,3 +66,23 @@ class Chain:
         first = workflow.steps[0].job
         assert first is not None
         return first
+
+    async def adispatch(
+        self,
+        *args: Any,
+        wait: timedelta | float | None = None,
+        at: datetime | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        on_commit: bool | str | None = None,
+        **kwargs: Any,
+    ) -> Job:
+        """:meth:`dispatch` for async code, validated before its INSERT goes to a thread
+        (see :meth:`Workflow.adispatch`)."""
+        workflow = self.workflow(*args, **kwargs)
+        await workflow.adispatch(
+            wait=wait, at=at, queue=queue, priority=priority, on_commit=on_commit
+        )
+        first = workflow.steps[0].job
+        assert first is not None
+        return first

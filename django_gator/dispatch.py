@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.models.base import ModelState
 
@@ -46,6 +47,42 @@ def enqueue(
     INSERT itself waits for that alias's transaction to commit and is dropped on rollback;
     use it when the jobs table lives in another database than the caller's transaction.
     """
+    rows, payloads = _rows(job_class, items, wait, at, queue, priority, chain, many)
+    return _store(job_class, rows, payloads, on_commit)
+
+
+async def aenqueue(
+    job_class: type[Queueable],
+    items: Sequence[tuple[Sequence[Any], Mapping[str, Any]]],
+    *,
+    wait: timedelta | float | None = None,
+    at: datetime | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    on_commit: bool | str | None = None,
+    chain: tuple[str, int, str] | None = None,
+    many: bool = False,
+) -> list[Job]:
+    """:func:`enqueue` from async code. The arguments are validated here, on the event
+    loop, so a bad dispatch raises before any thread is used; the INSERT then runs through
+    ``sync_to_async(thread_sensitive=True)``: in the thread of the caller's transaction
+    (Django's rule for sync code called from async code), so it joins that transaction
+    and ``on_commit`` waits for its commit as in sync code."""
+    rows, payloads = _rows(job_class, items, wait, at, queue, priority, chain, many)
+    return await sync_to_async(_store, thread_sensitive=True)(job_class, rows, payloads, on_commit)
+
+
+def _rows(
+    job_class: type[Queueable],
+    items: Sequence[tuple[Sequence[Any], Mapping[str, Any]]],
+    wait: timedelta | float | None,
+    at: datetime | None,
+    queue: str | None,
+    priority: int | None,
+    chain: tuple[str, int, str] | None,
+    many: bool,
+) -> tuple[list[InsertRow], list[tuple[list[Any], dict[str, Any]]]]:
+    """Validate a dispatch and build its rows (no database access)."""
     if not is_registered(job_class):
         raise TypeError(
             f"{job_class.__qualname__} is not a registered job (an abstract base?); "
@@ -87,6 +124,16 @@ def enqueue(
             )
         )
         payloads.append((list(args), dict(kwargs)))
+    return rows, payloads
+
+
+def _store(
+    job_class: type[Queueable],
+    rows: list[InsertRow],
+    payloads: list[tuple[list[Any], dict[str, Any]]],
+    on_commit: bool | str | None,
+) -> list[Job]:
+    """Insert validated rows now, or once the caller's transaction commits."""
     if not rows:
         return []
     if on_commit is None:

@@ -82,6 +82,7 @@ class Queueable:
     _gator_signature: ClassVar[inspect.Signature]
     _gator_accepts_anything: ClassVar[bool]
     _gator_unique: ClassVar[bool]
+    _gator_async: ClassVar[bool] = False
     _gator_check_dispatch_options: ClassVar[bool] = True
 
     def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
@@ -111,6 +112,15 @@ class Queueable:
                 f"(job, call_next), got {cls.middleware!r}"
             )
         cls.middleware = tuple(cls.middleware)
+        cls._gator_async = cls._handler_is_async()
+        if cls._gator_async and cls.atomic:
+            raise TypeError(
+                f"{cls.__qualname__} is an async job (its handler is `async def`) and sets "
+                "atomic = True, which cannot be honoured: its ORM calls run in a thread that "
+                "every async job of the worker shares, outside any transaction of the "
+                "worker's; write the transaction inside the job (sync_to_async around a "
+                "function that uses transaction.atomic()), or make handle() a plain def"
+            )
         cls._gator_unique = cls.unique or cls.unique_key is not Queueable.unique_key
         signature = cls._handler_signature()
         clash = DISPATCH_OPTIONS & {
@@ -131,6 +141,11 @@ class Queueable:
             inspect.Parameter.VAR_KEYWORD,
         ] or kinds == [inspect.Parameter.VAR_POSITIONAL]
         register(cls)
+
+    @classmethod
+    def _handler_is_async(cls) -> bool:
+        """Whether the handler is ``async def`` (the worker then runs it on its loop)."""
+        return inspect.iscoroutinefunction(cls.handle)
 
     @classmethod
     def _handler_signature(cls) -> inspect.Signature:
@@ -206,6 +221,17 @@ class Queueable:
         )
         return self._cancel_seen
 
+    async def acancel_requested(self) -> bool:
+        """:meth:`cancel_requested` for an ``async def`` handler (its database read runs
+        in a thread, as the async ORM's do)."""
+        if self._cancel_seen or self.job_id is None:
+            return self._cancel_seen
+        if time.monotonic() - self._cancel_checked_at < type(self).cancel_check_interval:
+            return False
+        from asgiref.sync import sync_to_async  # with the ORM call below: see cancel_requested
+
+        return await sync_to_async(self.cancel_requested)()
+
     def retry_decision(self, exc: BaseException, retry_count: int) -> Interval | bool | None:
         """Decide what happens after ``handle()`` raised ``exc``.
 
@@ -271,20 +297,9 @@ class Queueable:
         """
         from django_gator.dispatch import enqueue  # not at the top: see dispatch() above
 
-        items: list[tuple[Sequence[Any], Mapping[str, Any]]] = []
-        for index, item in enumerate(arguments):
-            if isinstance(item, Mapping):
-                items.append(((), item))
-            elif isinstance(item, list | tuple):
-                items.append((item, {}))
-            else:
-                raise TypeError(
-                    f"dispatch_many() item {index} is {article(type(item).__name__)}; "
-                    "pass a list of positional arguments or a dict of keyword arguments"
-                )
         return enqueue(
             cls,
-            items,
+            _items(arguments),
             wait=wait,
             at=at,
             queue=queue,
@@ -292,6 +307,60 @@ class Queueable:
             on_commit=on_commit,
             many=True,
         )
+
+    @classmethod
+    async def adispatch(
+        cls,
+        *args: Any,
+        wait: timedelta | float | None = None,
+        at: datetime | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        on_commit: bool | str | None = None,
+        **kwargs: Any,
+    ) -> Job:
+        """:meth:`dispatch` for async code (``await MyJob.adispatch(...)`` in an async
+        view): validated on the event loop, inserted in the thread of the caller's
+        transaction (see :func:`django_gator.dispatch.aenqueue`)."""
+        from django_gator.dispatch import aenqueue  # not at the top: see dispatch() above
+
+        options: dict[str, Any] = {"wait": wait, "at": at, "queue": queue, "priority": priority}
+        return (await aenqueue(cls, [(args, kwargs)], on_commit=on_commit, **options))[0]
+
+    @classmethod
+    async def adispatch_many(
+        cls,
+        arguments: Iterable[Sequence[Any] | Mapping[str, Any]],
+        *,
+        wait: timedelta | float | None = None,
+        at: datetime | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        on_commit: bool | str | None = None,
+    ) -> list[Job]:
+        """:meth:`dispatch_many` for async code."""
+        from django_gator.dispatch import aenqueue  # not at the top: see dispatch() above
+
+        options: dict[str, Any] = {"wait": wait, "at": at, "queue": queue, "priority": priority}
+        return await aenqueue(cls, _items(arguments), on_commit=on_commit, many=True, **options)
+
+
+def _items(
+    arguments: Iterable[Sequence[Any] | Mapping[str, Any]],
+) -> list[tuple[Sequence[Any], Mapping[str, Any]]]:
+    """dispatch_many()'s items as (args, kwargs) pairs."""
+    items: list[tuple[Sequence[Any], Mapping[str, Any]]] = []
+    for index, item in enumerate(arguments):
+        if isinstance(item, Mapping):
+            items.append(((), item))
+        elif isinstance(item, list | tuple):
+            items.append((item, {}))
+        else:
+            raise TypeError(
+                f"dispatch_many() item {index} is {article(type(item).__name__)}; "
+                "pass a list of positional arguments or a dict of keyword arguments"
+            )
+    return items
 
 
 class FunctionJob(Queueable, abstract=True):
@@ -302,6 +371,10 @@ class FunctionJob(Queueable, abstract=True):
     @classmethod
     def _handler_signature(cls) -> inspect.Signature:
         return inspect.signature(cls.func)
+
+    @classmethod
+    def _handler_is_async(cls) -> bool:
+        return inspect.iscoroutinefunction(cls.func)
 
     def handle(self, *args: Any, **kwargs: Any) -> Any:
         return type(self).func(*args, **kwargs)
@@ -324,6 +397,12 @@ class JobFunction:
 
     def dispatch_many(self, arguments: Iterable[Any], **options: Any) -> list[Job]:
         return self.job_class.dispatch_many(arguments, **options)
+
+    async def adispatch(self, *args: Any, **kwargs: Any) -> Job:
+        return await self.job_class.adispatch(*args, **kwargs)
+
+    async def adispatch_many(self, arguments: Iterable[Any], **options: Any) -> list[Job]:
+        return await self.job_class.adispatch_many(arguments, **options)
 
     def __repr__(self) -> str:
         return f"<job {self.name}>"

@@ -167,10 +167,35 @@ class Workflow:
         commits with ``on_commit`` as for ``dispatch``); returns its WorkflowRun row.
         ``wait``/``at`` delay the steps that wait for nothing; ``queue``/``priority``
         override every step's."""
-        # Here, not at the top: it imports the models, and `import django_gator` (which
-        # imports this module) must not. Not an import cycle.
-        from django_gator.workflow_dispatch import dispatch_workflow
+        specs, run_at = self._specs(wait, at, queue, priority)
+        return self._insert(specs, run_at, on_commit)
 
+    async def adispatch(
+        self,
+        *,
+        wait: timedelta | float | None = None,
+        at: datetime | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        on_commit: bool | str | None = None,
+    ) -> WorkflowRun:
+        """:meth:`dispatch` for async code: the graph and the arguments are checked here,
+        on the event loop, so a bad workflow raises before any thread is used; the INSERTs
+        then run through ``sync_to_async(thread_sensitive=True)``, in the thread of the
+        caller's transaction (as :func:`django_gator.dispatch.aenqueue` does)."""
+        from asgiref.sync import sync_to_async
+
+        specs, run_at = self._specs(wait, at, queue, priority)
+        return await sync_to_async(self._insert, thread_sensitive=True)(specs, run_at, on_commit)
+
+    def _specs(
+        self,
+        wait: timedelta | float | None,
+        at: datetime | None,
+        queue: str | None,
+        priority: int | None,
+    ) -> tuple[list[StepSpec], datetime | None]:
+        """Check the graph and the options, serialize every step (no database access)."""
         if self.run is not None:
             raise ValueError(f"{self!r} was dispatched already")
         self.check()
@@ -197,11 +222,20 @@ class Workflow:
                     on_dead=step.on_dead,
                 )
             )
+        return specs, validation.resolve_when(wait=wait, at=at)
+
+    def _insert(
+        self, specs: list[StepSpec], run_at: datetime | None, on_commit: bool | str | None
+    ) -> WorkflowRun:
+        # Here, not at the top: it imports the models, and `import django_gator` (which
+        # imports this module) must not. Not an import cycle.
+        from django_gator.workflow_dispatch import dispatch_workflow
+
         run, roots = dispatch_workflow(
             self.name,
             self.on_error.name if self.on_error else "",
             specs,
-            run_at=validation.resolve_when(wait=wait, at=at),
+            run_at=run_at,
             on_commit=on_commit,
         )
         self.run = run

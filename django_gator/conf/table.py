@@ -57,6 +57,10 @@ SETTINGS: tuple[Setting, ...] = (
         Number(1, whole=True),
         "worker processes one `gator_worker` runs (more than 1: a supervisor starts and "
         "watches them)",
+        "GATOR_ASYNC_CONCURRENCY",
+        100,
+        Number(1, whole=True),
+        "`async def` jobs run at once on each worker process's event loop",
     ),
     Setting(
         "GATOR_POLL_INTERVAL",

@@ -7,6 +7,7 @@ import dataclasses
 import inspect
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core import checks
 from django.db import DEFAULT_DB_ALIAS
@@ -61,17 +62,15 @@ class TaskJob(Queueable, abstract=True):
             params = params[1:]  # the TaskContext, which the worker passes
         return signature.replace(parameters=params)
 
+    @classmethod
+    def _handler_is_async(cls) -> bool:
+        return inspect.iscoroutinefunction(cls.task.func)
+
     def handle(self, *args: Any, **kwargs: Any) -> Any:
+        if type(self)._gator_async:
+            return self._ahandle(*args, **kwargs)  # the worker awaits it on its loop
         task = type(self).task
-        backend = task.get_backend()
-        result = None
-        started = listeners(task_started, type(backend))
-        if self.job_id is not None and (task.takes_context or started):
-            full = task.takes_context or started == FULL
-            result = backend.running_result(task, self, full=full)
-            self._gator_task_result = result
-            if started:
-                task_started.send(type(backend), task_result=result)
+        result = self._started()
         if task.takes_context:
             if result is None:
                 raise InvalidTaskError(f"{task.module_path} takes a context but has no row")
@@ -80,6 +79,34 @@ class TaskJob(Queueable, abstract=True):
             value = normalize_json(task.call(*args, **kwargs))
         self._gator_return_value = value
         return value
+
+    async def _ahandle(self, *args: Any, **kwargs: Any) -> Any:
+        """handle() of an ``async def`` task: the same steps, its database reads and the
+        signals in a thread (sync_to_async), the task awaited."""
+        task = type(self).task
+        result = await sync_to_async(self._started)()
+        if task.takes_context:
+            if result is None:
+                raise InvalidTaskError(f"{task.module_path} takes a context but has no row")
+            value = await task.acall(TaskContext(task_result=result), *args, **kwargs)
+        else:
+            value = await task.acall(*args, **kwargs)
+        self._gator_return_value = normalize_json(value)
+        return self._gator_return_value
+
+    def _started(self) -> Any:
+        """Read the running TaskResult when the task or a task_started listener needs it,
+        and send task_started; the TaskResult or None."""
+        task = type(self).task
+        backend = task.get_backend()
+        started = listeners(task_started, type(backend))
+        if self.job_id is None or not (task.takes_context or started):
+            return None
+        result = backend.running_result(task, self, full=task.takes_context or started == FULL)
+        self._gator_task_result = result
+        if started:
+            task_started.send(type(backend), task_result=result)
+        return result
 
 
 class GatorBackend(BaseTaskBackend):
@@ -162,6 +189,14 @@ class GatorBackend(BaseTaskBackend):
             result = results.from_job(task, self.alias, job)
         task_enqueued.send(type(self), task_result=result)
         return result
+
+    async def aenqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
+        """enqueue() from async code: validated on the event loop, the INSERT (and the
+        task_enqueued signal) in the caller's thread (see dispatch.aenqueue)."""
+        self.validate_task(task)
+        job_class = self.job_class(task)
+        job_class.check_arguments(list(args), dict(kwargs))
+        return await sync_to_async(self.enqueue, thread_sensitive=True)(task, args, kwargs)
 
     def get_result(self, result_id: str) -> Any:
         try:

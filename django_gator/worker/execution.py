@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, iscoroutinefunction, sync_to_async
 from django.db import transaction
 
 from django_gator import conf, retry, signals
@@ -88,7 +88,11 @@ def call_handle(instance: Queueable) -> Any:
     def call(index: int) -> Any:
         if index == len(layers):
             return _handle(instance)
-        return layers[index](instance, lambda: call(index + 1))
+        layer = layers[index]
+        if iscoroutinefunction(layer):  # an async middleware: its call_next is awaitable
+            rest = sync_to_async(call, thread_sensitive=True)
+            return async_to_sync(layer)(instance, lambda: rest(index + 1))
+        return layer(instance, lambda: call(index + 1))
 
     return call(0)
 
@@ -140,20 +144,8 @@ def run_claimed(
     outcome: Outcome
     try:
         with watcher or nullcontext():
-            job_class = get_job_class(job.name)
-            if not isinstance(job.args, list):
-                raise BadRow(f"job {job.id}: args must be a JSON array, got {safe(job.args, 80)}")
-            if not isinstance(job.kwargs, dict):
-                raise BadRow(
-                    f"job {job.id}: kwargs must be a JSON object, got {safe(job.kwargs, 80)}"
-                )
-            instance = job_class(
-                job_id=job.id,
-                attempt=job.attempts,
-                queue=job.queue,
-                args=job.args,
-                kwargs=job.kwargs,
-            )
+            instance = instance_for(job)
+            job_class = type(instance)
             signals.send(signals.job_started, job_class, job=instance)
             if job_class.atomic and commit is not None:
                 with atomic() if atomic else transaction.atomic(using=conf.database()):
@@ -189,17 +181,37 @@ def run_claimed(
                 "were rolled back. Commit with transaction.atomic() instead of a raw BEGIN, "
                 "and end every transaction the job starts."
             )
+    if raised is not None:
+        outcome = raised_outcome(job, worker_id, raised, instance)
+    finished(instance, outcome, time.perf_counter() - started)
+    return outcome
+
+
+def raised_outcome(
+    job: ClaimedJob, worker_id: str, raised: BaseException, instance: Queueable | None
+) -> Snoozed | Failure:
+    """The outcome of an attempt whose handler raised ``raised``: a snooze, or a failure
+    (retried or dead per the job's policy, after its on_error())."""
     if isinstance(raised, Snooze):
         try:
             # Checked again: a subclass may have set its own ``seconds``. Milliseconds:
             # SQLite reads the delay back from its decimal text.
-            outcome = Snoozed(round(snooze_seconds(raised.seconds), 3), raised)
+            return Snoozed(round(snooze_seconds(raised.seconds), 3), raised)
         except (TypeError, ValueError) as bad:  # a failure that names the value
-            outcome = _failure(job, worker_id, bad, instance)
-    elif raised is not None:
-        outcome = _failure(job, worker_id, raised, instance)
-    finished(instance, outcome, time.perf_counter() - started)
-    return outcome
+            return _failure(job, worker_id, bad, instance)
+    return _failure(job, worker_id, raised, instance)
+
+
+def instance_for(job: ClaimedJob) -> Queueable:
+    """The job class's instance for this attempt; JobNotRegistered or BadRow."""
+    job_class = get_job_class(job.name)
+    if not isinstance(job.args, list):
+        raise BadRow(f"job {job.id}: args must be a JSON array, got {safe(job.args, 80)}")
+    if not isinstance(job.kwargs, dict):
+        raise BadRow(f"job {job.id}: kwargs must be a JSON object, got {safe(job.kwargs, 80)}")
+    return job_class(
+        job_id=job.id, attempt=job.attempts, queue=job.queue, args=job.args, kwargs=job.kwargs
+    )
 
 
 def finished(instance: Queueable | None, outcome: Outcome, duration: float) -> None:

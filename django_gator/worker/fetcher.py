@@ -52,6 +52,7 @@ class Fetcher:
         burst: bool = False,
         listening: bool = False,
         on_drained: Callable[[], None] = lambda: None,
+        start_async: Callable[[Sequence[ClaimedJob]], None] = lambda jobs: None,
     ) -> None:
         self.engine = engine
         self.slots = slots
@@ -64,6 +65,7 @@ class Fetcher:
         self.burst = burst
         self.listening = listening  # a listener wakes us: no need to poll quickly
         self.on_drained = on_drained  # a burst worker found nothing left to do
+        self.start_async = start_async  # hands async jobs to the event loop (see .aio)
         self.worker_id = outcomes.worker_id
 
     def run(self) -> None:
@@ -111,6 +113,7 @@ class Fetcher:
                 stopping = slots.stopping
                 if jobs and not stopping:
                     held = slots.hand_out_locked(jobs)
+                    for_loop = slots.async_slots.take_started()
                     idle_wait = MIN_POLL
                 elif not jobs and not stopping:
                     if self.burst and turn.idle and slots.in_flight == 0 and not slots.succeeded:
@@ -131,6 +134,8 @@ class Fetcher:
                     # A stop came in while we were claiming: hand these straight back.
                     self.retrying("release jobs", functools.partial(self.outcomes.release, jobs))
                 return
+            if for_loop:
+                self.start_async(for_loop)
             if held:
                 logger.info(
                     "Holding suspects until they can run alone worker=%s ids=%s",

@@ -80,6 +80,11 @@ class ConnectionWatch:
             with contextlib.suppress(ValueError):
                 connection.execute_wrappers.remove(used)
 
+    def used(self) -> bool:
+        """Whether a watched connection ran a statement or is inside atomic() (cheap: no
+        round trip; safe to call from another thread between two of the job's calls)."""
+        return any(used.used or c.in_atomic_block for c, used in self._watched)
+
     def clean(self) -> list[str]:
         """Restore every connection the job used; returns a description of each stray
         transaction found (empty when the job left none)."""

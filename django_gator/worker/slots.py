@@ -52,8 +52,16 @@ class Slots:
     """The shared bookkeeping of one worker process. Methods take the lock themselves,
     except those whose names end in ``_locked``, which expect the caller to hold it."""
 
-    def __init__(self, concurrency: int) -> None:
+    def __init__(
+        self,
+        concurrency: int,
+        async_concurrency: int = 0,
+        runs_async: Callable[[ClaimedJob], bool] | None = None,
+    ) -> None:
         self.concurrency = concurrency
+        # Async jobs (see .aio): ``async_concurrency`` of them run on the event loop beside
+        # the executor threads, counted apart (and in ``in_flight`` too).
+        self.async_slots = AsyncSlots(async_concurrency, runs_async)
         self.lock = threading.Lock()
         self.work_ready = threading.Condition(self.lock)  # executors wait here
         self.fetch_needed = threading.Condition(self.lock)  # the fetcher waits here
@@ -85,17 +93,21 @@ class Slots:
             or self.notified
             or bool(self.timed_out)
             or self.may_isolate_locked()
-            or (
-                self.in_flight < self.concurrency and not self.holding_locked() and self.budget != 0
-            )
+            or (self.free_locked() > 0 and not self.holding_locked() and self.budget != 0)
         )
+
+    def free_locked(self) -> int:
+        """Jobs to claim for: free executor slots, plus the async window (see AsyncSlots)."""
+        aio = self.async_slots
+        threads = self.concurrency - (self.in_flight - len(aio.running))
+        return max(threads, 0) + aio.free()
 
     def next_round_locked(self) -> Round:
         """Start a fetcher round: how many slots to claim for, and a suspect to start."""
         # No claims while a suspect waits for the others to finish, or runs alone.
         held = bool(self.suspects) or self.isolated is not None
         self.notified = False
-        free = 0 if held else max(self.concurrency - self.in_flight, 0)
+        free = 0 if held else self.free_locked()
         if self.budget is not None:
             free = min(free, self.budget)
         return Round(
@@ -124,6 +136,9 @@ class Slots:
         self.in_flight += len(jobs)
         if self.budget is not None:
             self.budget = max(self.budget - len(jobs), 0)
+        if self.async_slots.runs_async is not None:
+            threads_free = self.concurrency - (self.in_flight - len(self.async_slots.running))
+            jobs = self.async_slots.take(jobs, threads_free)
         ordinary = [job for job in jobs if not job.suspect]
         held = [job for job in jobs if job.suspect]
         self.suspects.extend(held)
@@ -167,6 +182,8 @@ class Slots:
             known |= {entry.job.id for entry in self.running.values()}
             known |= {job.id for job in self.timed_out}
             known |= {job.id for job, _, _ in self.succeeded}
+            known |= {job.id for job in self.async_slots.running.values()}
+            known |= {job.id for job in self.async_slots.waiting}
         return known
 
     def notify_fetcher(self, *, notified: bool = False) -> None:
@@ -210,6 +227,25 @@ class Slots:
             self.fetch_needed.notify()
             return True
 
+    def finish_async(self, job: ClaimedJob, finished: Finished | None) -> ClaimedJob | None:
+        """The event loop is done with ``job`` (its outcome written, or ``finished``, a
+        plain success, to be batched); returns an async job waiting for its slot, which
+        the loop starts now."""
+        with self.lock:
+            aio = self.async_slots
+            if aio.running.pop(id(job), None) is None:
+                return None
+            self.in_flight -= 1
+            self.processed += 1
+            if finished is not None:
+                self.succeeded.append(finished)
+            self.fetch_needed.notify()
+            if not aio.waiting:
+                return None
+            following = aio.waiting.popleft()
+            aio.running[id(following)] = following
+            return following
+
     def expire_locked(self, now: float) -> list[Running]:
         """Take the jobs that ran past their deadline off their threads."""
         expired = [r for r in self.running.values() if r.deadline is not None and now > r.deadline]
@@ -249,11 +285,66 @@ class Slots:
         started (to be released)."""
         with self.lock:
             self.stopping = True
-            unstarted = [*self.pending, *self.suspects]
+            unstarted = [*self.pending, *self.suspects, *self.async_slots.waiting]
             self.pending.clear()
             self.suspects.clear()
+            self.async_slots.waiting.clear()
             self.in_flight -= len(unstarted)
             self.closing = True
             self.work_ready.notify_all()
             self.fetch_needed.notify_all()
         return unstarted
+
+
+class AsyncSlots:
+    """The async jobs a worker runs on its event loop (see :mod:`.aio`), part of Slots.
+
+    A claim cannot ask for async jobs only: which kind a row is shows once it is claimed.
+    So a worker claims for its free executor threads plus a *window* of its free async
+    slots. The window grows (doubling, up to ``concurrency``) while claims bring async jobs
+    and no sync job has to wait for a thread, and halves when sync jobs overflow the
+    threads: a worker whose queues hold only sync jobs claims at most one job more than it
+    has threads, and one with async work reaches its full async concurrency in a few
+    claims. An async job claimed when no async slot is free waits for one (it takes an
+    executor slot meanwhile, so that claims stop)."""
+
+    __slots__ = ("concurrency", "running", "runs_async", "started", "waiting", "window")
+
+    def __init__(self, concurrency: int, runs_async: Callable[[ClaimedJob], bool] | None) -> None:
+        self.concurrency = concurrency if runs_async is not None else 0
+        self.runs_async = runs_async
+        self.window = 1 if self.concurrency else 0
+        self.running: dict[int, ClaimedJob] = {}  # by id() of the claimed job
+        self.started: list[ClaimedJob] = []  # handed to the loop by the last hand-out
+        self.waiting: deque[ClaimedJob] = deque()  # claimed, waiting for an async slot
+
+    def free(self) -> int:
+        return max(min(self.concurrency - len(self.running), self.window), 0)
+
+    def take(self, jobs: Sequence[ClaimedJob], threads_free: int) -> list[ClaimedJob]:
+        """Take the async jobs among those just claimed (``threads_free``: executor slots
+        left once all of ``jobs`` count); returns the others, for the threads."""
+        others: list[ClaimedJob] = []
+        started: list[ClaimedJob] = []
+        runs_async = self.runs_async
+        assert runs_async is not None
+        for job in jobs:
+            if job.suspect or not runs_async(job):
+                others.append(job)
+            elif len(self.running) < self.concurrency:
+                self.running[id(job)] = job
+                started.append(job)
+                threads_free += 1
+            else:
+                self.waiting.append(job)
+        if threads_free < 0:  # sync jobs wait for a thread: claim fewer for async slots
+            self.window //= 2
+        elif started:
+            self.window = min(max(self.window * 2, 1), self.concurrency)
+        self.started = started
+        return others
+
+    def take_started(self) -> list[ClaimedJob]:
+        """The async jobs of the last hand-out, for the loop (lock held)."""
+        started, self.started = self.started, []
+        return started

@@ -41,6 +41,7 @@ from django.db import DatabaseError, connections
 from django_gator import conf, schema
 from django_gator.engines import ClaimedJob, get_engine
 from django_gator.exceptions import JobTimeout, SchemaMissing
+from django_gator.worker import aio
 from django_gator.worker import connections as worker_connections
 from django_gator.worker.claims import Claimer
 from django_gator.worker.executor import Executors
@@ -76,11 +77,15 @@ class WorkerProcess:
         scheduler: bool | None = None,
         limits: Limits | None = None,
         supervisor: str = "",
+        async_concurrency: int | None = None,
     ) -> None:
         self.specs = list(queues)
         self.concurrency = concurrency or conf.concurrency()
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
+        self.async_concurrency = async_concurrency or conf.async_concurrency()
+        if self.async_concurrency < 1:
+            raise ValueError(f"async concurrency must be at least 1, got {self.async_concurrency}")
         self.burst = burst
         self.shutdown_timeout = (
             conf.shutdown_timeout() if shutdown_timeout is None else shutdown_timeout
@@ -108,10 +113,15 @@ class WorkerProcess:
         self.supervisor = supervisor
         self.recycled: str | None = None  # why this worker stopped by itself to recycle
 
-        self.slots = Slots(self.concurrency)
+        # The event loop of async jobs (see .aio), if any job class is async.
+        loop = aio.any_async_jobs()
+        self.slots = Slots(
+            self.concurrency, self.async_concurrency, aio.runs_async if loop else None
+        )
         self.slots.budget = self.limits.max_jobs
         self.retrying = Retrier(self.alias, self.worker_id, self._giving_up)
         self.outcomes = Outcomes(self.engine, self.worker_id, self.retrying)
+        self.aio = aio.AsyncRunner(self.slots, self.outcomes, self._spawn) if loop else None
         self.claimer = Claimer(self.engine, self.worker_id, self.specs, rng)
         self.executors = Executors(self.slots, self.outcomes, self.engine, self._spawn)
         self.listen_on = None if burst else listen_engine(self.engine, self.poll_interval)
@@ -128,6 +138,7 @@ class WorkerProcess:
             burst=burst,
             listening=self.listening,
             on_drained=self._drained,
+            start_async=self.aio.submit if self.aio else lambda jobs: None,
         )
         self.lifeline = Lifeline(self.engine, self.worker_id, self._register)
         self.pruner = Pruner(self.engine, self.worker_id, rng) if not burst else None
@@ -202,6 +213,8 @@ class WorkerProcess:
 
     def _start_threads(self) -> None:
         self.executors.start(self.concurrency)
+        if self.aio is not None:
+            self.aio.start()
         stopped = self._stop_background
         if self.listen_on is not None:
             queues = [s.name for s in self.specs]
@@ -320,6 +333,8 @@ class WorkerProcess:
                 self.shutdown_timeout,
             )
         interrupted = self._wait_for_running(time.monotonic() + self.shutdown_timeout)
+        if self.aio is not None:
+            self.aio.close(cancel=bool(interrupted))  # interrupted async jobs are given back
         self._stop_background.set()
         for thread in self._threads:
             if thread.name in ("gator-fetcher", "gator-heartbeat"):
@@ -349,14 +364,16 @@ class WorkerProcess:
         forced stop; the jobs still running then."""
         slots = self.slots
         with slots.lock:
-            while slots.running and not slots.forced:
+            while (slots.running or slots.async_slots.running) and not slots.forced:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 slots.fetch_needed.wait(min(remaining, 0.1))
                 if self._signals > 1:  # a second signal: stop waiting for the jobs
                     slots.forced = True
-            return [entry.job for entry in slots.running.values()]
+            return [entry.job for entry in slots.running.values()] + list(
+                slots.async_slots.running.values()
+            )
 
     def _queues_text(self) -> str:
         if not self.specs:

@@ -815,3 +815,122 @@ class WorkflowFailed(Queueable):
         Execution.objects.create(
             job_id=0, attempt=job_id, pid=os.getpid(), label=f"on_error:{workflow_id}"
         )
+# -- async jobs on the worker's event loop (tests/test_async_jobs.py) ------------------------
+
+
+class AsyncSleep(Queueable):
+    """Waits without holding a thread; returns the name of the thread it ran on."""
+
+    queue = "aio"
+
+    async def handle(self, seconds: float = 0.2) -> str:
+        import asyncio
+        import threading
+
+        await asyncio.sleep(seconds)
+        return threading.current_thread().name
+
+
+class AsyncSlowpoke(Queueable):
+    """Sleeps past its timeout; records that its coroutine saw the cancellation."""
+
+    queue = "aio"
+    timeout = 0.3
+    retry = Retry(interval=0, max_retries=1)
+
+    async def handle(self) -> None:
+        import asyncio
+
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            await Execution.objects.acreate(
+                job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label="cancelled"
+            )
+            raise
+
+
+class AsyncUntilCancelled(Queueable):
+    """Polls acancel_requested() until an operator cancels it."""
+
+    queue = "aio"
+    cancel_check_interval = 0.05
+
+    async def handle(self) -> str:
+        import asyncio
+
+        await Execution.objects.acreate(
+            job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label="started"
+        )
+        for _ in range(600):
+            if await self.acancel_requested():
+                raise JobCancelled("asked to stop")
+            await asyncio.sleep(0.05)
+        return "never cancelled"
+
+
+class AsyncLeavesTransaction(Queueable):
+    """Opens a transaction on the ORM thread's connection and never ends it."""
+
+    queue = "aio"
+
+    async def handle(self) -> None:
+        from asgiref.sync import sync_to_async
+        from django.db import transaction
+
+        def begin() -> None:
+            transaction.set_autocommit(False)
+            Execution.objects.create(job_id=self.job_id, attempt=self.attempt, pid=0, label="lost")
+
+        await sync_to_async(begin)()
+
+
+async def async_layer(job: Any, call_next: Any) -> Any:
+    await Execution.objects.acreate(job_id=job.job_id, attempt=10, pid=0, label="async-before")
+    result = await call_next()
+    await Execution.objects.acreate(job_id=job.job_id, attempt=14, pid=0, label="async-after")
+    return result
+
+
+def sync_layer(job: Any, call_next: Any) -> Any:
+    Execution.objects.create(job_id=job.job_id, attempt=11, pid=0, label="sync-before")
+    result = call_next()
+    Execution.objects.create(job_id=job.job_id, attempt=13, pid=0, label=f"sync-after:{result}")
+    return result
+
+
+class AsyncLayered(Queueable):
+    queue = "aio"
+    middleware = (async_layer, sync_layer)
+
+    async def handle(self) -> str:
+        await Execution.objects.acreate(job_id=self.job_id, attempt=12, pid=0, label="handle")
+        return "layered"
+
+
+class SyncLayered(Queueable):
+    """A sync job under the same middleware: an async one wraps it too."""
+
+    queue = "aio"
+    middleware = (async_layer, sync_layer)
+
+    def handle(self) -> str:
+        Execution.objects.create(job_id=self.job_id, attempt=12, pid=0, label="handle")
+        return "sync layered"
+
+
+@job(queue="aio")
+async def async_add(a: int, b: int) -> int:
+    return a + b
+
+
+class ThreadSleep(Queueable):
+    """The sync twin of AsyncSleep (benchmarks/io_bound.py): waits, holding its thread."""
+
+    queue = "aio"
+
+    def handle(self, seconds: float = 0.2) -> str:
+        import threading
+
+        time.sleep(seconds)
+        return threading.current_thread().name

@@ -56,6 +56,13 @@ class Command(BaseCommand):
             f"{conf.DEFAULTS['GATOR_CONCURRENCY']}).",
         )
         parser.add_argument(
+            "--async-concurrency",
+            type=SettingValue("GATOR_ASYNC_CONCURRENCY", int),
+            default=None,
+            help="`async def` jobs run at once on the worker's event loop (default "
+            f"GATOR_ASYNC_CONCURRENCY, {conf.DEFAULTS['GATOR_ASYNC_CONCURRENCY']}).",
+        )
+        parser.add_argument(
             "--burst",
             action="store_true",
             help="Run what is due now, then exit (for cron, CI and tests).",
@@ -114,6 +121,7 @@ class Command(BaseCommand):
         *,
         queues: list[QueueSpec],
         concurrency: int | None,
+        async_concurrency: int | None,
         burst: bool,
         shutdown_timeout: float | None,
         poll_interval: float | None,
@@ -149,6 +157,7 @@ class Command(BaseCommand):
             worker = WorkerProcess(
                 queues,
                 concurrency=concurrency,
+                async_concurrency=async_concurrency,
                 burst=burst,
                 shutdown_timeout=shutdown_timeout,
                 poll_interval=poll_interval,
