@@ -154,6 +154,8 @@ def concurrency() -> int:
 
 def processes() -> int:
     return int(value("GATOR_PROCESSES"))
+
+
 def async_concurrency() -> int:
     return int(value("GATOR_ASYNC_CONCURRENCY"))
 

@@ -57,6 +57,8 @@ SETTINGS: tuple[Setting, ...] = (
         Number(1, whole=True),
         "worker processes one `gator_worker` runs (more than 1: a supervisor starts and "
         "watches them)",
+    ),
+    Setting(
         "GATOR_ASYNC_CONCURRENCY",
         100,
         Number(1, whole=True),

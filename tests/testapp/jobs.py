@@ -815,6 +815,8 @@ class WorkflowFailed(Queueable):
         Execution.objects.create(
             job_id=0, attempt=job_id, pid=os.getpid(), label=f"on_error:{workflow_id}"
         )
+
+
 # -- async jobs on the worker's event loop (tests/test_async_jobs.py) ------------------------
 
 
