@@ -19,12 +19,19 @@ class GatorConfig(AppConfig):
             immediate,
         )
         from django_gator.engines import core as engines
+        from django_gator.engines import get_engine
+        from django_gator.models import membership
         from django_gator.worker import connections, inline
 
         # The wiring from the worker down: dispatch and the engines call the worker's code
         # through these without importing it (the package's layers: see .importlinter).
         immediate.set_inline_runner(inline.run_inline, inline.inline_worker_id)
         engines.set_connection_hook(connections.bound_connection)
+        # The job verbs (cancel, retry) settle and re-open batches through the engines.
+        membership.install(
+            settle=lambda alias, ids: get_engine(alias).settle_now(ids),
+            reopen=lambda alias, ids: get_engine(alias).reopen_batches(ids),
+        )
 
         # Like admin.py: every installed app's `jobs` module registers its jobs (and its
         # `tasks` module with the Tasks backend, and any module in GATOR_AUTODISCOVER).

@@ -1,10 +1,11 @@
-"""django-gator's tables: jobs, workers, queues, cron schedules and their runs.
+"""django-gator's tables: jobs, batches, workers, queues, cron schedules and their runs.
 
 Hot paths (dispatch, claim, outcome writes, rescue) are SQL in :mod:`django_gator.engines`,
 one module per database; the models declare the schema, the indexes the claim query needs,
 and the domain verbs used by the admin and the management commands.
 """
 
+from django_gator.models.batches import Batch, BatchError
 from django_gator.models.jobs import (
     ERROR_CLASS_RE,
     Job,
@@ -22,6 +23,8 @@ __all__ = [
     "ERROR_CLASS_RE",
     "FINAL_STATES",
     "READY_STATES",
+    "Batch",
+    "BatchError",
     "Job",
     "JobQuerySet",
     "JobState",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from django.db import DatabaseError
 
@@ -98,7 +98,7 @@ class Outcomes:
         following = next_step(job) if job.chain_id is not None else None
         return self.engine.mark_succeeded_and_insert(
             self.worker_id,
-            (job.id, job.attempts, result),
+            _member((job.id, job.attempts, result), job),
             [following] if following is not None else [],
             self.follow_ups,
         )
@@ -124,7 +124,7 @@ class Outcomes:
     def marks(
         batch: Sequence[tuple[ClaimedJob, Success, float]],
     ) -> list[tuple[int, int, str | None]]:
-        return [(job.id, job.attempts, success.result) for job, success, _ in batch]
+        return [_member((job.id, job.attempts, success.result), job) for job, success, _ in batch]
 
     def write_batch(self, batch: Sequence[tuple[ClaimedJob, Success, float]]) -> None:
         """Write batched success marks in one statement (those the fetcher did not write
@@ -155,7 +155,9 @@ class Outcomes:
     def release(self, jobs: Sequence[ClaimedJob]) -> list[int]:
         """Give claims back to ``waiting``, the attempt not charged (never started, or cut
         off by a forced stop)."""
-        released = self.engine.release(self.worker_id, [(j.id, j.attempts) for j in jobs])
+        released = self.engine.release(
+            self.worker_id, [_member((j.id, j.attempts), j) for j in jobs]
+        )
         logger.info(
             "Released jobs back to waiting worker=%s ids=%s",
             self.worker_id,
@@ -185,7 +187,10 @@ class Outcomes:
         written = self.retrying(
             f"record success of job {job.id}",
             lambda: self.engine.mark_succeeded_and_insert(
-                self.worker_id, (job.id, job.attempts, outcome.result), rows, self.follow_ups
+                self.worker_id,
+                _member((job.id, job.attempts, outcome.result), job),
+                rows,
+                self.follow_ups,
             ),
         )
         if written is None:
@@ -220,7 +225,9 @@ class Outcomes:
         cancellation was asked for meanwhile). Nothing follows in a chain: the step waits."""
         written = self.retrying(
             f"record snooze of job {job.id}",
-            lambda: self.engine.mark_snoozed(self.worker_id, job.id, job.attempts, outcome.seconds),
+            lambda: self.engine.mark_snoozed(
+                self.worker_id, job.id, job.attempts, outcome.seconds, job.batch_id
+            ),
         )
         if written is None:
             return None
@@ -254,6 +261,7 @@ class Outcomes:
                     failure,
                     [handler] if handler else [],
                     self.follow_ups,
+                    job.batch_id,
                 ),
             )
 
@@ -281,6 +289,12 @@ class Outcomes:
             safe(mask_text(outcome.last_error, secret_values(job.name, job.args, job.kwargs))),
         )
         return result
+
+
+def _member(item: tuple[Any, ...], job: ClaimedJob) -> Any:
+    """An outcome item for the engine, with the job's batch id appended if it has one (the
+    engine settles the batch in the same transaction)."""
+    return item if job.batch_id is None else (*item, job.batch_id)
 
 
 def _log_success(job: ClaimedJob, elapsed_ms: float, extra: str = "") -> None:

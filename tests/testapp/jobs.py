@@ -787,3 +787,29 @@ class SnoozeStep(Queueable):
         if runs == 0:
             raise Snooze(30)
         return "SnoozeStep"
+
+
+class BatchCallback(Queueable):
+    """A batch callback: a ledger row labelled ``<kind>:<batch id>`` per run."""
+
+    kind = "callback"
+
+    def handle(self, batch_id: int) -> None:
+        Execution.objects.create(
+            job_id=self.job_id,
+            attempt=self.attempt,
+            pid=os.getpid(),
+            label=f"{self.kind}:{batch_id}",
+        )
+
+
+class BatchCompleted(BatchCallback):
+    kind = "complete"
+
+
+class BatchSucceeded(BatchCallback):
+    kind = "success"
+
+
+class BatchMemberDead(BatchCallback):
+    kind = "dead"
