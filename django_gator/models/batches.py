@@ -23,7 +23,7 @@ from django.utils import timezone
 from django_gator import conf
 from django_gator.exceptions import JobNotRegistered
 from django_gator.models import membership
-from django_gator.models.jobs import Job
+from django_gator.models.jobs import Job, JobQuerySet
 from django_gator.registry import get_job_class, is_registered
 from django_gator.states import JobState
 from django_gator.validation import NAME_MAX_LENGTH
@@ -205,7 +205,7 @@ class Batch(models.Model):
 
     # -- reading -----------------------------------------------------------------------
     @property
-    def members(self) -> models.QuerySet[Job]:
+    def members(self) -> JobQuerySet:
         return Job.objects.using(self._state.db or conf.database()).filter(batch_id=self.pk)
 
     def counts(self) -> dict[str, int]:

@@ -813,3 +813,13 @@ class BatchSucceeded(BatchCallback):
 
 class BatchMemberDead(BatchCallback):
     kind = "dead"
+
+
+class AtomicBatchCompleted(BatchCompleted):
+    """on_complete whose ledger row commits with its success mark: counted exactly once."""
+
+    atomic = True
+
+
+class AtomicBatchSucceeded(BatchSucceeded):
+    atomic = True
