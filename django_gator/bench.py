@@ -85,6 +85,30 @@ def bench_dispatch_many(count: int, batch: int) -> float:
     return count / timed(run)
 
 
+def bench_batch_dispatch(count: int, rounds: int) -> list[tuple[float, float]]:
+    """(seconds without, seconds with) a Batch around one dispatch_many of ``count`` jobs,
+    measured alternately ``rounds`` times, each on an emptied table (issue 18's bar: the
+    batch costs at most 1.5 times the plain call)."""
+    from django_gator.models import Batch
+
+    items = [[i] for i in range(count)]
+    out = []
+
+    def batched() -> None:
+        with Batch(on_complete=BenchNoop.name, description="bench"):
+            BenchNoop.dispatch_many(items)
+
+    for _ in range(rounds):
+        clean()
+        plain_s = timed(lambda: BenchNoop.dispatch_many(items))
+        clean()
+        Batch.objects.using(conf.database()).filter(description="bench").delete()
+        out.append((plain_s, timed(batched)))
+    clean()
+    Batch.objects.using(conf.database()).filter(description="bench").delete()
+    return out
+
+
 def rss_mb() -> float:
     """This process's resident memory in MiB (Linux; 0.0 elsewhere)."""
     try:
