@@ -275,3 +275,14 @@ def test_members_share_the_completion_check_index():
         plan = " ".join(r[0] for r in cursor.fetchall())
         cursor.execute("RESET enable_seqscan")
     assert "gator_job_batch" in plan
+
+
+@override_settings(GATOR_IMMEDIATE=True)
+def test_immediate_mode_runs_the_callbacks_too():
+    with new_batch() as batch:  # members run at dispatch; the close completes the batch
+        Record.dispatch("now")
+    assert callbacks() == [f"complete:{batch.pk}", f"success:{batch.pk}"]
+
+    with transaction.atomic(), new_batch() as later:  # closed before its members run
+        Record.dispatch("on commit")
+    assert callbacks()[-2:] == [f"complete:{later.pk}", f"success:{later.pk}"]

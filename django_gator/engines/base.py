@@ -136,7 +136,11 @@ class Engine(BatchStatements, WorkerStatements):
     update_returning = True
 
     def _mark_succeeded(
-        self, cursor: Any, worker_id: str, done: Sequence[tuple[int, int, str | None]]
+        self,
+        cursor: Any,
+        worker_id: str,
+        done: Sequence[tuple[int, int, str | None]],
+        inserted: list[int] | None = None,
     ) -> list[int]:
         """One UPDATE for the whole batch, each row matched on its claim."""
         ids = [d[0] for d in done]
@@ -167,7 +171,7 @@ class Engine(BatchStatements, WorkerStatements):
             cursor.execute(sql, all_params)
             # No RETURNING: all or, rarely, some; the caller checks any id not listed.
             written = ids if cursor.rowcount == len(ids) else []
-        self.settle_batches(cursor, member_batches(done, MARK_WIDTH))
+        self.settle_batches(cursor, member_batches(done, MARK_WIDTH), inserted)
         return written
 
     def claim_and_mark(
@@ -204,7 +208,7 @@ class Engine(BatchStatements, WorkerStatements):
         """Mark one claim succeeded and, only if that write landed, insert ``rows`` (the next
         step of a chain) in the same transaction; their ids are added to ``inserted``."""
         with self.write_transaction() as cursor:
-            written = bool(self._mark_succeeded(cursor, worker_id, [done]))
+            written = bool(self._mark_succeeded(cursor, worker_id, [done], inserted))
             if written and rows:
                 ids = self.insert_jobs(rows, notify={row.queue for row in rows})
                 if inserted is not None:
@@ -230,7 +234,7 @@ class Engine(BatchStatements, WorkerStatements):
                 if inserted is not None:
                     inserted += [r[0] for r in ids]
             if written and batch_id is not None:
-                self.settle_batches(cursor, [batch_id])
+                self.settle_batches(cursor, [batch_id], inserted)
         return written
 
     def claim_by_id(self, worker_id: str, job_id: int) -> ClaimedJob | None:

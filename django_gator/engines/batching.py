@@ -59,13 +59,16 @@ class BatchStatements(DispatchStatements):
     #: Appended to the SELECT that locks a batch row (SQLite: the write lock is the lock).
     row_lock_sql = " FOR UPDATE"
 
-    def settle_batches(self, cursor: Any, batch_ids: Collection[int]) -> None:
+    def settle_batches(
+        self, cursor: Any, batch_ids: Collection[int], inserted: list[int] | None = None
+    ) -> None:
         """In the open transaction of ``cursor``, after members of ``batch_ids`` changed:
-        dispatch the callbacks that are now due, once."""
+        dispatch the callbacks that are now due, once; their ids are added to
+        ``inserted``."""
         for batch_id in sorted(batch_ids):
-            self._settle(cursor, batch_id)
+            self._settle(cursor, batch_id, inserted)
 
-    def _settle(self, cursor: Any, batch_id: int) -> None:
+    def _settle(self, cursor: Any, batch_id: int, inserted: list[int] | None = None) -> None:
         cursor.execute(
             f"SELECT {_COLUMNS} FROM {self.batch_table} WHERE id = %s{self.row_lock_sql}",
             [batch_id],
@@ -103,7 +106,9 @@ class BatchStatements(DispatchStatements):
             )
         if callbacks:
             rows = [_callback_row(name, batch_id) for name in callbacks]
-            self.insert_jobs(rows, notify={r.queue for r in rows})
+            ids = self.insert_jobs(rows, notify={r.queue for r in rows})
+            if inserted is not None:
+                inserted += [r[0] for r in ids]
 
     def _has_member(self, cursor: Any, batch_id: int, state_sql: str) -> bool:
         cursor.execute(
@@ -144,10 +149,13 @@ class BatchStatements(DispatchStatements):
                     [batch_id],
                 )
 
-    def settle_now(self, batch_ids: Collection[int]) -> None:
-        """settle_batches() on this engine's connection, in the caller's transaction."""
+    def settle_now(self, batch_ids: Collection[int]) -> list[int]:
+        """settle_batches() on this engine's connection, in the caller's transaction;
+        returns the ids of the callbacks it dispatched."""
+        inserted: list[int] = []
         with self.connection.cursor() as cursor:
-            self.settle_batches(cursor, batch_ids)
+            self.settle_batches(cursor, batch_ids, inserted)
+        return inserted
 
 
 def _callback_row(name: str, batch_id: int) -> InsertRow:
