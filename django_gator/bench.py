@@ -7,6 +7,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,19 +120,29 @@ def rss_mb() -> float:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def bench_drain(count: int, concurrency: int, batch: int = 10_000) -> tuple[float, float, float]:
+def bench_drain(
+    count: int, concurrency: int, batch: int = 10_000, *, in_batch: bool = False
+) -> tuple[float, float, float]:
     """(jobs per second, RSS MiB before, RSS MiB after) for one burst worker draining
-    ``count`` no-op jobs."""
+    ``count`` no-op jobs (``in_batch``: members of one Batch)."""
+    from django_gator.models import Batch
+
     clean()
-    for start in range(0, count, batch):
-        BenchNoop.dispatch_many([[i] for i in range(start, min(start + batch, count))])
+    Batch.objects.using(conf.database()).filter(description="bench").delete()
+    with Batch(on_complete=BenchNoop.name, description="bench") if in_batch else nullcontext():
+        for start in range(0, count, batch):
+            BenchNoop.dispatch_many([[i] for i in range(start, min(start + batch, count))])
     worker = WorkerProcess(
         [QueueSpec(QUEUE)], concurrency=concurrency, burst=True, install_signal_handlers=False
     )
     before = rss_mb()
     elapsed = timed(worker.run)
     after = rss_mb()
-    done = Job.objects.using(conf.database()).filter(queue=QUEUE, state=JobState.SUCCEEDED).count()
+    done = (
+        Job.objects.using(conf.database())
+        .filter(queue=QUEUE, state=JobState.SUCCEEDED, batch_id__isnull=not in_batch)
+        .count()
+    )
     if done != count:
         raise RuntimeError(f"drain finished {done} of {count} jobs")
     return count / elapsed, before, after

@@ -94,6 +94,19 @@ class Command(BaseCommand):
                     )
                 ratios = sorted(b / p for p, b in rounds)
                 self._line("in a Batch / plain, median", f"x{ratios[len(ratios) // 2]:.2f}")
+                drains = []
+                for _ in range(max(1, options["rounds"] // 3)):
+                    plain = bench.bench_drain(options["drain"], options["concurrency"])[0]
+                    member = bench.bench_drain(
+                        options["drain"], options["concurrency"], in_batch=True
+                    )[0]
+                    drains.append(member / plain)
+                    self._line(
+                        f"drain {options['drain']:,}: plain / members of a Batch",
+                        f"{plain:,.0f} / {member:,.0f} jobs/s (x{member / plain:.2f})",
+                    )
+                drains.sort()
+                self._line("drain, Batch / plain, median", f"x{drains[len(drains) // 2]:.2f}")
             if "latency" in only:
                 p50, p90 = bench.bench_latency(options["latency"], options["concurrency"])
                 samples = wording.count(options["latency"], "sample")
