@@ -4,6 +4,7 @@ Public API::
 
     from django_gator import Queueable, job, Retry, Chain, Workflow, Snooze, pause_queue,
     resume_queue
+    from django_gator import Batch
 
 Importing this package imports no models, so it is safe from settings or a models module.
 """
@@ -17,6 +18,16 @@ from django_gator.schedules import Cron
 from django_gator.workflows import Workflow
 
 __version__ = "0.1.0.dev0"
+
+
+def __getattr__(name: str) -> object:
+    """``Batch`` is a model: imported on first use, so that `import django_gator` loads
+    no models."""
+    if name == "Batch":
+        from django_gator.models.batches import Batch
+
+        return Batch
+    raise AttributeError(f"module 'django_gator' has no attribute {name!r}")
 
 
 def pause_queue(name: str, *, by: str | None = None) -> bool:
@@ -41,6 +52,7 @@ def resume_queue(name: str, *, by: str | None = None) -> bool:
 
 
 __all__ = [
+    "Batch",
     "Chain",
     "Cron",
     "GatorError",

@@ -7,6 +7,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +86,30 @@ def bench_dispatch_many(count: int, batch: int) -> float:
     return count / timed(run)
 
 
+def bench_batch_dispatch(count: int, rounds: int) -> list[tuple[float, float]]:
+    """(seconds without, seconds with) a Batch around one dispatch_many of ``count`` jobs,
+    measured alternately ``rounds`` times, each on an emptied table (issue 18's bar: the
+    batch costs at most 1.5 times the plain call)."""
+    from django_gator.models import Batch
+
+    items = [[i] for i in range(count)]
+    out = []
+
+    def batched() -> None:
+        with Batch(on_complete=BenchNoop.name, description="bench"):
+            BenchNoop.dispatch_many(items)
+
+    for _ in range(rounds):
+        clean()
+        plain_s = timed(lambda: BenchNoop.dispatch_many(items))
+        clean()
+        Batch.objects.using(conf.database()).filter(description="bench").delete()
+        out.append((plain_s, timed(batched)))
+    clean()
+    Batch.objects.using(conf.database()).filter(description="bench").delete()
+    return out
+
+
 def rss_mb() -> float:
     """This process's resident memory in MiB (Linux; 0.0 elsewhere)."""
     try:
@@ -95,19 +120,29 @@ def rss_mb() -> float:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def bench_drain(count: int, concurrency: int, batch: int = 10_000) -> tuple[float, float, float]:
+def bench_drain(
+    count: int, concurrency: int, batch: int = 10_000, *, in_batch: bool = False
+) -> tuple[float, float, float]:
     """(jobs per second, RSS MiB before, RSS MiB after) for one burst worker draining
-    ``count`` no-op jobs."""
+    ``count`` no-op jobs (``in_batch``: members of one Batch)."""
+    from django_gator.models import Batch
+
     clean()
-    for start in range(0, count, batch):
-        BenchNoop.dispatch_many([[i] for i in range(start, min(start + batch, count))])
+    Batch.objects.using(conf.database()).filter(description="bench").delete()
+    with Batch(on_complete=BenchNoop.name, description="bench") if in_batch else nullcontext():
+        for start in range(0, count, batch):
+            BenchNoop.dispatch_many([[i] for i in range(start, min(start + batch, count))])
     worker = WorkerProcess(
         [QueueSpec(QUEUE)], concurrency=concurrency, burst=True, install_signal_handlers=False
     )
     before = rss_mb()
     elapsed = timed(worker.run)
     after = rss_mb()
-    done = Job.objects.using(conf.database()).filter(queue=QUEUE, state=JobState.SUCCEEDED).count()
+    done = (
+        Job.objects.using(conf.database())
+        .filter(queue=QUEUE, state=JobState.SUCCEEDED, batch_id__isnull=not in_batch)
+        .count()
+    )
     if done != count:
         raise RuntimeError(f"drain finished {done} of {count} jobs")
     return count / elapsed, before, after

@@ -19,7 +19,8 @@ from django_gator import conf, deferred, immediate, signals, validation
 from django_gator.engines import Engine, InsertRow, get_engine
 from django_gator.exceptions import DispatchDeadlock
 from django_gator.logutil import safe
-from django_gator.models import Job, JobState
+from django_gator.models import Batch, Job, JobState
+from django_gator.models.batches import current_batch
 from django_gator.registry import is_registered
 
 if TYPE_CHECKING:
@@ -136,6 +137,9 @@ def _store(
     """Insert validated rows now, or once the caller's transaction commits."""
     if not rows:
         return []
+    member_of = current_batch()  # a dispatch inside `with Batch(...)` joins the batch
+    if member_of is not None:
+        member_of.check_room(len(rows))
     if on_commit is None:
         on_commit = conf.dispatch_on_commit()
     alias = conf.database()
@@ -146,20 +150,24 @@ def _store(
     if on_commit:
         commit_alias = DEFAULT_DB_ALIAS if on_commit is True else str(on_commit)
         if connections[commit_alias].in_atomic_block:
+            if member_of is not None:
+                member_of.deferred_to(commit_alias)
             deferred.defer(
                 job_class,
                 alias,
                 rows,
                 jobs,
                 commit_alias,
-                write=lambda: _write(job_class, alias, rows, jobs),
+                write=lambda: _write(job_class, alias, rows, jobs, member_of),
                 announce=lambda created: _announce(job_class, alias, rows, jobs, created),
             )
         else:
             # Autocommit: Django runs the callback now, and its error reaches the caller.
-            transaction.on_commit(lambda: _insert(job_class, alias, rows, jobs), using=commit_alias)
+            transaction.on_commit(
+                lambda: _insert(job_class, alias, rows, jobs, member_of), using=commit_alias
+            )
     else:
-        _insert(job_class, alias, rows, jobs)
+        _insert(job_class, alias, rows, jobs, member_of)
     return jobs
 
 
@@ -204,16 +212,39 @@ def _unsaved(alias: str, row: InsertRow, args: list[Any], kwargs: dict[str, Any]
     return job
 
 
-def _insert(job_class: type[Queueable], alias: str, rows: list[InsertRow], jobs: list[Job]) -> None:
-    created = _write(job_class, alias, rows, jobs)
+def _insert(
+    job_class: type[Queueable],
+    alias: str,
+    rows: list[InsertRow],
+    jobs: list[Job],
+    member_of: Batch | None = None,
+) -> None:
+    created = _write(job_class, alias, rows, jobs, member_of)
     _announce(job_class, alias, rows, jobs, created)
 
 
 def _write(
-    job_class: type[Queueable], alias: str, rows: list[InsertRow], jobs: list[Job]
+    job_class: type[Queueable],
+    alias: str,
+    rows: list[InsertRow],
+    jobs: list[Job],
+    member_of: Batch | None = None,
 ) -> list[Job]:
     """The INSERT: fills in the returned jobs; returns those it created (a unique job that
-    already existed takes that job's values and is not in the list)."""
+    already existed takes that job's values and is not in the list). Members of a batch
+    are counted into it in the same transaction."""
+    if member_of is not None:
+        with transaction.atomic(using=alias):
+            batch_id = member_of.admit(alias, len(rows))
+            for row, job in zip(rows, jobs, strict=True):
+                row.batch_id = job.batch_id = batch_id
+            return _write_rows(job_class, alias, rows, jobs)
+    return _write_rows(job_class, alias, rows, jobs)
+
+
+def _write_rows(
+    job_class: type[Queueable], alias: str, rows: list[InsertRow], jobs: list[Job]
+) -> list[Job]:
     due_now = {row.queue for row in rows if row.run_at is None}
     engine = get_engine(alias)
     if not job_class._gator_unique:

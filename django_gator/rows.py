@@ -30,6 +30,8 @@ class ClaimedJob:
     created_at: Any = None  # as the database returned it (a datetime, or text on SQLite)
     #: Taken back from a lost worker before: the worker runs it alone (precise blame).
     suspect: bool = False
+    #: The batch the job is a member of (see django_gator.engines.batching).
+    batch_id: int | None = None
 
 
 class LostClaim(NamedTuple):
@@ -57,6 +59,7 @@ class InsertRow:
     chain_position: int | None = None
     chain: str | None = None
     unique_key: str | None = None
+    batch_id: int | None = None
 
 
 @dataclass(slots=True)

@@ -28,6 +28,7 @@ from django.utils.text import Truncator
 from django_gator import redaction, stats, wording
 from django_gator.admin.actions import JobActions
 from django_gator.admin.arguments import EDIT_ACTION, EditArgumentsView, last_restorable_edit
+from django_gator.admin.batches import BatchView, batch_link
 from django_gator.admin.dashboard import DashboardView
 from django_gator.admin.dead_jobs import DeadJobsView
 from django_gator.admin.display import pretty, time_field, when
@@ -118,6 +119,7 @@ class JobAdmin(JobActions):
         ("Error history", {"fields": ("error_history_html",)}),
         ("Operator actions", {"fields": ("operator_tools", "audit_html")}),
         ("Workflow or chain", {"fields": ("workflow", "chain_position")}),
+        ("Batch", {"fields": ("batch",)}),
     )
     readonly_fields = (
         "id",
@@ -139,12 +141,17 @@ class JobAdmin(JobActions):
         "audit_html",
         "workflow",
         "chain_position",
+        "batch",
     )
 
     @admin.display(description="workflow")
     def workflow(self, job: Job) -> Any:
         """A link to the page of the job's workflow (a chain is one)."""
         return workflow_link(job, self.admin_site.name)
+
+    @admin.display(description="Batch")
+    def batch(self, obj: Job) -> SafeString | str:
+        return batch_link(obj)
 
     # Rows are changed by workers and actions only.
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -189,6 +196,11 @@ class JobAdmin(JobActions):
                 name="django_gator_job_edit_arguments",
             ),
             path("<path:object_id>/retry/", wrap(self.retry_view), name="django_gator_job_retry"),
+            path(
+                "batches/<int:batch_id>/",
+                wrap(BatchView.as_view(model_admin=self)),
+                name="django_gator_job_batch",
+            ),
         ]
         return own + super().get_urls()
 

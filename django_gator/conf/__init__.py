@@ -148,6 +148,10 @@ def max_payload_bytes() -> int:
     return int(value("GATOR_MAX_PAYLOAD_BYTES"))
 
 
+def max_batch_size() -> int:
+    return int(value("GATOR_MAX_BATCH_SIZE"))
+
+
 def concurrency() -> int:
     return int(value("GATOR_CONCURRENCY"))
 

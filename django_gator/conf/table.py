@@ -46,6 +46,12 @@ SETTINGS: tuple[Setting, ...] = (
         "largest JSON payload (args + kwargs) accepted by dispatch, in bytes",
     ),
     Setting(
+        "GATOR_MAX_BATCH_SIZE",
+        100_000,
+        Number(1, whole=True),
+        "most members one `Batch` accepts; a dispatch beyond it raises and inserts nothing",
+    ),
+    Setting(
         "GATOR_CONCURRENCY",
         4,
         Number(1, whole=True),

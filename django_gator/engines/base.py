@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from django_gator.engines.batching import BatchStatements, member_batches
 from django_gator.engines.core import (
     JOB_COLUMNS,
     Listener,
@@ -21,7 +22,6 @@ from django_gator.engines.core import (
     loads,
     set_connection_hook,
 )
-from django_gator.engines.dispatching import DispatchStatements
 from django_gator.engines.workers import WorkerStatements
 from django_gator.engines.workflows import WorkflowStatements
 from django_gator.rows import ClaimedJob, Failure, InsertRow, LostClaim
@@ -50,9 +50,13 @@ __all__ = [
 ]
 
 
-class Engine(WorkflowStatements, DispatchStatements, WorkerStatements):
+#: Values of a success mark, (id, attempts, result): a batch member's adds its batch id.
+MARK_WIDTH = 3
+
+
+class Engine(WorkflowStatements, BatchStatements, WorkerStatements):
     """What the package asks of a database: dispatch, claims, outcomes, worker rows,
-    workflows."""
+    workflows and batches."""
 
     @contextmanager
     def listen(self) -> Iterator[Listener]:
@@ -115,13 +119,16 @@ class Engine(WorkflowStatements, DispatchStatements, WorkerStatements):
             next_execution_at=row[11] if len(row) > 11 else None,
             created_at=row[12] if len(row) > 12 else None,
             suspect=bool(row[13]) if len(row) > 13 else False,
+            batch_id=row[14] if len(row) > 14 else None,
         )
 
     def mark_succeeded(
         self, worker_id: str, done: Sequence[tuple[int, int, str | None]]
     ) -> list[int]:
-        """Mark (id, attempts, result_json) claims succeeded; returns the ids written."""
-        with self.connection.cursor() as cursor:
+        """Mark (id, attempts, result_json) claims succeeded; returns the ids written. A
+        batch member's mark carries its batch id too, and settles the batch with it."""
+        batches = any(len(d) > MARK_WIDTH for d in done)
+        with self.write_transaction() if batches else self.connection.cursor() as cursor:
             return self._mark_succeeded(cursor, worker_id, done)
 
     #: A JSON value as a query parameter.
@@ -131,13 +138,17 @@ class Engine(WorkflowStatements, DispatchStatements, WorkerStatements):
     update_returning = True
 
     def _mark_succeeded(
-        self, cursor: Any, worker_id: str, done: Sequence[tuple[int, int, str | None]]
+        self,
+        cursor: Any,
+        worker_id: str,
+        done: Sequence[tuple[int, int, str | None]],
+        inserted: list[int] | None = None,
     ) -> list[int]:
         """One UPDATE for the whole batch, each row matched on its claim."""
         ids = [d[0] for d in done]
         params: list[Any] = []
         attempts_case = "CASE id " + " ".join("WHEN %s THEN %s" for _ in done) + " END"
-        for job_id, attempts, _ in done:
+        for job_id, attempts, *_ in done:
             params += [job_id, attempts]
         if any(d[2] is not None for d in done):
             with_result = [d for d in done if d[2] is not None]
@@ -157,10 +168,13 @@ class Engine(WorkflowStatements, DispatchStatements, WorkerStatements):
         all_params = [*result_params, *ids, *params, worker_id]
         if self.update_returning:
             cursor.execute(sql + " RETURNING id", all_params)
-            return [row[0] for row in cursor.fetchall()]
-        cursor.execute(sql, all_params)
-        # No RETURNING: all or, rarely, some; the caller checks any id not listed.
-        return ids if cursor.rowcount == len(ids) else []
+            written = [row[0] for row in cursor.fetchall()]
+        else:
+            cursor.execute(sql, all_params)
+            # No RETURNING: all or, rarely, some; the caller checks any id not listed.
+            written = ids if cursor.rowcount == len(ids) else []
+        self.settle_batches(cursor, member_batches(done, MARK_WIDTH), inserted)
+        return written
 
     def claim_and_mark(
         self,
@@ -196,7 +210,7 @@ class Engine(WorkflowStatements, DispatchStatements, WorkerStatements):
         """Mark one claim succeeded and, only if that write landed, insert ``rows`` (the next
         step of a chain) in the same transaction; their ids are added to ``inserted``."""
         with self.write_transaction() as cursor:
-            written = bool(self._mark_succeeded(cursor, worker_id, [done]))
+            written = bool(self._mark_succeeded(cursor, worker_id, [done], inserted))
             if written and rows:
                 ids = self.insert_jobs(rows, notify={row.queue for row in rows})
                 if inserted is not None:
@@ -211,15 +225,18 @@ class Engine(WorkflowStatements, DispatchStatements, WorkerStatements):
         failure: Failure,
         rows: Sequence[InsertRow],
         inserted: list[int] | None = None,
+        batch_id: int | None = None,
     ) -> bool:
         """mark_failed(), plus ``rows`` (a chain's error handler) in the same transaction;
-        their ids are added to ``inserted``."""
-        with self.write_transaction():
+        their ids are added to ``inserted``. A batch member's batch is settled with it."""
+        with self.write_transaction() as cursor:
             written = self.mark_failed(worker_id, job_id, attempts, failure)
             if written and rows:
                 ids = self.insert_jobs(rows, notify={row.queue for row in rows})
                 if inserted is not None:
                     inserted += [r[0] for r in ids]
+            if written and batch_id is not None:
+                self.settle_batches(cursor, [batch_id], inserted)
         return written
 
     def claim_by_id(self, worker_id: str, job_id: int) -> ClaimedJob | None:
@@ -266,7 +283,14 @@ class Engine(WorkflowStatements, DispatchStatements, WorkerStatements):
             cursor.execute(sql, params)
             return bool(cursor.rowcount == 1)
 
-    def mark_snoozed(self, worker_id: str, job_id: int, attempts: int, seconds: float) -> bool:
+    def mark_snoozed(
+        self,
+        worker_id: str,
+        job_id: int,
+        attempts: int,
+        seconds: float,
+        batch_id: int | None = None,
+    ) -> bool:
         """The claimed job raised Snooze: back to ``waiting``, due ``seconds`` from now
         (database time), its attempt given back and its ``snoozes`` counted; errors,
         ``last_error``, queue and retry state untouched. A job whose cancellation was asked
@@ -283,13 +307,17 @@ class Engine(WorkflowStatements, DispatchStatements, WorkerStatements):
             "attempts = attempts - 1 "
             f"WHERE {self.claim_match}"
         )
-        with self.connection.cursor() as cursor:
+        with self.write_transaction() if batch_id else self.connection.cursor() as cursor:
             cursor.execute(sql, [seconds, job_id, attempts, worker_id])
-            return bool(cursor.rowcount == 1)
+            written = bool(cursor.rowcount == 1)
+            if written and batch_id is not None:
+                self.settle_batches(cursor, [batch_id])  # cancelled, if it was asked for
+            return written
 
-    def release(self, worker_id: str, claims: Sequence[tuple[int, int]]) -> list[int]:
-        """Give claims back to ``waiting`` without charging the attempt (``cancelled`` if
-        a cancellation was asked for); returns the ids written."""
+    def release(self, worker_id: str, claims: Sequence[tuple[int, ...]]) -> list[int]:
+        """Give (id, attempts) claims back to ``waiting`` without charging the attempt
+        (``cancelled`` if a cancellation was asked for); returns the ids written. A batch
+        member's claim carries its batch id too."""
         written: list[int] = []
         sql = (
             f"UPDATE {self.cas_table} SET "
@@ -302,10 +330,11 @@ class Engine(WorkflowStatements, DispatchStatements, WorkerStatements):
             f"WHERE {self.claim_match}"
         )
         with self.write_transaction() as cursor:
-            for job_id, attempts in claims:
+            for job_id, attempts, *_ in claims:
                 cursor.execute(sql, [job_id, attempts, worker_id])
                 if cursor.rowcount == 1:
                     written.append(job_id)
+            self.settle_batches(cursor, member_batches(claims, 2))
         return written
 
     def running_claims(self, worker_id: str) -> list[tuple[int, int]]:

@@ -15,8 +15,10 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from django.db import OperationalError
+
 from django_gator.engines.base import JOB_COLUMNS, ClaimedJob, Engine, InsertRow, Position
-from django_gator.states import SQL_WAITING, claim_set_sql
+from django_gator.states import ACTIVE_SQL, SQL_WAITING, claim_set_sql
 
 if TYPE_CHECKING:
     from django_gator.worker.connections import NetworkBounds
@@ -94,6 +96,28 @@ class MySQLEngine(Engine):
     def is_deadlock(self, exc: BaseException) -> bool:
         return bool(exc.args) and exc.args[0] in self.DEADLOCK_ERRORS
 
+    #: ER_LOCK_WAIT_TIMEOUT (MariaDB's NOWAIT) and ER_LOCK_NOWAIT (MySQL's).
+    NOWAIT_ERRORS = (1205, 3572)
+
+    def has_active_members(self, cursor: Any, batch_id: int) -> bool:
+        """A locking read, so it sees the newest commit whatever this transaction's
+        snapshot (REPEATABLE READ), with NOWAIT, so it never waits while holding the batch
+        row: a member locked by another transaction is being written by it, which either
+        leaves it active or ends it and then settles the batch itself, after our commit.
+        Either way the batch is not complete for us. (A plain wait could deadlock with
+        that transaction, which holds the member and waits for the batch row.)"""
+        try:
+            cursor.execute(
+                f"SELECT 1 FROM {self.job_table} FORCE INDEX (gator_job_batch) "
+                f"WHERE batch_id = %s AND {ACTIVE_SQL} LIMIT 1 FOR UPDATE NOWAIT",
+                [batch_id],
+            )
+        except OperationalError as exc:
+            if exc.args and exc.args[0] in self.NOWAIT_ERRORS:
+                return True  # only the statement failed; the transaction goes on
+            raise
+        return cursor.fetchone() is not None
+
     def insert_jobs(
         self, rows: Sequence[InsertRow], notify: set[str] | None = None
     ) -> list[tuple[int, datetime, datetime]]:
@@ -106,9 +130,9 @@ class MySQLEngine(Engine):
                 cursor.execute(
                     f"INSERT INTO {self.job_table} (name, args, kwargs, queue, priority, state, "
                     "attempts, rescues, next_execution_at, created_at, last_error, chain_id, "
-                    "chain_position, chain, unique_key) VALUES (%s, %s, %s, %s, %s, "
+                    "chain_position, chain, unique_key, batch_id) VALUES (%s, %s, %s, %s, %s, "
                     f"{SQL_WAITING}, 0, 0, COALESCE(%s, {self.now_sql}), {self.now_sql}, '', "
-                    "%s, %s, %s, %s)",
+                    "%s, %s, %s, %s, %s)",
                     [
                         row.name,
                         row.args,
@@ -120,6 +144,7 @@ class MySQLEngine(Engine):
                         row.chain_position,
                         row.chain,
                         row.unique_key,
+                        row.batch_id,
                     ],
                 )
                 job_id = cursor.lastrowid
@@ -136,9 +161,9 @@ class MySQLEngine(Engine):
         return (
             f"INSERT INTO {self.job_table} (name, args, kwargs, queue, priority, state, "
             "attempts, rescues, next_execution_at, created_at, last_error, chain_id, "
-            "chain_position, chain, unique_key) SELECT j.name, j.a, j.k, j.queue, j.priority, "
-            f"{SQL_WAITING}, 0, 0, COALESCE(j.run_at, {self.now_sql}), {self.now_sql}, '', "
-            "j.chain_id, j.chain_position, j.chain, j.unique_key "
+            "chain_position, chain, unique_key, batch_id) SELECT j.name, j.a, j.k, j.queue, "
+            f"j.priority, {SQL_WAITING}, 0, 0, COALESCE(j.run_at, {self.now_sql}), "
+            f"{self.now_sql}, '', j.chain_id, j.chain_position, j.chain, j.unique_key, j.batch_id "
             "FROM JSON_TABLE(%s, '$[*]' COLUMNS ("
             "ord FOR ORDINALITY, "
             f"name VARCHAR(255) {text} PATH '$[0]', "
@@ -150,7 +175,8 @@ class MySQLEngine(Engine):
             "chain_id CHAR(32) PATH '$[6]', "
             "chain_position SMALLINT PATH '$[7]', "
             f"chain LONGTEXT {text} PATH '$[8]', "
-            f"unique_key VARCHAR(200) {text} PATH '$[9]')) AS j ORDER BY j.ord "
+            f"unique_key VARCHAR(200) {text} PATH '$[9]', "
+            "batch_id BIGINT PATH '$[10]')) AS j ORDER BY j.ord "
             "RETURNING id, created_at, next_execution_at"
         )
 

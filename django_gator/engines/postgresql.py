@@ -11,11 +11,13 @@ from typing import TYPE_CHECKING, Any
 from django_gator import conf
 from django_gator.engines.base import (
     JOB_COLUMNS,
+    MARK_WIDTH,
     ClaimedJob,
     Engine,
     InsertRow,
     Listener,
     Position,
+    member_batches,
 )
 from django_gator.states import READY_SQL, RUNNING_SQL, SQL_SUCCEEDED, SQL_WAITING, claim_set_sql
 
@@ -61,6 +63,7 @@ class PostgresEngine(Engine):
         ("chain_position", "smallint", "{}"),
         ("chain", "text", "{}::jsonb"),
         ("unique_key", "text", "{}"),
+        ("batch_id", "bigint", "{}"),
     )
 
     def insert_jobs(
@@ -101,9 +104,9 @@ class PostgresEngine(Engine):
             array_params = [len(rows)]
         sql = (
             f"WITH ins AS (INSERT INTO {self.job_table} (name, args, kwargs, queue, priority, "
-            "next_execution_at, chain_id, chain_position, chain, unique_key, state, attempts, "
-            f"rescues, created_at, last_error) SELECT {', '.join(select)}, {SQL_WAITING}, 0, 0, "
-            f"statement_timestamp(), '' FROM {source} RETURNING id) "
+            "next_execution_at, chain_id, chain_position, chain, unique_key, batch_id, state, "
+            f"attempts, rescues, created_at, last_error) SELECT {', '.join(select)}, "
+            f"{SQL_WAITING}, 0, 0, statement_timestamp(), '' FROM {source} RETURNING id) "
             "SELECT (SELECT array_agg(id ORDER BY id) FROM ins), statement_timestamp(), "
             "(SELECT count(pg_notify(%s, q)) FROM unnest(%s::text[]) AS q)"
         )
@@ -119,9 +122,10 @@ class PostgresEngine(Engine):
         """A single dispatch: a plain VALUES insert plans and runs faster than unnest()."""
         insert = (
             f"INSERT INTO {self.job_table} (name, args, kwargs, queue, priority, "
-            "next_execution_at, chain_id, chain_position, chain, unique_key, state, attempts, "
-            "rescues, created_at, last_error) VALUES (%s, %s::jsonb, %s::jsonb, %s, %s, "
-            "COALESCE(%s::timestamptz, statement_timestamp()), %s::uuid, %s, %s::jsonb, %s, "
+            "next_execution_at, chain_id, chain_position, chain, unique_key, batch_id, state, "
+            "attempts, rescues, created_at, last_error) VALUES (%s, %s::jsonb, %s::jsonb, %s, "
+            "%s, COALESCE(%s::timestamptz, statement_timestamp()), %s::uuid, %s, %s::jsonb, %s, "
+            "%s::bigint, "
             f"{SQL_WAITING}, 0, 0, statement_timestamp(), '') "
             "RETURNING id, created_at, next_execution_at"
         )
@@ -136,6 +140,7 @@ class PostgresEngine(Engine):
             row.chain_position,
             row.chain,
             row.unique_key,
+            row.batch_id,
         ]
         if notify:
             [queue] = notify
@@ -360,9 +365,12 @@ class PostgresEngine(Engine):
             [d[2] for d in done],
             worker_id,
         ]
-        with self.connection.cursor() as cursor:
+        batches = member_batches(done, MARK_WIDTH)
+        with self.write_transaction() if batches else self.connection.cursor() as cursor:
             cursor.execute(sql, params)
-            return [row[0] for row in cursor.fetchall()]
+            written = [row[0] for row in cursor.fetchall()]
+            self.settle_batches(cursor, batches)
+            return written
 
 
 def _dequeue_order(job: ClaimedJob) -> tuple[int, int]:

@@ -43,6 +43,8 @@ class SQLiteEngine(Engine):
     later_sql = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s || ' seconds')"
 
     mark_in_claim_transaction = True
+    # Writers take turns (BEGIN IMMEDIATE): a batch row needs no lock of its own.
+    row_lock_sql = ""
 
     def __init__(self, alias: str) -> None:
         super().__init__(alias)
@@ -109,10 +111,11 @@ class SQLiteEngine(Engine):
         return (
             f"INSERT INTO {self.job_table} (name, args, kwargs, queue, priority, state, "
             "attempts, rescues, next_execution_at, created_at, last_error, chain_id, "
-            f"chain_position, chain, unique_key) SELECT {col(0)}, {col(1)}, {col(2)}, {col(3)}, "
+            f"chain_position, chain, unique_key, batch_id) SELECT {col(0)}, {col(1)}, {col(2)}, "
+            f"{col(3)}, "
             f"{col(4)}, {SQL_WAITING}, 0, 0, COALESCE({col(5)}, {self.now_sql}), "
             f"{self.now_sql}, '', "
-            f"{col(6)}, {col(7)}, {col(8)}, {col(9)} FROM json_each(%s) ORDER BY key "
+            f"{col(6)}, {col(7)}, {col(8)}, {col(9)}, {col(10)} FROM json_each(%s) ORDER BY key "
             "RETURNING id, created_at, next_execution_at"
         )
 

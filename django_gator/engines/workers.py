@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from django_gator.engines.core import (
     EngineCore,
@@ -156,9 +157,15 @@ class WorkerStatements(EngineCore):
             lost.owner,
             self.adapt_dt(cutoff),
         ]
-        with self.connection.cursor() as cursor:
+        with self.write_transaction() as cursor:
             cursor.execute(sql, params)
-            return bool(cursor.rowcount == 1)
+            rescued = bool(cursor.rowcount == 1)
+            if rescued:
+                self.after_rescue(cursor, lost.id)
+            return rescued
+
+    def after_rescue(self, cursor: Any, job_id: int) -> None:
+        """In the rescue's transaction: what follows (the job's batch is settled)."""
 
     def forget_workers(self, cutoff: datetime, only: Sequence[str] | None = None) -> int:
         """Delete worker rows whose heartbeat lapsed before ``cutoff`` (of those, only the

@@ -1,4 +1,4 @@
-"""django-gator's tables: jobs, workers, queues, cron schedules and their runs,
+"""django-gator's tables: jobs, batches, workers, queues, cron schedules and their runs,
 workflows and their steps, leases.
 
 Hot paths (dispatch, claim, outcome writes, rescue) are SQL in :mod:`django_gator.engines`,
@@ -6,6 +6,7 @@ one module per database; the models declare the schema, the indexes the claim qu
 and the domain verbs used by the admin and the management commands.
 """
 
+from django_gator.models.batches import Batch, BatchError
 from django_gator.models.jobs import (
     ERROR_CLASS_RE,
     Job,
@@ -25,6 +26,8 @@ __all__ = [
     "ERROR_CLASS_RE",
     "FINAL_STATES",
     "READY_STATES",
+    "Batch",
+    "BatchError",
     "Job",
     "JobQuerySet",
     "JobState",

@@ -15,6 +15,7 @@ from django.utils import timezone
 from django_gator import conf
 from django_gator.dbtime import DbNow
 from django_gator.jsonsql import JsonAppend
+from django_gator.models import membership
 from django_gator.models.queues import Queue
 from django_gator.states import FINAL_STATES, READY_STATES, JobState
 from django_gator.validation import (
@@ -69,6 +70,15 @@ cancel_hooks: list[Callable[[str, list[int]], None]] = []
 def _cancelled(alias: str, ids: list[int]) -> None:
     for hook in cancel_hooks:
         hook(alias, ids)
+
+
+def _reopen_batches(jobs: JobQuerySet) -> None:
+    """Dead members about to be retried: their completed batches start a new generation."""
+    membership.reopen(jobs.db, membership.batches_of(jobs, (JobState.DEAD,)))
+
+
+#: Final states, as values.
+FINAL = tuple(state.value for state in FINAL_STATES)
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -184,6 +194,7 @@ class JobQuerySet(models.QuerySet["Job"]):
             chunk = ids[start : start + 5000]
             try:
                 with transaction.atomic(using=retryable.db):
+                    _reopen_batches(retryable.filter(pk__in=chunk))
                     retryable.filter(pk__in=chunk).update(**changes)
                     changed += chunk
                 continue
@@ -193,6 +204,7 @@ class JobQuerySet(models.QuerySet["Job"]):
             for pk in chunk:
                 try:
                     with transaction.atomic(using=retryable.db):
+                        _reopen_batches(retryable.filter(pk=pk))
                         if retryable.filter(pk=pk).update(**changes):
                             changed.append(pk)
                 except IntegrityError:
@@ -208,6 +220,7 @@ class JobQuerySet(models.QuerySet["Job"]):
         with transaction.atomic(using=self.db):
             ids = list(discardable.select_for_update().values_list("pk", flat=True))
             discardable.filter(pk__in=ids).update(state=JobState.CANCELLED, finished_at=DbNow())
+            membership.settle(self.db, membership.batches_of(self.filter(pk__in=ids), FINAL))
             if ids:
                 record(self.db, ids, "discard", by)
                 _cancelled(self.db, ids)
@@ -227,9 +240,12 @@ class JobQuerySet(models.QuerySet["Job"]):
                 .select_for_update()
                 .values_list("pk", flat=True)
             )
+            # Members of a batch: it is settled in the same transaction.
+            batches = membership.batches_of(self, READY_STATES)
             changed = self._cancel(ready)
             if steps:
                 _cancelled(self.db, steps)
+            membership.settle(self.db, batches)
         return changed
 
     def _cancel(self, ready: models.Q) -> int:
@@ -322,6 +338,9 @@ class Job(models.Model):
         db_default=False,
         help_text="Cancellation asked for while running; the job may stop early.",
     )
+    batch_id = models.BigIntegerField(
+        null=True, blank=True, help_text="The batch this job is a member of (see Batch)."
+    )
     # Precise blame for crashes: a job rescued from a lost worker becomes a suspect and
     # runs alone in its worker until it ends; only crashes while it ran alone are its own.
     suspect = models.BooleanField(
@@ -355,6 +374,8 @@ class Job(models.Model):
             # Pruning, the admin's state filter and the dashboard counts.
             models.Index(fields=["state", "finished_at"], name="gator_job_state_finished"),
             models.Index(fields=["chain_id"], name="gator_job_chain"),
+            # A batch's members by state: its completion check and its admin page.
+            models.Index(fields=["batch_id", "state"], name="gator_job_batch"),
         ]
         # The dead-job screen's partial index (dead and failed rows only) is created by
         # migration 0005 on PostgreSQL and SQLite; see django_gator.indexes.

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from django.db import DatabaseError
 
@@ -98,7 +98,7 @@ class Outcomes:
             _steps(job),
             self.follow_ups,
             lambda: self.engine.mark_succeeded_and_insert(
-                self.worker_id, (job.id, job.attempts, result), [], self.follow_ups
+                self.worker_id, _member((job.id, job.attempts, result), job), [], self.follow_ups
             ),
         )
 
@@ -123,7 +123,7 @@ class Outcomes:
     def marks(
         batch: Sequence[tuple[ClaimedJob, Success, float]],
     ) -> list[tuple[int, int, str | None]]:
-        return [(job.id, job.attempts, success.result) for job, success, _ in batch]
+        return [_member((job.id, job.attempts, success.result), job) for job, success, _ in batch]
 
     def write_batch(self, batch: Sequence[tuple[ClaimedJob, Success, float]]) -> None:
         """Write batched success marks in one statement (those the fetcher did not write
@@ -154,7 +154,7 @@ class Outcomes:
     def release(self, jobs: Sequence[ClaimedJob]) -> list[int]:
         """Give claims back to ``waiting``, the attempt not charged (never started, or cut
         off by a forced stop)."""
-        claims = [(j.id, j.attempts) for j in jobs]
+        claims = [_member((j.id, j.attempts), j) for j in jobs]
         released = self.engine.with_steps(
             [id_ for j in jobs for id_ in _steps(j)],
             self.follow_ups,
@@ -190,7 +190,10 @@ class Outcomes:
                 _steps(job),
                 self.follow_ups,
                 lambda: self.engine.mark_succeeded_and_insert(
-                    self.worker_id, (job.id, job.attempts, outcome.result), [], self.follow_ups
+                    self.worker_id,
+                    _member((job.id, job.attempts, outcome.result), job),
+                    [],
+                    self.follow_ups,
                 ),
             ),
         )
@@ -229,7 +232,7 @@ class Outcomes:
                 _steps(job),
                 self.follow_ups,
                 lambda: self.engine.mark_snoozed(
-                    self.worker_id, job.id, job.attempts, outcome.seconds
+                    self.worker_id, job.id, job.attempts, outcome.seconds, job.batch_id
                 ),
             ),
         )
@@ -261,7 +264,13 @@ class Outcomes:
                     _steps(job),
                     self.follow_ups,
                     lambda: self.engine.mark_failed_and_insert(
-                        self.worker_id, job.id, job.attempts, failure, [], self.follow_ups
+                        self.worker_id,
+                        job.id,
+                        job.attempts,
+                        failure,
+                        [],
+                        self.follow_ups,
+                        job.batch_id,
                     ),
                 ),
             )
@@ -296,6 +305,12 @@ def _steps(job: ClaimedJob) -> list[int]:
     """``[job.id]`` for a workflow step (whose final state settles its workflow), else
     nothing."""
     return [job.id] if job.chain_id is not None else []
+
+
+def _member(item: tuple[Any, ...], job: ClaimedJob) -> Any:
+    """An outcome item for the engine, with the job's batch id appended if it has one (the
+    engine settles the batch in the same transaction)."""
+    return item if job.batch_id is None else (*item, job.batch_id)
 
 
 def _log_success(job: ClaimedJob, elapsed_ms: float, extra: str = "") -> None:

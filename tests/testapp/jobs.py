@@ -936,3 +936,39 @@ class ThreadSleep(Queueable):
 
         time.sleep(seconds)
         return threading.current_thread().name
+
+
+class BatchCallback(Queueable):
+    """A batch callback: a ledger row labelled ``<kind>:<batch id>`` per run."""
+
+    kind = "callback"
+
+    def handle(self, batch_id: int) -> None:
+        Execution.objects.create(
+            job_id=self.job_id,
+            attempt=self.attempt,
+            pid=os.getpid(),
+            label=f"{self.kind}:{batch_id}",
+        )
+
+
+class BatchCompleted(BatchCallback):
+    kind = "complete"
+
+
+class BatchSucceeded(BatchCallback):
+    kind = "success"
+
+
+class BatchMemberDead(BatchCallback):
+    kind = "dead"
+
+
+class AtomicBatchCompleted(BatchCompleted):
+    """on_complete whose ledger row commits with its success mark: counted exactly once."""
+
+    atomic = True
+
+
+class AtomicBatchSucceeded(BatchSucceeded):
+    atomic = True

@@ -32,8 +32,11 @@ class Command(BaseCommand):
         parser.add_argument("--concurrency", type=POSITIVE, default=8)
         parser.add_argument("--latency", type=POSITIVE, default=200, help="latency samples")
         parser.add_argument(
+            "--rounds", type=POSITIVE, default=7, help="alternate rounds of --only batch"
+        )
+        parser.add_argument(
             "--only",
-            choices=["dispatch", "dispatch_many", "drain", "latency", "tasks"],
+            choices=["dispatch", "dispatch_many", "drain", "latency", "tasks", "batch"],
             action="append",
             help="run only these measurements (repeatable)",
         )
@@ -81,6 +84,29 @@ class Command(BaseCommand):
                     f"{wording.count(options['concurrency'], 'thread')}",
                     f"{rate:,.0f} tasks/s",
                 )
+            if "batch" in only:
+                rounds = bench.bench_batch_dispatch(options["batch"], options["rounds"])
+                for plain_s, batched_s in rounds:
+                    self._line(
+                        f"dispatch_many of {options['batch']:,}: plain / in a Batch",
+                        f"{plain_s * 1000:.0f} / {batched_s * 1000:.0f} ms "
+                        f"(x{batched_s / plain_s:.2f})",
+                    )
+                ratios = sorted(b / p for p, b in rounds)
+                self._line("in a Batch / plain, median", f"x{ratios[len(ratios) // 2]:.2f}")
+                drains = []
+                for _ in range(max(1, options["rounds"] // 3)):
+                    plain = bench.bench_drain(options["drain"], options["concurrency"])[0]
+                    member = bench.bench_drain(
+                        options["drain"], options["concurrency"], in_batch=True
+                    )[0]
+                    drains.append(member / plain)
+                    self._line(
+                        f"drain {options['drain']:,}: plain / members of a Batch",
+                        f"{plain:,.0f} / {member:,.0f} jobs/s (x{member / plain:.2f})",
+                    )
+                drains.sort()
+                self._line("drain, Batch / plain, median", f"x{drains[len(drains) // 2]:.2f}")
             if "latency" in only:
                 p50, p90 = bench.bench_latency(options["latency"], options["concurrency"])
                 samples = wording.count(options["latency"], "sample")

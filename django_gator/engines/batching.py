@@ -1,0 +1,176 @@
+"""Batch statements: settling a batch in the transaction of its members' outcomes.
+
+Every write that can end a member (a success mark, batched or not; a failure to dead; a
+cancellation; a rescue to dead) settles the member's batch before its transaction
+commits: it locks the batch's row, asks whether any member is still active, and if the
+batch is closed and none is, dispatches ``on_complete`` (and ``on_success`` when every
+member succeeded) and records the completion on the row; ``on_dead`` is dispatched the
+first time a member is seen dead. The callbacks' rows commit with the outcome, or not at
+all, so a crash anywhere neither loses them nor writes them twice.
+
+Why this is exactly once with concurrent last members: the batch row's lock orders the
+settling transactions of one batch. Each takes it after writing its own members and
+holds it to its commit, so the last to take it sees every other member's outcome (they
+committed before releasing the lock), provided its check reads the newest committed rows:
+PostgreSQL's READ COMMITTED gives each statement a fresh snapshot, SQLite has one writer at
+a time, and on MariaDB/MySQL (REPEATABLE READ) the check is a locking read with NOWAIT
+(see :meth:`BatchStatements.has_active_members`). The row's ``completed_generation``,
+written under the lock, keeps a completion from being answered twice.
+
+The cost: one primary-key lock per batch per outcome transaction; a worker's batched
+success marks settle each batch once for the whole batch of marks.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Iterable, Sequence
+from typing import Any
+
+from django.db import connections
+
+from django_gator.engines.dispatching import DispatchStatements
+from django_gator.exceptions import JobNotRegistered
+from django_gator.models import Batch
+from django_gator.registry import get_job_class
+from django_gator.rows import InsertRow
+from django_gator.states import ACTIVE_SQL, SQL_CANCELLED, SQL_DEAD
+
+_COLUMNS = (
+    "closed, generation, completed_generation, success_dispatched, dead_dispatched, "
+    "on_success, on_complete, on_dead"
+)
+
+
+def member_batches(items: Iterable[Sequence[Any]], width: int) -> list[int]:
+    """The batch ids carried by outcome items of ``width`` values (a success mark ``(id,
+    attempts, result)``, a claim ``(id, attempts)``), to which the job's batch id is
+    appended when it has one."""
+    return sorted({item[width] for item in items if len(item) > width})
+
+
+class BatchStatements(DispatchStatements):
+    """Settling and re-opening batches (see the module's docstring)."""
+
+    def __init__(self, alias: str) -> None:
+        super().__init__(alias)
+        self.batch_table = connections[alias].ops.quote_name(Batch._meta.db_table)
+
+    #: Appended to the SELECT that locks a batch row (SQLite: the write lock is the lock).
+    row_lock_sql = " FOR UPDATE"
+
+    def settle_batches(
+        self, cursor: Any, batch_ids: Collection[int], inserted: list[int] | None = None
+    ) -> None:
+        """In the open transaction of ``cursor``, after members of ``batch_ids`` changed:
+        dispatch the callbacks that are now due, once; their ids are added to
+        ``inserted``."""
+        for batch_id in sorted(batch_ids):
+            self._settle(cursor, batch_id, inserted)
+
+    def _settle(self, cursor: Any, batch_id: int, inserted: list[int] | None = None) -> None:
+        cursor.execute(
+            f"SELECT {_COLUMNS} FROM {self.batch_table} WHERE id = %s{self.row_lock_sql}",
+            [batch_id],
+        )
+        row = cursor.fetchone()
+        if row is None:
+            return
+        closed, generation, completed, success_done, dead_done, on_success, on_complete, on_dead = (
+            row
+        )
+        callbacks: list[str] = []
+        changes: list[str] = []
+        if on_dead and not dead_done and self._has_member(cursor, batch_id, f"= {SQL_DEAD}"):
+            callbacks.append(on_dead)
+            changes.append("dead_dispatched = TRUE")
+        if closed and completed < generation and not self.has_active_members(cursor, batch_id):
+            if on_complete:
+                callbacks.append(on_complete)
+            if (
+                on_success
+                and not success_done
+                and not self._has_member(cursor, batch_id, f"IN ({SQL_DEAD}, {SQL_CANCELLED})")
+            ):
+                callbacks.append(on_success)
+                changes.append("success_dispatched = TRUE")
+            changes += [
+                f"completed_generation = {int(generation)}",
+                f"completed_at = {self.now_sql}",
+            ]
+        if not changes and not callbacks:
+            return
+        if changes:
+            cursor.execute(
+                f"UPDATE {self.batch_table} SET {', '.join(changes)} WHERE id = %s", [batch_id]
+            )
+        if callbacks:
+            rows = [_callback_row(name, batch_id) for name in callbacks]
+            ids = self.insert_jobs(rows, notify={r.queue for r in rows})
+            if inserted is not None:
+                inserted += [r[0] for r in ids]
+
+    def _has_member(self, cursor: Any, batch_id: int, state_sql: str) -> bool:
+        cursor.execute(
+            f"SELECT 1 FROM {self.job_table} WHERE batch_id = %s AND state {state_sql} LIMIT 1",
+            [batch_id],
+        )
+        return cursor.fetchone() is not None
+
+    def has_active_members(self, cursor: Any, batch_id: int) -> bool:
+        """Whether a member of ``batch_id`` is waiting, failed or running, as of the newest
+        commit (the batch row is locked by this transaction)."""
+        cursor.execute(
+            f"SELECT 1 FROM {self.job_table} WHERE batch_id = %s AND {ACTIVE_SQL} LIMIT 1",
+            [batch_id],
+        )
+        return cursor.fetchone() is not None
+
+    def after_rescue(self, cursor: Any, job_id: int) -> None:
+        """Settle the batch of job ``job_id`` (a rescue knows only the job)."""
+        cursor.execute(f"SELECT batch_id FROM {self.job_table} WHERE id = %s", [job_id])
+        row = cursor.fetchone()
+        if row is not None and row[0] is not None:
+            self._settle(cursor, row[0])
+
+    def reopen_batches(self, batch_ids: Collection[int]) -> None:
+        """Lock ``batch_ids`` (in id order) and start a new generation of each completed
+        one: dead members are about to run again, and the batch's next completion is a new
+        one. In the caller's open transaction."""
+        with self.connection.cursor() as cursor:
+            for batch_id in sorted(batch_ids):
+                cursor.execute(
+                    f"SELECT id FROM {self.batch_table} WHERE id = %s{self.row_lock_sql}",
+                    [batch_id],
+                )
+                cursor.execute(
+                    f"UPDATE {self.batch_table} SET generation = generation + 1, "
+                    "completed_at = NULL WHERE id = %s AND completed_generation = generation",
+                    [batch_id],
+                )
+
+    def settle_now(self, batch_ids: Collection[int]) -> list[int]:
+        """settle_batches() on this engine's connection, in the caller's transaction;
+        returns the ids of the callbacks it dispatched."""
+        inserted: list[int] = []
+        with self.connection.cursor() as cursor:
+            self.settle_batches(cursor, batch_ids, inserted)
+        return inserted
+
+
+def _callback_row(name: str, batch_id: int) -> InsertRow:
+    """A callback's row: the batch id its only argument, the job class's queue and
+    priority (a name no longer registered still gets its row, and ends dead saying so)."""
+    try:
+        job_class = get_job_class(name)
+        queue, priority = job_class.queue, job_class.priority
+    except JobNotRegistered:
+        queue, priority = "default", 0
+    return InsertRow(
+        name=name,
+        args=json.dumps([batch_id]),
+        kwargs="{}",
+        queue=queue,
+        priority=priority,
+        run_at=None,
+    )

@@ -1,0 +1,222 @@
+"""Batches: a group of jobs whose end dispatches callbacks (fan-out, fan-in).
+
+A member is a job whose ``batch_id`` names the batch. The batch's row holds its callbacks
+(registered job names), whether it is closed, and which completion it has answered:
+``generation`` grows when a retry brings a dead member of a completed batch back, and
+``completed_generation`` records the completion whose callbacks were dispatched, so each
+completion dispatches ``on_complete`` once. The callbacks are inserted by
+:mod:`django_gator.engines.batching`, in the transaction of the outcome that completes the
+batch; this module cannot call it (the engines sit above the models), so the app's
+``ready()`` installs it (:mod:`.membership`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+from django.db import models, transaction
+from django.utils import timezone
+
+from django_gator import conf
+from django_gator.exceptions import JobNotRegistered
+from django_gator.models import membership
+from django_gator.models.jobs import Job, JobQuerySet
+from django_gator.registry import get_job_class, is_registered
+from django_gator.states import JobState
+from django_gator.validation import NAME_MAX_LENGTH
+
+if TYPE_CHECKING:
+    from django_gator.queueable import Queueable
+
+#: The batch that dispatches join (the innermost ``with Batch(...)`` block).
+_current: ContextVar[Batch | None] = ContextVar("django_gator_batch", default=None)
+
+CALLBACKS = ("on_success", "on_complete", "on_dead")
+
+
+def current_batch() -> Batch | None:
+    """The batch that a dispatch made now joins, if any."""
+    return _current.get()
+
+
+def callback_name(field: str, value: Any) -> str:
+    """The registered job name of callback ``value`` (a job class or a registered name);
+    "" for None. TypeError naming the value otherwise."""
+    if value is None or value == "":
+        return ""
+    if isinstance(value, type):
+        if is_registered(value):
+            return str(value.name)  # type: ignore[attr-defined]
+        raise TypeError(f"Batch {field}={value.__qualname__} is not a registered job class")
+    if isinstance(value, str):
+        try:
+            get_job_class(value)
+        except JobNotRegistered as exc:
+            raise TypeError(f"Batch {field}={value!r}: {exc}") from exc
+        return value
+    raise TypeError(f"Batch {field}={value!r} is not a job class: pass a registered job class")
+
+
+class BatchError(ValueError):
+    """A batch refused a dispatch, or refused to close."""
+
+
+class Batch(models.Model):
+    """A group of jobs; when every member has ended, the callbacks are dispatched.
+
+    ::
+
+        with Batch(on_success=PublishAlbum, on_complete=NotifyOwner) as batch:
+            ResizeImage.dispatch(image_id)      # every dispatch in the block joins
+
+    ``on_complete`` runs once when every member has ended (succeeded, dead or cancelled),
+    ``on_success`` once when all of them succeeded, ``on_dead`` once when a member first
+    ends dead. Each receives the batch id as its first argument.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    description = models.CharField(max_length=255, blank=True, default="")
+    on_success = models.CharField(max_length=NAME_MAX_LENGTH, blank=True, default="")
+    on_complete = models.CharField(max_length=NAME_MAX_LENGTH, blank=True, default="")
+    on_dead = models.CharField(max_length=NAME_MAX_LENGTH, blank=True, default="")
+    closed = models.BooleanField(default=False, help_text="No member can join any more.")
+    size = models.PositiveIntegerField(default=0, help_text="Members dispatched into it.")
+    generation = models.PositiveIntegerField(
+        default=1, help_text="Grows when a retry re-opens a completed batch."
+    )
+    completed_generation = models.PositiveIntegerField(
+        default=0, help_text="The generation whose completion dispatched the callbacks."
+    )
+    success_dispatched = models.BooleanField(default=False)
+    dead_dispatched = models.BooleanField(default=False)
+    created_at = models.DateTimeField(default=timezone.now)
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        verbose_name_plural = "batches"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        for field in CALLBACKS:
+            if field in kwargs:
+                kwargs[field] = callback_name(field, kwargs[field])
+        super().__init__(*args, **kwargs)
+        self._token: Any = None
+        self._deferred_close: str | None = None
+
+    def __str__(self) -> str:
+        return f"batch #{self.pk or '-'} {self.description}".strip()
+
+    # -- joining -----------------------------------------------------------------------
+    def __enter__(self) -> Batch:
+        self._token = _current.set(self)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        _current.reset(self._token)
+        self._token = None
+        if exc_type is None:
+            if self._deferred_close is not None:
+                # Members wait for that alias's commit; the close follows them.
+                transaction.on_commit(self.close, using=self._deferred_close)
+            else:
+                self.close()
+
+    @contextmanager
+    def joined(self) -> Iterator[Batch]:
+        """Dispatches inside join this batch (without closing it at the end)."""
+        token = _current.set(self)
+        try:
+            yield self
+        finally:
+            _current.reset(token)
+
+    def add(self, job_class: type[Queueable], *args: Any, **kwargs: Any) -> Job:
+        """Dispatch ``job_class(*args, **kwargs)`` as a member (``dispatch`` options such
+        as ``queue=`` or ``wait=`` are accepted); the batch must not be closed."""
+        with self.joined():
+            return job_class.dispatch(*args, **kwargs)
+
+    def add_many(self, job_class: type[Queueable], items: Any, **options: Any) -> list[Job]:
+        """``job_class.dispatch_many(items, ...)`` as members."""
+        with self.joined():
+            return job_class.dispatch_many(items, **options)
+
+    def deferred_to(self, commit_alias: str) -> None:
+        """A member's INSERT waits for ``commit_alias``'s commit (dispatch on_commit)."""
+        self._deferred_close = commit_alias
+
+    def check_room(self, count: int) -> None:
+        """BatchError, before anything is written, if ``count`` more members would not fit
+        (as far as this object knows; admit() checks the row)."""
+        if self.closed:
+            raise BatchError(f"{self} is closed: no job can join it")
+        limit = conf.max_batch_size()
+        if self.size + count > limit:
+            raise BatchError(
+                f"{self} would have {self.size + count} members, more than "
+                f"GATOR_MAX_BATCH_SIZE = {limit}; nothing was dispatched"
+            )
+
+    def admit(self, alias: str, count: int) -> int:
+        """Count ``count`` new members in, in the open transaction of ``alias`` (the one
+        that inserts them); returns the batch id. The row is created with its first
+        members, so a batch that never gets one leaves no row. BatchError, and nothing
+        written, if the batch is closed or would exceed GATOR_MAX_BATCH_SIZE."""
+        self.check_room(count)
+        if self.pk is None:
+            self.size = count
+            self.save(using=alias, force_insert=True)
+            return int(self.pk)
+        limit = conf.max_batch_size()
+        changed = (
+            Batch.objects.using(alias)
+            .filter(pk=self.pk, closed=False, size__lte=limit - count)
+            .update(size=models.F("size") + count)
+        )
+        if changed != 1:
+            row = Batch.objects.using(alias).filter(pk=self.pk).first()
+            if row is None:
+                raise BatchError(f"{self} does not exist (deleted?)")
+            self.closed, self.size = row.closed, row.size
+            self.check_room(count)
+            raise BatchError(f"{self} refused {count} members")  # pragma: no cover
+        self.size += count
+        return int(self.pk)
+
+    # -- closing -----------------------------------------------------------------------
+    def close(self) -> None:
+        """No member can join any more; once every member has ended (now, or when the last
+        one does), the callbacks are dispatched. BatchError for a batch with no members
+        (nothing is written)."""
+        alias = self._state.db or conf.database()
+        if self.pk is None or self.size == 0:
+            raise BatchError(
+                f"{self} is empty: dispatch at least one job into it before closing it "
+                "(nothing was dispatched)"
+            )
+        with transaction.atomic(using=alias):
+            Batch.objects.using(alias).filter(pk=self.pk).update(closed=True)
+            membership.settle(alias, [self.pk])
+        self.closed = True
+
+    # -- reading -----------------------------------------------------------------------
+    @property
+    def members(self) -> JobQuerySet:
+        return Job.objects.using(self._state.db or conf.database()).filter(batch_id=self.pk)
+
+    def counts(self) -> dict[str, int]:
+        """Members per state (every state, zeros included), and ``total``."""
+        out = {state.value: 0 for state in JobState}
+        rows = self.members.order_by().values_list("state").annotate(n=models.Count("id"))
+        for state, n in rows:
+            out[state] = n
+        out["total"] = sum(out.values())
+        return out
+
+    @property
+    def is_complete(self) -> bool:
+        return self.completed_generation == self.generation
