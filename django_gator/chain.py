@@ -11,12 +11,13 @@ dead.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django_gator import validation
+from django_gator import limits, validation
 from django_gator.exceptions import JobNotRegistered
 from django_gator.queueable import JobFunction, Queueable, resolve_job_class
 from django_gator.registry import get_job_class
@@ -24,6 +25,8 @@ from django_gator.rows import ClaimedJob, InsertRow
 
 if TYPE_CHECKING:
     from django_gator.models import Job
+
+logger = logging.getLogger("django_gator.worker")
 
 
 class Chain:
@@ -115,6 +118,7 @@ def _row(
     args: Sequence[Any],
     kwargs: dict[str, Any],
 ) -> InsertRow:
+    key = None
     try:
         job_class = get_job_class(name)
         queue, priority = job_class.queue, job_class.priority
@@ -122,6 +126,8 @@ def _row(
         # Inserted anyway: the worker will mark it dead with a clear error, and nothing of
         # the chain is silently dropped.
         queue, priority = "default", 0
+    else:
+        key = _flow_key(job_class, spec.get("queue") or queue, args, kwargs)
     chain_id = job.chain_id.hex if isinstance(job.chain_id, uuid.UUID) else job.chain_id
     return InsertRow(
         name=name,
@@ -133,4 +139,17 @@ def _row(
         chain_id=chain_id if position is not None else None,
         chain_position=position,
         chain=validation.dumps(spec) if position is not None else None,
+        concurrency_key=key,
     )
+
+
+def _flow_key(
+    job_class: Any, queue: str, args: Sequence[Any], kwargs: dict[str, Any]
+) -> str | None:
+    """The step's concurrency key; if its concurrency_key() fails, the step is inserted
+    without one (held to no class limit) rather than lost, and the error is logged."""
+    try:
+        return limits.flow_key(job_class, job_class(queue=queue), args, kwargs)
+    except Exception:
+        logger.exception("concurrency_key() failed for a chain step job=%s", job_class.name)
+        return None

@@ -57,6 +57,8 @@ class InsertRow:
     chain_position: int | None = None
     chain: str | None = None
     unique_key: str | None = None
+    #: Set for a class with concurrency_limit or rate_limit (see limits.flow_key).
+    concurrency_key: str | None = None
 
 
 @dataclass(slots=True)

@@ -28,6 +28,7 @@ from tests.conftest import ROOT, worker_env
 
 EMPTY = "gator_unmigrated"
 ALL_TABLES = [
+    "django_gator_flow_start",
     "django_gator_job",
     "django_gator_queue",
     "django_gator_schedule",
@@ -145,10 +146,15 @@ def test_a_partly_migrated_database_names_the_missing_tables(unmigrated):
 
     missing = schema.missing_tables(EMPTY)
 
-    assert missing == ["django_gator_queue", "django_gator_schedule", "django_gator_scheduledrun"]
+    assert missing == [
+        "django_gator_flow_start",
+        "django_gator_queue",
+        "django_gator_schedule",
+        "django_gator_scheduledrun",
+    ]
     assert schema.missing_tables_message(EMPTY, missing).endswith(
-        f"(database {EMPTY!r}; missing: django_gator_queue, django_gator_schedule, "
-        "django_gator_scheduledrun)"
+        f"(database {EMPTY!r}; missing: django_gator_flow_start, django_gator_queue, "
+        "django_gator_schedule, django_gator_scheduledrun)"
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from django_gator.engines.core import (
     JOB_COLUMNS,
+    UNKEYED_SQL,
     Listener,
     Position,
     error_class_of,
@@ -36,6 +37,7 @@ from django_gator.states import (
 
 __all__ = [
     "JOB_COLUMNS",
+    "UNKEYED_SQL",
     "ClaimedJob",
     "Engine",
     "Failure",
@@ -94,7 +96,9 @@ class Engine(DispatchStatements, WorkerStatements):
             return [row[0] for row in cursor.fetchall()]
 
     def ready_condition(self) -> str:
-        return READY_SQL
+        """The rows of the ordinary claim's ready index (jobs of limited classes are found
+        by the limited claim's own, see engines/flow.py)."""
+        return f"{READY_SQL} AND {UNKEYED_SQL}"
 
     @staticmethod
     def claimed(row: Sequence[Any], attempts_offset: int = 0) -> ClaimedJob:

@@ -106,9 +106,9 @@ class MySQLEngine(Engine):
                 cursor.execute(
                     f"INSERT INTO {self.job_table} (name, args, kwargs, queue, priority, state, "
                     "attempts, rescues, next_execution_at, created_at, last_error, chain_id, "
-                    "chain_position, chain, unique_key) VALUES (%s, %s, %s, %s, %s, "
-                    f"{SQL_WAITING}, 0, 0, COALESCE(%s, {self.now_sql}), {self.now_sql}, '', "
-                    "%s, %s, %s, %s)",
+                    "chain_position, chain, unique_key, concurrency_key) VALUES (%s, %s, %s, %s, "
+                    f"%s, {SQL_WAITING}, 0, 0, COALESCE(%s, {self.now_sql}), {self.now_sql}, "
+                    "'', %s, %s, %s, %s, %s)",
                     [
                         row.name,
                         row.args,
@@ -120,6 +120,7 @@ class MySQLEngine(Engine):
                         row.chain_position,
                         row.chain,
                         row.unique_key,
+                        row.concurrency_key,
                     ],
                 )
                 job_id = cursor.lastrowid
@@ -136,9 +137,9 @@ class MySQLEngine(Engine):
         return (
             f"INSERT INTO {self.job_table} (name, args, kwargs, queue, priority, state, "
             "attempts, rescues, next_execution_at, created_at, last_error, chain_id, "
-            "chain_position, chain, unique_key) SELECT j.name, j.a, j.k, j.queue, j.priority, "
-            f"{SQL_WAITING}, 0, 0, COALESCE(j.run_at, {self.now_sql}), {self.now_sql}, '', "
-            "j.chain_id, j.chain_position, j.chain, j.unique_key "
+            "chain_position, chain, unique_key, concurrency_key) SELECT j.name, j.a, j.k, "
+            f"j.queue, j.priority, {SQL_WAITING}, 0, 0, COALESCE(j.run_at, {self.now_sql}), "
+            f"{self.now_sql}, '', j.chain_id, j.chain_position, j.chain, j.unique_key, j.ck "
             "FROM JSON_TABLE(%s, '$[*]' COLUMNS ("
             "ord FOR ORDINALITY, "
             f"name VARCHAR(255) {text} PATH '$[0]', "
@@ -150,7 +151,8 @@ class MySQLEngine(Engine):
             "chain_id CHAR(32) PATH '$[6]', "
             "chain_position SMALLINT PATH '$[7]', "
             f"chain LONGTEXT {text} PATH '$[8]', "
-            f"unique_key VARCHAR(200) {text} PATH '$[9]')) AS j ORDER BY j.ord "
+            f"unique_key VARCHAR(200) {text} PATH '$[9]', "
+            f"ck VARCHAR(200) {text} PATH '$[10]')) AS j ORDER BY j.ord "
             "RETURNING id, created_at, next_execution_at"
         )
 

@@ -5,6 +5,7 @@ one module per database; the models declare the schema, the indexes the claim qu
 and the domain verbs used by the admin and the management commands.
 """
 
+from django_gator.models.flow import FlowStart
 from django_gator.models.jobs import (
     ERROR_CLASS_RE,
     Job,
@@ -21,6 +22,7 @@ from django_gator.states import FINAL_STATES, READY_STATES, JobState
 __all__ = [
     "ERROR_CLASS_RE",
     "FINAL_STATES",
+    "FlowStart",
     "READY_STATES",
     "Job",
     "JobQuerySet",

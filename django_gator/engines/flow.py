@@ -1,0 +1,415 @@
+"""The limited claim: jobs held to a concurrency or rate limit, claimed under the lock of
+their queue's row.
+
+Which jobs: every ready job of a queue with limits (``concurrency``, ``rate_limit`` on its
+row in ``django_gator_queue``), and the ready jobs of a class with limits
+(``concurrency_limit``, ``rate_limit``), which carry a concurrency key from dispatch and sit
+in an index of their own (``gator_job_ready_keyed``; MariaDB: ``flow_rank``). The ordinary
+claim takes neither: its index holds no keyed row, and its pause probe also refuses a
+limited queue. Queues and classes without limits never reach this module.
+
+One claim, one transaction:
+
+1. Lock the queue's row (``SELECT ... FOR UPDATE``; SQLite's ``BEGIN IMMEDIATE`` already
+   serializes writers), and read the database's now: every limited claim of the queue, in
+   every worker, waits for the one before it, so two fetchers never take the same last
+   slot. The counts below are read after the lock: under REPEATABLE READ (MariaDB) the
+   snapshot is taken at the first plain read, after the previous holder committed.
+2. The queue's budget: its concurrency minus its running rows (counted live through a
+   partial index, so a job taken back from a lost worker gives its slot back with the
+   rescue), its rate minus the starts in the ledger younger than the window.
+3. Walk the ready rows in claim order (priority, then due time, then id), in chunks: a row
+   whose class key has no room left is skipped, and its key is excluded from the next
+   chunks' SQL, so a backlog of one key costs one chunk, not a wall (no head-of-line
+   blocking). Running rows are counted per (class, key) across the whole fleet, rate-limited
+   starts per key in the ledger (``django_gator_flow_start``).
+4. Mark the picked rows running (the ready state is checked again), with the locked ``now``
+   as their ``locked_at``, and write one ledger row per start and rate scope; ledger rows
+   older than their window are deleted as they pass.
+
+A job over a limit is not touched: it stays ``waiting``, no attempt is charged, and a later
+claim takes it when a slot or the window allows. A class's key limits are counted across
+every queue but serialized by the lock of the queue being claimed: a class whose jobs are
+spread over several queues can briefly run one more per key per extra queue.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
+
+from django_gator.engines.base import JOB_COLUMNS, UNKEYED_SQL, ClaimedJob, Engine
+from django_gator.limits import Rate, parse_rate
+from django_gator.models import FlowStart, Queue
+from django_gator.states import READY_SQL, RUNNING_SQL, claim_set_sql
+
+logger = logging.getLogger("django_gator.worker")
+
+#: Rows read per chunk of the walk, at least (more when the claim wants more).
+CHUNK = 64
+#: Chunks read per claim at most: the rows a claim looks at are bounded.
+MAX_CHUNKS = 8
+#: SQL for "the row carries a concurrency key" (a job of a class with limits).
+KEYED_SQL = "concurrency_key IS NOT NULL"
+
+
+@dataclass(frozen=True)
+class ClassLimits:
+    """A job class's limits, per key (the whole class when it has no concurrency_key)."""
+
+    concurrency: int | None = None
+    rate: Rate | None = None
+
+
+#: job name -> its class's limits (None: no limits, or a name this worker does not know).
+Policy = Callable[[str], ClassLimits | None]
+
+
+class Candidate(NamedTuple):
+    id: int
+    name: str
+    key: str | None
+    priority: int
+    due: datetime
+    raw_due: Any  # as the database returned it (for the next chunk's WHERE)
+
+    def order(self) -> tuple[int, datetime, int]:
+        """Sorts like the claim: priority first, then due time, then id."""
+        return (-self.priority, self.due, self.id)
+
+
+def queue_scope(queue: str) -> str:
+    return f"queue:{queue}"
+
+
+def key_scope(name: str, key: str) -> str:
+    return f"job:{name}|{key}"
+
+
+class FlowClaims:
+    """The limited claim and what the worker's router reads, for one engine."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        qn = engine.connection.ops.quote_name
+        self.ledger_table = qn(FlowStart._meta.db_table)
+        self.mysql = engine.vendor == "mysql"
+        self.lock_sql = "" if engine.vendor == "sqlite" else " FOR UPDATE"
+        self._rows: set[str] = set()  # queues known to have a row to lock
+
+    # -- what the router reads --------------------------------------------------------------
+    def limited_queues(self) -> set[str]:
+        """Queues with a concurrency or rate limit on their row."""
+        return set(Queue.objects.using(self.engine.alias).limited_names())
+
+    def keyed_queues(self) -> set[str]:
+        """Queues holding ready jobs of limited classes: a skip scan of their index."""
+        job = self.engine.job_table
+        cond = self._keyed_condition()
+        sql = (
+            "WITH RECURSIVE q(queue) AS ("
+            f" SELECT (SELECT queue FROM {job} WHERE {cond} ORDER BY queue LIMIT 1)"
+            " UNION ALL"
+            f" SELECT (SELECT queue FROM {job} WHERE {cond} AND queue > q.queue"
+            "  ORDER BY queue LIMIT 1) FROM q WHERE q.queue IS NOT NULL"
+            ") SELECT queue FROM q WHERE queue IS NOT NULL"
+        )
+        with self.engine.connection.cursor() as cursor:
+            cursor.execute(sql, [])
+            return {row[0] for row in cursor.fetchall()}
+
+    def _keyed_condition(self) -> str:
+        return "flow_rank IS NOT NULL" if self.mysql else f"{READY_SQL} AND {KEYED_SQL}"
+
+    # -- the claim ---------------------------------------------------------------------------
+    def claim(self, worker_id: str, queue: str, limit: int, policy: Policy) -> list[ClaimedJob]:
+        """Claim up to ``limit`` jobs of ``queue`` within every limit (see the module
+        docstring)."""
+        if limit <= 0:
+            return []
+        self._ensure_row(queue)
+        engine = self.engine
+        with engine.write_transaction() as cursor:
+            cursor.execute(
+                f"SELECT paused, concurrency, rate_limit, {engine.now_sql} FROM "
+                f"{engine.queue_table} WHERE name = %s{self.lock_sql}",
+                [queue],
+            )
+            row = cursor.fetchone()
+            if row is None or row[0]:
+                return []
+            concurrency, rate_text, now = row[1], row[2], engine.to_dt(row[3])
+            try:
+                rate = parse_rate(rate_text)
+            except ValueError:
+                logger.error("Queue has a bad rate_limit; nothing claimed queue=%s", queue)
+                return []
+            budget = limit
+            if concurrency is not None:
+                budget = min(budget, concurrency - self._running_in_queue(cursor, queue))
+            if rate is not None:
+                started = self._starts(cursor, [queue_scope(queue)], rate, now)
+                budget = min(budget, rate.count - started.get(queue_scope(queue), 0))
+            if budget <= 0:
+                return []
+            limited_queue = concurrency is not None or rate is not None
+            picked = self._pick(cursor, queue, budget, limited_queue, policy, now)
+            if not picked:
+                return []
+            jobs = self._mark_running(cursor, worker_id, [c.id for c in picked], now)
+            self._record_starts(cursor, queue if rate else None, rate, jobs, picked, policy, now)
+        jobs.sort(key=lambda j: (-j.priority, j.id))
+        return jobs
+
+    def _ensure_row(self, queue: str) -> None:
+        if queue not in self._rows:
+            Queue.objects.using(self.engine.alias).get_or_create(name=queue)
+            self._rows.add(queue)
+
+    def _running_in_queue(self, cursor: Any, queue: str) -> int:
+        cursor.execute(
+            f"SELECT COUNT(*) FROM {self.engine.job_table} WHERE {RUNNING_SQL} AND queue = %s",
+            [queue],
+        )
+        return int(cursor.fetchone()[0])
+
+    def _running_keys(self, cursor: Any) -> dict[tuple[str, str], int]:
+        """Running jobs per (class, key), across every queue and worker."""
+        if self.mysql:
+            sql = (
+                f"SELECT name, running_key, COUNT(*) FROM {self.engine.job_table} "
+                "WHERE running_key IS NOT NULL GROUP BY name, running_key"
+            )
+        else:
+            sql = (
+                f"SELECT name, concurrency_key, COUNT(*) FROM {self.engine.job_table} "
+                f"WHERE {RUNNING_SQL} AND {KEYED_SQL} GROUP BY name, concurrency_key"
+            )
+        cursor.execute(sql, [])
+        return {(r[0], r[1]): int(r[2]) for r in cursor.fetchall()}
+
+    def _starts(
+        self, cursor: Any, scopes: Sequence[str], rate: Rate, now: datetime
+    ) -> dict[str, int]:
+        """Starts per scope within ``rate``'s window ending ``now``."""
+        if not scopes:
+            return {}
+        since = self.engine.adapt_dt(now - timedelta(seconds=rate.seconds))
+        counts: dict[str, int] = {}
+        for start in range(0, len(scopes), 500):
+            part = scopes[start : start + 500]
+            cursor.execute(
+                f"SELECT scope, COUNT(*) FROM {self.ledger_table} WHERE scope IN "
+                f"({', '.join(['%s'] * len(part))}) AND started_at > %s GROUP BY scope",
+                [*part, since],
+            )
+            counts.update((r[0], int(r[1])) for r in cursor.fetchall())
+        return counts
+
+    def _pick(
+        self,
+        cursor: Any,
+        queue: str,
+        budget: int,
+        limited_queue: bool,
+        policy: Policy,
+        now: datetime,
+    ) -> list[Candidate]:
+        """The rows to claim: in claim order, each key within its room (see the module
+        docstring, step 3)."""
+        room: dict[tuple[str, str], float] = {}
+        running: dict[tuple[str, str], int] | None = None
+        excluded: set[tuple[str, str]] = set()
+        picked: list[Candidate] = []
+        after: Candidate | None = None
+        chunk = max(CHUNK, 2 * budget)
+        for _ in range(MAX_CHUNKS):
+            rows = self._candidates(cursor, queue, limited_queue, excluded, after, chunk, now)
+            if not rows:
+                break
+            new = {(c.name, c.key) for c in rows if c.key is not None} - room.keys()
+            if new:
+                if running is None:
+                    running = self._running_keys(cursor)
+                self._measure_room(cursor, new, running, policy, now, room)
+                excluded |= {pair for pair in new if room[pair] <= 0}
+            for candidate in rows:
+                if candidate.key is not None:
+                    pair = (candidate.name, candidate.key)
+                    if room[pair] <= 0:
+                        continue
+                    room[pair] -= 1
+                    if room[pair] <= 0:
+                        excluded.add(pair)
+                picked.append(candidate)
+                if len(picked) >= budget:
+                    return picked
+            if len(rows) < chunk:
+                break
+            after = rows[-1]
+        return picked
+
+    def _measure_room(
+        self,
+        cursor: Any,
+        pairs: Iterable[tuple[str, str]],
+        running: dict[tuple[str, str], int],
+        policy: Policy,
+        now: datetime,
+        room: dict[tuple[str, str], float],
+    ) -> None:
+        """How many more jobs each (class, key) may start now."""
+        by_rate: dict[Rate, list[tuple[str, str]]] = {}
+        for pair in pairs:
+            limits = policy(pair[0])
+            free: float = float("inf")
+            if limits is not None and limits.concurrency is not None:
+                free = limits.concurrency - running.get(pair, 0)
+            if limits is not None and limits.rate is not None:
+                by_rate.setdefault(limits.rate, []).append(pair)
+            room[pair] = free
+        for rate, rated in by_rate.items():
+            counts = self._starts(cursor, [key_scope(*p) for p in rated], rate, now)
+            for pair in rated:
+                room[pair] = min(room[pair], rate.count - counts.get(key_scope(*pair), 0))
+
+    def _candidates(
+        self,
+        cursor: Any,
+        queue: str,
+        limited_queue: bool,
+        excluded: set[tuple[str, str]],
+        after: Candidate | None,
+        chunk: int,
+        now: datetime,
+    ) -> list[Candidate]:
+        """The next ``chunk`` ready rows of ``queue`` in claim order, after ``after``: the
+        keyed ones (without the ``excluded`` keys) and, in a limited queue, the others."""
+        rows = self._read(cursor, queue, True, excluded, after, chunk, now)
+        if limited_queue:
+            rows += self._read(cursor, queue, False, excluded, after, chunk, now)
+            rows.sort(key=Candidate.order)
+            del rows[chunk:]
+        return rows
+
+    def _read(
+        self,
+        cursor: Any,
+        queue: str,
+        keyed: bool,
+        excluded: set[tuple[str, str]],
+        after: Candidate | None,
+        chunk: int,
+        now: datetime,
+    ) -> list[Candidate]:
+        engine = self.engine
+        params: list[Any] = [queue, engine.adapt_dt(now)]
+        if self.mysql:
+            index, rank = (
+                ("gator_job_flow_my", "flow_rank")
+                if keyed
+                else (
+                    "gator_job_ready_my",
+                    "ready_rank",
+                )
+            )
+            source = f"{engine.job_table} FORCE INDEX ({index})"
+            where = f"queue = %s AND {rank} IS NOT NULL AND next_execution_at <= %s"
+            order = f"{rank}, next_execution_at, id"
+        else:
+            source = engine.job_table
+            kind = KEYED_SQL if keyed else UNKEYED_SQL
+            where = f"queue = %s AND {READY_SQL} AND {kind} AND next_execution_at <= %s"
+            order = "priority DESC, next_execution_at, id"
+        if after is not None:
+            where += (
+                " AND (priority < %s OR (priority = %s AND (next_execution_at > %s"
+                " OR (next_execution_at = %s AND id > %s))))"
+            )
+            due = after.raw_due
+            params += [after.priority, after.priority, due, due, after.id]
+        if keyed and excluded:
+            pairs = sorted(excluded)
+            where += (
+                " AND (name, concurrency_key) NOT IN (" + ", ".join(["(%s, %s)"] * len(pairs)) + ")"
+            )
+            params += [item for pair in pairs for item in pair]
+        cursor.execute(
+            f"SELECT id, name, concurrency_key, priority, next_execution_at FROM {source} "
+            f"WHERE {where} ORDER BY {order} LIMIT %s",
+            [*params, chunk],
+        )
+        return [
+            Candidate(r[0], r[1], r[2], r[3], engine.to_dt(r[4]), r[4]) for r in cursor.fetchall()
+        ]
+
+    def _mark_running(
+        self, cursor: Any, worker_id: str, ids: list[int], now: datetime
+    ) -> list[ClaimedJob]:
+        """Claim ``ids`` (still ready: an operator may have cancelled one meanwhile), with
+        the locked ``now`` as their claim time."""
+        engine = self.engine
+        marks = ", ".join(["%s"] * len(ids))
+        at = engine.adapt_dt(now)
+        sql = (
+            f"UPDATE {engine.job_table} SET {claim_set_sql('%s')} "
+            f"WHERE id IN ({marks}) AND {READY_SQL}"
+        )
+        params = [worker_id, at, at, *ids]
+        if engine.update_returning:
+            cursor.execute(f"{sql} RETURNING {JOB_COLUMNS}", params)
+            return [engine.claimed(row) for row in cursor.fetchall()]
+        cursor.execute(sql, params)
+        cursor.execute(
+            f"SELECT {JOB_COLUMNS} FROM {engine.job_table} WHERE id IN ({marks}) "
+            f"AND {RUNNING_SQL} AND reserved_by = %s",
+            [*ids, worker_id],
+        )
+        return [engine.claimed(row) for row in cursor.fetchall()]
+
+    def _record_starts(
+        self,
+        cursor: Any,
+        queue: str | None,
+        rate: Rate | None,
+        jobs: Sequence[ClaimedJob],
+        picked: Sequence[Candidate],
+        policy: Policy,
+        now: datetime,
+    ) -> None:
+        """One ledger row per start and rate-limited scope; the rows of those scopes that
+        left their window are deleted."""
+        claimed = {job.id for job in jobs}
+        scopes: list[str] = []
+        windows: dict[str, int] = {}
+        for candidate in picked:
+            if candidate.id not in claimed:
+                continue
+            if queue is not None and rate is not None:
+                scopes.append(queue_scope(queue))
+                windows[queue_scope(queue)] = rate.seconds
+            limits = policy(candidate.name) if candidate.key is not None else None
+            if limits is not None and limits.rate is not None and candidate.key is not None:
+                scope = key_scope(candidate.name, candidate.key)
+                scopes.append(scope)
+                windows[scope] = limits.rate.seconds
+        if not scopes:
+            return
+        at = self.engine.adapt_dt(now)
+        cursor.execute(
+            f"INSERT INTO {self.ledger_table} (scope, started_at) VALUES "
+            + ", ".join(["(%s, %s)"] * len(scopes)),
+            [item for scope in scopes for item in (scope, at)],
+        )
+        by_window: dict[int, list[str]] = {}
+        for scope, seconds in windows.items():
+            by_window.setdefault(seconds, []).append(scope)
+        for seconds, names in by_window.items():
+            cursor.execute(
+                f"DELETE FROM {self.ledger_table} WHERE scope IN "
+                f"({', '.join(['%s'] * len(names))}) AND started_at <= %s",
+                [*names, self.engine.adapt_dt(now - timedelta(seconds=seconds))],
+            )
