@@ -242,7 +242,7 @@ def test_concurrent_limited_claims_never_share_the_last_slot():
             for _ in range(5):
                 taken.extend(claim("spans", 2, worker=f"t{n}"))
                 taken.extend(claim("keyed", 2, worker=f"t{n}"))
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
         finally:
             connections.close_all()

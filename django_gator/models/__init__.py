@@ -22,8 +22,8 @@ from django_gator.states import FINAL_STATES, READY_STATES, JobState
 __all__ = [
     "ERROR_CLASS_RE",
     "FINAL_STATES",
-    "FlowStart",
     "READY_STATES",
+    "FlowStart",
     "Job",
     "JobQuerySet",
     "JobState",
