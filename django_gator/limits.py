@@ -27,14 +27,14 @@ QUEUE_OPTIONS = ("concurrency", "rate_limit")
 
 
 class Rate(NamedTuple):
-    """At most ``count`` starts in any window of ``seconds``."""
+    """At most ``starts`` starts in any window of ``seconds``."""
 
-    count: int
+    starts: int
     seconds: int
 
     def __str__(self) -> str:
         unit = {v: k for k, v in UNITS.items()}[self.seconds]
-        return f"{self.count}/{unit}"
+        return f"{self.starts}/{unit}"
 
 
 def _shown(value: object) -> str:

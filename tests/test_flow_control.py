@@ -4,13 +4,19 @@ tests/test_flow_workers.py."""
 
 from __future__ import annotations
 
+import json
 import threading
 from datetime import timedelta
+from io import StringIO
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
 from django.core import checks
+from django.core.management import call_command
 from django.db import connection, connections
+from django.test import Client
+from django.urls import reverse
 
 from django_gator import Queueable
 from django_gator.engines import get_engine
@@ -19,6 +25,7 @@ from django_gator.limits import Rate, parse_rate, validate_concurrency
 from django_gator.models import FlowStart, Job, JobState, Queue
 from django_gator.worker.claims import Claimer
 from django_gator.worker.flow import FlowRouter, class_limits
+from tests.admin_helpers import operator
 from tests.testapp.jobs import KeyedSpan, Noop, OneAtATime, RatedSpan, Span, sync_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -77,7 +84,7 @@ def test_job_classes_refuse_bad_limits_naming_them():
 
             def handle(self) -> None: ...
 
-    with pytest.raises(TypeError, match="concurrency_key.. but neither"):
+    with pytest.raises(TypeError, match=r"concurrency_key\(\) but neither"):
 
         class Keyless(Queueable):
             def concurrency_key(self) -> str:
@@ -314,3 +321,85 @@ def test_the_system_check_names_bad_queue_settings(settings):
     settings.GATOR_QUEUES = {"exports": {"rate_limit": "0/s"}}
     found = {m.id: m.msg for m in checks.run_checks() if m.id.startswith("django_gator")}
     assert "'0/s'" in found["django_gator.E003"]
+
+
+# -- the dashboard, the admin form and the commands -------------------------------------------
+DASHBOARD = "admin:django_gator_job_dashboard"
+LIMITS = "admin:django_gator_job_queue_limits"
+
+
+def test_the_dashboard_shows_running_over_limit_and_the_rate():
+    Queue.objects.set_limits("spans", concurrency=5, rate_limit="10/s", by="alice")
+    for _ in range(3):
+        Span.dispatch("/dev/null", "s", 0)
+    assert len(claim("spans", 2)) == 2
+    Noop.dispatch(queue="plain")
+    page = operator().get(reverse(DASHBOARD)).content.decode()
+    assert "2/5, 10/s" in page
+    assert "set by alice" in page
+    assert f'href="{reverse(LIMITS)}?queue=plain"' in page
+
+
+def test_the_limits_form_needs_the_permission_and_csrf_and_records_who():
+    url = reverse(LIMITS)
+    form = {"queue": "exports", "concurrency": "5", "rate_limit": "100/m"}
+    assert operator().post(url, form).status_code == 403
+    client = operator("change_queue", name="op2")
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(User.objects.get(username="op2"))
+    assert strict.post(url, form).status_code == 403
+    assert not Queue.objects.exists()
+
+    response = client.post(url, form, follow=True)
+    assert response.redirect_chain[-1][0] == reverse(DASHBOARD)
+    row = Queue.objects.get(name="exports")
+    assert (row.concurrency, row.rate_limit, row.limits_by) == (5, "100/m", "op2")
+    assert "exports" in client.get(url, {"queue": "exports"}).content.decode()
+
+    client.post(url, {"queue": "exports", "use_settings": "1"})
+    row = Queue.objects.get(name="exports")
+    assert (row.concurrency, row.rate_limit, row.limits_by) == (None, "", "")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "shown"),
+    [
+        ("concurrency", "0", "got 0"),
+        ("concurrency", "-2", "got -2"),
+        ("rate_limit", "100 per minute", "&#x27;100 per minute&#x27;"),
+        ("rate_limit", "0/s", "&#x27;0/s&#x27;"),
+        ("queue", "no spaces", "invalid queue name"),
+    ],
+)
+def test_the_limits_form_shows_an_error_naming_the_bad_value(field, value, shown):
+    form = {"queue": "exports", "concurrency": "", "rate_limit": "", field: value}
+    response = operator("change_queue").post(reverse(LIMITS), form)
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "errorlist" in page
+    assert shown in page
+    assert not Queue.objects.exists()
+
+
+def test_gator_queue_list_and_gator_status_show_limits():
+    Queue.objects.set_limits("spans", concurrency=3, rate_limit="2/s", by="ops")
+    Span.dispatch("/dev/null", "s", 0)
+    Noop.dispatch(queue="plain")
+    out = StringIO()
+    call_command("gator_queue", "list", stdout=out)
+    lines = {line.split()[0]: line for line in out.getvalue().splitlines()[1:]}
+    assert lines["spans"].rstrip().endswith("0/3, 2/s")
+    assert lines["plain"].rstrip().endswith("-")
+    out = StringIO()
+    call_command("gator_queue", "list", "--json", stdout=out)
+    by_name = {q["queue"]: q for q in json.loads(out.getvalue())}
+    assert (by_name["spans"]["concurrency"], by_name["spans"]["rate_limit"]) == (3, "2/s")
+    assert by_name["plain"]["concurrency"] is None
+
+    out = StringIO()
+    call_command("gator_status", stdout=out)
+    assert "0/3, 2/s" in out.getvalue()
+    out = StringIO()
+    call_command("gator_status", "--json", stdout=out)
+    queues = {q["queue"]: q for q in json.loads(out.getvalue())["queues"]}
+    assert (queues["spans"]["concurrency"], queues["spans"]["limits_by"]) == (3, "ops")

@@ -81,7 +81,7 @@ def test_limits_hold_across_worker_processes_and_nothing_blocks(spawn_worker, tm
     for key in ("r0", "r1"):
         starts = sorted(rows[j.pk].locked_at for j in rated if j.args[1] == key)
         assert len(starts) == 12
-        assert all(b - a >= timedelta(seconds=1) for a, b in zip(starts, starts[5:]))
+        assert all(b - a >= timedelta(seconds=1) for a, b in zip(starts, starts[5:], strict=False))
 
     # No head-of-line blocking: the other keys and the unlimited queue finished while the
     # busy key's backlog was still being worked off.

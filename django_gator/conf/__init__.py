@@ -247,7 +247,7 @@ def immediate() -> bool:
 
 def queues() -> Mapping[str, Mapping[str, Any]]:
     """``GATOR_QUEUES``: the limits declared per queue."""
-    return value("GATOR_QUEUES")  # type: ignore[no-any-return]
+    return value("GATOR_QUEUES")
 
 
 def schedules() -> Mapping[str, Any]:

@@ -58,7 +58,8 @@ class DispatchStatements(EngineCore):
 
     def _row_documents(self, rows: Sequence[InsertRow]) -> list[str]:
         """JSON arrays of ``[name, args, kwargs, queue, priority, run_at, chain_id,
-        chain_position, chain, unique_key, concurrency_key]`` rows, each array under :attr:`insert_bytes`."""
+        chain_position, chain, unique_key, concurrency_key]`` rows, each array under
+        :attr:`insert_bytes`."""
         documents: list[str] = []
         parts: list[str] = []
         size = 0

@@ -152,7 +152,7 @@ class FlowClaims:
                 budget = min(budget, concurrency - self._running_in_queue(cursor, queue))
             if rate is not None:
                 started = self._starts(cursor, [queue_scope(queue)], rate, now)
-                budget = min(budget, rate.count - started.get(queue_scope(queue), 0))
+                budget = min(budget, rate.starts - started.get(queue_scope(queue), 0))
             if budget <= 0:
                 return []
             limited_queue = concurrency is not None or rate is not None
@@ -274,7 +274,7 @@ class FlowClaims:
         for rate, rated in by_rate.items():
             counts = self._starts(cursor, [key_scope(*p) for p in rated], rate, now)
             for pair in rated:
-                room[pair] = min(room[pair], rate.count - counts.get(key_scope(*pair), 0))
+                room[pair] = min(room[pair], rate.starts - counts.get(key_scope(*pair), 0))
 
     def _candidates(
         self,
