@@ -37,7 +37,8 @@ def limits_of(name: str) -> ClassLimits | None:
 
 def claim(queue: str, limit: int, worker: str = "w1") -> list[int]:
     engine = get_engine("default")
-    return sorted(j.id for j in FlowClaims(engine).claim(worker, queue, limit, limits_of))
+    jobs, _ = FlowClaims(engine).claim(worker, queue, limit, limits_of)
+    return sorted(j.id for j in jobs)
 
 
 def finish(ids: list[int]) -> None:
@@ -221,6 +222,29 @@ def test_a_queue_rate_limit():
     assert claim("spans", 10) == [j.pk for j in jobs[3:]]
 
 
+def test_marks_are_written_in_the_claim_and_free_their_slots():
+    engine = get_engine("default")
+    flow = FlowClaims(engine)
+    Queue.objects.set_limits("spans", concurrency=1, rate_limit=None, by="ops")
+    jobs = [Span.dispatch("/dev/null", "s", 0) for _ in range(2)]
+    [first], _ = flow.claim("w1", "spans", 5, limits_of)
+    assert flow.claim("w1", "spans", 5, limits_of) == ([], [])
+    [second], written = flow.claim("w1", "spans", 5, limits_of, marks=[(first.id, 1, None)])
+    assert (written, second.id) == ([jobs[0].pk], jobs[1].pk)
+    assert Job.objects.get(pk=jobs[0].pk).state == JobState.SUCCEEDED
+
+
+def test_a_deleted_queue_row_is_made_again():
+    engine = get_engine("default")
+    flow = FlowClaims(engine)
+    jobs = [KeyedSpan.dispatch("/dev/null", str(i), 0) for i in range(2)]
+    [first], _ = flow.claim("w1", "keyed", 1, limits_of)
+    Queue.objects.all().delete()  # an operator deleted it in the admin
+    [second], written = flow.claim("w1", "keyed", 1, limits_of, marks=[(first.id, 1, None)])
+    assert (written, second.id) == ([jobs[0].pk], jobs[1].pk)
+    assert Queue.objects.filter(name="keyed").exists()
+
+
 def test_a_paused_limited_queue_yields_nothing():
     Queue.objects.set_limits("spans", concurrency=5, rate_limit=None, by="ops")
     Span.dispatch("/dev/null", "s", 0)
@@ -306,8 +330,8 @@ def test_the_router_rests_a_queue_whose_limited_claim_found_nothing():
     router = FlowRouter(engine, "w1", clock=lambda: now[0])
     KeyedSpan.dispatch_many([["/dev/null", "1", 0]] * 3)
     assert router.route("keyed") == (True, True)
-    assert len(router.claim("keyed", 5)) == 2
-    assert router.claim("keyed", 5) == []
+    assert len(router.claim("keyed", 5)[0]) == 2
+    assert router.claim("keyed", 5) == ([], [])
     assert router.route("keyed") == (True, False)
     now[0] += 0.5
     assert router.route("keyed") == (True, True)

@@ -81,6 +81,20 @@ class Candidate(NamedTuple):
         return (-self.priority, self.due, self.id)
 
 
+@dataclass(frozen=True)
+class Walk:
+    """What one claim reads: the queue, whether the queue has limits (its rows without a
+    key are read too), whether to read its keyed rows."""
+
+    queue: str
+    limited: bool
+    keyed: bool
+
+
+class _NoRow(Exception):
+    """The queue's row is gone: roll back, make it again, claim again."""
+
+
 def queue_scope(queue: str) -> str:
     return f"queue:{queue}"
 
@@ -125,56 +139,82 @@ class FlowClaims:
         return "flow_rank IS NOT NULL" if self.mysql else f"{READY_SQL} AND {KEYED_SQL}"
 
     # -- the claim ---------------------------------------------------------------------------
-    def claim(self, worker_id: str, queue: str, limit: int, policy: Policy) -> list[ClaimedJob]:
+    def claim(
+        self,
+        worker_id: str,
+        queue: str,
+        limit: int,
+        policy: Policy,
+        *,
+        keyed: bool = True,
+        marks: Sequence[tuple[int, int, str | None]] = (),
+    ) -> tuple[list[ClaimedJob], list[int]]:
         """Claim up to ``limit`` jobs of ``queue`` within every limit (see the module
-        docstring)."""
-        if limit <= 0:
-            return []
-        self._ensure_row(queue)
+        docstring), writing the success ``marks`` first in the same transaction (their
+        slots are free for this claim). ``keyed``: False when the caller knows the queue
+        holds no ready job of a limited class (one read fewer). Returns the jobs claimed
+        and the ids whose mark was written."""
+        for _ in range(2):
+            self._ensure_row(queue)
+            try:
+                claimed = self._claim(worker_id, queue, limit, policy, keyed, marks)
+            except _NoRow:
+                claimed = None
+            if claimed is not None:
+                return claimed
+            self._rows.discard(queue)  # its row was deleted since: make it again
+        return [], self.engine.mark_succeeded(worker_id, marks) if marks else []
+
+    def _claim(
+        self,
+        worker_id: str,
+        queue: str,
+        limit: int,
+        policy: Policy,
+        keyed: bool,
+        marks: Sequence[tuple[int, int, str | None]],
+    ) -> tuple[list[ClaimedJob], list[int]] | None:
+        """One claim's transaction; None if the queue has no row to lock."""
         engine = self.engine
         with engine.write_transaction() as cursor:
+            written = engine._mark_succeeded(cursor, worker_id, marks) if marks else []
             cursor.execute(
                 f"SELECT paused, concurrency, rate_limit, {engine.now_sql} FROM "
                 f"{engine.queue_table} WHERE name = %s{self.lock_sql}",
                 [queue],
             )
             row = cursor.fetchone()
-            if row is None or row[0]:
-                return []
+            if row is None:
+                if marks:
+                    raise _NoRow  # roll the marks back; they are written with the retry
+                return None
+            if row[0] or limit <= 0:
+                return [], written
             concurrency, rate_text, now = row[1], row[2], engine.to_dt(row[3])
             try:
                 rate = parse_rate(rate_text)
             except ValueError:
                 logger.error("Queue has a bad rate_limit; nothing claimed queue=%s", queue)
-                return []
+                return [], written
             budget = limit
-            if concurrency is not None:
-                budget = min(budget, concurrency - self._running_in_queue(cursor, queue))
             if rate is not None:
                 started = self._starts(cursor, [queue_scope(queue)], rate, now)
                 budget = min(budget, rate.starts - started.get(queue_scope(queue), 0))
             if budget <= 0:
-                return []
-            limited_queue = concurrency is not None or rate is not None
-            picked = self._pick(cursor, queue, budget, limited_queue, policy, now)
+                return [], written
+            walk = Walk(queue, limited=concurrency is not None or rate is not None, keyed=keyed)
+            picked = self._pick(cursor, walk, budget, concurrency, policy, now)
             if not picked:
-                return []
+                return [], written
             jobs = self._mark_running(cursor, worker_id, [c.id for c in picked], now)
             self._record_starts(cursor, queue if rate else None, rate, jobs, picked, policy, now)
         jobs.sort(key=lambda j: (-j.priority, j.id))
-        return jobs
+        return jobs, written
 
     def _ensure_row(self, queue: str) -> None:
         if queue not in self._rows:
             Queue.objects.using(self.engine.alias).get_or_create(name=queue)
             self._rows.add(queue)
-
-    def _running_in_queue(self, cursor: Any, queue: str) -> int:
-        cursor.execute(
-            f"SELECT COUNT(*) FROM {self.engine.job_table} WHERE {RUNNING_SQL} AND queue = %s",
-            [queue],
-        )
-        return int(cursor.fetchone()[0])
 
     def _running_keys(self, cursor: Any) -> dict[tuple[str, str], int]:
         """Running jobs per (class, key), across every queue and worker."""
@@ -212,14 +252,15 @@ class FlowClaims:
     def _pick(
         self,
         cursor: Any,
-        queue: str,
+        walk: Walk,
         budget: int,
-        limited_queue: bool,
+        concurrency: int | None,
         policy: Policy,
         now: datetime,
     ) -> list[Candidate]:
-        """The rows to claim: in claim order, each key within its room (see the module
-        docstring, step 3)."""
+        """The rows to claim: in claim order, each key within its room, at most
+        ``concurrency`` running in the queue (its running rows are counted by the first
+        read; see the module docstring, step 3)."""
         room: dict[tuple[str, str], float] = {}
         running: dict[tuple[str, str], int] | None = None
         excluded: set[tuple[str, str]] = set()
@@ -227,8 +268,13 @@ class FlowClaims:
         after: Candidate | None = None
         chunk = max(CHUNK, 2 * budget)
         for _ in range(MAX_CHUNKS):
-            rows = self._candidates(cursor, queue, limited_queue, excluded, after, chunk, now)
-            if not rows:
+            count_running = concurrency is not None and after is None
+            rows, in_queue = self._candidates(
+                cursor, walk, excluded, after, chunk, now, count_running
+            )
+            if count_running and concurrency is not None:
+                budget = min(budget, concurrency - in_queue)
+            if not rows or budget <= 0:
                 break
             new = {(c.name, c.key) for c in rows if c.key is not None} - room.keys()
             if new:
@@ -279,43 +325,71 @@ class FlowClaims:
     def _candidates(
         self,
         cursor: Any,
-        queue: str,
-        limited_queue: bool,
+        walk: Walk,
         excluded: set[tuple[str, str]],
         after: Candidate | None,
         chunk: int,
         now: datetime,
-    ) -> list[Candidate]:
-        """The next ``chunk`` ready rows of ``queue`` in claim order, after ``after``: the
-        keyed ones (without the ``excluded`` keys) and, in a limited queue, the others."""
-        rows = self._read(cursor, queue, True, excluded, after, chunk, now)
-        if limited_queue:
-            rows += self._read(cursor, queue, False, excluded, after, chunk, now)
+        count_running: bool,
+    ) -> tuple[list[Candidate], int]:
+        """The next ``chunk`` ready rows of the queue in claim order, after ``after``: the
+        keyed ones (without the ``excluded`` keys) and, in a limited queue, the others; and,
+        with ``count_running``, the queue's running jobs (0 without), read by the same
+        statement."""
+        reads = [True] if walk.keyed else []
+        if walk.limited:
+            reads.append(False)
+        parts: list[str] = []
+        params: list[Any] = []
+        for keyed in reads:
+            sql, part_params = self._read_sql(walk.queue, keyed, excluded, after, chunk, now)
+            parts.append(sql)
+            params += part_params
+        if not parts:
+            return [], 0
+        running = "0"
+        if count_running:
+            running = (
+                f"(SELECT COUNT(*) FROM {self.engine.job_table} WHERE {RUNNING_SQL} AND queue = %s)"
+            )
+            params.append(walk.queue)
+        union = " UNION ALL ".join(
+            f"SELECT * FROM ({part}) AS p{i}" for i, part in enumerate(parts)
+        )
+        # The count as a row of its own (id NULL), so that it comes back with no candidate.
+        cursor.execute(
+            f"SELECT * FROM ({union}) AS c UNION ALL "
+            f"SELECT NULL, NULL, NULL, NULL, NULL, {running}",
+            params,
+        )
+        rows: list[Candidate] = []
+        in_queue = 0
+        to_dt = self.engine.to_dt
+        for r in cursor.fetchall():
+            if r[0] is None:
+                in_queue = int(r[5])
+            else:
+                rows.append(Candidate(r[0], r[1], r[2], r[3], to_dt(r[4]), r[4]))
+        if len(parts) > 1:
             rows.sort(key=Candidate.order)
             del rows[chunk:]
-        return rows
+        return rows, in_queue
 
-    def _read(
+    def _read_sql(
         self,
-        cursor: Any,
         queue: str,
         keyed: bool,
         excluded: set[tuple[str, str]],
         after: Candidate | None,
         chunk: int,
         now: datetime,
-    ) -> list[Candidate]:
+    ) -> tuple[str, list[Any]]:
         engine = self.engine
         params: list[Any] = [queue, engine.adapt_dt(now)]
         if self.mysql:
-            index, rank = (
-                ("gator_job_flow_my", "flow_rank")
-                if keyed
-                else (
-                    "gator_job_ready_my",
-                    "ready_rank",
-                )
-            )
+            index, rank = ("gator_job_flow_my", "flow_rank")
+            if not keyed:
+                index, rank = ("gator_job_ready_my", "ready_rank")
             source = f"{engine.job_table} FORCE INDEX ({index})"
             where = f"queue = %s AND {rank} IS NOT NULL AND next_execution_at <= %s"
             order = f"{rank}, next_execution_at, id"
@@ -337,14 +411,11 @@ class FlowClaims:
                 " AND (name, concurrency_key) NOT IN (" + ", ".join(["(%s, %s)"] * len(pairs)) + ")"
             )
             params += [item for pair in pairs for item in pair]
-        cursor.execute(
-            f"SELECT id, name, concurrency_key, priority, next_execution_at FROM {source} "
-            f"WHERE {where} ORDER BY {order} LIMIT %s",
-            [*params, chunk],
+        sql = (
+            f"SELECT id, name, concurrency_key, priority, next_execution_at, 0 AS n "
+            f"FROM {source} WHERE {where} ORDER BY {order} LIMIT %s"
         )
-        return [
-            Candidate(r[0], r[1], r[2], r[3], engine.to_dt(r[4]), r[4]) for r in cursor.fetchall()
-        ]
+        return sql, [*params, chunk]
 
     def _mark_running(
         self, cursor: Any, worker_id: str, ids: list[int], now: datetime

@@ -49,7 +49,7 @@ from typing import Any
 
 from django_gator.engines import ClaimedJob
 from django_gator.engines.base import Engine, Position
-from django_gator.worker.flow import FlowRouter
+from django_gator.worker.flow import FlowRouter, Mark
 from django_gator.worker.queues import QueueSpec, weighted_order
 
 #: How long the all-queues mode trusts its list of queues with ready work.
@@ -69,9 +69,6 @@ KEYSET_LOOKBACK = 1.0
 KEYSET_MARGIN = 1.2
 #: Weight of the newest duration in those moving averages.
 COST_WEIGHT = 0.3
-
-#: A success mark: (job id, attempt, result JSON).
-Mark = tuple[int, int, "str | None"]
 
 
 class Claimer:
@@ -133,10 +130,10 @@ class Claimer:
                 pending = []
                 self._advance(name, jobs, full=after is None, full_batch=len(jobs) >= want)
             if limited and len(jobs) < want:
-                if pending:
-                    written += self.engine.mark_succeeded(self.worker_id, pending)
-                    pending = []
-                jobs = jobs + self.flow.claim(name, want - len(jobs))
+                more, marked = self.flow.claim(name, want - len(jobs), pending)
+                written += marked
+                pending = []
+                jobs = jobs + more
             claimed += jobs
             if len(claimed) >= limit:
                 break

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from django_gator import conf
 from django_gator.engines.base import ClaimedJob, Engine
@@ -34,6 +34,9 @@ logger = logging.getLogger("django_gator.worker")
 ROUTES_TTL = 1.0
 #: Seconds a queue's limited claim rests after one that found nothing.
 LIMITED_BACKOFF = 0.2
+
+#: A success mark: (job id, attempt, result JSON).
+Mark = tuple[int, int, "str | None"]
 
 
 def class_limits(name: str) -> ClassLimits | None:
@@ -89,13 +92,19 @@ class FlowRouter:
             wanted = False
         return not limited, wanted
 
-    def claim(self, queue: str, limit: int) -> list[ClaimedJob]:
-        jobs = self.flow.claim(self.worker_id, queue, limit, self.policy)
+    def claim(
+        self, queue: str, limit: int, marks: Sequence[Mark] = ()
+    ) -> tuple[list[ClaimedJob], list[int]]:
+        """The limited claim of ``queue``, writing the success ``marks`` in its
+        transaction; (jobs, ids whose mark was written)."""
+        jobs, written = self.flow.claim(
+            self.worker_id, queue, limit, self.policy, keyed=queue in self.keyed, marks=marks
+        )
         if jobs:
             self._rest_until.pop(queue, None)
         else:
             self._rest_until[queue] = self.clock() + LIMITED_BACKOFF
-        return jobs
+        return jobs, written
 
     def policy(self, name: str) -> ClassLimits | None:
         if name not in self._policies:
