@@ -427,3 +427,18 @@ def test_gator_queue_list_and_gator_status_show_limits():
     call_command("gator_status", "--json", stdout=out)
     queues = {q["queue"]: q for q in json.loads(out.getvalue())["queues"]}
     assert (queues["spans"]["concurrency"], queues["spans"]["limits_by"]) == (3, "ops")
+
+
+def test_a_burst_worker_drains_a_single_key_one_at_a_time(tmp_path):
+    from tests.conftest import run_worker
+    from tests.test_flow_workers import max_overlap
+
+    ledger = tmp_path / "ledger.txt"
+    jobs = KeyedSpan.dispatch_many([[str(ledger), "one", 0.02]] * 6)
+    run_worker("keyed", concurrency=4)
+    assert {j.refresh_state() for j in jobs} == {JobState.SUCCEEDED}
+    spans = sorted(
+        (float(line.split()[2]), float(line.split()[3])) for line in ledger.read_text().splitlines()
+    )
+    # Two per key at once at most (KeyedSpan.concurrency_limit), and the limit was used.
+    assert max_overlap(spans) == 2

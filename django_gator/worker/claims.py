@@ -115,9 +115,12 @@ class Claimer:
             return [], written
         claimed: list[ClaimedJob] = []
         written = []
+        rested: list[str] = []
         for name in names:
             want = limit - len(claimed)
             ordinary, limited = self.flow.route(name)
+            if not limited and self.flow.resting(name):
+                rested.append(name)
             jobs: list[ClaimedJob] = []
             if ordinary:
                 after = self.position(name)
@@ -137,6 +140,16 @@ class Claimer:
             claimed += jobs
             if len(claimed) >= limit:
                 break
+        if not claimed:
+            # A round that found nothing: the queues resting after an empty limited claim
+            # are claimed too (a slot may have freed since), so that an idle or burst worker
+            # never takes a rest for an empty queue.
+            for name in rested:
+                if len(claimed) < limit:
+                    jobs, marked = self.flow.claim(name, limit - len(claimed), pending)
+                    written += marked
+                    pending = []
+                    claimed += jobs
         if pending:
             written += self.engine.mark_succeeded(self.worker_id, pending)
         if not claimed and not self.specs:

@@ -84,13 +84,18 @@ class FlowRouter:
         return self.limited | self.keyed
 
     def route(self, queue: str) -> tuple[bool, bool]:
-        """(ordinary claim, limited claim) for ``queue`` this round."""
+        """(ordinary claim, limited claim) for ``queue`` this round. A queue resting after
+        an empty limited claim gets no limited claim (see :meth:`resting`)."""
         self.refresh()
         limited = queue in self.limited
-        wanted = limited or queue in self.keyed
-        if wanted and self.clock() < self._rest_until.get(queue, 0.0):
-            wanted = False
+        wanted = (limited or queue in self.keyed) and not self.resting(queue)
         return not limited, wanted
+
+    def resting(self, queue: str) -> bool:
+        """Whether ``queue``'s last limited claim found nothing less than LIMITED_BACKOFF
+        ago. The Claimer still claims a resting queue in a round that found nothing else,
+        so an idle (or burst) worker never mistakes a rest for an empty queue."""
+        return self.clock() < self._rest_until.get(queue, 0.0)
 
     def claim(
         self, queue: str, limit: int, marks: Sequence[Mark] = ()
