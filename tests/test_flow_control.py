@@ -442,3 +442,27 @@ def test_a_burst_worker_drains_a_single_key_one_at_a_time(tmp_path):
     )
     # Two per key at once at most (KeyedSpan.concurrency_limit), and the limit was used.
     assert max_overlap(spans) == 2
+
+
+def test_keyset_reads_find_higher_priorities_and_back_dated_jobs(monkeypatch):
+    from django_gator.engines import flow as flow_module
+
+    engine = get_engine("default")
+    flow = FlowClaims(engine)
+    Queue.objects.set_limits("spans", concurrency=100, rate_limit=None, by="ops")
+    jobs = [Span.dispatch("/dev/null", "s", 0) for _ in range(6)]
+
+    def take(n: int) -> list[int]:
+        claimed, _ = flow.claim("w1", "spans", n, limits_of)
+        return [j.id for j in claimed]
+
+    assert take(2) == [j.pk for j in jobs[:2]]
+    assert take(2) == [j.pk for j in jobs[2:4]]  # from the position (PostgreSQL)
+    urgent = Span.dispatch("/dev/null", "s", 0, priority=9)
+    old = Span.dispatch("/dev/null", "s", 0, at=engine.db_now() - timedelta(minutes=5))
+    assert take(1) == [urgent.pk]  # a higher priority is read whole
+    # The back-dated job lies before the position: found at the latest by the next full
+    # read, here forced at once.
+    monkeypatch.setattr(flow_module, "FULL_READ_EVERY", 0.0)
+    assert take(1) == [old.pk]
+    assert take(5) == [j.pk for j in jobs[4:]]

@@ -36,6 +36,7 @@ spread over several queues can briefly run one more per key per extra queue.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -52,6 +53,11 @@ logger = logging.getLogger("django_gator.worker")
 CHUNK = 64
 #: Chunks read per claim at most: the rows a claim looks at are bounded.
 MAX_CHUNKS = 8
+#: Keyset reads (PostgreSQL): each priority is read from no later than this many seconds
+#: before now, and a full read is made at least every FULL_READ_EVERY seconds (see
+#: FlowClaims._floor_parts and worker/claims.py, whose keyset claims these follow).
+KEYSET_LOOKBACK = 1.0
+FULL_READ_EVERY = 10.0
 #: SQL for "the row carries a concurrency key" (a job of a class with limits).
 KEYED_SQL = "concurrency_key IS NOT NULL"
 
@@ -113,6 +119,13 @@ class FlowClaims:
         self.mysql = engine.vendor == "mysql"
         self.lock_sql = "" if engine.vendor == "sqlite" else " FOR UPDATE"
         self._rows: set[str] = set()  # queues known to have a row to lock
+        #: Keyset reads (PostgreSQL): per (queue, keyed), the position of the last job
+        #: claimed at each priority, and when the last full read was (see _floor_parts).
+        self.keyset = engine.supports_keyset
+        self._floors: dict[tuple[str, bool], dict[int, tuple[Any, int]]] = {}
+        self._full_at: dict[tuple[str, bool], float] = {}
+        self._seen: list[Candidate] = []
+        self._picked: set[int] = set()
 
     # -- what the router reads --------------------------------------------------------------
     def limited_queues(self) -> set[str]:
@@ -161,6 +174,7 @@ class FlowClaims:
             except _NoRow:
                 claimed = None
             if claimed is not None:
+                self._advance(queue, {job.id for job in claimed[0]})
                 return claimed
             self._rows.discard(queue)  # its row was deleted since: make it again
         return [], self.engine.mark_succeeded(worker_id, marks) if marks else []
@@ -269,6 +283,8 @@ class FlowClaims:
         chunk = max(CHUNK, 2 * budget)
         for _ in range(MAX_CHUNKS):
             count_running = concurrency is not None and after is None
+            if after is None:
+                self._seen = []
             rows, in_queue = self._candidates(
                 cursor, walk, excluded, after, chunk, now, count_running
             )
@@ -277,6 +293,7 @@ class FlowClaims:
             if not rows or budget <= 0:
                 break
             new = {(c.name, c.key) for c in rows if c.key is not None} - room.keys()
+            self._seen += rows
             if new:
                 if running is None:
                     running = self._running_keys(cursor)
@@ -342,9 +359,13 @@ class FlowClaims:
         parts: list[str] = []
         params: list[Any] = []
         for keyed in reads:
-            sql, part_params = self._read_sql(walk.queue, keyed, excluded, after, chunk, now)
-            parts.append(sql)
-            params += part_params
+            floor = self._floor_parts(walk.queue, keyed, after, now)
+            for extra, extra_params in floor or [("", [])]:
+                sql, part_params = self._read_sql(
+                    walk.queue, keyed, excluded, after, chunk, now, extra, extra_params
+                )
+                parts.append(sql)
+                params += part_params
         if not parts:
             return [], 0
         running = "0"
@@ -383,9 +404,11 @@ class FlowClaims:
         after: Candidate | None,
         chunk: int,
         now: datetime,
+        extra: str = "",
+        extra_params: Sequence[Any] = (),
     ) -> tuple[str, list[Any]]:
         engine = self.engine
-        params: list[Any] = [queue, engine.adapt_dt(now)]
+        params: list[Any] = [queue, engine.adapt_dt(now), *extra_params]
         if self.mysql:
             index, rank = ("gator_job_flow_my", "flow_rank")
             if not keyed:
@@ -396,7 +419,7 @@ class FlowClaims:
         else:
             source = engine.job_table
             kind = KEYED_SQL if keyed else UNKEYED_SQL
-            where = f"queue = %s AND {READY_SQL} AND {kind} AND next_execution_at <= %s"
+            where = f"queue = %s AND {READY_SQL} AND {kind} AND next_execution_at <= %s{extra}"
             order = "priority DESC, next_execution_at, id"
         if after is not None:
             where += (
@@ -416,6 +439,59 @@ class FlowClaims:
             f"FROM {source} WHERE {where} ORDER BY {order} LIMIT %s"
         )
         return sql, [*params, chunk]
+
+    def _floor_parts(
+        self, queue: str, keyed: bool, after: Candidate | None, now: datetime
+    ) -> list[tuple[str, list[Any]]] | None:
+        """Keyset reads (PostgreSQL), as the ordinary claim's (worker/claims.py): claiming
+        leaves dead entries at the start of the ready index that PostgreSQL removes only
+        once no open transaction can see them, and a read from the start steps over all of
+        them. So when the last claims of (queue, kind) were all at one priority, the first
+        chunk reads that priority from the last job claimed (or KEYSET_LOOKBACK seconds
+        before now, if earlier), plus the higher and lower priorities whole; a full read
+        at least every FULL_READ_EVERY seconds finds jobs placed before a position. None:
+        a full read."""
+        if not self.keyset or after is not None:
+            return None
+        key = (queue, keyed)
+        floors = self._floors.get(key, {})
+        if len(floors) != 1 or time.monotonic() - self._full_at.get(key, 0.0) > FULL_READ_EVERY:
+            self._full_at[key] = time.monotonic()
+            return None
+        [(priority, (due, job_id))] = floors.items()
+        since = now - timedelta(seconds=KEYSET_LOOKBACK)
+        if since < self.engine.to_dt(due):
+            due, job_id = since, 0
+        return [
+            (" AND priority > %s", [priority]),
+            (
+                " AND priority = %s AND (next_execution_at > %s OR (next_execution_at = %s"
+                " AND id > %s))",
+                [priority, due, due, job_id],
+            ),
+            (" AND priority < %s", [priority]),
+        ]
+
+    def _advance(self, queue: str, claimed: set[int]) -> None:
+        """Move the keyset positions past the jobs just claimed: per kind, the claimed
+        prefix of what the claim read in order (a row it read and left, say of a full key,
+        stays after the position)."""
+        if not self.keyset:
+            return
+        for keyed in (True, False):
+            seen = sorted(
+                (c for c in self._seen if (c.key is not None) == keyed), key=Candidate.order
+            )
+            prefix: dict[int, tuple[Any, int]] = {}
+            for candidate in seen:
+                if candidate.id not in claimed:
+                    break
+                prefix[candidate.priority] = (candidate.raw_due, candidate.id)
+            if prefix:
+                floors = self._floors.setdefault((queue, keyed), {})
+                floors.clear()
+                floors.update(prefix)
+        self._seen = []
 
     def _mark_running(
         self, cursor: Any, worker_id: str, ids: list[int], now: datetime
