@@ -14,7 +14,7 @@ from typing import Any
 from django.db import connections
 
 from django_gator import conf
-from django_gator.models import Job, JobState
+from django_gator.models import FlowStart, Job, JobState, Queue
 from django_gator.queueable import Queueable
 from django_gator.worker.queues import QueueSpec
 from django_gator.worker.supervisor import WorkerProcess
@@ -30,6 +30,26 @@ class BenchNoop(Queueable):
 
     def handle(self, *args: Any) -> None:
         return None
+
+
+class BenchKeyed(Queueable):
+    """A no-op with a per-key limit: one running per key (``--flow keys``)."""
+
+    name = "django_gator.bench.keyed"
+    queue = QUEUE
+    concurrency_limit = 1
+
+    def concurrency_key(self, i: int) -> str:
+        return f"k{i % FLOW_KEYS}"
+
+    def handle(self, *args: Any) -> None:
+        return None
+
+
+#: ``--flow keys``: the keys the jobs spread over; ``--flow queue``: the queue's limit.
+FLOW_KEYS = 1000
+FLOW_QUEUE_LIMIT = 1000
+FLOWS = ("none", "queue", "keys")
 
 
 class BenchLatency(Queueable):
@@ -59,6 +79,8 @@ def clean() -> int:
     what those cost)."""
     alias = conf.database()
     deleted, _ = Job.objects.using(alias).filter(queue=QUEUE).delete()
+    Queue.objects.using(alias).filter(name=QUEUE).delete()
+    FlowStart.objects.using(alias).filter(scope__startswith=f"job:{BenchKeyed.name}|").delete()
     connection = connections[alias]
     if connection.vendor == "postgresql" and not connection.in_atomic_block:
         with connection.cursor() as cursor:
@@ -121,17 +143,30 @@ def rss_mb() -> float:
 
 
 def bench_drain(
-    count: int, concurrency: int, batch: int = 10_000, *, in_batch: bool = False
+    count: int,
+    concurrency: int,
+    batch: int = 10_000,
+    *,
+    in_batch: bool = False,
+    flow: str = "none",
 ) -> tuple[float, float, float]:
     """(jobs per second, RSS MiB before, RSS MiB after) for one burst worker draining
-    ``count`` no-op jobs (``in_batch``: members of one Batch)."""
+    ``count`` no-op jobs (``in_batch``: members of one Batch). ``flow``: ``queue`` gives
+    the queue a concurrency limit of FLOW_QUEUE_LIMIT (which never binds), ``keys`` drains
+    a class limited to one running job per key over FLOW_KEYS keys (the limited claim, for
+    the cost of flow control)."""
     from django_gator.models import Batch
 
     clean()
     Batch.objects.using(conf.database()).filter(description="bench").delete()
+    job_class: type[Queueable] = BenchKeyed if flow == "keys" else BenchNoop
+    if flow == "queue":
+        Queue.objects.using(conf.database()).set_limits(
+            QUEUE, concurrency=FLOW_QUEUE_LIMIT, rate_limit=None, by="gator_bench"
+        )
     with Batch(on_complete=BenchNoop.name, description="bench") if in_batch else nullcontext():
         for start in range(0, count, batch):
-            BenchNoop.dispatch_many([[i] for i in range(start, min(start + batch, count))])
+            job_class.dispatch_many([[i] for i in range(start, min(start + batch, count))])
     worker = WorkerProcess(
         [QueueSpec(QUEUE)], concurrency=concurrency, burst=True, install_signal_handlers=False
     )

@@ -15,6 +15,7 @@ W003  The django_gator tables do not exist in GATOR_DATABASE (not migrated). A w
       error would stop it (and ``migrate`` itself does not show it).
 W004  A setting named GATOR_* that django-gator does not declare (a typo: the setting meant
       keeps its default), with the closest declared name.
+W005  An entry of GATOR_QUEUES has an option django-gator does not know (a typo).
 E004  MariaDB older than 10.6 or MySQL older than 8.0.1 (no SKIP LOCKED).
       W001, W002, W003 and E004 look at the database, so like Django's own database checks they
       run only when a database is named: ``migrate``, ``check --database``, the test runner.
@@ -28,6 +29,7 @@ E006  A TASKS backend that is django_gator.tasks.GatorBackend has bad OPTIONS or
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
@@ -35,6 +37,8 @@ from django.core import checks
 from django.db import connections
 
 from django_gator import conf, schema
+from django_gator.limits import QUEUE_OPTIONS, unknown_queue_options
+from django_gator.validation import validate_queue
 
 
 @checks.register()
@@ -70,7 +74,28 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="django_gator.W004",
             )
         )
+    for queue, options in _queue_table().items():
+        try:
+            validate_queue(str(queue))
+        except ValueError as exc:
+            errors.append(
+                checks.Error(f"GATOR_QUEUES has a bad key: {exc}.", id="django_gator.E003")
+            )
+        for option in unknown_queue_options(options):
+            errors.append(
+                checks.Warning(
+                    f"GATOR_QUEUES[{queue!r}] has the option {option!r}, which django-gator "
+                    "does not know; it has no effect.",
+                    hint=f"Queue options: {', '.join(QUEUE_OPTIONS)}.",
+                    id="django_gator.W005",
+                )
+            )
     return errors
+
+
+def _queue_table() -> Mapping[str, Any]:
+    table = conf.get("GATOR_QUEUES")
+    return table if isinstance(table, Mapping) else {}
 
 
 @checks.register()

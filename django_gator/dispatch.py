@@ -15,7 +15,7 @@ from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.models.base import ModelState
 
-from django_gator import conf, deferred, immediate, signals, validation
+from django_gator import conf, deferred, immediate, limits, signals, validation
 from django_gator.engines import Engine, InsertRow, get_engine
 from django_gator.exceptions import DispatchDeadlock
 from django_gator.logutil import safe
@@ -96,13 +96,14 @@ def _rows(
     limit = conf.max_payload_bytes()
     rows = []
     payloads = []
-    keyer = job_class(queue=queue) if job_class._gator_unique else None
+    keyer = job_class(queue=queue) if job_class._gator_unique or job_class._gator_keyed else None
     for index, (args, kwargs) in enumerate(items):
         try:
             job_class.check_arguments(args, kwargs)
             args_json, kwargs_json = validation.encode_payload(args, kwargs, limit)
             unique_key = None
-            if keyer is not None:
+            flow_key = limits.flow_key(job_class, keyer, args, kwargs)
+            if keyer is not None and job_class._gator_unique:
                 unique_key = validation.validate_unique_key(
                     keyer.unique_key(*args, **kwargs), job_class.name
                 )
@@ -122,6 +123,7 @@ def _rows(
                 chain_position=chain_position,
                 chain=chain_json,
                 unique_key=unique_key,
+                concurrency_key=flow_key,
             )
         )
         payloads.append((list(args), dict(kwargs)))
@@ -204,6 +206,7 @@ def _unsaved(alias: str, row: InsertRow, args: list[Any], kwargs: dict[str, Any]
     values[_FIELD_INDEX["chain_position"]] = row.chain_position
     values[_FIELD_INDEX["chain"]] = None if row.chain is None else json.loads(row.chain)
     values[_FIELD_INDEX["unique_key"]] = row.unique_key
+    values[_FIELD_INDEX["concurrency_key"]] = row.concurrency_key
     job = Job.__new__(Job)
     job.__dict__.update(zip(_FIELDS, values, strict=True))
     state = ModelState()

@@ -24,14 +24,18 @@ READY_STATES_SQL = sql_list(READY_STATES)
 ACTIVE_STATES = [state.value for state in states.ACTIVE_STATES]
 
 
-def partial_indexes() -> list[models.Index]:
+def partial_indexes(*, flow: bool = False) -> list[models.Index]:
+    """The claim's and the rescue's indexes. ``flow``: as migration 0009 left them, where
+    the ready index holds only the jobs without a concurrency key (the others are in
+    flow_indexes())."""
+    ready = models.Q(state__in=[state.value for state in READY_STATES])
     return [
         # WHERE state IN ready AND queue = %s AND next_execution_at <= now
         # ORDER BY priority DESC, next_execution_at, id
         models.Index(
             fields=["queue", "-priority", "next_execution_at", "id"],
             name="gator_job_ready",
-            condition=models.Q(state__in=[state.value for state in READY_STATES]),
+            condition=ready & models.Q(concurrency_key__isnull=True) if flow else ready,
         ),
         # Rescue and shutdown: the running jobs, by worker.
         models.Index(
@@ -54,6 +58,103 @@ MYSQL_BACKWARD = [
     "DROP INDEX gator_job_ready_my ON django_gator_job",
     "ALTER TABLE django_gator_job DROP COLUMN ready_rank",
 ]
+
+
+# -- flow control (migration 0009) ---------------------------------------------------------
+
+
+def flow_indexes() -> list[models.Index]:
+    """The indexes of the limited claim: the ready jobs of limited classes (kept out of
+    ``gator_job_ready``, so the ordinary claim never steps over them), and the running jobs
+    it counts, per key and per queue."""
+    ready = models.Q(state__in=[state.value for state in READY_STATES])
+    running = models.Q(state=JobState.RUNNING.value)
+    return [
+        models.Index(
+            fields=["queue", "-priority", "next_execution_at", "id"],
+            name="gator_job_ready_keyed",
+            condition=ready & models.Q(concurrency_key__isnull=False),
+        ),
+        models.Index(
+            fields=["name", "concurrency_key"],
+            name="gator_job_running_keyed",
+            condition=running & models.Q(concurrency_key__isnull=False),
+        ),
+        models.Index(fields=["queue"], name="gator_job_running_queue", condition=running),
+    ]
+
+
+_READY_RANK = "smallint GENERATED ALWAYS AS (CASE WHEN state IN {} AND concurrency_key IS {} "
+_READY_RANK += "THEN -priority ELSE NULL END) VIRTUAL"
+MYSQL_FLOW_FORWARD = [
+    "DROP INDEX gator_job_ready_my ON django_gator_job",
+    "ALTER TABLE django_gator_job DROP COLUMN ready_rank",
+    "ALTER TABLE django_gator_job ADD COLUMN ready_rank "
+    + _READY_RANK.format(READY_STATES_SQL, "NULL"),
+    "CREATE INDEX gator_job_ready_my ON django_gator_job "
+    "(queue, ready_rank, next_execution_at, id)",
+    "ALTER TABLE django_gator_job ADD COLUMN flow_rank "
+    + _READY_RANK.format(READY_STATES_SQL, "NOT NULL"),
+    "CREATE INDEX gator_job_flow_my ON django_gator_job (queue, flow_rank, next_execution_at, id)",
+    "ALTER TABLE django_gator_job ADD COLUMN running_key varchar(200) GENERATED ALWAYS AS "
+    f"(CASE WHEN state = '{JobState.RUNNING.value}' THEN concurrency_key ELSE NULL END) VIRTUAL",
+    "CREATE INDEX gator_job_running_key_my ON django_gator_job (running_key, name)",
+    "CREATE INDEX gator_job_running_queue_my ON django_gator_job (state, queue)",
+]
+MYSQL_FLOW_BACKWARD = [
+    "DROP INDEX gator_job_running_queue_my ON django_gator_job",
+    "DROP INDEX gator_job_running_key_my ON django_gator_job",
+    "ALTER TABLE django_gator_job DROP COLUMN running_key",
+    "DROP INDEX gator_job_flow_my ON django_gator_job",
+    "ALTER TABLE django_gator_job DROP COLUMN flow_rank",
+    "DROP INDEX gator_job_ready_my ON django_gator_job",
+    "ALTER TABLE django_gator_job DROP COLUMN ready_rank",
+    "ALTER TABLE django_gator_job ADD COLUMN ready_rank smallint GENERATED ALWAYS AS "
+    f"(CASE WHEN state IN {READY_STATES_SQL} THEN -priority ELSE NULL END) VIRTUAL",
+    "CREATE INDEX gator_job_ready_my ON django_gator_job "
+    "(queue, ready_rank, next_execution_at, id)",
+]
+
+
+def create_flow(apps: Any, schema_editor: Any) -> None:
+    if schema_editor.connection.vendor == "mysql":
+        for sql in MYSQL_FLOW_FORWARD:
+            schema_editor.execute(sql)
+        return
+    job = apps.get_model("django_gator", "Job")
+    connection = schema_editor.connection
+    with connection.cursor() as cursor:
+        existing = connection.introspection.get_constraints(cursor, job._meta.db_table)
+    [old_ready, *_] = partial_indexes()
+    if old_ready.name in existing:
+        schema_editor.remove_index(job, old_ready)
+    [new_ready, *_] = partial_indexes(flow=True)
+    schema_editor.add_index(job, new_ready)
+    for index in flow_indexes():
+        if index.name not in existing:
+            schema_editor.add_index(job, index)
+    # Whatever else a rebuild of the table (SQLite) may have dropped.
+    restore_claim_indexes(job, schema_editor, unique=True)
+    restore_groups_index(job, schema_editor)
+
+
+def drop_flow(apps: Any, schema_editor: Any) -> None:
+    if schema_editor.connection.vendor == "mysql":
+        for sql in MYSQL_FLOW_BACKWARD:
+            schema_editor.execute(sql)
+        return
+    job = apps.get_model("django_gator", "Job")
+    for index in flow_indexes():
+        schema_editor.remove_index(job, index)
+    [new_ready, *_] = partial_indexes(flow=True)
+    schema_editor.remove_index(job, new_ready)
+    [old_ready, *_] = partial_indexes()
+    schema_editor.add_index(job, old_ready)
+
+
+def _has_flow(job: Any) -> bool:
+    """Whether the (historical) Job model has migration 0009's concurrency_key."""
+    return any(field.name == "concurrency_key" for field in job._meta.fields)
 
 
 def create(apps: Any, schema_editor: Any) -> None:
@@ -123,7 +224,8 @@ def restore_claim_indexes(job: Any, schema_editor: Any, *, unique: bool = False)
     connection = schema_editor.connection
     with connection.cursor() as cursor:
         existing = connection.introspection.get_constraints(cursor, job._meta.db_table)
-    for index in partial_indexes():
+    flow = _has_flow(job)
+    for index in partial_indexes(flow=flow) + (flow_indexes() if flow else []):
         if index.name not in existing:
             schema_editor.add_index(job, index)
     if unique and unique_constraint().name not in existing:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from django_gator import conf, validation
+from django_gator import conf, limits, validation
 
 # The registry's functions are still importable from here, where they were first.
 from django_gator.registry import get_job_class as get_job_class
@@ -59,6 +59,10 @@ class Queueable:
     the ones of ``GATOR_MIDDLEWARE``.
     ``schedule``: a cron string, a :class:`~django_gator.schedules.Cron`, or a list of
     them: workers dispatch the job at each occurrence.
+    ``concurrency_limit``: at most this many of its jobs run at once across every worker,
+    per key when the class defines :meth:`concurrency_key` (else for the class).
+    ``rate_limit``: at most this many starts per window, ``"100/m"`` (``/s``, ``/m``,
+    ``/h``), per key when the class defines :meth:`concurrency_key`.
 
     While ``handle()`` runs, ``self.job_id``, ``self.attempt`` (1 for the first run),
     ``self.queue``, ``self.args`` and ``self.kwargs`` describe the job being run.
@@ -73,6 +77,8 @@ class Queueable:
     atomic: ClassVar[bool] = False
     middleware: ClassVar[Sequence[Middleware]] = ()
     schedule: ClassVar[Any] = None
+    concurrency_limit: ClassVar[int | None] = None
+    rate_limit: ClassVar[str | None] = None
     #: Argument keys (besides GATOR_REDACT) never shown in the admin or in log lines.
     redact: ClassVar[Sequence[str]] = ()
 
@@ -83,6 +89,9 @@ class Queueable:
     _gator_accepts_anything: ClassVar[bool]
     _gator_unique: ClassVar[bool]
     _gator_async: ClassVar[bool] = False
+    #: The class has a concurrency or rate limit: its rows carry a concurrency key.
+    _gator_limited: ClassVar[bool] = False
+    _gator_keyed: ClassVar[bool] = False
     _gator_check_dispatch_options: ClassVar[bool] = True
 
     def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
@@ -122,6 +131,7 @@ class Queueable:
                 "function that uses transaction.atomic()), or make handle() a plain def"
             )
         cls._gator_unique = cls.unique or cls.unique_key is not Queueable.unique_key
+        _check_limits(cls)
         signature = cls._handler_signature()
         clash = DISPATCH_OPTIONS & {
             p.name
@@ -192,6 +202,12 @@ class Queueable:
             identity = [args, kwargs]
         text = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=repr)
         return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+    def concurrency_key(self, *args: Any, **kwargs: Any) -> str | None:
+        """The key this job's ``concurrency_limit`` and ``rate_limit`` count it under,
+        computed at dispatch from the job's arguments (``f"account:{account_id}"``); None
+        exempts the job from the class's limits. Not overridden: the class is one key."""
+        return ""
 
     def on_error(self, exc: BaseException) -> None:
         """Called in the worker after each failed attempt (``self.attempt`` tells which),
@@ -423,10 +439,14 @@ def job(
     atomic: bool = _UNSET,
     middleware: Sequence[Middleware] = _UNSET,
     schedule: Any = _UNSET,
+    concurrency_limit: int | None = _UNSET,
+    rate_limit: str | None = _UNSET,
+    concurrency_key: Callable[..., str | None] = _UNSET,
 ) -> Any:
     """Turn a function into a job: ``@job`` or ``@job(queue="critical", retry=Retry(...))``.
 
-    The options are the Queueable class attributes of the same names."""
+    The options are the Queueable class attributes of the same names; ``concurrency_key``
+    is a function of the job's arguments."""
 
     def wrap(f: Callable[..., Any]) -> JobFunction:
         attrs: dict[str, Any] = {
@@ -445,13 +465,34 @@ def job(
             ("atomic", atomic),
             ("middleware", middleware),
             ("schedule", schedule),
+            ("concurrency_limit", concurrency_limit),
+            ("rate_limit", rate_limit),
         ):
             if value is not _UNSET:
                 attrs[key] = value
+        if concurrency_key is not _UNSET:
+            keyer = concurrency_key
+            attrs["concurrency_key"] = lambda self, *args, **kwargs: keyer(*args, **kwargs)
         job_class = type(f.__name__, (FunctionJob,), attrs)
         return JobFunction(f, job_class)
 
     return wrap(func) if func is not None else wrap
+
+
+def _check_limits(cls: type[Queueable]) -> None:
+    """Validate the class's flow-control attributes (ValueError naming the bad value)."""
+    where = cls.__qualname__
+    try:
+        limits.validate_concurrency(cls.concurrency_limit, f"{where}.concurrency_limit")
+        limits.parse_rate(cls.rate_limit, f"{where}.rate_limit")
+    except ValueError as exc:
+        raise ValueError(str(exc)) from None
+    cls._gator_limited = cls.concurrency_limit is not None or bool(cls.rate_limit)
+    cls._gator_keyed = cls.concurrency_key is not Queueable.concurrency_key
+    if cls._gator_keyed and not cls._gator_limited:
+        raise TypeError(
+            f"{where} defines concurrency_key() but neither concurrency_limit nor rate_limit"
+        )
 
 
 def resolve_job_class(target: type[Queueable] | JobFunction) -> type[Queueable]:

@@ -60,6 +60,8 @@ class InsertRow:
     chain: str | None = None
     unique_key: str | None = None
     batch_id: int | None = None
+    #: Set for a class with concurrency_limit or rate_limit (see limits.flow_key).
+    concurrency_key: str | None = None
 
 
 @dataclass(slots=True)

@@ -45,7 +45,9 @@ class QueueStats:
     the last hour, by ``finished_at``. ``succeeded`` / ``cancelled``: totals, only with
     ``queue_stats(exact=True)``, else None. ``paused``: no worker claims from the queue
     (see :func:`django_gator.pause_queue`); ``paused_at`` and ``paused_by`` say since when
-    and who paused it (None and "" when it is not paused).
+    and who paused it (None and "" when it is not paused). ``concurrency`` and
+    ``rate_limit``: the queue's limits (None and "" when it has none); ``limits_by``: the
+    operator who set them ("" when they come from ``GATOR_QUEUES``).
     """
 
     queue: str
@@ -63,6 +65,20 @@ class QueueStats:
     paused: bool = False
     paused_at: datetime | None = None
     paused_by: str = ""
+    #: Flow control: the queue's limits (None / "": none) and who set them ("": settings).
+    concurrency: int | None = None
+    rate_limit: str = ""
+    limits_by: str = ""
+
+    @property
+    def limit_text(self) -> str:
+        """``running/limit`` and the rate, for the dashboard and the commands ("" if none)."""
+        parts = []
+        if self.concurrency is not None:
+            parts.append(f"{self.running}/{self.concurrency}")
+        if self.rate_limit:
+            parts.append(self.rate_limit)
+        return ", ".join(parts)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: datetimes as ISO 8601 strings."""
@@ -178,6 +194,9 @@ def queue_stats(
         known.paused = queue.paused
         known.paused_at = queue.paused_at if queue.paused else None
         known.paused_by = queue.paused_by if queue.paused else ""
+        known.concurrency = queue.concurrency
+        known.rate_limit = queue.rate_limit
+        known.limits_by = queue.limits_by
 
     if exact:
         final_rows = (

@@ -78,6 +78,7 @@ def dispatch_workflow(
                 spec.queue,
                 spec.priority,
                 run_at,
+                concurrency_key=spec.concurrency_key,
             )
             roots.append(row)
             root_jobs.append(_unsaved(alias, row, args, kwargs))

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django_gator import validation
+from django_gator import limits, validation
 from django_gator.queueable import JobFunction, Queueable, resolve_job_class
 
 if TYPE_CHECKING:
@@ -205,8 +205,11 @@ class Workflow:
             validation.validate_priority(priority)
         specs = []
         for step in self.steps:
+            step_queue = queue if queue is not None else step.job_class.queue
             try:
                 args_json, kwargs_json = validation.encode_payload(step.args, step.kwargs)
+                keyer = step.job_class(queue=step_queue) if step.job_class._gator_keyed else None
+                key = limits.flow_key(step.job_class, keyer, step.args, step.kwargs)
             except (TypeError, ValueError) as exc:
                 exc.args = (f"{step.label()}: {exc}", *exc.args[1:])
                 raise
@@ -216,10 +219,11 @@ class Workflow:
                     job_class=step.job_class,
                     args_json=args_json,
                     kwargs_json=kwargs_json,
-                    queue=queue if queue is not None else step.job_class.queue,
+                    queue=step_queue,
                     priority=priority if priority is not None else step.job_class.priority,
                     after=sorted({d.position for d in step.after}),
                     on_dead=step.on_dead,
+                    concurrency_key=key,
                 )
             )
         return specs, validation.resolve_when(wait=wait, at=at)
@@ -251,6 +255,7 @@ class StepSpec:
     __slots__ = (
         "after",
         "args_json",
+        "concurrency_key",
         "job_class",
         "kwargs_json",
         "on_dead",
@@ -270,6 +275,7 @@ class StepSpec:
         priority: int,
         after: list[int],
         on_dead: str,
+        concurrency_key: str | None = None,
     ) -> None:
         self.position = position
         self.job_class = job_class
@@ -279,6 +285,8 @@ class StepSpec:
         self.priority = priority
         self.after = after
         self.on_dead = on_dead
+        #: For a class with a concurrency or rate limit (see limits.flow_key).
+        self.concurrency_key = concurrency_key
 
     def values(self) -> tuple[Any, Any]:
         return json.loads(self.args_json), json.loads(self.kwargs_json)

@@ -241,6 +241,9 @@ def test_status_json_has_stable_keys():
         "paused",
         "paused_at",
         "paused_by",
+        "concurrency",
+        "rate_limit",
+        "limits_by",
     }
     assert default["queue"] == "default"
     assert (default["paused"], default["paused_at"], default["paused_by"]) == (False, None, "")

@@ -64,7 +64,8 @@ def test_postgres_claim_uses_the_partial_ready_index():
         cursor.execute("SET enable_seqscan = off")
         cursor.execute(
             "EXPLAIN SELECT id FROM django_gator_job WHERE queue = 'echo' AND "
-            "state IN ('waiting', 'failed') AND next_execution_at <= statement_timestamp() "
+            "state IN ('waiting', 'failed') AND concurrency_key IS NULL "
+            "AND next_execution_at <= statement_timestamp() "
             "ORDER BY priority DESC, next_execution_at, id LIMIT 10 FOR UPDATE SKIP LOCKED"
         )
         plan = "\n".join(row[0] for row in cursor.fetchall())
@@ -94,7 +95,8 @@ def test_sqlite_claim_uses_the_partial_ready_index():
     with connection.cursor() as cursor:
         cursor.execute(
             "EXPLAIN QUERY PLAN SELECT id FROM django_gator_job WHERE queue = 'echo' AND "
-            "state IN ('waiting', 'failed') AND next_execution_at <= '2100-01-01' "
+            "state IN ('waiting', 'failed') AND concurrency_key IS NULL "
+            "AND next_execution_at <= '2100-01-01' "
             "ORDER BY priority DESC, next_execution_at, id LIMIT 10"
         )
         plan = " ".join(str(row[-1]) for row in cursor.fetchall())

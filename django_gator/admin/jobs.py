@@ -33,6 +33,7 @@ from django_gator.admin.dashboard import DashboardView
 from django_gator.admin.dead_jobs import DeadJobsView
 from django_gator.admin.display import pretty, time_field, when
 from django_gator.admin.filters import ErrorClassFilter, JobNameFilter, QueueFilter
+from django_gator.admin.limits import QueueLimitsView
 from django_gator.admin.queues import QueuePauseView
 from django_gator.admin.workflows import workflow_link
 from django_gator.models import Job, JobState
@@ -189,6 +190,11 @@ class JobAdmin(JobActions):
                 "dashboard/queues/",
                 wrap(QueuePauseView.as_view(model_admin=self)),
                 name="django_gator_job_pause_queue",
+            ),
+            path(
+                "dashboard/limits/",
+                wrap(QueueLimitsView.as_view(model_admin=self)),
+                name="django_gator_job_queue_limits",
             ),
             path(
                 "<path:object_id>/edit-arguments/",

@@ -257,6 +257,11 @@ def immediate() -> bool:
     return bool(value("GATOR_IMMEDIATE"))
 
 
+def queues() -> Mapping[str, Mapping[str, Any]]:
+    """``GATOR_QUEUES``: the limits declared per queue."""
+    return value("GATOR_QUEUES")
+
+
 def schedules() -> Mapping[str, Any]:
     """GATOR_SCHEDULES as declared (its entries are validated by the schedules module)."""
     declared: Mapping[str, Any] = value("GATOR_SCHEDULES")

@@ -11,6 +11,8 @@ from typing import Any, Protocol
 
 from django.utils.module_loading import import_string
 
+from django_gator.limits import queue_options_problem
+
 
 class Rule(Protocol):
     def problem(self, value: Any, *, deep: bool = False) -> str | None:
@@ -154,6 +156,27 @@ class Table:
 
     def allowed(self) -> str:
         return self.what
+
+
+@dataclass(frozen=True)
+class QueueTable:
+    """``GATOR_QUEUES``: ``{queue name: {"concurrency": N, "rate_limit": "N/s"}}``. Unknown
+    options are left to the warning django_gator.W005, queue names that are not valid to
+    the check itself (validation sits above conf)."""
+
+    def problem(self, value: Any, *, deep: bool = False) -> str | None:
+        if not isinstance(value, Mapping):
+            return f"must be a dict of queue names to options, got {value!r}"
+        for queue, options in value.items():
+            if not isinstance(queue, str) or not queue:
+                return f"must be a dict with queue names as keys, got {queue!r}"
+            problem = queue_options_problem(queue, options)
+            if problem is not None:
+                return f"must be a dict of valid queue limits: {problem}"
+        return None
+
+    def allowed(self) -> str:
+        return 'dict `{queue: {"concurrency": N, "rate_limit": "N/s"}}`'
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from django_gator.conf.rules import (
     Flag,
     Names,
     Number,
+    QueueTable,
     Setting,
     Table,
     Text,
@@ -186,6 +187,13 @@ SETTINGS: tuple[Setting, ...] = (
         False,
         Flag(),
         "run each job in the dispatching thread as soon as its row is committed (tests)",
+    ),
+    Setting(
+        "GATOR_QUEUES",
+        {},
+        QueueTable(),
+        "limits per queue: running jobs at once across every worker, starts per second, "
+        'minute or hour (see "Flow control"); seeds the queue\'s row, which the admin can edit',
     ),
     Setting(
         "GATOR_SCHEDULES",

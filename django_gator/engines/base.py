@@ -16,6 +16,7 @@ from typing import Any
 from django_gator.engines.batching import BatchStatements, member_batches
 from django_gator.engines.core import (
     JOB_COLUMNS,
+    UNKEYED_SQL,
     Listener,
     Position,
     error_class_of,
@@ -37,6 +38,7 @@ from django_gator.states import (
 
 __all__ = [
     "JOB_COLUMNS",
+    "UNKEYED_SQL",
     "ClaimedJob",
     "Engine",
     "Failure",
@@ -100,7 +102,9 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements):
             return [row[0] for row in cursor.fetchall()]
 
     def ready_condition(self) -> str:
-        return READY_SQL
+        """The rows of the ordinary claim's ready index (jobs of limited classes are found
+        by the limited claim's own, see engines/flow.py)."""
+        return f"{READY_SQL} AND {UNKEYED_SQL}"
 
     @staticmethod
     def claimed(row: Sequence[Any], attempts_offset: int = 0) -> ClaimedJob:

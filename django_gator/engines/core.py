@@ -27,6 +27,11 @@ from django_gator.states import (
 if TYPE_CHECKING:
     from django_gator.worker.connections import NetworkBounds
 
+#: The rows the ordinary claim takes: no concurrency key (a job of a class with limits has
+#: one, and is taken by the limited claim, engines/flow.py). Its own partial index
+#: (gator_job_ready) holds only these rows, so the ordinary claim never steps over the others.
+UNKEYED_SQL = "concurrency_key IS NULL"
+
 JOB_COLUMNS = (
     "id, name, args, kwargs, queue, priority, attempts, rescues, chain_id, chain_position, chain, "
     "next_execution_at, created_at, suspect, batch_id"
@@ -180,11 +185,15 @@ class EngineCore:
     # -- paused queues -------------------------------------------------------------------
     @property
     def not_paused_sql(self) -> str:
-        """SQL for: the queue named by the parameter ``%s`` is not paused. One primary-key
-        probe of the queue table, with no reference to the outer row, so the planner
-        evaluates it once per statement. Part of every claim's WHERE, so a committed pause
-        stops the next claim of every worker."""
-        return f"NOT EXISTS (SELECT 1 FROM {self.queue_table} WHERE name = %s AND paused)"
+        """SQL for: the queue named by the parameter ``%s`` is neither paused nor limited
+        (a concurrency or rate limit: its jobs are taken by the limited claim only, see
+        engines/flow.py). One primary-key probe of the queue table, with no reference to the
+        outer row, so the planner evaluates it once per statement. Part of every ordinary
+        claim's WHERE, so a committed pause or limit stops the next claim of every worker."""
+        return (
+            f"NOT EXISTS (SELECT 1 FROM {self.queue_table} WHERE name = %s"
+            " AND (paused OR concurrency IS NOT NULL OR rate_limit <> ''))"
+        )
 
     def unpaused_sql(self, column: str) -> str:
         """SQL for: the queue named by ``column`` is not paused (for a list of queues)."""

@@ -58,7 +58,7 @@ class DispatchStatements(EngineCore):
 
     def _row_documents(self, rows: Sequence[InsertRow]) -> list[str]:
         """JSON arrays of ``[name, args, kwargs, queue, priority, run_at, chain_id,
-        chain_position, chain, unique_key, batch_id]`` rows, each array under
+        chain_position, chain, unique_key, batch_id, concurrency_key]`` rows, each array under
         :attr:`insert_bytes`."""
         documents: list[str] = []
         parts: list[str] = []
@@ -79,6 +79,7 @@ class DispatchStatements(EngineCore):
                     row.chain,
                     row.unique_key,
                     row.batch_id,
+                    row.concurrency_key,
                 ]
             )
             if parts and size + len(part) > self.insert_bytes:

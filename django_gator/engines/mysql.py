@@ -130,9 +130,9 @@ class MySQLEngine(Engine):
                 cursor.execute(
                     f"INSERT INTO {self.job_table} (name, args, kwargs, queue, priority, state, "
                     "attempts, rescues, next_execution_at, created_at, last_error, chain_id, "
-                    "chain_position, chain, unique_key, batch_id) VALUES (%s, %s, %s, %s, %s, "
-                    f"{SQL_WAITING}, 0, 0, COALESCE(%s, {self.now_sql}), {self.now_sql}, '', "
-                    "%s, %s, %s, %s, %s)",
+                    "chain_position, chain, unique_key, batch_id, concurrency_key) VALUES (%s, %s, "
+                    f"%s, %s, %s, {SQL_WAITING}, 0, 0, COALESCE(%s, {self.now_sql}), "
+                    f"{self.now_sql}, '', %s, %s, %s, %s, %s, %s)",
                     [
                         row.name,
                         row.args,
@@ -145,6 +145,7 @@ class MySQLEngine(Engine):
                         row.chain,
                         row.unique_key,
                         row.batch_id,
+                        row.concurrency_key,
                     ],
                 )
                 job_id = cursor.lastrowid
@@ -161,9 +162,10 @@ class MySQLEngine(Engine):
         return (
             f"INSERT INTO {self.job_table} (name, args, kwargs, queue, priority, state, "
             "attempts, rescues, next_execution_at, created_at, last_error, chain_id, "
-            "chain_position, chain, unique_key, batch_id) SELECT j.name, j.a, j.k, j.queue, "
-            f"j.priority, {SQL_WAITING}, 0, 0, COALESCE(j.run_at, {self.now_sql}), "
-            f"{self.now_sql}, '', j.chain_id, j.chain_position, j.chain, j.unique_key, j.batch_id "
+            "chain_position, chain, unique_key, batch_id, concurrency_key) SELECT j.name, j.a, "
+            f"j.k, j.queue, j.priority, {SQL_WAITING}, 0, 0, "
+            f"COALESCE(j.run_at, {self.now_sql}), {self.now_sql}, '', j.chain_id, "
+            "j.chain_position, j.chain, j.unique_key, j.batch_id, j.ck "
             "FROM JSON_TABLE(%s, '$[*]' COLUMNS ("
             "ord FOR ORDINALITY, "
             f"name VARCHAR(255) {text} PATH '$[0]', "
@@ -176,7 +178,8 @@ class MySQLEngine(Engine):
             "chain_position SMALLINT PATH '$[7]', "
             f"chain LONGTEXT {text} PATH '$[8]', "
             f"unique_key VARCHAR(200) {text} PATH '$[9]', "
-            "batch_id BIGINT PATH '$[10]')) AS j ORDER BY j.ord "
+            "batch_id BIGINT PATH '$[10]', "
+            f"ck VARCHAR(200) {text} PATH '$[11]')) AS j ORDER BY j.ord "
             "RETURNING id, created_at, next_execution_at"
         )
 

@@ -12,6 +12,7 @@ from django_gator import conf
 from django_gator.engines.base import (
     JOB_COLUMNS,
     MARK_WIDTH,
+    UNKEYED_SQL,
     ClaimedJob,
     Engine,
     InsertRow,
@@ -64,6 +65,7 @@ class PostgresEngine(Engine):
         ("chain", "text", "{}::jsonb"),
         ("unique_key", "text", "{}"),
         ("batch_id", "bigint", "{}"),
+        ("concurrency_key", "text", "{}"),
     )
 
     def insert_jobs(
@@ -104,9 +106,10 @@ class PostgresEngine(Engine):
             array_params = [len(rows)]
         sql = (
             f"WITH ins AS (INSERT INTO {self.job_table} (name, args, kwargs, queue, priority, "
-            "next_execution_at, chain_id, chain_position, chain, unique_key, batch_id, state, "
-            f"attempts, rescues, created_at, last_error) SELECT {', '.join(select)}, "
-            f"{SQL_WAITING}, 0, 0, statement_timestamp(), '' FROM {source} RETURNING id) "
+            "next_execution_at, chain_id, chain_position, chain, unique_key, batch_id, "
+            "concurrency_key, state, attempts, rescues, created_at, last_error) "
+            f"SELECT {', '.join(select)}, {SQL_WAITING}, 0, 0, "
+            f"statement_timestamp(), '' FROM {source} RETURNING id) "
             "SELECT (SELECT array_agg(id ORDER BY id) FROM ins), statement_timestamp(), "
             "(SELECT count(pg_notify(%s, q)) FROM unnest(%s::text[]) AS q)"
         )
@@ -122,10 +125,10 @@ class PostgresEngine(Engine):
         """A single dispatch: a plain VALUES insert plans and runs faster than unnest()."""
         insert = (
             f"INSERT INTO {self.job_table} (name, args, kwargs, queue, priority, "
-            "next_execution_at, chain_id, chain_position, chain, unique_key, batch_id, state, "
-            "attempts, rescues, created_at, last_error) VALUES (%s, %s::jsonb, %s::jsonb, %s, "
-            "%s, COALESCE(%s::timestamptz, statement_timestamp()), %s::uuid, %s, %s::jsonb, %s, "
-            "%s::bigint, "
+            "next_execution_at, chain_id, chain_position, chain, unique_key, batch_id, "
+            "concurrency_key, state, attempts, rescues, created_at, last_error) VALUES (%s, "
+            "%s::jsonb, %s::jsonb, %s, %s, COALESCE(%s::timestamptz, statement_timestamp()), "
+            "%s::uuid, %s, %s::jsonb, %s, %s::bigint, %s, "
             f"{SQL_WAITING}, 0, 0, statement_timestamp(), '') "
             "RETURNING id, created_at, next_execution_at"
         )
@@ -141,6 +144,7 @@ class PostgresEngine(Engine):
             row.chain,
             row.unique_key,
             row.batch_id,
+            row.concurrency_key,
         ]
         if notify:
             [queue] = notify
@@ -242,7 +246,8 @@ class PostgresEngine(Engine):
         if after is None:
             picked = (
                 f"SELECT id FROM {self.job_table}"
-                f" WHERE queue = %s AND {READY_SQL} AND next_execution_at <= {self.now_sql}"
+                f" WHERE queue = %s AND {READY_SQL} AND {UNKEYED_SQL}"
+                f" AND next_execution_at <= {self.now_sql}"
                 f" AND {self.not_paused_sql}"
                 " ORDER BY priority DESC, next_execution_at, id"
                 " LIMIT %s FOR UPDATE SKIP LOCKED"
@@ -279,7 +284,9 @@ class PostgresEngine(Engine):
         if high >= SMALLINT_MIN:
             gaps.append((SMALLINT_MIN, high))
         columns = "id, priority, next_execution_at"
-        ready = f"queue = %s AND {READY_SQL} AND next_execution_at <= {self.now_sql}"
+        ready = (
+            f"queue = %s AND {READY_SQL} AND {UNKEYED_SQL} AND next_execution_at <= {self.now_sql}"
+        )
         lock = "LIMIT %s FOR UPDATE SKIP LOCKED"
         parts = []
         params: list[Any] = []
@@ -326,7 +333,8 @@ class PostgresEngine(Engine):
         # or a known queue), the next queue with a ready entry before the next known name;
         # if there is none, on to that known name.
         first = (
-            f"SELECT queue FROM {self.job_table} WHERE {READY_SQL} AND queue > q.queue{{}}"
+            f"SELECT queue FROM {self.job_table} WHERE {self.ready_condition()}"
+            " AND queue > q.queue{}"
             " ORDER BY queue LIMIT 1"
         )
         sql = (

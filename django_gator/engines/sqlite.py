@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db import OperationalError, transaction
 
-from django_gator.engines.base import JOB_COLUMNS, ClaimedJob, Engine, Position
+from django_gator.engines.base import JOB_COLUMNS, UNKEYED_SQL, ClaimedJob, Engine, Position
 from django_gator.states import READY_SQL, SQL_WAITING, claim_set_sql
 
 try:
@@ -111,11 +111,11 @@ class SQLiteEngine(Engine):
         return (
             f"INSERT INTO {self.job_table} (name, args, kwargs, queue, priority, state, "
             "attempts, rescues, next_execution_at, created_at, last_error, chain_id, "
-            f"chain_position, chain, unique_key, batch_id) SELECT {col(0)}, {col(1)}, {col(2)}, "
-            f"{col(3)}, "
-            f"{col(4)}, {SQL_WAITING}, 0, 0, COALESCE({col(5)}, {self.now_sql}), "
-            f"{self.now_sql}, '', "
-            f"{col(6)}, {col(7)}, {col(8)}, {col(9)}, {col(10)} FROM json_each(%s) ORDER BY key "
+            f"chain_position, chain, unique_key, batch_id, concurrency_key) SELECT {col(0)}, "
+            f"{col(1)}, {col(2)}, {col(3)}, {col(4)}, {SQL_WAITING}, 0, 0, "
+            f"COALESCE({col(5)}, {self.now_sql}), {self.now_sql}, '', "
+            f"{col(6)}, {col(7)}, {col(8)}, {col(9)}, {col(10)}, {col(11)} FROM json_each(%s) "
+            "ORDER BY key "
             "RETURNING id, created_at, next_execution_at"
         )
 
@@ -129,7 +129,8 @@ class SQLiteEngine(Engine):
         sql = (
             f"UPDATE {self.job_table} SET {claim_set_sql(self.now_sql)}"
             f" WHERE id IN (SELECT id FROM {self.job_table}"
-            f"  WHERE queue = %s AND {READY_SQL} AND next_execution_at <= {self.now_sql}"
+            f"  WHERE queue = %s AND {READY_SQL} AND {UNKEYED_SQL}"
+            f"  AND next_execution_at <= {self.now_sql}"
             f"  AND {self.not_paused_sql}"
             "  ORDER BY priority DESC, next_execution_at, id LIMIT %s)"
             f" RETURNING {JOB_COLUMNS}"

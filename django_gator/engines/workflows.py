@@ -3,16 +3,17 @@ transaction that writes a step's final state (see :mod:`django_gator.models.work
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from django.db import DatabaseError, transaction
 
-from django_gator import validation
+from django_gator import limits, validation
 from django_gator.engines.dispatching import DispatchStatements
 from django_gator.exceptions import JobNotRegistered
 from django_gator.models.workflows import Settled, WorkflowRun, WorkflowStep, settle
@@ -21,6 +22,7 @@ from django_gator.rows import InsertRow
 from django_gator.states import StepState
 
 T = TypeVar("T")
+logger = logging.getLogger("django_gator.worker")
 #: Tries of a step's final write and its settling that the database ends to break a deadlock.
 DEADLOCK_TRIES = 5
 
@@ -109,6 +111,7 @@ def step_row(
     queue: str,
     priority: int,
     run_at: datetime | None = None,
+    concurrency_key: str | None = None,
 ) -> InsertRow:
     """The job row of a workflow's step: its ``chain_id`` is the workflow's id, its
     ``chain_position`` the step's position."""
@@ -121,6 +124,7 @@ def step_row(
         run_at=run_at,
         chain_id=workflow_id,
         chain_position=position,
+        concurrency_key=concurrency_key,
     )
 
 
@@ -133,7 +137,23 @@ def _step_row(step: WorkflowStep) -> InsertRow:
         validation.dumps(step.kwargs),
         step.queue,
         step.priority,
+        concurrency_key=_flow_key(step.name, step.queue, step.args, step.kwargs),
     )
+
+
+def _flow_key(name: str, queue: str, args: Any, kwargs: Any) -> str | None:
+    """The concurrency key of a released step or handler (see limits.flow_key). If the
+    class is not registered, or its concurrency_key() fails now, the row is inserted
+    without one (held to no class limit) rather than lost, and the error is logged."""
+    try:
+        job_class = get_job_class(name)
+        keyer = job_class(queue=queue) if job_class._gator_keyed else None
+        return limits.flow_key(job_class, keyer, args, kwargs)
+    except JobNotRegistered:
+        return None
+    except Exception:
+        logger.exception("concurrency_key() failed for a workflow step job=%s", name)
+        return None
 
 
 def _handler_row(name: str, workflow_id: uuid.UUID, job_id: int) -> InsertRow:
@@ -144,11 +164,13 @@ def _handler_row(name: str, workflow_id: uuid.UUID, job_id: int) -> InsertRow:
     except JobNotRegistered:
         # Inserted anyway: the worker marks it dead with a clear error; nothing is dropped.
         queue, priority = "default", 0
+    args = [str(workflow_id), job_id]
     return InsertRow(
         name=name,
-        args=validation.dumps([str(workflow_id), job_id]),
+        args=validation.dumps(args),
         kwargs="{}",
         queue=queue,
         priority=priority,
         run_at=None,
+        concurrency_key=_flow_key(name, queue, args, {}),
     )

@@ -7,6 +7,7 @@ and the domain verbs used by the admin and the management commands.
 """
 
 from django_gator.models.batches import Batch, BatchError
+from django_gator.models.flow import FlowStart
 from django_gator.models.jobs import (
     ERROR_CLASS_RE,
     Job,
@@ -28,6 +29,7 @@ __all__ = [
     "READY_STATES",
     "Batch",
     "BatchError",
+    "FlowStart",
     "Job",
     "JobQuerySet",
     "JobState",

@@ -15,6 +15,7 @@ from django.utils import timezone
 from django_gator import conf
 from django_gator.dbtime import DbNow
 from django_gator.jsonsql import JsonAppend
+from django_gator.limits import KEY_MAX_LENGTH
 from django_gator.models import membership
 from django_gator.models.queues import Queue
 from django_gator.states import FINAL_STATES, READY_STATES, JobState
@@ -332,6 +333,13 @@ class Job(models.Model):
         null=True,
         blank=True,
         help_text="At most one waiting, failed or running job per job name and key.",
+    )
+    concurrency_key = models.CharField(  # noqa: DJ001 - NULL means "no class limits"
+        max_length=KEY_MAX_LENGTH,
+        null=True,
+        blank=True,
+        help_text="Set on jobs of a class with concurrency_limit or rate_limit: the key they "
+        "are counted under (empty: the class as a whole).",
     )
     cancel_requested = models.BooleanField(
         default=False,

@@ -49,6 +49,7 @@ from typing import Any
 
 from django_gator.engines import ClaimedJob
 from django_gator.engines.base import Engine, Position
+from django_gator.worker.flow import FlowRouter, Mark
 from django_gator.worker.queues import QueueSpec, weighted_order
 
 #: How long the all-queues mode trusts its list of queues with ready work.
@@ -68,9 +69,6 @@ KEYSET_LOOKBACK = 1.0
 KEYSET_MARGIN = 1.2
 #: Weight of the newest duration in those moving averages.
 COST_WEIGHT = 0.3
-
-#: A success mark: (job id, attempt, result JSON).
-Mark = tuple[int, int, "str | None"]
 
 
 class Claimer:
@@ -103,6 +101,8 @@ class Claimer:
         self.timer = timer
         #: Per queue: moving average of a claim's duration, full and keyset (seconds).
         self._costs: dict[str, dict[bool, float]] = {}
+        #: Queues with limits, or with jobs of limited classes: the limited claim.
+        self.flow = FlowRouter(engine, worker_id, clock)
 
     def claim(self, limit: int, marks: Sequence[Mark] = ()) -> tuple[list[ClaimedJob], list[int]]:
         """Claim up to ``limit`` jobs across the queues, writing the success ``marks`` in
@@ -115,20 +115,43 @@ class Claimer:
             return [], written
         claimed: list[ClaimedJob] = []
         written = []
+        rested: list[str] = []
         for name in names:
             want = limit - len(claimed)
-            after = self.position(name)
-            started = self.timer()
-            jobs, marked = self.engine.claim_and_mark(
-                self.worker_id, name, want, pending, after=after
-            )
-            self._measure(name, keyset=after is not None, seconds=self.timer() - started)
-            written += marked
-            pending = []
-            self._advance(name, jobs, full=after is None, full_batch=len(jobs) >= want)
+            ordinary, limited = self.flow.route(name)
+            if not limited and self.flow.resting(name):
+                rested.append(name)
+            jobs: list[ClaimedJob] = []
+            if ordinary:
+                after = self.position(name)
+                started = self.timer()
+                jobs, marked = self.engine.claim_and_mark(
+                    self.worker_id, name, want, pending, after=after
+                )
+                self._measure(name, keyset=after is not None, seconds=self.timer() - started)
+                written += marked
+                pending = []
+                self._advance(name, jobs, full=after is None, full_batch=len(jobs) >= want)
+            if limited and len(jobs) < want:
+                more, marked = self.flow.claim(name, want - len(jobs), pending)
+                written += marked
+                pending = []
+                jobs = jobs + more
             claimed += jobs
             if len(claimed) >= limit:
                 break
+        if not claimed:
+            # A round that found nothing: the queues resting after an empty limited claim
+            # are claimed too (a slot may have freed since), so that an idle or burst worker
+            # never takes a rest for an empty queue.
+            for name in rested:
+                if len(claimed) < limit:
+                    jobs, marked = self.flow.claim(name, limit - len(claimed), pending)
+                    written += marked
+                    pending = []
+                    claimed += jobs
+        if pending:
+            written += self.engine.mark_succeeded(self.worker_id, pending)
         if not claimed and not self.specs:
             self._queue_cache = (0.0, [])  # look for new queues next time
         return claimed, written
@@ -143,7 +166,7 @@ class Claimer:
             names = self.engine.ready_queues(known)
             # An empty list is never trusted: a job may be inserted right after.
             self._queue_cache = (self.clock() if names else 0.0, names)
-        names = sorted({*names, *known})
+        names = sorted({*names, *known, *self.flow.queues()})
         self.rng.shuffle(names)
         return names
 

@@ -266,6 +266,32 @@ class FetchShippingLabel(Queueable):
         return f"label for shipment {shipment_id}"
 
 
+# --- Flow control: limits that hold across every worker -----------------------------------------
+
+
+class SyncAccount(Queueable):
+    """Sync one customer account with the CRM: never two syncs of the same account at once,
+    and at most 100 calls a minute per account (the CRM's quota). A backlog of one account
+    never holds up the others."""
+
+    queue = "crm"
+    concurrency_limit = 1  # at most 1 running per key, across every worker
+    rate_limit = "100/m"  # "N/s", "N/m", "N/h"; per key, since concurrency_key is defined
+
+    def concurrency_key(self, account_id: int) -> str:
+        return f"account:{account_id}"  # computed at dispatch, stored on the row
+
+    def handle(self, account_id: int) -> str:
+        time.sleep(0.1)  # the CRM call
+        return f"account {account_id} synced"
+
+
+@job(queue="exports")  # GATOR_QUEUES in settings.py: at most 2 exports at once, 10 starts/s
+def export_report(report_id: int) -> int:
+    time.sleep(0.2)  # building the file
+    return report_id
+
+
 # --- Atomic jobs: effects and success commit together --------------------------------------------
 
 

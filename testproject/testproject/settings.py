@@ -88,6 +88,10 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 
+# Flow control: at most 2 exports run at once across every worker, at most 10 start a
+# second (the admin's dashboard can change them; see "Flow control" in the README).
+GATOR_QUEUES = {"exports": {"concurrency": 2, "rate_limit": "10/s"}}
+
 # Middleware wrapped around every job's handle() (see demo/jobs.py).
 GATOR_MIDDLEWARE = ["demo.jobs.log_duration"]
 

@@ -972,3 +972,66 @@ class AtomicBatchCompleted(BatchCompleted):
 
 class AtomicBatchSucceeded(BatchSucceeded):
     atomic = True
+
+
+# -- flow control (tests/test_flow_control.py) ------------------------------------------------
+def _span(path: str, key: str, seconds: float, job_id: int) -> None:
+    """Append "job_id key start end pid" to ``path`` (one write: lines never interleave)."""
+    start = time.time()
+    time.sleep(seconds)
+    line = f"{job_id} {key} {start:.6f} {time.time():.6f} {os.getpid()}\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+class Span(Queueable):
+    """No limits of its own: held by its queue's limits, if any."""
+
+    queue = "spans"
+
+    def handle(self, path: str, key: str, seconds: float) -> None:
+        _span(path, key, seconds, self.job_id)
+
+
+class KeyedSpan(Queueable):
+    """At most two running per key."""
+
+    queue = "keyed"
+    concurrency_limit = 2
+
+    def concurrency_key(self, path: str, key: str, seconds: float) -> str:
+        return f"account:{key}"
+
+    def handle(self, path: str, key: str, seconds: float) -> None:
+        _span(path, key, seconds, self.job_id)
+
+
+class RatedSpan(Queueable):
+    """At most five starts a second per key."""
+
+    queue = "rated"
+    rate_limit = "5/s"
+
+    def concurrency_key(self, path: str, key: str, seconds: float) -> str:
+        return key
+
+    def handle(self, path: str, key: str, seconds: float) -> None:
+        _span(path, key, seconds, self.job_id)
+
+
+class OneAtATime(Queueable):
+    """One running for the whole class (no concurrency_key)."""
+
+    queue = "keyed"
+    concurrency_limit = 1
+
+    def handle(self, path: str, key: str, seconds: float) -> None:
+        _span(path, key, seconds, self.job_id)
+
+
+@job(queue="keyed", concurrency_limit=1, concurrency_key=lambda user: f"user:{user}")
+def sync_user(user: int) -> int:
+    return user

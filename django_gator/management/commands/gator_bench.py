@@ -35,6 +35,14 @@ class Command(BaseCommand):
             "--rounds", type=POSITIVE, default=7, help="alternate rounds of --only batch"
         )
         parser.add_argument(
+            "--flow",
+            choices=["none", "queue", "keys"],
+            default="none",
+            help="drain under flow control: queue (the queue limited to 1,000 running jobs, a "
+            "limit that never binds) or keys (a class limited to 1 running job per key, over "
+            "1,000 keys); none by default",
+        )
+        parser.add_argument(
             "--only",
             choices=["dispatch", "dispatch_many", "drain", "latency", "tasks", "batch"],
             action="append",
@@ -66,11 +74,12 @@ class Command(BaseCommand):
                 self._line(f"dispatch_many, {options['batch']:,} per call", f"{rate:,.0f} jobs/s")
             if "drain" in only:
                 rate, before, after = bench.bench_drain(
-                    options["drain"], options["concurrency"], options["batch"]
+                    options["drain"], options["concurrency"], options["batch"], flow=options["flow"]
                 )
+                flow = {"none": "", "queue": ", queue limit 1,000", "keys": ", 1,000 keys x 1"}
                 self._line(
                     f"drain {options['drain']:,} no-op jobs, 1 process, "
-                    f"{wording.count(options['concurrency'], 'thread')}",
+                    f"{wording.count(options['concurrency'], 'thread')}{flow[options['flow']]}",
                     f"{rate:,.0f} jobs/s (RSS {before:.0f} -> {after:.0f} MiB)",
                 )
             if "tasks" in only:

@@ -25,7 +25,9 @@ class Command(BaseCommand):
         "(who paused it first, and when, stay recorded). list: every known queue (one with "
         "jobs, or one that was ever paused) with its waiting and running jobs and whether it "
         "is paused, by whom and since when; with --json, a JSON list of objects with the keys "
-        "queue, ready, scheduled, running, paused, paused_at (ISO 8601 or null) and paused_by."
+        "queue, ready, scheduled, running, paused, paused_at (ISO 8601 or null), paused_by, "
+        'concurrency (null: no limit) and rate_limit ("": none); the limit column shows '
+        "running/concurrency and the rate."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -77,14 +79,24 @@ class Command(BaseCommand):
         now = get_engine(alias).db_now()
         queues = stats.queue_stats(alias, now=now)
         if as_json:
-            keys = ("queue", "ready", "scheduled", "running", "paused", "paused_at", "paused_by")
+            keys = (
+                "queue",
+                "ready",
+                "scheduled",
+                "running",
+                "paused",
+                "paused_at",
+                "paused_by",
+                "concurrency",
+                "rate_limit",
+            )
             listed = [{key: q.as_dict()[key] for key in keys} for q in queues]
             self.stdout.write(json.dumps(listed, indent=2, sort_keys=True))
             return
         if not queues:
             self.stdout.write("(no queue has jobs or a row of its own)")
             return
-        columns = ["queue", "ready", "scheduled", "running", "state", "since", "by"]
+        columns = ["queue", "ready", "scheduled", "running", "state", "since", "by", "limit"]
         rows = [
             [
                 safe(q.queue, 100),
@@ -94,6 +106,7 @@ class Command(BaseCommand):
                 "paused" if q.paused else "active",
                 q.paused_at.isoformat(timespec="seconds") if q.paused_at else "-",
                 safe(q.paused_by, 150) if q.paused else "-",
+                q.limit_text or "-",
             ]
             for q in queues
         ]

@@ -24,6 +24,7 @@ QUEUE_COLUMNS = (
     "done/h",
     "dead/h",
     "paused",
+    "limit",
 )
 WORKER_COLUMNS = ("worker", "queues", "threads", "running", "heartbeat age", "running job ids")
 SUMMED = (
@@ -47,12 +48,14 @@ class Command(BaseCommand):
         "later), running, failed(retrying) (failed jobs that will run again; also counted in "
         "ready or scheduled), dead, oldest due age (how long the oldest ready job has waited), "
         "done/h and dead/h (jobs that succeeded or died in the last hour, by finished_at), "
-        "paused (yes when no worker claims from the queue: see gator_queue). "
+        "paused (yes when no worker claims from the queue: see gator_queue), limit (running/"
+        "concurrency and the rate limit, when the queue has limits). "
         "With --json, one JSON document with the keys: now (ISO 8601 database time), database "
         "(alias), vendor, queues (a list of objects with queue, ready, scheduled, running, "
         "failed, dead, oldest_due_at, oldest_due_age (seconds or null), succeeded_last_hour, "
         "dead_last_hour, succeeded and cancelled (null unless --exact), paused (true or "
-        "false), paused_at (ISO 8601 or null) and paused_by), workers (a list of "
+        "false), paused_at (ISO 8601 or null), paused_by, concurrency (null: no limit), "
+        'rate_limit ("": none) and limits_by), workers (a list of '
         "objects with id, hostname, pid, queues, concurrency, started_at, heartbeat_at, "
         "heartbeat_age (seconds), running, running_job_ids, supervisor: the id of the "
         "gator_worker --processes supervisor that started it, or empty) and total_rows (an "
@@ -210,6 +213,7 @@ def _queue_row(q: stats.QueueStats, exact: bool) -> list[str]:
         str(q.succeeded_last_hour),
         str(q.dead_last_hour),
         "yes" if q.paused else "",
+        q.limit_text,
     ]
     if exact:
         row += [str(q.succeeded), str(q.cancelled)]

@@ -21,8 +21,10 @@ from demo.jobs import (
     SendInvoice,
     SendReceipt,
     SendWelcomeEmail,
+    SyncAccount,
     SyncInventory,
     clear_expired_sessions,
+    export_report,
     resize_image,
 )
 from django_gator import Chain
@@ -120,6 +122,13 @@ class Command(BaseCommand):
         # Snooze: the label is published 3 s from now; until then the job snoozes.
         ready_at = (timezone.now() + timedelta(seconds=3)).isoformat()
         jobs.append(("snoozes until ready", FetchShippingLabel.dispatch(1003, ready_at)))
+
+        # Flow control: five syncs of account 7 run one at a time, account 8's meanwhile;
+        # six exports, at most two at once (GATOR_QUEUES).
+        for account_id in (7, 7, 7, 7, 7, 8):
+            jobs.append(("one per account at a time", SyncAccount.dispatch(account_id)))
+        for row in export_report.dispatch_many([[n] for n in range(6)]):
+            jobs.append(("queue limit: 2 at once", row))
 
         # An atomic job: its LoyaltyEntry row commits with its success, exactly once.
         jobs.append(("atomic", AwardLoyaltyPoints.dispatch(order_id=1003, points=50)))

@@ -1,0 +1,117 @@
+"""Which claim serves a queue: the ordinary one, the limited one (engines/flow.py), or both.
+
+The :class:`FlowRouter` keeps two sets, read again every ROUTES_TTL seconds: the queues
+with limits on their row (only the limited claim serves them: the ordinary claim's pause
+probe refuses them anyway, so a stale set costs a wasted statement, never a broken limit),
+and the queues that hold ready jobs of limited classes (served by both). A queue in neither
+set costs nothing more than before.
+
+A limited claim that found nothing is not repeated for LIMITED_BACKOFF seconds: a queue
+whose jobs wait for a slot or a rate window is looked at a few times a second, not at
+every round of a busy fetcher.
+
+The first refresh also writes ``GATOR_QUEUES`` into the queue rows it seeds (see
+``QueueQuerySet.sync_settings``): every worker start applies the settings.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from django_gator import conf
+from django_gator.engines.base import ClaimedJob, Engine
+from django_gator.engines.flow import ClassLimits, FlowClaims
+from django_gator.exceptions import JobNotRegistered
+from django_gator.limits import parse_rate
+from django_gator.models import Queue
+from django_gator.registry import get_job_class
+
+logger = logging.getLogger("django_gator.worker")
+
+#: Seconds between two reads of the limited and keyed queues.
+ROUTES_TTL = 1.0
+#: Seconds a queue's limited claim rests after one that found nothing.
+LIMITED_BACKOFF = 0.2
+
+#: A success mark: (job id, attempt, result JSON).
+Mark = tuple[int, int, "str | None"]
+
+
+def class_limits(name: str) -> ClassLimits | None:
+    """The limits of the job class registered as ``name`` (None: none, or unknown)."""
+    try:
+        job_class = get_job_class(name)
+    except JobNotRegistered:
+        return None
+    if not job_class._gator_limited:
+        return None
+    return ClassLimits(job_class.concurrency_limit, parse_rate(job_class.rate_limit))
+
+
+class FlowRouter:
+    """Routes each queue's claim; used by the fetcher thread only (no lock)."""
+
+    def __init__(
+        self, engine: Engine, worker_id: str, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.flow = FlowClaims(engine)
+        self.engine = engine
+        self.worker_id = worker_id
+        self.clock = clock
+        self._read_at: float | None = None
+        self.limited: set[str] = set()
+        self.keyed: set[str] = set()
+        self._rest_until: dict[str, float] = {}
+        self._policies: dict[str, ClassLimits | None] = {}
+
+    def refresh(self) -> None:
+        now = self.clock()
+        if self._read_at is not None and now - self._read_at < ROUTES_TTL:
+            return
+        if self._read_at is None:
+            changed = Queue.objects.using(self.engine.alias).sync_settings(conf.queues())
+            if changed:
+                logger.info("Queue limits from GATOR_QUEUES written queues=%s", ",".join(changed))
+        self.limited = self.flow.limited_queues()
+        self.keyed = self.flow.keyed_queues()
+        self._read_at = now
+
+    def queues(self) -> set[str]:
+        """Queues the limited claim serves (for the all-queues mode's list)."""
+        self.refresh()
+        return self.limited | self.keyed
+
+    def route(self, queue: str) -> tuple[bool, bool]:
+        """(ordinary claim, limited claim) for ``queue`` this round. A queue resting after
+        an empty limited claim gets no limited claim (see :meth:`resting`)."""
+        self.refresh()
+        limited = queue in self.limited
+        wanted = (limited or queue in self.keyed) and not self.resting(queue)
+        return not limited, wanted
+
+    def resting(self, queue: str) -> bool:
+        """Whether ``queue``'s last limited claim found nothing less than LIMITED_BACKOFF
+        ago. The Claimer still claims a resting queue in a round that found nothing else,
+        so an idle (or burst) worker never mistakes a rest for an empty queue."""
+        return self.clock() < self._rest_until.get(queue, 0.0)
+
+    def claim(
+        self, queue: str, limit: int, marks: Sequence[Mark] = ()
+    ) -> tuple[list[ClaimedJob], list[int]]:
+        """The limited claim of ``queue``, writing the success ``marks`` in its
+        transaction; (jobs, ids whose mark was written)."""
+        jobs, written = self.flow.claim(
+            self.worker_id, queue, limit, self.policy, keyed=queue in self.keyed, marks=marks
+        )
+        if jobs:
+            self._rest_until.pop(queue, None)
+        else:
+            self._rest_until[queue] = self.clock() + LIMITED_BACKOFF
+        return jobs, written
+
+    def policy(self, name: str) -> ClassLimits | None:
+        if name not in self._policies:
+            self._policies[name] = class_limits(name)
+        return self._policies[name]

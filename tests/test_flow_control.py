@@ -1,0 +1,497 @@
+"""Flow control: queue concurrency and rate limits, per-key limits of job classes, their
+claim on every engine, settings and bad input. The proof with real worker processes is in
+tests/test_flow_workers.py."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import timedelta
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.core import checks
+from django.core.management import call_command
+from django.db import connection, connections
+from django.test import Client
+from django.urls import reverse
+
+from django_gator import Queueable
+from django_gator.engines import get_engine
+from django_gator.engines.flow import ClassLimits, FlowClaims
+from django_gator.limits import Rate, parse_rate, validate_concurrency
+from django_gator.models import FlowStart, Job, JobState, Queue
+from django_gator.worker.claims import Claimer
+from django_gator.worker.flow import FlowRouter, class_limits
+from tests.admin_helpers import operator
+from tests.testapp.jobs import KeyedSpan, Noop, OneAtATime, RatedSpan, Span, sync_user
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def limits_of(name: str) -> ClassLimits | None:
+    return class_limits(name)
+
+
+def claim(queue: str, limit: int, worker: str = "w1") -> list[int]:
+    engine = get_engine("default")
+    jobs, _ = FlowClaims(engine).claim(worker, queue, limit, limits_of)
+    return sorted(j.id for j in jobs)
+
+
+def finish(ids: list[int]) -> None:
+    Job.objects.filter(pk__in=ids).update(state=JobState.SUCCEEDED)
+
+
+# -- values ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "rate"),
+    [("100/m", Rate(100, 60)), ("5/s", Rate(5, 1)), (" 7 / h ", Rate(7, 3600)), ("", None)],
+)
+def test_rates_parse(text, rate):
+    assert parse_rate(text) == rate
+    if rate is not None:
+        assert parse_rate(str(rate)) == rate
+
+
+@pytest.mark.parametrize("bad", ["100 per minute", "0/s", "10/d", "-1/s", "/s", 10, "1.5/s"])
+def test_a_bad_rate_is_refused_naming_it(bad):
+    with pytest.raises(ValueError, match="rate_limit") as caught:
+        parse_rate(bad)
+    assert repr(bad) in str(caught.value)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "5"])
+def test_a_bad_concurrency_is_refused_naming_it(bad):
+    with pytest.raises(ValueError, match="concurrency") as caught:
+        validate_concurrency(bad)
+    assert repr(bad) in str(caught.value)
+
+
+def test_job_classes_refuse_bad_limits_naming_them():
+    with pytest.raises(ValueError, match=r"Bad\.concurrency_limit .* got 0"):
+
+        class Bad(Queueable):
+            concurrency_limit = 0
+
+            def handle(self) -> None: ...
+
+    with pytest.raises(ValueError, match=r"Worse\.rate_limit .*'100 per minute'"):
+
+        class Worse(Queueable):
+            rate_limit = "100 per minute"
+
+            def handle(self) -> None: ...
+
+    with pytest.raises(TypeError, match=r"concurrency_key\(\) but neither"):
+
+        class Keyless(Queueable):
+            def concurrency_key(self) -> str:
+                return "k"
+
+            def handle(self) -> None: ...
+
+
+def test_dispatch_stores_the_key_computed_from_the_arguments():
+    keyed = KeyedSpan.dispatch("/dev/null", "42", seconds=0)
+    whole = OneAtATime.dispatch("/dev/null", "x", 0)
+    plain = Noop.dispatch()
+    function = sync_user.dispatch(7)
+    rows = dict(Job.objects.values_list("pk", "concurrency_key"))
+    assert rows == {keyed.pk: "account:42", whole.pk: "", plain.pk: None, function.pk: "user:7"}
+    assert keyed.concurrency_key == "account:42"
+
+
+def test_workflow_and_chain_steps_carry_their_keys_when_released():
+    from django_gator import Chain, Workflow
+    from django_gator.testing import run_jobs
+
+    chain_first = Chain(sync_user, sync_user).dispatch(5)
+    wf = Workflow("keys")
+    first = wf.add(KeyedSpan, "/dev/null", "7", 0)
+    wf.add(sync_user, 8, after=[first])
+    wf.add(Noop, after=[first])
+    wf.dispatch()
+    assert Job.objects.get(pk=chain_first.pk).concurrency_key == "user:5"
+    assert first.job is not None and first.job.concurrency_key == "account:7"
+
+    run_jobs()  # the first steps succeed; their successors are inserted then
+
+    keys = sorted(
+        (name.rsplit(".", 1)[-1], key)
+        for name, key in Job.objects.values_list("name", "concurrency_key")
+    )
+    assert keys == [
+        ("KeyedSpan", "account:7"),
+        ("Noop", None),
+        ("sync_user", "user:5"),
+        ("sync_user", "user:5"),
+        ("sync_user", "user:8"),
+    ]
+    assert set(Job.objects.values_list("state", flat=True)) == {JobState.SUCCEEDED}
+
+
+def test_a_bad_key_is_refused_at_dispatch_naming_it():
+    class BadKey(Queueable):
+        concurrency_limit = 1
+
+        def concurrency_key(self, n: int) -> Any:
+            return n
+
+        def handle(self, n: int) -> None: ...
+
+    with pytest.raises(TypeError, match=r"concurrency_key\(\) must return a str or None, got 5"):
+        BadKey.dispatch(5)
+    with pytest.raises(ValueError, match=r"dispatch_many\(\) item 1: .*concurrency_key"):
+        sync_user.dispatch_many([[1], ["x" * 300]])
+    assert not Job.objects.exists()
+
+
+# -- the ordinary claim leaves limited rows alone -------------------------------------------
+def test_the_ordinary_claim_takes_neither_keyed_rows_nor_a_limited_queue():
+    engine = get_engine("default")
+    keyed = [KeyedSpan.dispatch("/dev/null", "1", 0, queue="mixed") for _ in range(3)]
+    plain = [Noop.dispatch(queue="mixed") for _ in range(2)]
+    assert sorted(j.id for j in engine.claim("w1", "mixed", 10)) == [j.pk for j in plain]
+    assert engine.ready_queues() == []  # only keyed rows are left
+    assert FlowClaims(engine).keyed_queues() == {"mixed"}
+    # Two of the key's three: its limit.
+    assert claim("mixed", 10) == [j.pk for j in keyed[:2]]
+
+    Queue.objects.set_limits("spans", concurrency=3, rate_limit=None, by="ops")
+    spans = [Span.dispatch("/dev/null", "s", 0) for _ in range(5)]
+    assert engine.claim("w1", "spans", 10) == []
+    assert claim("spans", 10) == [j.pk for j in spans[:3]]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL plans")
+def test_postgres_claims_use_their_own_partial_indexes():
+    KeyedSpan.dispatch_many([["/dev/null", str(i), 0] for i in range(50)])
+    Noop.dispatch_many([[] for _ in range(50)], queue="keyed")
+    with connection.cursor() as cursor:
+        cursor.execute("SET enable_seqscan = off")
+        for extra, index in (
+            ("IS NULL", "gator_job_ready "),
+            ("IS NOT NULL", "gator_job_ready_keyed"),
+        ):
+            cursor.execute(
+                "EXPLAIN SELECT id FROM django_gator_job WHERE queue = 'keyed' AND "
+                f"state IN ('waiting', 'failed') AND concurrency_key {extra} AND "
+                "next_execution_at <= statement_timestamp() "
+                "ORDER BY priority DESC, next_execution_at, id LIMIT 10"
+            )
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+            assert index in plan + " ", plan
+            assert "Sort" not in plan
+        cursor.execute("RESET enable_seqscan")
+
+
+# -- the limited claim ------------------------------------------------------------------------
+def test_a_queue_limit_counts_running_rows_and_frees_slots_as_jobs_end():
+    Queue.objects.set_limits("spans", concurrency=2, rate_limit="", by="ops")
+    jobs = [Span.dispatch("/dev/null", "s", 0) for _ in range(5)]
+    first = claim("spans", 10)
+    assert first == [j.pk for j in jobs[:2]]
+    assert claim("spans", 10, worker="w2") == []
+    finish(first[:1])
+    assert claim("spans", 10, worker="w2") == [jobs[2].pk]
+    # Waiting jobs over the limit were not charged an attempt.
+    assert set(Job.objects.filter(state=JobState.WAITING).values_list("attempts", flat=True)) == {0}
+
+
+def test_a_key_backlog_does_not_block_other_keys():
+    # 300 jobs of one key ahead of the others, higher priority: the other keys still run.
+    KeyedSpan.dispatch_many([["/dev/null", "busy", 0]] * 300, priority=5)
+    others = [KeyedSpan.dispatch("/dev/null", str(i), 0) for i in range(4)]
+    taken = claim("keyed", 10)
+    keys = Job.objects.filter(pk__in=taken).values_list("concurrency_key", flat=True)
+    assert sorted(keys) == sorted(
+        ["account:busy", "account:busy", *[f"account:{i}" for i in range(4)]]
+    )
+    assert {j.pk for j in others} <= set(taken)
+    # The busy key is full: the next claim takes nothing of it, nor charges it.
+    assert claim("keyed", 10, worker="w2") == []
+
+
+def test_a_class_limit_without_a_key_holds_the_whole_class():
+    jobs = [OneAtATime.dispatch("/dev/null", str(i), 0) for i in range(3)]
+    assert claim("keyed", 10) == [jobs[0].pk]
+    assert claim("keyed", 10) == []
+    finish([jobs[0].pk])
+    assert claim("keyed", 10) == [jobs[1].pk]
+
+
+def test_a_rate_limit_counts_starts_in_the_window_and_prunes_the_ledger():
+    engine = get_engine("default")
+    jobs = [RatedSpan.dispatch("/dev/null", "k", 0) for _ in range(8)]
+    other = RatedSpan.dispatch("/dev/null", "other", 0)
+    first = claim("rated", 20)
+    assert first == sorted([*(j.pk for j in jobs[:5]), other.pk])
+    finish(first)
+    # Finished or not, five started within the second: no more for key k until it passes.
+    assert claim("rated", 20) == []
+    assert FlowStart.objects.filter(scope=f"job:{RatedSpan.name}|k").count() == 5
+    # A second later the window allows five more (three are left).
+    FlowStart.objects.update(started_at=engine.db_now() - timedelta(seconds=1.01))
+    assert claim("rated", 20) == [j.pk for j in jobs[5:]]
+    # The starts that left their window were deleted.
+    assert FlowStart.objects.filter(scope=f"job:{RatedSpan.name}|k").count() == 3
+
+
+def test_a_queue_rate_limit():
+    engine = get_engine("default")
+    Queue.objects.set_limits("spans", concurrency=None, rate_limit="3/m", by="ops")
+    jobs = [Span.dispatch("/dev/null", "s", 0) for _ in range(5)]
+    assert claim("spans", 10) == [j.pk for j in jobs[:3]]
+    finish([j.pk for j in jobs[:3]])
+    assert claim("spans", 10) == []
+    FlowStart.objects.update(started_at=engine.db_now() - timedelta(minutes=1, seconds=1))
+    assert claim("spans", 10) == [j.pk for j in jobs[3:]]
+
+
+def test_marks_are_written_in_the_claim_and_free_their_slots():
+    engine = get_engine("default")
+    flow = FlowClaims(engine)
+    Queue.objects.set_limits("spans", concurrency=1, rate_limit=None, by="ops")
+    jobs = [Span.dispatch("/dev/null", "s", 0) for _ in range(2)]
+    [first], _ = flow.claim("w1", "spans", 5, limits_of)
+    assert flow.claim("w1", "spans", 5, limits_of) == ([], [])
+    [second], written = flow.claim("w1", "spans", 5, limits_of, marks=[(first.id, 1, None)])
+    assert (written, second.id) == ([jobs[0].pk], jobs[1].pk)
+    assert Job.objects.get(pk=jobs[0].pk).state == JobState.SUCCEEDED
+
+
+def test_a_deleted_queue_row_is_made_again():
+    engine = get_engine("default")
+    flow = FlowClaims(engine)
+    jobs = [KeyedSpan.dispatch("/dev/null", str(i), 0) for i in range(2)]
+    [first], _ = flow.claim("w1", "keyed", 1, limits_of)
+    Queue.objects.all().delete()  # an operator deleted it in the admin
+    [second], written = flow.claim("w1", "keyed", 1, limits_of, marks=[(first.id, 1, None)])
+    assert (written, second.id) == ([jobs[0].pk], jobs[1].pk)
+    assert Queue.objects.filter(name="keyed").exists()
+
+
+def test_a_paused_limited_queue_yields_nothing():
+    Queue.objects.set_limits("spans", concurrency=5, rate_limit=None, by="ops")
+    Span.dispatch("/dev/null", "s", 0)
+    Queue.objects.pause("spans")
+    assert claim("spans", 10) == []
+
+
+def test_a_cancelled_candidate_is_not_claimed():
+    job = KeyedSpan.dispatch("/dev/null", "1", 0)
+    Job.objects.filter(pk=job.pk).update(state=JobState.CANCELLED)
+    assert claim("keyed", 10) == []
+
+
+def test_concurrent_limited_claims_never_share_the_last_slot():
+    """Threads, each with its own connection, claim the same queue at once."""
+    Queue.objects.set_limits("spans", concurrency=3, rate_limit=None, by="ops")
+    Span.dispatch_many([["/dev/null", "s", 0]] * 40)
+    KeyedSpan.dispatch_many([["/dev/null", str(i % 3), 0] for i in range(30)])
+    taken: list[int] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(6)
+
+    def fetch(n: int) -> None:
+        try:
+            barrier.wait()
+            for _ in range(5):
+                taken.extend(claim("spans", 2, worker=f"t{n}"))
+                taken.extend(claim("keyed", 2, worker=f"t{n}"))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=fetch, args=(n,)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    assert len(taken) == len(set(taken))
+    running = Job.objects.filter(state=JobState.RUNNING)
+    assert running.filter(queue="spans").count() == 3
+    per_key = sorted(running.filter(queue="keyed").values_list("concurrency_key", flat=True))
+    assert per_key == ["account:0"] * 2 + ["account:1"] * 2 + ["account:2"] * 2
+
+
+# -- the worker's routing and the settings ------------------------------------------------------
+def test_the_claimer_routes_limited_queues_and_keyed_jobs(settings):
+    settings.GATOR_QUEUES = {"spans": {"concurrency": 2}}
+    engine = get_engine("default")
+    spans = [Span.dispatch("/dev/null", "s", 0) for _ in range(4)]
+    keyed = [KeyedSpan.dispatch("/dev/null", "1", 0) for _ in range(3)]
+    plain = Noop.dispatch(queue="keyed")
+    claimer = Claimer(engine, "w1")
+    jobs, _ = claimer.claim(20)
+    assert sorted(j.id for j in jobs) == sorted(
+        [spans[0].pk, spans[1].pk, keyed[0].pk, keyed[1].pk, plain.pk]
+    )
+    row = Queue.objects.get(name="spans")
+    assert (row.concurrency, row.rate_limit, row.limits_by) == (2, "", "")
+
+
+def test_settings_seed_the_rows_and_an_operator_edit_wins_until_given_back(settings):
+    table = {"exports": {"concurrency": 5, "rate_limit": "10/s"}, "mail": {"rate_limit": "1/m"}}
+    assert sorted(Queue.objects.sync_settings(table)) == ["exports", "mail"]
+    assert Queue.objects.sync_settings(table) == []
+    Queue.objects.set_limits("exports", concurrency=1, rate_limit=None, by="alice")
+    table["exports"]["concurrency"] = 7
+    del table["mail"]
+    assert Queue.objects.sync_settings(table) == ["mail"]
+    exports = Queue.objects.get(name="exports")
+    assert (exports.concurrency, exports.rate_limit, exports.limits_by) == (1, "", "alice")
+    assert exports.limits_at is not None
+    assert not Queue.objects.get(name="mail").limited
+    Queue.objects.use_settings("exports", table, by="bob")
+    exports = Queue.objects.get(name="exports")
+    assert (exports.concurrency, exports.rate_limit, exports.limits_by) == (7, "10/s", "")
+
+
+def test_the_router_rests_a_queue_whose_limited_claim_found_nothing():
+    engine = get_engine("default")
+    now = [0.0]
+    router = FlowRouter(engine, "w1", clock=lambda: now[0])
+    KeyedSpan.dispatch_many([["/dev/null", "1", 0]] * 3)
+    assert router.route("keyed") == (True, True)
+    assert len(router.claim("keyed", 5)[0]) == 2
+    assert router.claim("keyed", 5) == ([], [])
+    assert router.route("keyed") == (True, False)
+    now[0] += 0.5
+    assert router.route("keyed") == (True, True)
+
+
+def test_the_system_check_names_bad_queue_settings(settings):
+    settings.GATOR_QUEUES = {"exports": {"concurrency": 5, "burst": 3}, "bad name": {}}
+    found = {m.id: m.msg for m in checks.run_checks() if m.id.startswith("django_gator")}
+    assert "'burst'" in found["django_gator.W005"]
+    assert "'bad name'" in found["django_gator.E003"]
+    settings.GATOR_QUEUES = {"exports": {"rate_limit": "0/s"}}
+    found = {m.id: m.msg for m in checks.run_checks() if m.id.startswith("django_gator")}
+    assert "'0/s'" in found["django_gator.E003"]
+
+
+# -- the dashboard, the admin form and the commands -------------------------------------------
+DASHBOARD = "admin:django_gator_job_dashboard"
+LIMITS = "admin:django_gator_job_queue_limits"
+
+
+def test_the_dashboard_shows_running_over_limit_and_the_rate():
+    Queue.objects.set_limits("spans", concurrency=5, rate_limit="10/s", by="alice")
+    for _ in range(3):
+        Span.dispatch("/dev/null", "s", 0)
+    assert len(claim("spans", 2)) == 2
+    Noop.dispatch(queue="plain")
+    page = operator().get(reverse(DASHBOARD)).content.decode()
+    assert "2/5, 10/s" in page
+    assert "set by alice" in page
+    assert f'href="{reverse(LIMITS)}?queue=plain"' in page
+
+
+def test_the_limits_form_needs_the_permission_and_csrf_and_records_who():
+    url = reverse(LIMITS)
+    form = {"queue": "exports", "concurrency": "5", "rate_limit": "100/m"}
+    assert operator().post(url, form).status_code == 403
+    client = operator("change_queue", name="op2")
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(User.objects.get(username="op2"))
+    assert strict.post(url, form).status_code == 403
+    assert not Queue.objects.exists()
+
+    response = client.post(url, form, follow=True)
+    assert response.redirect_chain[-1][0] == reverse(DASHBOARD)
+    row = Queue.objects.get(name="exports")
+    assert (row.concurrency, row.rate_limit, row.limits_by) == (5, "100/m", "op2")
+    assert "exports" in client.get(url, {"queue": "exports"}).content.decode()
+
+    client.post(url, {"queue": "exports", "use_settings": "1"})
+    row = Queue.objects.get(name="exports")
+    assert (row.concurrency, row.rate_limit, row.limits_by) == (None, "", "")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "shown"),
+    [
+        ("concurrency", "0", "got 0"),
+        ("concurrency", "-2", "got -2"),
+        ("rate_limit", "100 per minute", "&#x27;100 per minute&#x27;"),
+        ("rate_limit", "0/s", "&#x27;0/s&#x27;"),
+        ("queue", "no spaces", "invalid queue name"),
+    ],
+)
+def test_the_limits_form_shows_an_error_naming_the_bad_value(field, value, shown):
+    form = {"queue": "exports", "concurrency": "", "rate_limit": "", field: value}
+    response = operator("change_queue").post(reverse(LIMITS), form)
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "errorlist" in page
+    assert shown in page
+    assert not Queue.objects.exists()
+
+
+def test_gator_queue_list_and_gator_status_show_limits():
+    Queue.objects.set_limits("spans", concurrency=3, rate_limit="2/s", by="ops")
+    Span.dispatch("/dev/null", "s", 0)
+    Noop.dispatch(queue="plain")
+    out = StringIO()
+    call_command("gator_queue", "list", stdout=out)
+    lines = {line.split()[0]: line for line in out.getvalue().splitlines()[1:]}
+    assert lines["spans"].rstrip().endswith("0/3, 2/s")
+    assert lines["plain"].rstrip().endswith("-")
+    out = StringIO()
+    call_command("gator_queue", "list", "--json", stdout=out)
+    by_name = {q["queue"]: q for q in json.loads(out.getvalue())}
+    assert (by_name["spans"]["concurrency"], by_name["spans"]["rate_limit"]) == (3, "2/s")
+    assert by_name["plain"]["concurrency"] is None
+
+    out = StringIO()
+    call_command("gator_status", stdout=out)
+    assert "0/3, 2/s" in out.getvalue()
+    out = StringIO()
+    call_command("gator_status", "--json", stdout=out)
+    queues = {q["queue"]: q for q in json.loads(out.getvalue())["queues"]}
+    assert (queues["spans"]["concurrency"], queues["spans"]["limits_by"]) == (3, "ops")
+
+
+def test_a_burst_worker_drains_a_single_key_one_at_a_time(tmp_path):
+    from tests.conftest import run_worker
+    from tests.test_flow_workers import max_overlap
+
+    ledger = tmp_path / "ledger.txt"
+    jobs = KeyedSpan.dispatch_many([[str(ledger), "one", 0.02]] * 6)
+    run_worker("keyed", concurrency=4)
+    assert {j.refresh_state() for j in jobs} == {JobState.SUCCEEDED}
+    spans = sorted(
+        (float(line.split()[2]), float(line.split()[3])) for line in ledger.read_text().splitlines()
+    )
+    # Two per key at once at most (KeyedSpan.concurrency_limit), and the limit was used.
+    assert max_overlap(spans) == 2
+
+
+def test_keyset_reads_find_higher_priorities_and_back_dated_jobs(monkeypatch):
+    from django_gator.engines import flow as flow_module
+
+    engine = get_engine("default")
+    flow = FlowClaims(engine)
+    Queue.objects.set_limits("spans", concurrency=100, rate_limit=None, by="ops")
+    jobs = [Span.dispatch("/dev/null", "s", 0) for _ in range(6)]
+
+    def take(n: int) -> list[int]:
+        claimed, _ = flow.claim("w1", "spans", n, limits_of)
+        return [j.id for j in claimed]
+
+    assert take(2) == [j.pk for j in jobs[:2]]
+    assert take(2) == [j.pk for j in jobs[2:4]]  # from the position (PostgreSQL)
+    urgent = Span.dispatch("/dev/null", "s", 0, priority=9)
+    old = Span.dispatch("/dev/null", "s", 0, at=engine.db_now() - timedelta(minutes=5))
+    assert take(1) == [urgent.pk]  # a higher priority is read whole
+    # The back-dated job lies before the position: found at the latest by the next full
+    # read, here forced at once.
+    monkeypatch.setattr(flow_module, "FULL_READ_EVERY", 0.0)
+    assert take(1) == [old.pk]
+    assert take(5) == [j.pk for j in jobs[4:]]
