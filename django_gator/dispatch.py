@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.models.base import ModelState
 
-from django_gator import conf, deferred, immediate, signals, validation
+from django_gator import conf, deferred, immediate, signals, validation, wakeup
 from django_gator.engines import Engine, InsertRow, get_engine
 from django_gator.exceptions import DispatchDeadlock
 from django_gator.logutil import safe
@@ -191,6 +191,8 @@ def _write(
                 for job in existing[row.pk]:
                     job.__dict__.update({name: getattr(row, name) for name in _FIELDS})
                     job._state.adding = False
+    if due_now and created:
+        wakeup.after_commit(alias, due_now)  # SQLite, MariaDB: a datagram to idle workers
     return created
 
 

@@ -38,6 +38,7 @@ BAD: dict[str, list[tuple[Any, str]]] = {
     "GATOR_UNKNOWN_JOB_WINDOW": [(-1, "-1"), ("soon", "'soon'")],
     "GATOR_AUTODISCOVER": [("tasks", "'tasks'"), (["ok", 3], "3")],
     "GATOR_ASYNC_COMMIT": [("no", "'no'")],
+    "GATOR_WAKEUP_BIND": [("", "''"), ("127.0.0.1", "'127.0.0.1'"), (0, "0"), (":0", "':0'")],
     "GATOR_WORKER_CONN_MAX_AGE": [(-5, "-5"), ("300", "'300'")],
     "GATOR_WORKER_NETWORK_TIMEOUT": [
         (-1, "-1"),
@@ -81,6 +82,7 @@ ACCESSORS: dict[str, tuple[Callable[[], Any], Any]] = {
     "GATOR_UNKNOWN_JOB_WINDOW": (conf.unknown_job_window, 900.0),
     "GATOR_AUTODISCOVER": (conf.autodiscover_modules, ["jobs", "tasks"]),
     "GATOR_ASYNC_COMMIT": (conf.async_commit, True),
+    "GATOR_WAKEUP_BIND": (conf.wakeup_bind, ("127.0.0.1", 0)),
     "GATOR_WORKER_CONN_MAX_AGE": (conf.worker_conn_max_age, 300.0),
     "GATOR_WORKER_NETWORK_TIMEOUT": (conf.worker_network_timeout, 30.0),
     "GATOR_MAX_TRACEBACK_CHARS": (conf.max_traceback_chars, 20_000),
