@@ -57,6 +57,7 @@ def raw_copy(dsn: str, items: list[list[Any]]) -> float:
 
     with psycopg.connect(dsn) as connection:
         started = time.perf_counter()
+        now = connection.execute("SELECT statement_timestamp()").fetchone()[0]
         with (
             connection.cursor() as cursor,
             cursor.copy(
@@ -64,7 +65,6 @@ def raw_copy(dsn: str, items: list[list[Any]]) -> float:
                 "created_at) FROM STDIN"
             ) as copy,
         ):
-            now = connection.execute("SELECT statement_timestamp()").fetchone()[0]
             dumps = json.dumps
             for args in items:
                 copy.write_row(("raw.noop", dumps(args), "{}", "raw", 0, now, now))

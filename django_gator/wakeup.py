@@ -20,6 +20,8 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import os
+import queue
 import socket
 import threading
 import time
@@ -45,7 +47,7 @@ REFRESH_EVERY = 1.0
 
 def enabled(alias: str) -> bool:
     """Whether workers of ``alias`` bind a wakeup socket and dispatch sends to them."""
-    return conf.wakeup_bind() is not None and not get_engine(alias).can_listen
+    return not get_engine(alias).can_listen and conf.wakeup_bind() is not None
 
 
 def encode(queues: Iterable[str]) -> bytes:
@@ -108,20 +110,36 @@ def _parse_target(hostname: str, queues: Any, address: str, me: str) -> Target |
 
 
 class Directory:
-    """The wakeup targets of one database alias, read at most every :data:`REFRESH_EVERY`
-    seconds."""
+    """The wakeup targets of one database alias, read again at most every
+    :data:`REFRESH_EVERY` seconds, by a thread of its own on a connection of its own: a
+    dispatch never waits for the read, and never runs a query the caller did not ask for
+    (a test's ``assertNumQueries`` sees none). Until the first read is done, the list is
+    empty and the workers are found by their poll."""
 
     def __init__(self, alias: str) -> None:
         self.alias = alias
         self.targets: list[Target] = []
-        self.read_at = -REFRESH_EVERY - 1.0  # time.monotonic() of the last read
+        self.read_at = -REFRESH_EVERY - 1.0  # time.monotonic() of the last read asked for
+        self._reading = threading.Event()  # a read is asked for or under way
 
     def current(self) -> list[Target]:
-        now = time.monotonic()
-        if now - self.read_at >= REFRESH_EVERY:
-            self.read_at = now  # also after a failed read: not again before the next second
-            self.targets = self._read()
+        if time.monotonic() - self.read_at >= REFRESH_EVERY and not self._reading.is_set():
+            self.read_at = time.monotonic()
+            self._reading.set()
+            _refresher().put(self)
         return self.targets
+
+    def refresh(self, *, close: bool = True) -> None:
+        """Read the targets now, on this thread's connection (closed afterwards, unless
+        ``close`` is False)."""
+        try:
+            self.targets = self._read()
+        except Exception:
+            logger.debug("Could not read the workers' wakeup addresses", exc_info=True)
+        finally:
+            if close:
+                connections[self.alias].close()
+            self._reading.clear()
 
     def _read(self) -> list[Target]:
         cutoff = timezone.now() - timedelta(seconds=conf.heartbeat_timeout())
@@ -136,6 +154,31 @@ class Directory:
             if target is not None:
                 targets.append(target)
         return targets
+
+
+_requests: queue.SimpleQueue[Directory] | None = None
+
+
+def _refresher() -> queue.SimpleQueue[Directory]:
+    """The queue of the thread that reads directories (started on first use)."""
+    global _requests
+    if _requests is None:
+        with _lock:
+            if _requests is None:
+                requests: queue.SimpleQueue[Directory] = queue.SimpleQueue()
+                threading.Thread(
+                    target=_refresh_forever,
+                    args=(requests,),
+                    name="gator-wakeup-directory",
+                    daemon=True,
+                ).start()
+                _requests = requests
+    return _requests
+
+
+def _refresh_forever(requests: queue.SimpleQueue[Directory]) -> None:
+    while True:
+        requests.get().refresh()
 
 
 _directories: dict[str, Directory] = {}
@@ -206,6 +249,22 @@ def send(alias: str, queues: Collection[str]) -> int:
     return sent
 
 
+def refresh(alias: str) -> None:
+    """Read the wakeup targets of ``alias`` now, on this thread's connection (tests)."""
+    _directory(alias).refresh(close=False)
+
+
 def forget() -> None:
     """Drop every cached list of targets (tests; a process that forked)."""
     _directories.clear()
+
+
+def _after_fork() -> None:
+    # The refresher thread and the sockets are the parent's: start afresh.
+    global _requests
+    _requests = None
+    _directories.clear()
+    _sockets.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)

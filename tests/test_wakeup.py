@@ -93,6 +93,7 @@ def test_dispatch_neither_fails_nor_waits_when_registered_workers_are_gone():
         register(f"dead-{index}", dead_address())
     register("dead-net", "192.0.2.1:9")
     register("dead-garbage", "not an address")
+    wakeup.refresh(connection.alias)
 
     # The cost of a dispatch with those rows in the directory, against one without any
     # wakeup, in the same run: several hundred each, interleaved.
@@ -116,7 +117,9 @@ def test_dispatch_neither_fails_nor_waits_when_registered_workers_are_gone():
     assert woken < plain * 2 + 0.5, (woken, plain)
     # Every dead row was in the directory the dispatches sent to (the garbage one skipped).
     sent = wakeup.send(connection.alias, {"echo"})
-    assert len(wakeup.Directory(connection.alias).current()) == 6
+    directory = wakeup.Directory(connection.alias)
+    directory.refresh(close=False)
+    assert len(directory.targets) == 6
     assert 0 <= sent <= 6
 
 
@@ -127,6 +130,7 @@ def test_a_datagram_reaches_the_workers_of_the_queue_after_commit(inbox):
     try:
         register("of-echo", address_of(inbox), ["echo"])
         register("of-other", address_of(other), ["other"])
+        wakeup.refresh(connection.alias)
         with transaction.atomic():
             Echo.dispatch(1)
             assert received(inbox, 0.2) == []  # not before the commit
@@ -155,6 +159,7 @@ def test_another_hosts_loopback_address_and_stale_rows_are_skipped(inbox):
     Worker.objects.filter(id="stale").update(
         heartbeat_at=Worker.objects.get(id="stale").heartbeat_at.replace(year=2000)
     )
+    wakeup.refresh(connection.alias)
     assert wakeup.send(connection.alias, {"echo"}) == 0
     assert received(inbox, 0.3) == []
 
@@ -170,6 +175,7 @@ def test_an_idle_worker_starts_a_job_long_before_its_next_poll():
         row = Worker.objects.get(id=worker.worker_id)
         assert row.wakeup_address == worker.wakeup_address
         assert row.wakeup_address.startswith("127.0.0.1:")
+        wakeup.refresh(connection.alias)
         time.sleep(0.3)  # the fetcher's first claim found nothing; it now waits 30 s
         for i in range(3):
             job = Echo.dispatch(i)
@@ -215,6 +221,17 @@ def test_bind_setting_is_checked():
         with override_settings(GATOR_WAKEUP_BIND=bad), pytest.raises(InvalidSetting) as error:
             conf.wakeup_bind()
         assert repr(bad) in str(error.value)
+
+
+def test_dispatch_runs_no_query_of_its_own_for_wakeups():
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        Echo.dispatch(1)
+        time.sleep(0.2)  # the directory is read by a thread of its own meanwhile
+        Echo.dispatch(2)
+    assert len(queries.captured_queries) == 2, queries.captured_queries
+    assert all("INSERT" in q["sql"] for q in queries.captured_queries)
 
 
 def test_datagrams_that_are_not_wakeups_are_ignored():
