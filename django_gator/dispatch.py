@@ -15,7 +15,7 @@ from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.models.base import ModelState
 
-from django_gator import conf, deferred, immediate, limits, signals, validation
+from django_gator import conf, deferred, immediate, limits, signals, validation, wakeup
 from django_gator.engines import Engine, InsertRow, get_engine
 from django_gator.exceptions import DispatchDeadlock
 from django_gator.logutil import safe
@@ -174,20 +174,23 @@ def _store(
 
 
 _FIELDS = [f.attname for f in Job._meta.concrete_fields]
-_FIELD_INDEX = {name: i for i, name in enumerate(_FIELDS)}
-_BLANK: list[Any] = [None] * len(_FIELDS)
-for _name, _value in {
-    "state": JobState.WAITING.value,
-    "attempts": 0,
-    "rescues": 0,
-    "snoozes": 0,
-    "last_error": "",
-    "cancel_requested": False,
-    "suspect": False,
-    "isolated": False,
-    "crashes": 0,
-}.items():
-    _BLANK[_FIELD_INDEX[_name]] = _value
+#: A waiting job's field values before the dispatch fills in its own (attname: value).
+_BLANK: dict[str, Any] = dict.fromkeys(_FIELDS)
+_BLANK.update(
+    {
+        "state": JobState.WAITING.value,
+        "attempts": 0,
+        "rescues": 0,
+        "snoozes": 0,
+        "last_error": "",
+        "cancel_requested": False,
+        "suspect": False,
+        "isolated": False,
+        "crashes": 0,
+    }
+)
+_new_job = Job.__new__
+_new_state = ModelState.__new__
 
 
 def _unsaved(alias: str, row: InsertRow, args: list[Any], kwargs: dict[str, Any]) -> Job:
@@ -195,21 +198,24 @@ def _unsaved(alias: str, row: InsertRow, args: list[Any], kwargs: dict[str, Any]
 
     Built without ``Model.__init__`` (so without pre_init/post_init signals): ten times
     faster, which matters for dispatch_many of thousands of rows."""
-    values = list(_BLANK)
-    values[_FIELD_INDEX["name"]] = row.name
-    values[_FIELD_INDEX["args"]] = args
-    values[_FIELD_INDEX["kwargs"]] = kwargs
-    values[_FIELD_INDEX["queue"]] = row.queue
-    values[_FIELD_INDEX["priority"]] = row.priority
-    values[_FIELD_INDEX["next_execution_at"]] = row.run_at
-    values[_FIELD_INDEX["chain_id"]] = uuid.UUID(row.chain_id) if row.chain_id else None
-    values[_FIELD_INDEX["chain_position"]] = row.chain_position
-    values[_FIELD_INDEX["chain"]] = None if row.chain is None else json.loads(row.chain)
-    values[_FIELD_INDEX["unique_key"]] = row.unique_key
-    values[_FIELD_INDEX["concurrency_key"]] = row.concurrency_key
-    job = Job.__new__(Job)
-    job.__dict__.update(zip(_FIELDS, values, strict=True))
-    state = ModelState()
+    values = dict(_BLANK)
+    values["name"] = row.name
+    values["args"] = args
+    values["kwargs"] = kwargs
+    values["queue"] = row.queue
+    values["priority"] = row.priority
+    values["next_execution_at"] = row.run_at
+    if row.chain_id:
+        values["chain_id"] = uuid.UUID(row.chain_id)
+    values["chain_position"] = row.chain_position
+    if row.chain is not None:
+        values["chain"] = json.loads(row.chain)
+    values["unique_key"] = row.unique_key
+    values["batch_id"] = row.batch_id
+    values["concurrency_key"] = row.concurrency_key
+    job = _new_job(Job)
+    job.__dict__ = values
+    state = _new_state(ModelState)
     state.db = alias
     job._state = state
     return job
@@ -272,6 +278,8 @@ def _write_rows(
                 for job in existing[row.pk]:
                     job.__dict__.update({name: getattr(row, name) for name in _FIELDS})
                     job._state.adding = False
+    if due_now and created:
+        wakeup.after_commit(alias, due_now)  # SQLite, MariaDB: a datagram to idle workers
     return created
 
 
@@ -354,7 +362,8 @@ def _insert_unique(
 
 
 def _saved(job: Job, job_id: int, created_at: datetime, next_execution_at: datetime) -> None:
-    job.pk = job_id
-    job.created_at = created_at
-    job.next_execution_at = next_execution_at
+    values = job.__dict__  # the fields of a Job are plain attributes (pk is "id")
+    values["id"] = job_id
+    values["created_at"] = created_at
+    values["next_execution_at"] = next_execution_at
     job._state.adding = False

@@ -115,7 +115,8 @@ def test_workflow_and_chain_steps_carry_their_keys_when_released():
     wf.add(Noop, after=[first])
     wf.dispatch()
     assert Job.objects.get(pk=chain_first.pk).concurrency_key == "user:5"
-    assert first.job is not None and first.job.concurrency_key == "account:7"
+    assert first.job is not None
+    assert first.job.concurrency_key == "account:7"
 
     run_jobs()  # the first steps succeed; their successors are inserted then
 

@@ -23,7 +23,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from django_gator.conf.rules import Number, Setting
+from django_gator.conf.rules import Number, Setting, split_host_port
 from django_gator.conf.table import SETTINGS
 from django_gator.exceptions import GatorError
 
@@ -180,6 +180,12 @@ def worker_network_timeout() -> float:
     """GATOR_WORKER_NETWORK_TIMEOUT in seconds (0: off); by default the heartbeat timeout."""
     seconds = value("GATOR_WORKER_NETWORK_TIMEOUT")
     return heartbeat_timeout() if seconds is None else float(seconds)
+
+
+def wakeup_bind() -> tuple[str, int] | None:
+    """GATOR_WAKEUP_BIND as (host, port), or None when wakeups are off."""
+    address = value("GATOR_WAKEUP_BIND")
+    return None if address is None else split_host_port(address)
 
 
 def worker_conn_max_age() -> float | None:

@@ -145,6 +145,42 @@ class Delays:
         return f"list of seconds, each {self.bounds()}"
 
 
+def split_host_port(value: str) -> tuple[str, int]:
+    """``"HOST:PORT"`` (``"[::1]:0"`` for IPv6) as (host, port); ValueError says what is
+    wrong."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host:
+        raise ValueError("is not HOST:PORT")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host or (":" in host and not value.startswith("[")):
+        raise ValueError("is not HOST:PORT (write an IPv6 address as [ADDRESS]:PORT)")
+    if not port_text.isascii() or not port_text.isdigit() or int(port_text) > 65535:
+        raise ValueError("has no port from 0 to 65535 after the colon")
+    return host, int(port_text)
+
+
+@dataclass(frozen=True)
+class HostPort:
+    """None (off), or ``"HOST:PORT"``: where a socket is bound (port 0: any free port)."""
+
+    what: str
+
+    def problem(self, value: Any, *, deep: bool = False) -> str | None:
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            return f'must be None or a "HOST:PORT" string, got {value!r}'
+        try:
+            split_host_port(value)
+        except ValueError as exc:
+            return f'must be None or a "HOST:PORT" string; {value!r} {exc}'
+        return None
+
+    def allowed(self) -> str:
+        return f'`None` (off) or `"HOST:PORT"`: {self.what}'
+
+
 @dataclass(frozen=True)
 class Table:
     """A dict whose entries another check validates (``checked_by``)."""

@@ -9,6 +9,7 @@ from django_gator.conf.rules import (
     CallablePath,
     Delays,
     Flag,
+    HostPort,
     Names,
     Number,
     QueueTable,
@@ -136,6 +137,13 @@ SETTINGS: tuple[Setting, ...] = (
         None,
         Text("a key of `DATABASES`", none="`GATOR_DATABASE`"),
         "PostgreSQL: the alias of a direct (not pooled) connection the worker LISTENs on",
+    ),
+    Setting(
+        "GATOR_WAKEUP_BIND",
+        "127.0.0.1:0",
+        HostPort("port 0 picks a free one"),
+        "SQLite, MariaDB/MySQL: the UDP address a worker binds for wakeups from dispatch "
+        '(`None`: no wakeups, idle workers poll); see "Wakeups"',
     ),
     Setting(
         "GATOR_WORKER_CONN_MAX_AGE",

@@ -30,16 +30,28 @@ class WorkerStatements(EngineCore):
         queues: str,
         concurrency: int,
         supervisor: str = "",
+        wakeup_address: str | None = None,
     ) -> None:
         """Insert the worker's row; ``supervisor`` is the id of the ``--processes``
         supervisor that started it (empty for a worker started on its own)."""
         with self.connection.cursor() as cursor:
             cursor.execute(
                 f"INSERT INTO {self.worker_table} (id, hostname, pid, queues, concurrency, "
-                f"supervisor, started_at, heartbeat_at) VALUES (%s, %s, %s, %s, %s, %s, "
-                f"{self.now_sql}, {self.now_sql})",
-                [worker_id, hostname, pid, queues, concurrency, supervisor],
+                f"supervisor, started_at, heartbeat_at, wakeup_address) VALUES (%s, %s, %s, %s, "
+                f"%s, %s, {self.now_sql}, {self.now_sql}, %s)",
+                [worker_id, hostname, pid, queues, concurrency, supervisor, wakeup_address],
             )
+
+    def wakeup_targets(self, cutoff: datetime) -> list[tuple[str, str, str]]:
+        """(hostname, queues JSON, wakeup address) of the workers with a wakeup address
+        and a heartbeat since ``cutoff``."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT hostname, queues, wakeup_address FROM {self.worker_table} "
+                "WHERE wakeup_address IS NOT NULL AND heartbeat_at >= %s",
+                [self.adapt_dt(cutoff)],
+            )
+            return [(r[0], r[1], r[2]) for r in cursor.fetchall()]
 
     def heartbeat(self, worker_id: str) -> bool:
         """Refresh the worker's heartbeat; False if its row is gone (it was declared lost)."""

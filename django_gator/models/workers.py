@@ -24,6 +24,13 @@ class Worker(models.Model):
     )
     started_at = models.DateTimeField(default=timezone.now)
     heartbeat_at = models.DateTimeField(default=timezone.now)
+    wakeup_address = models.CharField(  # noqa: DJ001 - NULL: no socket to wake it on
+        max_length=300,
+        null=True,
+        blank=True,
+        help_text="host:port of the UDP socket a dispatch wakes this worker on; "
+        "empty when it has none (GATOR_WAKEUP_BIND = None, or PostgreSQL's LISTEN).",
+    )
 
     class Meta:
         ordering = ["-started_at"]

@@ -1,12 +1,16 @@
-"""PostgreSQL: a thread that LISTENs for dispatches and wakes the fetcher, so an idle
-worker starts a new job within milliseconds of its commit instead of at its next poll."""
+"""Threads that wake the fetcher when a dispatch commits, so an idle worker starts a new job
+within milliseconds of its commit instead of at its next poll: on PostgreSQL one that
+LISTENs (:func:`listen`), elsewhere one that reads the wakeup datagrams dispatch sends to
+the address in this worker's row (:func:`receive_wakeups`; see :mod:`django_gator.wakeup`)."""
 
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from collections.abc import Collection
 
+from django_gator import wakeup
 from django_gator.engines.base import Engine
 from django_gator.worker.retrier import backoff
 from django_gator.worker.slots import Slots
@@ -42,3 +46,55 @@ def listen(
                 exc_info=failures == 1,
             )
             stopped.wait(backoff(failures))
+
+
+def bind_wakeup_socket(host: str, port: int) -> tuple[socket.socket, str] | None:
+    """A UDP socket bound to ``host:port`` and the address to publish for it, or None
+    (logged) if it cannot be bound: the worker then polls."""
+    try:
+        info = socket.getaddrinfo(host, port, 0, socket.SOCK_DGRAM)[0]
+        sock = socket.socket(info[0], socket.SOCK_DGRAM)
+    except OSError as exc:
+        logger.warning("No wakeup socket (%s:%s: %s); polling instead", host, port, exc)
+        return None
+    try:
+        sock.bind(info[4])
+    except OSError as exc:
+        sock.close()
+        logger.warning("No wakeup socket (%s:%s: %s); polling instead", host, port, exc)
+        return None
+    bound_host, bound_port = sock.getsockname()[:2]
+    return sock, wakeup.format_address(wakeup.advertised_host(bound_host), bound_port)
+
+
+def receive_wakeups(
+    sock: socket.socket,
+    slots: Slots,
+    queues: Collection[str],
+    stopped: threading.Event,
+) -> None:
+    """Wake the fetcher when a wakeup datagram names one of ``queues`` (any queue if
+    empty), until ``stopped`` is set; closes ``sock`` then."""
+    wanted = set(queues)
+    sock.settimeout(0.5)  # how soon a stop is seen
+    try:
+        while not stopped.is_set():
+            try:
+                datagram = sock.recv(2048)
+            except TimeoutError:
+                continue
+            named = wakeup.decode(datagram)
+            # Drain what else arrived meanwhile: one claim round answers them all.
+            sock.setblocking(False)
+            try:
+                while True:
+                    more = wakeup.decode(sock.recv(2048))
+                    if more is not None:
+                        named = (named or set()) | more
+            except OSError:
+                pass
+            sock.settimeout(0.5)
+            if named is not None and (not wanted or wanted & named):
+                slots.notify_fetcher(notified=True)
+    finally:
+        sock.close()

@@ -11,7 +11,8 @@ The components (each constructed and tested on its own):
 - :class:`~.outcomes.Outcomes`: the only writer of an attempt's outcome;
 - :class:`~.lifeline.Lifeline`: heartbeats, and the rescue of lost workers' jobs;
 - :func:`~.listener.listen` (PostgreSQL) wakes the fetcher on NOTIFY (behind a pooler, on
-  ``GATOR_LISTEN_DATABASE``: see :mod:`.pooling`);
+  ``GATOR_LISTEN_DATABASE``: see :mod:`.pooling`), and :func:`~.listener.receive_wakeups`
+  (elsewhere) on a wakeup datagram from dispatch;
 - :class:`~.pruner.Pruner` deletes old finished jobs, one worker of the fleet at a time;
 - :func:`~.scheduler.run_scheduler` dispatches due cron occurrences;
 - :class:`~.retrier.Retrier`: database writes that outlast an outage.
@@ -38,7 +39,7 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
-from django_gator import conf, schema
+from django_gator import conf, schema, wakeup
 from django_gator.engines import ClaimedJob, get_engine
 from django_gator.exceptions import JobTimeout, SchemaMissing
 from django_gator.worker import aio
@@ -48,7 +49,7 @@ from django_gator.worker.executor import Executors
 from django_gator.worker.fetcher import Fetcher
 from django_gator.worker.lifeline import Lifeline
 from django_gator.worker.limits import Limits
-from django_gator.worker.listener import listen
+from django_gator.worker.listener import bind_wakeup_socket, listen, receive_wakeups
 from django_gator.worker.outcomes import Outcomes
 from django_gator.worker.pooling import listen_engine
 from django_gator.worker.pruner import Pruner
@@ -126,6 +127,8 @@ class WorkerProcess:
         self.executors = Executors(self.slots, self.outcomes, self.engine, self._spawn)
         self.listen_on = None if burst else listen_engine(self.engine, self.poll_interval)
         self.listening = self.listen_on is not None
+        self.wakeup_socket: socket.socket | None = None  # bound in _start_up (no LISTEN)
+        self.wakeup_address: str | None = None
         self.fetcher = Fetcher(
             engine=self.engine,
             slots=self.slots,
@@ -163,6 +166,8 @@ class WorkerProcess:
         previous = self._install_signals() if self.install_signal_handlers else {}
         try:
             if not self._start_up():
+                if self.wakeup_socket is not None:
+                    self.wakeup_socket.close()
                 logger.info("Worker stopped before it started id=%s", self.worker_id)
                 return 0
             logger.info(
@@ -196,6 +201,7 @@ class WorkerProcess:
         database answers but django-gator's tables are not there."""
         if self.retrying("check the tables", self._check_schema, until_stop=True) is None:
             return False
+        self._bind_wakeups()
         return self.retrying("register worker", self._register, until_stop=True) is not None
 
     def _check_schema(self) -> bool:
@@ -204,10 +210,27 @@ class WorkerProcess:
             raise SchemaMissing(schema.missing_tables_message(self.alias, missing))
         return True
 
+    def _bind_wakeups(self) -> None:
+        """Without LISTEN: a UDP socket that dispatch wakes this worker on (GATOR_WAKEUP_BIND),
+        published in its row; the fetcher then needs no quick polls."""
+        bind = conf.wakeup_bind()
+        if self.burst or bind is None or not wakeup.enabled(self.alias):
+            return
+        bound = bind_wakeup_socket(*bind)
+        if bound is not None:
+            self.wakeup_socket, self.wakeup_address = bound
+            self.fetcher.listening = True
+
     def _register(self) -> bool:
         queues = json.dumps([[s.name, s.weight] for s in self.specs])
         self.engine.register_worker(
-            self.worker_id, self.hostname, self.pid, queues, self.concurrency, self.supervisor
+            self.worker_id,
+            self.hostname,
+            self.pid,
+            queues,
+            self.concurrency,
+            self.supervisor,
+            self.wakeup_address,
         )
         return True
 
@@ -226,6 +249,12 @@ class WorkerProcess:
             )
         if self.pruner is not None and conf.auto_prune():
             self._spawn("gator-pruner", functools.partial(self.pruner.run, stopped.wait))
+        if self.wakeup_socket is not None:
+            queues = [s.name for s in self.specs]
+            self._spawn(
+                "gator-wakeup",
+                functools.partial(receive_wakeups, self.wakeup_socket, self.slots, queues, stopped),
+            )
         self._spawn("gator-heartbeat", functools.partial(self.lifeline.run, stopped.wait))
         self._spawn("gator-fetcher", self.fetcher.run)
         if self.run_scheduler:

@@ -1,0 +1,287 @@
+"""``python -m benchmarks.pickup``: pickup latency across processes, as deployed.
+
+A ``manage.py gator_worker`` process (the package's default settings) works on the queue
+``pickup``; this process dispatches one job at a time, each in its own transaction, and
+takes the moment of its commit (an ``on_commit`` callback registered before the dispatch,
+so it runs before any of the dispatch's own); the job sends the moment ``handle()`` starts
+back over UDP. Between two jobs the dispatcher waits a random 20-100 ms, so the worker is
+idle when each job arrives. Both ends read ``time.time()`` on the same machine.
+
+For each ``--concurrency`` the modes given with ``--modes`` run one after another
+(A/B/A/B): ``on`` (the default settings: LISTEN on PostgreSQL, wakeup datagrams elsewhere)
+and ``off`` (``GATOR_WAKEUP_BIND = None``: on SQLite and MariaDB the poll of before this
+change; on PostgreSQL the same as ``on``). The worker counts its own SQL statements (a
+Django execute wrapper installed by this benchmark's app), which gives its database load
+while idle (10 s without jobs) and during the samples.
+
+The database named by ``--database-url`` must have ``pickup`` in its name (its jobs are
+deleted); PostgreSQL and MariaDB databases are created if missing. Without a URL, SQLite in
+a temporary file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parents[2]
+IDLE_WINDOW = 10.0
+
+
+def create_database(url: str) -> None:
+    parts = urlsplit(url)
+    name = parts.path.lstrip("/")
+    if "pickup" not in name:
+        raise SystemExit(
+            f"the database name must contain 'pickup' (its jobs are deleted): {name!r}"
+        )
+    if parts.scheme.startswith("postgres"):
+        import psycopg
+
+        maintenance = urlunsplit(parts._replace(path="/postgres"))
+        with psycopg.connect(maintenance, autocommit=True) as connection:
+            found = connection.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", [name]
+            ).fetchone()
+            if not found:
+                connection.execute(f'CREATE DATABASE "{name}"')
+    elif parts.scheme.startswith("mysql"):
+        import MySQLdb
+
+        connection = MySQLdb.connect(
+            host=parts.hostname or "127.0.0.1", port=parts.port or 3306, user=parts.username
+        )
+        connection.cursor().execute(f"CREATE DATABASE IF NOT EXISTS `{name}` CHARACTER SET utf8mb4")
+        connection.close()
+
+
+def child_env(url: str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=url,
+        DJANGO_SETTINGS_MODULE="benchmarks.pickup.settings",
+        PYTHONPATH=str(ROOT),
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+class Run:
+    """One worker process in one mode at one concurrency."""
+
+    def __init__(self, url: str, mode: str, concurrency: int, workdir: Path) -> None:
+        self.url = url
+        self.mode = mode
+        self.concurrency = concurrency
+        self.reply = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.reply.bind(("127.0.0.1", 0))
+        self.count_file = workdir / f"count-{mode}-{concurrency}"
+        self.log = workdir / f"worker-{mode}-{concurrency}.log"
+        host, port = self.reply.getsockname()
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "django",
+                    "gator_worker",
+                    "-q",
+                    "pickup",
+                    "--concurrency",
+                    str(concurrency),
+                    "--no-scheduler",
+                ],
+                cwd=ROOT,
+                env=child_env(
+                    url,
+                    GATOR_PICKUP_REPLY=f"{host}:{port}",
+                    GATOR_PICKUP_COUNT_FILE=str(self.count_file),
+                    GATOR_PICKUP_WAKEUP=mode,
+                ),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def statements(self) -> int:
+        try:
+            return int(self.count_file.read_text() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    def wait_started(self) -> None:
+        from django_gator.models import Worker
+
+        deadline = time.monotonic() + 60
+        while not Worker.objects.filter(pid=self.proc.pid).exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"worker did not start:\n{self.log.read_text()}")
+            time.sleep(0.05)
+
+    def one(self, job_class: Any) -> float:
+        """Dispatch one job; milliseconds from its commit to its start."""
+        from django.db import transaction
+
+        stamp: list[float] = []
+        with transaction.atomic():
+            transaction.on_commit(lambda: stamp.append(time.time()))
+            job = job_class.dispatch()
+        self.reply.settimeout(30)
+        while True:
+            job_id, started = self.reply.recv(200).decode().split()
+            if int(job_id) == job.pk:
+                return (float(started) - stamp[0]) * 1000
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.reply.close()
+
+
+def xact_commits(vendor: str) -> int | None:
+    """PostgreSQL: transactions committed in this database (pg_stat_database)."""
+    if vendor != "postgresql":
+        return None
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        )
+        return int(cursor.fetchone()[0])
+
+
+def measure(url: str, mode: str, concurrency: int, samples: int, workdir: Path) -> dict[str, Any]:
+    from django.db import connection
+
+    from benchmarks.pickup.app.jobs import QUEUE, Stamp
+    from django_gator.models import Job
+
+    Job.objects.filter(queue=QUEUE).delete()
+    run = Run(url, mode, concurrency, workdir)
+    try:
+        run.wait_started()
+        time.sleep(1.0)
+        for _ in range(5):  # warm up: imports, connections of the executor threads
+            run.one(Stamp)
+            time.sleep(0.05)
+        before = run.statements()
+        begun = time.monotonic()
+        latencies = []
+        for _ in range(samples):
+            time.sleep(random.uniform(0.02, 0.1))
+            latencies.append(run.one(Stamp))
+        busy = time.monotonic() - begun
+        time.sleep(1.0)  # the last success mark, and the poll's back-off
+        during = (run.statements() - before) / busy
+        idle_from = run.statements()
+        commits_from = xact_commits(connection.vendor)
+        time.sleep(IDLE_WINDOW)
+        idle = (run.statements() - idle_from) / IDLE_WINDOW
+        commits_to = xact_commits(connection.vendor)
+    finally:
+        run.stop()
+    result = {
+        "mode": mode,
+        "concurrency": concurrency,
+        "samples": samples,
+        "p50_ms": statistics.median(latencies),
+        "p90_ms": percentile(latencies, 90),
+        "p99_ms": percentile(latencies, 99),
+        "max_ms": max(latencies),
+        "statements_per_s_during": during,
+        "statements_per_s_idle": idle,
+    }
+    if commits_from is not None and commits_to is not None:
+        # Everything committed in the database in the idle window (this process's two
+        # reads included).
+        result["xact_commit_per_s_idle"] = (commits_to - commits_from) / IDLE_WINDOW
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database-url", default=os.environ.get("PICKUP_DATABASE_URL"))
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[2, 16, 32])
+    parser.add_argument("--modes", nargs="+", default=["on", "off"], choices=["on", "off"])
+    parser.add_argument("--samples", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=1, help="repeat the whole A/B set")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args()
+
+    workdir = Path(tempfile.mkdtemp(prefix="gator-pickup-"))
+    url = args.database_url or f"sqlite:///{workdir / 'pickup.sqlite3'}"
+    if not url.startswith("sqlite"):
+        create_database(url)
+    os.environ.update(child_env(url))
+    subprocess.run(
+        [sys.executable, "-m", "django", "migrate", "-v0"],
+        cwd=ROOT,
+        env=child_env(url),
+        check=True,
+    )
+    import django
+
+    django.setup()
+    from django.db import connection
+
+    connection.ensure_connection()
+    version = ".".join(map(str, connection.get_database_version()))
+    print(
+        f"pickup latency across processes: {connection.vendor} {version}, Django "
+        f"{django.get_version()}, Python {platform.python_version()}, {os.cpu_count()} CPUs; "
+        f"{args.samples} samples per run"
+    )
+    print(
+        f"{'mode':>4} {'threads':>7} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} {'max ms':>7}"
+        f" {'SQL/s idle':>10} {'SQL/s sparse':>15}"
+    )
+    results = []
+    for _ in range(args.rounds):
+        for concurrency in args.concurrency:
+            for mode in args.modes:
+                r = measure(url, mode, concurrency, args.samples, workdir)
+                r["database"] = f"{connection.vendor} {version}"
+                results.append(r)
+                extra = (
+                    f" (xact_commit/s idle {r['xact_commit_per_s_idle']:.1f})"
+                    if "xact_commit_per_s_idle" in r
+                    else ""
+                )
+                print(
+                    f"{mode:>4} {concurrency:>7} {r['p50_ms']:>7.2f} {r['p90_ms']:>7.2f}"
+                    f" {r['p99_ms']:>7.2f} {r['max_ms']:>7.1f}"
+                    f" {r['statements_per_s_idle']:>10.1f}"
+                    f" {r['statements_per_s_during']:>15.1f}{extra}",
+                    flush=True,
+                )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

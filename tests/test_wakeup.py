@@ -1,0 +1,240 @@
+"""Wakeups without LISTEN (SQLite, MariaDB/MySQL): workers publish a UDP address, dispatch
+sends a datagram after its commit, and neither a dead address nor a lost datagram ever
+delays or fails a dispatch."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from django.db import connection, transaction
+from django.test import override_settings
+
+from django_gator import conf, wakeup
+from django_gator.conf import InvalidSetting
+from django_gator.engines import get_engine
+from django_gator.models import Job, JobState, Worker
+from django_gator.worker.listener import bind_wakeup_socket
+from django_gator.worker.supervisor import WorkerProcess
+from tests.conftest import wait_for
+from tests.testapp.jobs import Echo
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+no_listen = pytest.mark.skipif(
+    connection.vendor == "postgresql",
+    reason="PostgreSQL wakes workers with LISTEN/NOTIFY; no datagrams there",
+)
+
+
+@pytest.fixture(autouse=True)
+def fresh_directory() -> Iterator[None]:
+    wakeup.forget()
+    yield
+    wakeup.forget()
+
+
+def register(worker_id: str, address: str, queues: list[str] | None = None) -> None:
+    get_engine(connection.alias).register_worker(
+        worker_id,
+        socket.gethostname(),
+        1,
+        json.dumps([[q, 1] for q in queues or []]),
+        1,
+        address,
+    )
+
+
+def dead_address() -> str:
+    """A local UDP port nobody reads: bound, then closed."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return f"127.0.0.1:{port}"
+
+
+@pytest.fixture
+def inbox() -> Iterator[socket.socket]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(2.0)
+    yield sock
+    sock.close()
+
+
+def address_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()
+    return f"{host}:{port}"
+
+
+def received(sock: socket.socket, timeout: float) -> list[set[str] | None]:
+    sock.settimeout(timeout)
+    got = []
+    try:
+        while True:
+            got.append(wakeup.decode(sock.recv(2048)))
+            sock.settimeout(0.05)
+    except TimeoutError:
+        return got
+
+
+@no_listen
+@override_settings(GATOR_HEARTBEAT_TIMEOUT=300)  # the rows stay "live" however slow the run
+def test_dispatch_neither_fails_nor_waits_when_registered_workers_are_gone():
+    # Workers that died without removing their rows: a closed local port (the kernel
+    # answers with ICMP "port unreachable", which Linux reports on the socket's next
+    # sendto as ConnectionRefusedError), an address on a documentation network that routes
+    # nowhere, and one that is not an address at all.
+    for index in range(5):
+        register(f"dead-{index}", dead_address())
+    register("dead-net", "192.0.2.1:9")
+    register("dead-garbage", "not an address")
+    wakeup.refresh(connection.alias)
+
+    # The cost of a dispatch with those rows in the directory, against one without any
+    # wakeup, in the same run: several hundred each, interleaved.
+    def timed(n: int) -> float:
+        start = time.perf_counter()
+        for i in range(n):
+            Echo.dispatch(i)
+        return time.perf_counter() - start
+
+    with override_settings(GATOR_WAKEUP_BIND=None):
+        timed(20)
+    timed(20)
+    plain = woken = 0.0
+    for _ in range(3):
+        with override_settings(GATOR_WAKEUP_BIND=None):
+            plain += timed(100)
+        woken += timed(100)
+    assert Job.objects.filter(name=Echo.name, state=JobState.WAITING).count() == 640
+    # Seven sendto calls (and one directory read a second) per dispatch: far less than
+    # the INSERT itself. A generous bound, as the machine is shared.
+    assert woken < plain * 2 + 0.5, (woken, plain)
+    # Every dead row was in the directory the dispatches sent to (the garbage one skipped).
+    sent = wakeup.send(connection.alias, {"echo"})
+    directory = wakeup.Directory(connection.alias)
+    directory.refresh(close=False)
+    assert len(directory.targets) == 6
+    assert 0 <= sent <= 6
+
+
+@no_listen
+def test_a_datagram_reaches_the_workers_of_the_queue_after_commit(inbox):
+    other = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    other.bind(("127.0.0.1", 0))
+    try:
+        register("of-echo", address_of(inbox), ["echo"])
+        register("of-other", address_of(other), ["other"])
+        wakeup.refresh(connection.alias)
+        with transaction.atomic():
+            Echo.dispatch(1)
+            assert received(inbox, 0.2) == []  # not before the commit
+        assert received(inbox, 2.0) == [{"echo"}]
+        assert received(other, 0.2) == []
+
+        with transaction.atomic():
+            Echo.dispatch(2)
+            transaction.set_rollback(True)
+        assert received(inbox, 0.3) == []  # rolled back: nothing to wake for
+
+        Echo.dispatch(3, wait=60)  # not due: no wakeup either
+        assert received(inbox, 0.3) == []
+        Echo.dispatch_many([[4], [5]], queue="other")
+        assert received(other, 2.0) == [{"other"}]
+    finally:
+        other.close()
+
+
+@no_listen
+def test_another_hosts_loopback_address_and_stale_rows_are_skipped(inbox):
+    get_engine(connection.alias).register_worker(
+        "elsewhere", "another-host", 1, "[]", 1, address_of(inbox)
+    )
+    register("stale", address_of(inbox))
+    Worker.objects.filter(id="stale").update(
+        heartbeat_at=Worker.objects.get(id="stale").heartbeat_at.replace(year=2000)
+    )
+    wakeup.refresh(connection.alias)
+    assert wakeup.send(connection.alias, {"echo"}) == 0
+    assert received(inbox, 0.3) == []
+
+
+@no_listen
+def test_an_idle_worker_starts_a_job_long_before_its_next_poll():
+    # A poll interval of 30 s: only a wakeup can start the job within seconds.
+    worker = WorkerProcess(concurrency=2, poll_interval=30, install_signal_handlers=False)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_for(lambda: Worker.objects.filter(id=worker.worker_id).exists(), timeout=20)
+        row = Worker.objects.get(id=worker.worker_id)
+        assert row.wakeup_address == worker.wakeup_address
+        assert row.wakeup_address.startswith("127.0.0.1:")
+        wakeup.refresh(connection.alias)
+        time.sleep(0.3)  # the fetcher's first claim found nothing; it now waits 30 s
+        for i in range(3):
+            job = Echo.dispatch(i)
+            wait_for(
+                lambda job=job: Job.objects.get(pk=job.pk).state == JobState.SUCCEEDED,
+                timeout=10,
+            )
+    finally:
+        worker.request_stop()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert not Worker.objects.filter(id=worker.worker_id).exists()
+
+
+def test_postgresql_workers_publish_no_address_and_off_means_off():
+    with override_settings(GATOR_WAKEUP_BIND=None):
+        assert not wakeup.enabled(connection.alias)
+        worker = WorkerProcess(concurrency=1, install_signal_handlers=False)
+        worker._bind_wakeups()
+        assert worker.wakeup_socket is None
+    worker = WorkerProcess(concurrency=1, install_signal_handlers=False)
+    worker._bind_wakeups()
+    try:
+        assert (worker.wakeup_socket is None) == (connection.vendor == "postgresql")
+        # LISTEN or a wakeup socket: no quick polls either way.
+        assert worker.fetcher.listening
+    finally:
+        if worker.wakeup_socket is not None:
+            worker.wakeup_socket.close()
+
+
+def test_a_port_in_use_leaves_the_worker_polling(inbox):
+    host, port = inbox.getsockname()
+    assert bind_wakeup_socket(host, port) is None
+
+
+def test_bind_setting_is_checked():
+    with override_settings(GATOR_WAKEUP_BIND="0.0.0.0:7000"):
+        assert conf.wakeup_bind() == ("0.0.0.0", 7000)
+    with override_settings(GATOR_WAKEUP_BIND="[::1]:0"):
+        assert conf.wakeup_bind() == ("::1", 0)
+    for bad in ("localhost", "host:99999", ":80", "::1:0", 8000):
+        with override_settings(GATOR_WAKEUP_BIND=bad), pytest.raises(InvalidSetting) as error:
+            conf.wakeup_bind()
+        assert repr(bad) in str(error.value)
+
+
+def test_dispatch_runs_no_query_of_its_own_for_wakeups():
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        Echo.dispatch(1)
+        time.sleep(0.2)  # the directory is read by a thread of its own meanwhile
+        Echo.dispatch(2)
+    assert len(queries.captured_queries) == 2, queries.captured_queries
+    assert all("INSERT" in q["sql"] for q in queries.captured_queries)
+
+
+def test_datagrams_that_are_not_wakeups_are_ignored():
+    assert wakeup.decode(b"hello") is None
+    assert wakeup.decode(wakeup.encode(["b", "a"])) == {"a", "b"}
