@@ -45,7 +45,7 @@ def register(worker_id: str, address: str, queues: list[str] | None = None) -> N
         1,
         json.dumps([[q, 1] for q in queues or []]),
         1,
-        address,
+        wakeup_address=address,
     )
 
 
@@ -154,7 +154,7 @@ def test_a_datagram_reaches_the_workers_of_the_queue_after_commit(inbox):
 @no_listen
 def test_another_hosts_loopback_address_and_stale_rows_are_skipped(inbox):
     get_engine(connection.alias).register_worker(
-        "elsewhere", "another-host", 1, "[]", 1, address_of(inbox)
+        "elsewhere", "another-host", 1, "[]", 1, wakeup_address=address_of(inbox)
     )
     register("stale", address_of(inbox))
     Worker.objects.filter(id="stale").update(

@@ -29,6 +29,7 @@ class WorkerStatements(EngineCore):
         pid: int,
         queues: str,
         concurrency: int,
+        *,
         supervisor: str = "",
         wakeup_address: str | None = None,
     ) -> None:

@@ -229,8 +229,8 @@ class WorkerProcess:
             self.pid,
             queues,
             self.concurrency,
-            self.supervisor,
-            self.wakeup_address,
+            supervisor=self.supervisor,
+            wakeup_address=self.wakeup_address,
         )
         return True
 
