@@ -58,6 +58,9 @@ BAD: dict[str, list[tuple[Any, str]]] = {
     "GATOR_PRUNE_SUCCEEDED_AFTER": [("a week", "'a week'")],
     "GATOR_PRUNE_CANCELLED_AFTER": [(-1, "-1")],
     "GATOR_PRUNE_DEAD_AFTER": [(math.nan, "nan")],
+    "GATOR_METRICS_PORT": [(-1, "-1"), (65536, "65536"), ("9108", "'9108'")],
+    "GATOR_METRICS_CACHE": [(1, "1"), ("", "''")],
+    "GATOR_METRICS_CACHE_SECONDS": [(-1, "-1"), (math.inf, "inf")],
 }
 
 BAD_CASES = [
@@ -96,6 +99,9 @@ ACCESSORS: dict[str, tuple[Callable[[], Any], Any]] = {
     "GATOR_PRUNE_SUCCEEDED_AFTER": (conf.prune_succeeded_after, 604_800.0),
     "GATOR_PRUNE_CANCELLED_AFTER": (conf.prune_cancelled_after, 604_800.0),
     "GATOR_PRUNE_DEAD_AFTER": (conf.prune_dead_after, 2_592_000.0),
+    "GATOR_METRICS_PORT": (conf.metrics_port, None),
+    "GATOR_METRICS_CACHE": (conf.metrics_cache, "default"),
+    "GATOR_METRICS_CACHE_SECONDS": (conf.metrics_cache_seconds, 15.0),
 }
 
 

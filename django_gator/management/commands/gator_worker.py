@@ -10,7 +10,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_gator import conf
+from django_gator import conf, health, metrics
 from django_gator.exceptions import SchemaMissing
 from django_gator.logutil import safe
 from django_gator.management.arguments import QUEUE_SPEC, SettingValue
@@ -68,6 +68,20 @@ class Command(BaseCommand):
             action="store_true",
             help="Do not dispatch cron schedules from this worker (default: GATOR_SCHEDULER).",
         )
+        parser.add_argument(
+            "--metrics-port",
+            type=SettingValue("GATOR_METRICS_PORT", int),
+            default=None,
+            help="Serve Prometheus metrics at http://HOST:PORT/metrics (default "
+            "GATOR_METRICS_PORT: none). Needs django-gator[prometheus].",
+        )
+        parser.add_argument(
+            "--health-file",
+            default=None,
+            metavar="PATH",
+            help="Touch this file at start-up and at every heartbeat (for a liveness probe "
+            "that checks its age).",
+        )
 
     def handle(
         self,
@@ -78,6 +92,8 @@ class Command(BaseCommand):
         shutdown_timeout: float | None,
         poll_interval: float | None,
         no_scheduler: bool,
+        metrics_port: int | None,
+        health_file: str | None,
         verbosity: int,
         **options: Any,
     ) -> None:
@@ -103,6 +119,7 @@ class Command(BaseCommand):
             )
         except ValueError as exc:
             raise CommandError(str(exc), returncode=2) from None
+        _observe(worker, metrics_port, health_file)
         try:
             code = worker.run()
         except SchemaMissing as exc:
@@ -126,6 +143,21 @@ class Command(BaseCommand):
             os._exit(code)
         if code:
             sys.exit(code)
+
+
+def _observe(worker: WorkerProcess, port: int | None, health_file: str | None) -> None:
+    """Start the health file and the metrics endpoint; a clear error when either cannot."""
+    try:
+        health.configure(health_file)
+        if port is None:
+            port = conf.metrics_port()
+        if port is not None:
+            metrics.enable()
+            served = metrics.serve(port)
+            logging.getLogger("django_gator.worker").info("Serving metrics port=%s", served.port)
+            metrics.track(worker.concurrency, lambda: len(worker.slots.running))
+    except (ValueError, metrics.MetricsUnavailable) as exc:
+        raise CommandError(str(exc), returncode=2) from None
 
 
 def _configure_logging(verbosity: int) -> None:
