@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.models.base import ModelState
 
-from django_gator import conf, deferred, immediate, signals, validation
+from django_gator import conf, deferred, immediate, signals, tracing, validation
 from django_gator.engines import Engine, InsertRow, get_engine
 from django_gator.exceptions import DispatchDeadlock
 from django_gator.logutil import safe
@@ -163,6 +163,14 @@ def _insert(job_class: type[Queueable], alias: str, rows: list[InsertRow], jobs:
 
 
 def _write(
+    job_class: type[Queueable], alias: str, rows: list[InsertRow], jobs: list[Job]
+) -> list[Job]:
+    """The INSERT, in a dispatch span when OpenTelemetry is installed (see tracing)."""
+    write = lambda: _write_rows(job_class, alias, rows, jobs)  # noqa: E731
+    return list(tracing.traced_dispatch(job_class.name, rows[0].queue, alias, write))
+
+
+def _write_rows(
     job_class: type[Queueable], alias: str, rows: list[InsertRow], jobs: list[Job]
 ) -> list[Job]:
     """The INSERT: fills in the returned jobs; returns those it created (a unique job that

@@ -52,7 +52,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.dateparse import parse_datetime
 
 from django_gator import conf, stats
-from django_gator.rows import ClaimedJob, Failure
+from django_gator.rows import ClaimedJob, outcome_label
 
 #: True while this process records job metrics (after :func:`enable`). The worker's hooks
 #: test it before calling in.
@@ -169,16 +169,6 @@ def heartbeat() -> None:
     m.heartbeat.set(time.time())
     if _busy is not None:
         m.busy.set(_busy())
-
-
-def outcome_label(outcome: object) -> str:
-    """``succeeded``, ``failed``, ``dead``, ``cancelled`` or ``snoozed``."""
-    if isinstance(outcome, Failure):
-        if outcome.cancelled:
-            return "cancelled"
-        return "dead" if outcome.dead else "failed"
-    # A Snoozed outcome carries the seconds to wait; a Success does not.
-    return "snoozed" if hasattr(outcome, "seconds") else "succeeded"
 
 
 def _timestamp(value: Any) -> float | None:

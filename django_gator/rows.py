@@ -30,6 +30,8 @@ class ClaimedJob:
     created_at: Any = None  # as the database returned it (a datetime, or text on SQLite)
     #: Taken back from a lost worker before: the worker runs it alone (precise blame).
     suspect: bool = False
+    #: The dispatch's OpenTelemetry context (a carrier dict), or None.
+    trace_context: Any = None
 
 
 class LostClaim(NamedTuple):
@@ -73,3 +75,14 @@ class Failure:
     #: The attempt is given back (attempts - 1): the job never ran (its name is unknown
     #: to this worker, which may run older code than the dispatcher).
     uncharged: bool = False
+
+
+def outcome_label(outcome: object) -> str:
+    """How an attempt ended, as metrics and traces name it: ``succeeded``, ``failed`` (will
+    retry), ``dead``, ``cancelled`` or ``snoozed``."""
+    if isinstance(outcome, Failure):
+        if outcome.cancelled:
+            return "cancelled"
+        return "dead" if outcome.dead else "failed"
+    # A Snoozed outcome carries the seconds to wait; a Success does not.
+    return "snoozed" if hasattr(outcome, "seconds") else "succeeded"

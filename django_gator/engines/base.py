@@ -113,6 +113,7 @@ class Engine(DispatchStatements, WorkerStatements):
             next_execution_at=row[11] if len(row) > 11 else None,
             created_at=row[12] if len(row) > 12 else None,
             suspect=bool(row[13]) if len(row) > 13 else False,
+            trace_context=loads(row[14]) if len(row) > 14 else None,
         )
 
     def mark_succeeded(

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 JOB_COLUMNS = (
     "id, name, args, kwargs, queue, priority, attempts, rescues, chain_id, chain_position, chain, "
-    "next_execution_at, created_at, suspect"
+    "next_execution_at, created_at, suspect, trace_context"
 )
 
 
