@@ -79,7 +79,8 @@ def main() -> None:
     base = statistics.median(rates[variants[0]])
     for variant in variants:
         median = statistics.median(rates[variant])
-        print(f"{variant:10} median {median:8,.0f} jobs/s  ratio to {variants[0]} {median / base:.3f}")
+        ratio = median / base
+        print(f"{variant:10} median {median:8,.0f} jobs/s  ratio to {variants[0]} {ratio:.3f}")
 
 
 if __name__ == "__main__":
