@@ -113,6 +113,8 @@ class _WorkerMetrics:
             "Executor threads running a job (sampled at each heartbeat)",
             multiprocess_mode="livesum",
         )
+        #: (job, queue, outcome) -> the labelled children of finished, run_time, pickup.
+        self.children: dict[tuple[str, str, str], tuple[Any, Any, Any]] = {}
         self.heartbeat = client.Gauge(
             "gator_worker_heartbeat_timestamp_seconds",
             "Unix time of the worker's last heartbeat",
@@ -153,12 +155,23 @@ def job_finished(job: ClaimedJob, outcome: object, elapsed_ms: float) -> None:
     m = _metrics
     if m is None:
         return
-    m.finished.labels(job.name, job.queue, outcome_label(outcome)).inc()
+    label = outcome_label(outcome)
+    key = (job.name, job.queue, label)
+    children = m.children.get(key)
+    if children is None:
+        # labels() validates and locks: its children are kept, one lookup per job.
+        children = m.children[key] = (
+            m.finished.labels(job.name, job.queue, label),
+            m.run_time.labels(job.name, job.queue),
+            m.pickup.labels(job.queue),
+        )
+    finished, run_time, pickup = children
+    finished.inc()
     seconds = elapsed_ms / 1000
-    m.run_time.labels(job.name, job.queue).observe(seconds)
+    run_time.observe(seconds)
     due = _timestamp(job.next_execution_at)
     if due is not None:
-        m.pickup.labels(job.queue).observe(max(0.0, time.time() - seconds - due))
+        pickup.observe(max(0.0, time.time() - seconds - due))
 
 
 def heartbeat() -> None:
