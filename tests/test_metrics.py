@@ -19,7 +19,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from django_gator import metrics, pause_queue
 from django_gator.models import Job, JobState
-from tests.conftest import ROOT, run_worker, stop_worker, wait_for, worker_env, worker_output
+from tests.conftest import (
+    ROOT,
+    run_python,
+    run_worker,
+    stop_worker,
+    wait_for,
+    worker_env,
+    worker_output,
+)
 from tests.testapp.jobs import Boom, Noop, RecordFailsFirst
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -295,12 +303,4 @@ def test_a_worker_without_metrics_does_not_import_prometheus_client():
         " django_gator.management.commands.gator_worker;"
         "print(sorted(m for m in sys.modules if m.startswith('prometheus')))"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        env=worker_env(),
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert out.strip() == "[]"
+    assert run_python(code).strip() == "[]"

@@ -4,8 +4,6 @@ another process continuing it (the SDK's in-memory exporter on both sides)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 
@@ -16,7 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from django_gator.models import Job
-from tests.conftest import ROOT, run_worker, worker_env
+from tests.conftest import run_python, run_worker
 from tests.testapp.jobs import Boom, Noop, RecordFailsFirst
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -75,16 +73,7 @@ WORKER = textwrap.dedent(
 
 
 def run_in_another_process(queue: str) -> list[dict]:
-    done = subprocess.run(
-        [sys.executable, "-c", WORKER, queue],
-        cwd=ROOT,
-        env=worker_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(run_python(WORKER, queue).strip().splitlines()[-1])
 
 
 def test_the_run_span_in_another_process_is_a_child_of_the_dispatch_span(exporter):
@@ -172,13 +161,4 @@ def test_without_opentelemetry_installed_jobs_dispatch_and_run():
         print(job.state, job.trace_context)
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        env=worker_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["succeeded", "None"]
+    assert run_python(code).split() == ["succeeded", "None"]
