@@ -15,7 +15,7 @@ from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.models.base import ModelState
 
-from django_gator import conf, deferred, immediate, limits, signals, validation, wakeup
+from django_gator import conf, deferred, immediate, limits, signals, tracing, validation, wakeup
 from django_gator.engines import Engine, InsertRow, get_engine
 from django_gator.exceptions import DispatchDeadlock
 from django_gator.logutil import safe
@@ -238,6 +238,18 @@ def _write(
     rows: list[InsertRow],
     jobs: list[Job],
     member_of: Batch | None = None,
+) -> list[Job]:
+    """The INSERT, in a dispatch span when OpenTelemetry is installed (see tracing)."""
+    write = lambda: _write_members(job_class, alias, rows, jobs, member_of)  # noqa: E731
+    return list(tracing.traced_dispatch(job_class.name, rows[0].queue, alias, write))
+
+
+def _write_members(
+    job_class: type[Queueable],
+    alias: str,
+    rows: list[InsertRow],
+    jobs: list[Job],
+    member_of: Batch | None,
 ) -> list[Job]:
     """The INSERT: fills in the returned jobs; returns those it created (a unique job that
     already existed takes that job's values and is not in the list). Members of a batch

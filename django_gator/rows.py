@@ -32,6 +32,8 @@ class ClaimedJob:
     suspect: bool = False
     #: The batch the job is a member of (see django_gator.engines.batching).
     batch_id: int | None = None
+    #: The dispatch's OpenTelemetry context (a carrier dict), or None.
+    trace_context: Any = None
 
 
 class LostClaim(NamedTuple):
@@ -78,3 +80,14 @@ class Failure:
     #: The attempt is given back (attempts - 1): the job never ran (its name is unknown
     #: to this worker, which may run older code than the dispatcher).
     uncharged: bool = False
+
+
+def outcome_label(outcome: object) -> str:
+    """How an attempt ended, as metrics and traces name it: ``succeeded``, ``failed`` (will
+    retry), ``dead``, ``cancelled`` or ``snoozed``."""
+    if isinstance(outcome, Failure):
+        if outcome.cancelled:
+            return "cancelled"
+        return "dead" if outcome.dead else "failed"
+    # A Snoozed outcome carries the seconds to wait; a Success does not.
+    return "snoozed" if hasattr(outcome, "seconds") else "succeeded"

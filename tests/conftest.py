@@ -184,3 +184,18 @@ def booby_trapped_module(
     monkeypatch.syspath_prepend(str(tmp_path))
     yield name, marker
     sys.modules.pop(name, None)
+
+
+def run_python(code: str, *args: str) -> str:
+    """Run ``code`` in a new Python process with the workers' environment (the test
+    database); its stdout. Fails the test, with its stderr, if it exits non-zero."""
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=ROOT,
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout

@@ -76,6 +76,9 @@ BAD: dict[str, list[tuple[Any, str]]] = {
     "GATOR_PRUNE_INTERVAL": [(0, "0")],
     "GATOR_PRUNE_BATCH_SIZE": [(0, "0"), (10.5, "10.5")],
     "GATOR_PRUNE_PAUSE": [(-1, "-1"), (61, "61")],
+    "GATOR_METRICS_PORT": [(-1, "-1"), (65536, "65536"), ("9108", "'9108'")],
+    "GATOR_METRICS_CACHE": [(1, "1"), ("", "''")],
+    "GATOR_METRICS_CACHE_SECONDS": [(-1, "-1"), (math.inf, "inf")],
 }
 
 BAD_CASES = [
@@ -125,6 +128,9 @@ ACCESSORS: dict[str, tuple[Callable[[], Any], Any]] = {
     "GATOR_PRUNE_INTERVAL": (conf.prune_interval, 300.0),
     "GATOR_PRUNE_BATCH_SIZE": (conf.prune_batch_size, 1000),
     "GATOR_PRUNE_PAUSE": (conf.prune_pause, 0.1),
+    "GATOR_METRICS_PORT": (conf.metrics_port, None),
+    "GATOR_METRICS_CACHE": (conf.metrics_cache, "default"),
+    "GATOR_METRICS_CACHE_SECONDS": (conf.metrics_cache_seconds, 15.0),
 }
 
 

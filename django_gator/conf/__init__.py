@@ -345,3 +345,16 @@ def prune_batch_size() -> int:
 
 def prune_pause() -> float:
     return float(value("GATOR_PRUNE_PAUSE"))
+
+
+def metrics_port() -> int | None:
+    port = value("GATOR_METRICS_PORT")
+    return None if port is None else int(port)
+
+
+def metrics_cache() -> str:
+    return str(value("GATOR_METRICS_CACHE"))
+
+
+def metrics_cache_seconds() -> float:
+    return float(value("GATOR_METRICS_CACHE_SECONDS"))

@@ -285,4 +285,25 @@ SETTINGS: tuple[Setting, ...] = (
         Number(0, 60),
         "seconds an automatic pruning pass waits between two batches",
     ),
+    Setting(
+        "GATOR_METRICS_PORT",
+        None,
+        Number(0, 65535, whole=True, none="no metrics endpoint"),
+        "port of the worker's Prometheus `/metrics` endpoint (`gator_worker --metrics-port`; "
+        "needs `django-gator[prometheus]`)",
+    ),
+    Setting(
+        "GATOR_METRICS_CACHE",
+        "default",
+        Text("a key of `CACHES`"),
+        "Django cache that keeps the queue figures of `django_gator.metrics.view` between "
+        "database reads (share one between replicas)",
+    ),
+    Setting(
+        "GATOR_METRICS_CACHE_SECONDS",
+        15.0,
+        Number(0),
+        "seconds the queue figures of `django_gator.metrics.view` are served from the cache "
+        "before one scrape reads them again (`0`: every scrape reads the database)",
+    ),
 )

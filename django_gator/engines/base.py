@@ -124,6 +124,7 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements):
             created_at=row[12] if len(row) > 12 else None,
             suspect=bool(row[13]) if len(row) > 13 else False,
             batch_id=row[14] if len(row) > 14 else None,
+            trace_context=loads(row[15]) if len(row) > 15 else None,
         )
 
     def mark_succeeded(

@@ -34,7 +34,7 @@ UNKEYED_SQL = "concurrency_key IS NULL"
 
 JOB_COLUMNS = (
     "id, name, args, kwargs, queue, priority, attempts, rescues, chain_id, chain_position, chain, "
-    "next_execution_at, created_at, suspect, batch_id"
+    "next_execution_at, created_at, suspect, batch_id, trace_context"
 )
 
 

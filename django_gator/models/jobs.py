@@ -366,6 +366,11 @@ class Job(models.Model):
         db_default=0,
         help_text="Workers lost while this job ran alone in them: crashes it caused.",
     )
+    trace_context = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="OpenTelemetry context of the dispatch (traceparent), continued by each run.",
+    )
 
     objects = JobQuerySet.as_manager()
 

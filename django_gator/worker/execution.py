@@ -16,7 +16,7 @@ from typing import Any
 from asgiref.sync import async_to_sync, iscoroutinefunction, sync_to_async
 from django.db import transaction
 
-from django_gator import conf, retry, signals
+from django_gator import conf, retry, signals, tracing
 from django_gator.engines.base import ClaimedJob, Failure
 from django_gator.engines.sqlite import is_busy
 from django_gator.exceptions import (
@@ -112,6 +112,20 @@ async def _awaited(awaitable: Any) -> Any:
 
 
 def run_claimed(
+    job: ClaimedJob,
+    worker_id: str,
+    commit: Commit | None = None,
+    *,
+    watch: bool = False,
+    atomic: Callable[[], AbstractContextManager[Any]] | None = None,
+) -> Outcome:
+    """:func:`_run_claimed`, in a span that continues the dispatch's trace when
+    OpenTelemetry is installed (see :mod:`django_gator.tracing`)."""
+    run = lambda: _run_claimed(job, worker_id, commit, watch=watch, atomic=atomic)  # noqa: E731
+    return tracing.traced_run(job, run)
+
+
+def _run_claimed(
     job: ClaimedJob,
     worker_id: str,
     commit: Commit | None = None,

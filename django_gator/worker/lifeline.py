@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 
 from django.db import close_old_connections
 
-from django_gator import conf
+from django_gator import conf, health
 from django_gator.engines.base import Engine
 from django_gator.exceptions import WorkerLost
 from django_gator.logutil import safe
@@ -83,6 +83,7 @@ class Lifeline:
                 self.worker_id,
             )
             self.register()
+        health.beat()
         judging = self.may_rescue(time.monotonic())
         if judging or self.engine.workers_share_a_host:
             self.rescue(judging=judging)

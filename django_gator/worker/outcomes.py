@@ -20,6 +20,7 @@ from typing import Any, Protocol, TypeVar
 
 from django.db import DatabaseError
 
+from django_gator import metrics
 from django_gator.engines import ClaimedJob
 from django_gator.engines.base import Engine, Failure
 from django_gator.exceptions import JobTimeout
@@ -80,6 +81,8 @@ class Outcomes:
         """Write the outcome of ``job``'s attempt; the state its row now has, DEFERRED for a
         plain success left to the batched mark (``batch``), or None if nothing was
         written (the claim was lost, or the worker gave up on an unreachable database)."""
+        if metrics.enabled:
+            metrics.job_finished(job, outcome, elapsed_ms)
         if isinstance(outcome, Failure):
             return self._failure(job, outcome, elapsed_ms)
         if isinstance(outcome, Snoozed):

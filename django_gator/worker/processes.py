@@ -34,7 +34,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from secrets import token_hex
 from types import FrameType
@@ -151,6 +151,7 @@ class ProcessSupervisor:
         *,
         burst: bool = False,
         install_signal_handlers: bool = True,
+        on_exit: Callable[[int], None] | None = None,
     ) -> None:
         if processes < 1:
             raise ValueError(f"processes must be at least 1, got {processes}")
@@ -158,6 +159,7 @@ class ProcessSupervisor:
         self.arguments = list(arguments)
         self.burst = burst
         self.install_signal_handlers = install_signal_handlers
+        self.on_exit = on_exit  # called with the pid of each worker process that ended
         self.id = f"{socket.gethostname()}:{os.getpid()}:{token_hex(4)}"
         self.children = [Child(index) for index in range(processes)]
         self.started = 0  # worker processes started, replacements included
@@ -233,6 +235,8 @@ class ProcessSupervisor:
             if code is None:
                 return
             child.process = None
+            if self.on_exit is not None:
+                self.on_exit(process.pid)
             self._ended(child, process.pid, code, now)
         if child.restart_at is not None and not self.stopping and now >= child.restart_at:
             self._start(child)

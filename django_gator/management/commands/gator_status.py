@@ -9,9 +9,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
-from django_gator import conf, schema, stats, wording
+from django_gator import conf, health, schema, stats, wording
 from django_gator.engines import get_engine
 from django_gator.logutil import safe
+from django_gator.management.arguments import Seconds, WholeNumber
 
 QUEUE_COLUMNS = (
     "queue",
@@ -75,8 +76,44 @@ class Command(BaseCommand):
             help="Also count every succeeded and cancelled job per queue (reads all of "
             "them: slow on large tables).",
         )
+        parser.add_argument(
+            "--check",
+            action="store_true",
+            help="Health check: exit 0 when healthy, 1 with the reasons otherwise (the "
+            "database unreachable, fewer live workers than --min-workers, a queue's oldest due "
+            "job older than --max-latency).",
+        )
+        parser.add_argument(
+            "--max-latency",
+            type=Seconds(),
+            default=None,
+            metavar="SECONDS",
+            help="With --check: unhealthy when a queue that is not paused has a due job "
+            "waiting longer than this.",
+        )
+        parser.add_argument(
+            "--min-workers",
+            type=WholeNumber(0),
+            default=1,
+            metavar="N",
+            help="With --check: unhealthy with fewer live workers than this (default 1).",
+        )
 
-    def handle(self, *, as_json: bool, exact: bool, **options: Any) -> None:
+    def handle(
+        self,
+        *,
+        as_json: bool,
+        exact: bool,
+        check: bool,
+        max_latency: float | None,
+        min_workers: int,
+        **options: Any,
+    ) -> None:
+        if check:
+            self._check(max_latency, min_workers)
+            return
+        if max_latency is not None or min_workers != 1:
+            raise CommandError("--max-latency and --min-workers go with --check", returncode=2)
         alias = conf.database()
         missing = schema.missing_tables(alias)
         if missing:
@@ -96,6 +133,12 @@ class Command(BaseCommand):
         self.stdout.write(
             f"Jobs table: {how} {wording.count(total, 'row')}. Database time {now.isoformat()}."
         )
+
+    def _check(self, max_latency: float | None, min_workers: int) -> None:
+        result = health.check(max_latency=max_latency, min_workers=min_workers)
+        if not result.healthy:
+            raise CommandError("unhealthy: " + "; ".join(result.problems), returncode=1)
+        self.stdout.write(f"healthy: {wording.count(result.live_workers, 'live worker')}")
 
     def _print_json(
         self,

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_gator import conf
+from django_gator import conf, health, metrics
 from django_gator.exceptions import SchemaMissing
 from django_gator.logutil import safe
 from django_gator.management.arguments import QUEUE_SPEC, SettingValue, WholeNumber
@@ -86,6 +86,20 @@ class Command(BaseCommand):
             action="store_true",
             help="Do not dispatch cron schedules from this worker (default: GATOR_SCHEDULER).",
         )
+        parser.add_argument(
+            "--metrics-port",
+            type=SettingValue("GATOR_METRICS_PORT", int),
+            default=None,
+            help="Serve Prometheus metrics at http://HOST:PORT/metrics (default "
+            "GATOR_METRICS_PORT: none). Needs django-gator[prometheus].",
+        )
+        parser.add_argument(
+            "--health-file",
+            default=None,
+            metavar="PATH",
+            help="Touch this file at start-up and at every heartbeat (for a liveness probe "
+            "that checks its age).",
+        )
         self._add_process_arguments(parser)
 
     def _add_process_arguments(self, parser: CommandParser) -> None:
@@ -126,6 +140,8 @@ class Command(BaseCommand):
         shutdown_timeout: float | None,
         poll_interval: float | None,
         no_scheduler: bool,
+        metrics_port: int | None,
+        health_file: str | None,
         verbosity: int,
         processes: int | None = None,
         max_jobs: int | None = None,
@@ -146,7 +162,7 @@ class Command(BaseCommand):
         _configure_logging(verbosity)
         count = 1 if supervisor else processes or conf.processes()
         if count > 1:
-            self._supervise(count, burst)
+            self._supervise(count, burst, metrics_port, health_file)
             return
         try:
             limits = Limits(
@@ -167,6 +183,7 @@ class Command(BaseCommand):
             )
         except ValueError as exc:
             raise CommandError(str(exc), returncode=2) from None
+        _observe(worker, metrics_port, health_file, child=bool(supervisor))
         try:
             code = worker.run()
         except SchemaMissing as exc:
@@ -197,11 +214,38 @@ class Command(BaseCommand):
         self._options = options  # all of them, for the worker processes of a supervisor
         return super().execute(*args, **options)
 
-    def _supervise(self, count: int, burst: bool) -> None:
-        """Run ``count`` worker processes with this command's options."""
+    def _supervise(
+        self, count: int, burst: bool, metrics_port: int | None, health_file: str | None
+    ) -> None:
+        """Run ``count`` worker processes with this command's options. With metrics, the
+        supervisor serves one endpoint that sums its workers' (prometheus_client's
+        multiprocess mode: each worker writes its figures to a directory they share)."""
         parser = self.create_parser("manage.py", "gator_worker")
-        arguments = child_arguments(parser, self._options, SUPERVISOR_ONLY)
-        ProcessSupervisor(count, arguments, burst=burst).run()
+        port = conf.metrics_port() if metrics_port is None else metrics_port
+        directory = server = None
+        try:
+            health.configure(health_file)  # checked here too: a bad path fails at once
+            if port is not None:
+                directory = metrics.prepare_multiprocess_dir()
+                server = metrics.serve(port)
+                logging.getLogger("django_gator.worker").info(
+                    "Serving the metrics of every worker process port=%s", server.port
+                )
+        except (ValueError, metrics.MetricsUnavailable) as exc:
+            if directory is not None:
+                metrics.remove_multiprocess_dir(directory)
+            raise CommandError(str(exc), returncode=2) from None
+        options = {**self._options, "metrics_port": None}  # the workers do not serve
+        arguments = child_arguments(parser, options, SUPERVISOR_ONLY)
+        try:
+            ProcessSupervisor(
+                count, arguments, burst=burst, on_exit=metrics.mark_dead if directory else None
+            ).run()
+        finally:
+            if server is not None:
+                server.close()
+            if directory is not None:
+                metrics.remove_multiprocess_dir(directory)
 
 
 def processes_as_child(supervisor: str) -> int | None:
@@ -211,6 +255,30 @@ def processes_as_child(supervisor: str) -> int | None:
     try:
         return as_child(supervisor)
     except ValueError as exc:
+        raise CommandError(str(exc), returncode=2) from None
+
+
+def _observe(
+    worker: WorkerProcess, port: int | None, health_file: str | None, *, child: bool = False
+) -> None:
+    """Start the health file and the metrics endpoint; a clear error when either cannot.
+    A worker process of a ``--processes`` supervisor serves nothing: with metrics on, it
+    writes its figures where the supervisor's endpoint reads them."""
+    try:
+        health.configure(health_file)
+        if child:
+            if metrics.multiprocess_dir() is not None:
+                metrics.enable()
+                metrics.track(worker.concurrency, lambda: len(worker.slots.running))
+            return
+        if port is None:
+            port = conf.metrics_port()
+        if port is not None:
+            metrics.enable()
+            served = metrics.serve(port)
+            logging.getLogger("django_gator.worker").info("Serving metrics port=%s", served.port)
+            metrics.track(worker.concurrency, lambda: len(worker.slots.running))
+    except (ValueError, metrics.MetricsUnavailable) as exc:
         raise CommandError(str(exc), returncode=2) from None
 
 

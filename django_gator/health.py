@@ -1,0 +1,111 @@
+"""Health: the worker's health file (``gator_worker --health-file``) and the checks of
+``gator_status --check``.
+
+The health file is touched at start-up and at every heartbeat, so its modification time
+says when the worker last wrote its heartbeat; a probe that finds it older than a few
+heartbeat intervals knows the worker is stuck (the classic Kubernetes exec probe:
+``find /tmp/gator-alive -mmin -1 | grep -q .``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+from django.db import DatabaseError
+
+from django_gator import conf, metrics, schema, stats
+from django_gator.engines import get_engine
+from django_gator.logutil import safe
+
+logger = logging.getLogger("django_gator.worker")
+
+_path: str | None = None
+
+
+class BadHealthFile(ValueError):
+    """The health file cannot be written where ``--health-file`` says."""
+
+
+def configure(path: str | None) -> None:
+    """Touch ``path`` now and at every heartbeat of this process (None: no file).
+    Raises :class:`BadHealthFile` naming the path when it cannot be written."""
+    global _path
+    if path is None:
+        _path = None
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise BadHealthFile(f"--health-file {path!r}: the directory {directory!r} does not exist")
+    try:
+        touch(path)
+    except OSError as exc:
+        raise BadHealthFile(f"--health-file {path!r}: {exc.strerror or exc}") from None
+    _path = path
+
+
+def touch(path: str) -> None:
+    with open(path, "a"):
+        pass
+    os.utime(path)
+
+
+def beat() -> None:
+    """This worker wrote a heartbeat (the lifeline's hook): touch the health file, and
+    note it in the metrics."""
+    if _path is not None:
+        try:
+            touch(_path)
+        except OSError as exc:
+            logger.warning("Could not touch the health file path=%s error=%s", safe(_path), exc)
+    if metrics.enabled:
+        metrics.heartbeat()
+
+
+@dataclass(frozen=True)
+class Health:
+    """What :func:`check` found: ``problems`` is empty when all is well."""
+
+    problems: list[str]
+    live_workers: int
+    queues: int
+
+    @property
+    def healthy(self) -> bool:
+        return not self.problems
+
+
+def check(
+    alias: str | None = None, *, max_latency: float | None = None, min_workers: int = 1
+) -> Health:
+    """Is the job system healthy? Problems: the database does not answer (or lacks the
+    tables), fewer than ``min_workers`` live workers (heartbeat within
+    ``GATOR_HEARTBEAT_TIMEOUT``), a queue that is not paused whose oldest due job has
+    waited more than ``max_latency`` seconds."""
+    alias = alias or conf.database()
+    try:
+        missing = schema.missing_tables(alias)
+        if missing:
+            return Health([schema.missing_tables_message(alias, missing)], 0, 0)
+        now = get_engine(alias).db_now()
+        live = stats.workers(alias, now=now)
+        queues = stats.queue_stats(alias, now=now) if max_latency is not None else []
+    except DatabaseError as exc:
+        return Health([f"database {alias!r} unreachable: {safe(str(exc), 300)}"], 0, 0)
+    problems = []
+    if len(live) < min_workers:
+        problems.append(
+            "no live worker"
+            if not live
+            else f"{len(live)} live workers, fewer than --min-workers {min_workers}"
+        )
+    if max_latency is not None:
+        for q in queues:
+            age = q.oldest_due_age
+            if not q.paused and age is not None and age > max_latency:
+                problems.append(
+                    f"queue {safe(q.queue, 100)!r}: its oldest due job has waited {age:.1f} s, "
+                    f"more than --max-latency {max_latency:g}"
+                )
+    return Health(problems, len(live), len(queues))

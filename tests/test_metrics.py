@@ -1,0 +1,306 @@
+"""Prometheus metrics: a real worker's /metrics over HTTP, several processes behind one
+endpoint, the queues' view and its cache, and the startup errors."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.core.cache import caches
+from django.test import Client, override_settings
+from prometheus_client.parser import text_string_to_metric_families
+
+from django_gator import metrics, pause_queue
+from django_gator.models import Job, JobState
+from tests.conftest import (
+    ROOT,
+    run_python,
+    run_worker,
+    stop_worker,
+    wait_for,
+    worker_env,
+    worker_output,
+)
+from tests.testapp.jobs import Boom, Noop, RecordFailsFirst
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape(port: int, path: str = "/metrics") -> Samples:
+    """Every sample of the endpoint, parsed by prometheus_client's parser."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    """A sample's value, 0 when the endpoint does not have it (yet)."""
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def all_done(count: int) -> bool:
+    final = (JobState.SUCCEEDED, JobState.DEAD)
+    return Job.objects.filter(state__in=final).count() == count
+
+
+def test_a_real_workers_metrics_move_by_exactly_the_jobs_it_runs(spawn_worker, tmp_path):
+    port = free_port()
+    proc = spawn_worker("-q", "metrics", "--concurrency", "3", "--metrics-port", str(port))
+    wait_for(lambda: _answers(port), timeout=60)
+    before = scrape(port)
+    assert value(before, "gator_worker_threads") == 3
+
+    Noop.dispatch_many([[]] * 20, queue="metrics")
+    Boom.dispatch_many([["no"]] * 3, queue="metrics")
+    wait_for(lambda: all_done(23), timeout=60)
+    during = scrape(port)  # the worker is running; more jobs follow
+    RecordFailsFirst.dispatch_many([[f"r{i}"] for i in range(4)], queue="metrics")
+    Noop.dispatch_many([[]] * 10, queue="metrics")
+    wait_for(lambda: all_done(37), timeout=60)
+    after = scrape(port)
+
+    noop, boom, flaky = Noop.name, Boom.name, RecordFailsFirst.name
+
+    def finished(samples: Samples, job: str, outcome: str) -> float:
+        return value(
+            samples, "gator_jobs_finished_total", job=job, queue="metrics", outcome=outcome
+        )
+
+    def runs(samples: Samples, job: str) -> float:
+        return value(samples, "gator_job_run_seconds_count", job=job, queue="metrics")
+
+    assert finished(during, noop, "succeeded") - finished(before, noop, "succeeded") == 20
+    assert finished(during, boom, "dead") - finished(before, boom, "dead") == 3
+    assert finished(after, noop, "succeeded") - finished(during, noop, "succeeded") == 10
+    assert finished(after, flaky, "failed") - finished(during, flaky, "failed") == 4
+    assert finished(after, flaky, "succeeded") - finished(during, flaky, "succeeded") == 4
+    assert finished(after, boom, "dead") == finished(during, boom, "dead")
+    assert runs(after, noop) - runs(before, noop) == 30
+    assert runs(after, flaky) - runs(during, flaky) == 8
+    assert runs(after, boom) - runs(before, boom) == 3
+    pickups = "gator_job_pickup_latency_seconds_count"
+    assert value(after, pickups, queue="metrics") - value(before, pickups, queue="metrics") == 41
+    # Buckets are cumulative: the +Inf bucket holds every observation.
+    inf = value(after, "gator_job_run_seconds_bucket", job=noop, queue="metrics", le="+Inf")
+    assert inf == runs(after, noop)
+    beat = ("gator_worker_heartbeat_age_seconds", ())
+    wait_for(lambda: 0 <= scrape(port).get(beat, -1) < 30, timeout=30)
+    stop_worker(proc)
+
+
+def _answers(port: int) -> bool:
+    try:
+        scrape(port)
+    except OSError:
+        return False
+    return True
+
+
+def test_a_busy_metrics_port_is_a_clear_startup_error(spawn_worker):
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = spawn_worker("--metrics-port", str(port))
+        assert proc.wait(timeout=60) == 2
+    output = worker_output(proc)
+    assert f"cannot serve metrics on port {port}" in output, output
+    assert not Job.objects.exists()
+
+
+def test_a_metrics_port_out_of_range_is_refused(spawn_worker):
+    proc = spawn_worker("--metrics-port", "70000")
+    assert proc.wait(timeout=60) == 2
+    assert "70000" in worker_output(proc)
+
+
+CHILD = textwrap.dedent(
+    """
+    import django, sys
+    django.setup()
+    from django_gator import metrics
+    from django_gator.worker.supervisor import WorkerProcess
+    from django_gator.worker.queues import parse_queue_specs
+    metrics.enable()
+    worker = WorkerProcess(parse_queue_specs([sys.argv[1]]), concurrency=2, burst=True,
+                           install_signal_handlers=False)
+    metrics.track(worker.concurrency, lambda: len(worker.slots.running))
+    worker.run()
+    """
+)
+
+
+@pytest.fixture
+def multiprocess_dir(tmp_path: Path) -> Iterator[str]:
+    from prometheus_client import values
+
+    saved, value_class = os.environ.get(metrics.MULTIPROC_ENV), values.ValueClass
+    yield str(tmp_path / "prom")
+    values.ValueClass = value_class
+    if saved is None:
+        os.environ.pop(metrics.MULTIPROC_ENV, None)
+    else:
+        os.environ[metrics.MULTIPROC_ENV] = saved
+
+
+def test_one_endpoint_covers_worker_processes_sharing_a_multiprocess_dir(multiprocess_dir):
+    """What a supervisor does: prepare the directory, start children that enable metrics,
+    serve the sum from the parent, mark a child dead when it exits. Here the children are
+    two burst workers on two queues, and this process serves."""
+    path = metrics.prepare_multiprocess_dir(multiprocess_dir)
+    Noop.dispatch_many([[]] * 7, queue="mp-a")
+    Boom.dispatch_many([[]] * 2, queue="mp-b")
+    Noop.dispatch_many([[]] * 5, queue="mp-b")
+    env = worker_env(PROMETHEUS_MULTIPROC_DIR=path)
+    children = [
+        subprocess.Popen([sys.executable, "-c", CHILD, queue], cwd=ROOT, env=env)
+        for queue in ("mp-a", "mp-b")
+    ]
+    server = metrics.serve(0, "127.0.0.1")
+    try:
+        for child in children:
+            assert child.wait(timeout=120) == 0
+        samples = scrape(server.port)
+        finished = "gator_jobs_finished_total"
+        assert value(samples, finished, job=Noop.name, queue="mp-a", outcome="succeeded") == 7
+        assert value(samples, finished, job=Noop.name, queue="mp-b", outcome="succeeded") == 5
+        assert value(samples, finished, job=Boom.name, queue="mp-b", outcome="dead") == 2
+        pickups = "gator_job_pickup_latency_seconds_count"
+        assert value(samples, pickups, queue="mp-a") + value(samples, pickups, queue="mp-b") == 14
+        # The children's threads count while they are live, not after they are marked dead.
+        assert value(samples, "gator_worker_threads") == 4
+        for child in children:
+            metrics.mark_dead(child.pid)
+        samples = scrape(server.port)
+        assert value(samples, "gator_worker_threads") == 0
+        assert value(samples, finished, job=Noop.name, queue="mp-a", outcome="succeeded") == 7
+    finally:
+        server.close()
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+
+
+def test_job_metrics_in_process_and_the_outcome_labels():
+    metrics.enable()
+    try:
+        from prometheus_client import REGISTRY
+
+        def count(outcome: str, job: str) -> float:
+            got = REGISTRY.get_sample_value(
+                "gator_jobs_finished_total", {"job": job, "queue": "inproc", "outcome": outcome}
+            )
+            return got or 0.0
+
+        base_ok, base_dead = count("succeeded", Noop.name), count("dead", Boom.name)
+        Noop.dispatch_many([[]] * 4, queue="inproc")
+        Boom.dispatch(queue="inproc")
+        run_worker("inproc")
+        assert count("succeeded", Noop.name) - base_ok == 4
+        assert count("dead", Boom.name) - base_dead == 1
+    finally:
+        metrics.disable()
+
+
+# -- the queues' view ------------------------------------------------------------------------
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+
+@override_settings(CACHES=CACHES, GATOR_METRICS_CACHE_SECONDS=60)
+def test_the_view_serves_queue_gauges_and_reads_the_database_once_per_interval(
+    django_assert_max_num_queries,
+):
+    caches["default"].clear()
+    Noop.dispatch_many([[]] * 3, queue="view-a")
+    Noop.dispatch(queue="view-a", wait=3600)
+    Boom.dispatch(queue="view-b")
+    run_worker("view-b")
+    pause_queue("view-b")
+    client = Client()
+    response = client.get("/gator-metrics/")
+    assert response.status_code == 200
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(response.content.decode())
+        for s in family.samples
+    }
+    assert value(samples, "gator_queue_ready_jobs", queue="view-a") == 3
+    assert value(samples, "gator_queue_scheduled_jobs", queue="view-a") == 1
+    assert value(samples, "gator_queue_dead_jobs", queue="view-b") == 1
+    assert value(samples, "gator_queue_paused", queue="view-b") == 1
+    assert value(samples, "gator_queue_paused", queue="view-a") == 0
+    assert 0 <= value(samples, "gator_queue_oldest_due_age_seconds", queue="view-a") < 60
+    # Further scrapes within the interval are served from the cache: no query at all.
+    Noop.dispatch(queue="view-a")
+    with django_assert_max_num_queries(0):
+        for _ in range(5):
+            assert client.get("/gator-metrics/").status_code == 200
+    again = client.get("/gator-metrics/").content.decode()
+    assert 'gator_queue_ready_jobs{queue="view-a"} 3.0' in again
+
+
+@override_settings(CACHES=CACHES, GATOR_METRICS_CACHE_SECONDS=60)
+def test_a_stale_figure_is_refreshed_by_one_scraper_while_the_others_serve_it():
+    cache = caches["default"]
+    cache.clear()
+    Noop.dispatch(queue="stale")
+    first = metrics.queue_figures()
+    # The figures turn stale; a replica holds the refresh lock: this one serves them.
+    cache.set("django_gator:metrics:queues:default", {**first, "at": first["at"] - 120})
+    cache.add("django_gator:metrics:queues:default:refresh", 1)
+    Noop.dispatch(queue="stale")
+    served = metrics.queue_figures()
+    assert served["at"] == first["at"] - 120
+    # The lock expires (here: is released): the next scrape reads the database.
+    cache.delete("django_gator:metrics:queues:default:refresh")
+    fresh = metrics.queue_figures()
+    assert fresh["at"] > served["at"]
+    assert [q["ready"] for q in fresh["queues"] if q["queue"] == "stale"] == [2]
+
+
+def test_the_view_reads_the_database_every_time_with_no_cache_interval():
+    with override_settings(GATOR_METRICS_CACHE_SECONDS=0):
+        Noop.dispatch(queue="nocache")
+        assert metrics.queue_figures()["queues"][0]["ready"] == 1
+        Noop.dispatch(queue="nocache")
+        assert metrics.queue_figures()["queues"][0]["ready"] == 2
+
+
+def test_health_file_in_a_missing_directory_is_a_clear_startup_error(spawn_worker, tmp_path):
+    missing = tmp_path / "no-such-dir" / "alive"
+    proc = spawn_worker("--health-file", str(missing))
+    assert proc.wait(timeout=60) == 2
+    output = worker_output(proc)
+    assert str(missing) in output, output
+    assert "does not exist" in output, output
+
+
+def test_a_worker_without_metrics_does_not_import_prometheus_client():
+    """The worker's modules, the hooks and dispatch do not load prometheus_client until
+    metrics are asked for."""
+    code = (
+        "import django, sys; django.setup();"
+        "import django_gator.worker.supervisor, django_gator.dispatch,"
+        " django_gator.management.commands.gator_worker;"
+        "print(sorted(m for m in sys.modules if m.startswith('prometheus')))"
+    )
+    assert run_python(code).strip() == "[]"

@@ -1,0 +1,164 @@
+"""OpenTelemetry: the dispatch span, the trace context on the row, and the run's span in
+another process continuing it (the SDK's in-memory exporter on both sides)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from django_gator.models import Job
+from tests.conftest import run_python, run_worker
+from tests.testapp.jobs import Boom, Noop, RecordFailsFirst
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def exporter() -> Iterator[InMemorySpanExporter]:
+    """An SDK tracer provider for this test only (the global one is put back after, so
+    other tests dispatch without tracing)."""
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    saved = trace._TRACER_PROVIDER
+    trace._TRACER_PROVIDER_SET_ONCE._done = False
+    trace.set_tracer_provider(provider)
+    yield exported
+    provider.shutdown()
+    trace._TRACER_PROVIDER = saved
+    trace._TRACER_PROVIDER_SET_ONCE._done = saved is not None
+
+
+WORKER = textwrap.dedent(
+    """
+    import json, sys
+    import django
+    django.setup()
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from django_gator.worker.queues import parse_queue_specs
+    from django_gator.worker.supervisor import WorkerProcess
+
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    trace.set_tracer_provider(provider)
+    WorkerProcess(parse_queue_specs([sys.argv[1]]), concurrency=2, burst=True,
+                  install_signal_handlers=False).run()
+    spans = [
+        {
+            "name": s.name,
+            "trace_id": s.context.trace_id,
+            "span_id": s.context.span_id,
+            "parent_id": s.parent.span_id if s.parent else None,
+            "kind": s.kind.name,
+            "status": s.status.status_code.name,
+            "attributes": dict(s.attributes),
+            "events": [e.name for e in s.events],
+        }
+        for s in exported.get_finished_spans()
+    ]
+    print(json.dumps(spans))
+    """
+)
+
+
+def run_in_another_process(queue: str) -> list[dict]:
+    return json.loads(run_python(WORKER, queue).strip().splitlines()[-1])
+
+
+def test_the_run_span_in_another_process_is_a_child_of_the_dispatch_span(exporter):
+    tracer = trace.get_tracer("tests")
+    with tracer.start_as_current_span("POST /signup") as request:
+        ok = Noop.dispatch(queue="traced")
+        flaky = RecordFailsFirst.dispatch("f", queue="traced")
+        boom = Boom.dispatch("nope", queue="traced")
+    dispatched = {s.attributes["gator.job.id"]: s for s in exporter.get_finished_spans()[:3]}
+    assert [s.name for s in dispatched.values()] == [
+        f"dispatch {Noop.name}",
+        f"dispatch {RecordFailsFirst.name}",
+        f"dispatch {Boom.name}",
+    ]
+    request_trace = request.get_span_context().trace_id
+    for span in dispatched.values():
+        assert span.parent.span_id == request.get_span_context().span_id
+        assert span.context.trace_id == request_trace
+        assert span.kind == trace.SpanKind.PRODUCER
+    stored = Job.objects.get(pk=ok.pk).trace_context
+    assert stored["traceparent"].split("-")[2] == f"{dispatched[ok.pk].context.span_id:016x}"
+
+    runs = run_in_another_process("traced")
+    by_job: dict[int, list[dict]] = {}
+    for span in runs:
+        if span["name"].startswith("run "):
+            by_job.setdefault(span["attributes"]["gator.job.id"], []).append(span)
+    for job, outcomes in ((ok, ["succeeded"]), (flaky, ["failed", "succeeded"]), (boom, ["dead"])):
+        spans = sorted(by_job[job.pk], key=lambda s: s["attributes"]["gator.job.attempt"])
+        assert [s["attributes"]["gator.job.outcome"] for s in spans] == outcomes
+        for attempt, span in enumerate(spans, start=1):
+            assert span["trace_id"] == request_trace
+            assert span["parent_id"] == dispatched[job.pk].context.span_id
+            assert span["kind"] == "CONSUMER"
+            assert span["attributes"]["gator.job.name"] == job.name
+            assert span["attributes"]["gator.job.queue"] == "traced"
+            assert span["attributes"]["gator.job.attempt"] == attempt
+    dead = by_job[boom.pk][0]
+    assert dead["status"] == "ERROR"
+    assert dead["events"] == ["exception"]
+    assert by_job[ok.pk][0]["status"] == "UNSET"
+
+
+def test_dispatch_many_is_one_span_and_one_update_for_all_rows(exporter, django_assert_num_queries):
+    Noop.dispatch_many([[]] * 5, queue="traced-many")  # warm-up
+    exporter.clear()
+    with django_assert_num_queries(2):  # the INSERT, and the UPDATE of trace_context
+        jobs = Noop.dispatch_many([[]] * 5, queue="traced-many")
+    (span,) = exporter.get_finished_spans()
+    assert span.attributes["messaging.batch.message_count"] == 5
+    contexts = {
+        json.dumps(j.trace_context) for j in Job.objects.filter(pk__in=[j.pk for j in jobs])
+    }
+    assert len(contexts) == 1
+    assert f"{span.context.span_id:016x}" in contexts.pop()
+
+
+def test_without_a_configured_sdk_nothing_is_stored_and_no_query_added(
+    django_assert_num_queries,
+):
+    Noop.dispatch(queue="untraced")  # warm-up
+    with django_assert_num_queries(1):
+        job = Noop.dispatch(queue="untraced")
+    assert Job.objects.get(pk=job.pk).trace_context is None
+    run_worker("untraced")
+    assert Job.objects.get(pk=job.pk).state == "succeeded"
+
+
+def test_without_opentelemetry_installed_jobs_dispatch_and_run():
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["opentelemetry"] = None  # as if the otel extra were not installed
+        sys.modules["prometheus_client"] = None
+        import django
+        django.setup()
+        from django_gator import tracing
+        from django_gator.models import Job
+        from tests.conftest import run_worker
+        from tests.testapp.jobs import Noop
+        assert tracing.trace is None
+        job = Noop.dispatch(queue="no-otel")
+        run_worker("no-otel")
+        job = Job.objects.get(pk=job.pk)
+        print(job.state, job.trace_context)
+        """
+    )
+    assert run_python(code).split() == ["succeeded", "None"]
