@@ -4,6 +4,7 @@ endpoint, the queues' view and its cache, and the startup errors."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -304,3 +305,28 @@ def test_a_worker_without_metrics_does_not_import_prometheus_client():
         "print(sorted(m for m in sys.modules if m.startswith('prometheus')))"
     )
     assert run_python(code).strip() == "[]"
+
+
+def test_a_process_supervisor_serves_one_endpoint_for_all_its_workers(spawn_worker):
+    port = free_port()
+    proc = spawn_worker(
+        "-q", "metrics", "--processes", "2", "--concurrency", "2", "--metrics-port", str(port)
+    )
+    wait_for(lambda: _answers(port), timeout=120)
+    # Both worker processes report their threads into the supervisor's one endpoint.
+    wait_for(lambda: value(scrape(port), "gator_worker_threads") == 4, timeout=120)
+
+    Noop.dispatch_many([[]] * 40, queue="metrics")
+    wait_for(lambda: all_done(40), timeout=120)
+
+    samples = scrape(port)
+    finished = value(
+        samples, "gator_jobs_finished_total", job=Noop.name, queue="metrics", outcome="succeeded"
+    )
+    assert finished == 40
+    assert value(samples, "gator_job_run_seconds_count", job=Noop.name, queue="metrics") == 40
+    # The supervisor has no worker row (stop_worker waits for one): SIGTERM it directly.
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, worker_output(proc)
+    with pytest.raises(OSError):
+        scrape(port)  # the endpoint went with the supervisor
