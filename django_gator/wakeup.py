@@ -17,6 +17,7 @@ bind no socket and dispatch sends no datagram there.
 
 from __future__ import annotations
 
+import atexit
 import ipaddress
 import json
 import logging
@@ -184,6 +185,17 @@ def _refresh_forever(requests: queue.SimpleQueue[Directory]) -> None:
 _directories: dict[str, Directory] = {}
 _sockets: dict[int, socket.socket] = {}
 _lock = threading.Lock()
+
+
+def _close_sockets() -> None:
+    """At exit: close the sending sockets (an unclosed one is a ResourceWarning)."""
+    with _lock:
+        for sock in _sockets.values():
+            sock.close()
+        _sockets.clear()
+
+
+atexit.register(_close_sockets)
 
 
 def _socket(family: int) -> socket.socket:

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -328,5 +329,5 @@ def test_a_process_supervisor_serves_one_endpoint_for_all_its_workers(spawn_work
     # The supervisor has no worker row (stop_worker waits for one): SIGTERM it directly.
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0, worker_output(proc)
-    with pytest.raises(OSError):
+    with pytest.raises(urllib.error.URLError):
         scrape(port)  # the endpoint went with the supervisor
