@@ -7,10 +7,11 @@ import re
 from datetime import UTC, datetime
 
 import pytest
+from django.db import connection
 from django.test import Client
 from django.urls import reverse
 
-from django_gator.models import JobState
+from django_gator.models import Job, JobState
 from tests.admin_helpers import dead_job, dead_jobs, operator
 from tests.conftest import SECRET, run_worker
 from tests.testapp.jobs import FailsFirstTime, Noop
@@ -117,3 +118,29 @@ def test_worker_log_lines_mask_secrets(caplog):
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "login failed for dave" in text
     assert SECRET not in text
+
+
+@pytest.mark.django_db
+def test_a_long_filtered_list_is_counted_exactly_only_up_to_a_cap(admin_client, monkeypatch):
+    from django_gator.admin.jobs import EstimatedCountPaginator, planned_rows
+
+    monkeypatch.setattr(EstimatedCountPaginator, "exact_up_to", 5)
+    Noop.dispatch_many([[]] * 12)
+    Job.objects.filter(pk__in=list(Job.objects.values_list("pk", flat=True)[:3])).update(
+        state=JobState.DEAD
+    )
+
+    def counted(query: str) -> int:
+        response = admin_client.get(reverse(CHANGELIST) + query)
+        assert response.status_code == 200
+        return response.context["cl"].result_count
+
+    assert counted("?state__exact=dead") == 3  # under the cap: exact
+    waiting = counted("?state__exact=waiting")  # 9 rows, over the cap of 5
+    planned = planned_rows(Job.objects.filter(state=JobState.WAITING))
+    if connection.vendor == "postgresql":
+        assert planned is not None
+        assert waiting == max(planned, 6)  # the planner's estimate, never under the cap
+    else:
+        assert planned is None
+        assert waiting == 9  # no estimate here: counted exactly

@@ -10,11 +10,13 @@ masked on every page.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
+from django.db import DatabaseError, connections
 from django.db.models import TextField
 from django.db.models.functions import Cast
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
@@ -47,15 +49,40 @@ LIST_ERROR_CHARS = 40
 
 class EstimatedCountPaginator(Paginator):
     """Counts the unfiltered job list from the database's row estimate (a COUNT(*) of
-    millions of rows costs seconds on PostgreSQL); filtered lists are counted exactly."""
+    millions of rows costs seconds on PostgreSQL). A filtered list is counted exactly up to
+    :attr:`exact_up_to` rows (a COUNT that stops there); past that, on PostgreSQL, its size
+    is the planner's estimate for the filter: the succeeded jobs of a busy week are
+    millions of rows, and counting them took 2 s on a table of 5,000,000."""
+
+    #: Rows a filtered list counts exactly.
+    exact_up_to = 10_000
 
     @cached_property
     def count(self) -> int:
-        query = getattr(self.object_list, "query", None)
-        if query is not None and not query.where:
-            total, _exact = stats.estimated_total(getattr(self.object_list, "db", None))
+        object_list: Any = self.object_list
+        query = getattr(object_list, "query", None)
+        if query is None:
+            return super().count
+        if not query.where:
+            total, _exact = stats.estimated_total(getattr(object_list, "db", None))
             return total
-        return super().count
+        capped = object_list.order_by()[: self.exact_up_to + 1].count()
+        if capped <= self.exact_up_to:
+            return capped
+        planned = planned_rows(object_list)
+        return super().count if planned is None else max(planned, capped)
+
+
+def planned_rows(queryset: Any) -> int | None:
+    """PostgreSQL's estimate of the rows ``queryset`` returns (EXPLAIN, nothing run), or
+    None elsewhere or if it cannot tell."""
+    if connections[queryset.db].vendor != "postgresql":
+        return None
+    try:
+        plan = json.loads(queryset.order_by().explain(format="json"))
+        return int(plan[0]["Plan"]["Plan Rows"])
+    except (DatabaseError, ValueError, KeyError, IndexError, TypeError):
+        return None
 
 
 #: The "Attempts" part of a job's page.
