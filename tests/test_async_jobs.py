@@ -240,6 +240,30 @@ def test_adispatch_validates_as_dispatch_does_before_any_insert():
     assert not Job.objects.exists()
 
 
+def test_a_workflow_adispatches_after_checking_its_graph_on_the_loop():
+    from django_gator import Workflow
+    from django_gator.models import WorkflowRun
+
+    bad = Workflow("cycle")
+    a = bad.add(AsyncSleep, 0.0)
+    b = bad.add(AsyncSleep, 0.0, after=[a])
+    a.depends_on(b)
+    with pytest.raises(ValueError, match="has a cycle"):
+        async_to_sync(bad.adispatch)()
+    assert not Job.objects.exists()
+    assert not WorkflowRun.objects.exists()
+
+    wf = Workflow("async")
+    first = wf.add(AsyncSleep, 0.0)
+    wf.add(async_add, 1, 2, after=[first])
+    run = async_to_sync(wf.adispatch)()
+
+    assert first.job is not None
+    assert Job.objects.get().pk == first.job.pk  # the second step waits for the first
+    run_jobs()
+    assert Job.objects.filter(chain_id=run.id, state=JobState.SUCCEEDED).count() == 2
+
+
 def test_adispatch_in_an_async_view():
     response = async_to_sync(AsyncClient().get)("/async/dispatch/")
 
