@@ -31,8 +31,10 @@ from demo.jobs import (
     SendInvoice,
     SendReceipt,
     SendWelcomeEmail,
+    SyncAccount,
     SyncInventory,
     clear_expired_sessions,
+    export_report,
     resize_image,
 )
 from demo.management.commands.demo_superuser import PASSWORD, USERNAME
@@ -57,6 +59,9 @@ EXPECTED_COUNTS = {
     ExportOrders.name: 2,
     AwardLoyaltyPoints.name: 1,
     FetchShippingLabel.name: 1,
+    # Flow control: one sync per account at a time, at most 2 exports at once.
+    SyncAccount.name: 6,
+    export_report.name: 6,
 }
 
 
