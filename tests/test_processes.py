@@ -8,7 +8,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from django_gator.models import Job, JobState, Worker
 from django_gator.worker import processes
 from django_gator.worker.limits import Limits, rss_bytes
 from django_gator.worker.processes import Child, ProcessSupervisor, child_arguments
-from tests.conftest import ROOT, wait_for, worker_env, worker_output
+from tests.conftest import wait_for, worker_output
 from tests.testapp.jobs import Record, RecordOnce, Sleep
 from tests.testapp.models import Execution
 
@@ -46,31 +45,6 @@ def children_of(supervisor: subprocess.Popen[bytes]) -> list[Worker]:
 
 def started_pids(proc: subprocess.Popen[bytes]) -> list[int]:
     return [int(p) for p in re.findall(r"Started worker process .* pid=(\d+)", worker_output(proc))]
-
-
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["--processes", "0"], "--processes: must be at least 1, got 0"),
-        (["--processes", "two"], "--processes: 'two' is not a whole number"),
-        (["--max-memory", "abc"], "--max-memory: 'abc' is not a whole number"),
-        (["--max-memory", "0"], "--max-memory: must be at least 1, got 0"),
-        (["--max-jobs", "0"], "--max-jobs: must be at least 1, got 0"),
-        (["--max-jobs", "1.5"], "--max-jobs: '1.5' is not a whole number"),
-    ],
-)
-def test_bad_process_options_exit_2_naming_the_value(args, message):
-    proc = subprocess.run(
-        [sys.executable, "-m", "django", "gator_worker", *args],
-        cwd=ROOT,
-        env=worker_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 2, proc.stderr
-    assert message in proc.stderr
-    assert Worker.objects.count() == 0
 
 
 def test_worker_processes_get_the_supervisors_options():

@@ -42,6 +42,12 @@ def output(proc: subprocess.Popen[bytes]) -> str:
         ),
         (["--poll-interval", "nan"], "must be at least 0.001, got nan"),
         (["--poll-interval", "soon"], "'soon' is not a number"),
+        (["--processes", "0"], "--processes: must be at least 1, got 0"),
+        (["--processes", "two"], "--processes: 'two' is not a whole number"),
+        (["--max-memory", "abc"], "--max-memory: 'abc' is not a whole number"),
+        (["--max-memory", "0"], "--max-memory: must be at least 1, got 0"),
+        (["--max-jobs", "0"], "--max-jobs: must be at least 1, got 0"),
+        (["--max-jobs", "1.5"], "--max-jobs: '1.5' is not a whole number"),
     ],
 )
 def test_bad_command_line_exits_2_naming_the_value(args, message):
