@@ -199,3 +199,22 @@ def run_python(code: str, *args: str) -> str:
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+@pytest.fixture
+def pg_listener():
+    """A second PostgreSQL connection (psycopg, autocommit) listening for worker wakeups."""
+    import psycopg
+
+    s = connection.settings_dict
+    conn = psycopg.connect(
+        host=s["HOST"] or None,
+        port=s["PORT"] or None,
+        user=s["USER"] or None,
+        password=s["PASSWORD"] or None,
+        dbname=s["NAME"],
+        autocommit=True,
+    )
+    conn.execute("LISTEN django_gator")
+    yield conn
+    conn.close()

@@ -148,21 +148,3 @@ def test_unique_jobs_keep_their_own_insert():
     again = CopyUnique.dispatch_many([[i] for i in range(ROWS)])
     assert [j.pk for j in again] == [j.pk for j in first]
     assert Job.objects.filter(queue="copy-unique").count() == ROWS
-
-
-@pytest.fixture
-def pg_listener():
-    import psycopg
-
-    s = connection.settings_dict
-    conn = psycopg.connect(
-        host=s["HOST"] or None,
-        port=s["PORT"] or None,
-        user=s["USER"] or None,
-        password=s["PASSWORD"] or None,
-        dbname=s["NAME"],
-        autocommit=True,
-    )
-    conn.execute("LISTEN django_gator")
-    yield conn
-    conn.close()

@@ -389,25 +389,6 @@ def test_the_row_is_written_in_the_callers_transaction():
     assert not any(seen_from_another_connection(j.pk) for j in gone)
 
 
-@pytest.fixture
-def pg_listener():
-    """A second PostgreSQL connection (psycopg, autocommit) listening for worker wakeups."""
-    import psycopg
-
-    s = connection.settings_dict
-    conn = psycopg.connect(
-        host=s["HOST"] or None,
-        port=s["PORT"] or None,
-        user=s["USER"] or None,
-        password=s["PASSWORD"] or None,
-        dbname=s["NAME"],
-        autocommit=True,
-    )
-    conn.execute("LISTEN django_gator")
-    yield conn
-    conn.close()
-
-
 @postgres_only
 @pytest.mark.django_db(transaction=True)
 def test_postgres_row_and_wakeup_are_invisible_to_others_until_commit(pg_listener):
