@@ -280,6 +280,68 @@ def drop_groups_index(apps: Any, schema_editor: Any) -> None:
     schema_editor.remove_index(apps.get_model("django_gator", "Job"), groups_index())
 
 
+# -- the queue figures' dead counts (migration 0016) ------------------------------------------
+
+
+def dead_queue_index() -> models.Index:
+    # The dead jobs by queue: the Prometheus view counts them per queue from this index
+    # alone (PostgreSQL: an index-only scan), instead of visiting every dead row, which stay
+    # until an operator prunes them. MySQL and MariaDB count them from 0013's (state, queue).
+    return models.Index(
+        fields=["queue"],
+        name="gator_job_dead_queue",
+        condition=models.Q(state=JobState.DEAD.value),
+    )
+
+
+def create_dead_queue_index(apps: Any, schema_editor: Any) -> None:
+    """On PostgreSQL ``CREATE INDEX CONCURRENTLY``: the table's writers are not blocked
+    while it reads the table (the migration is not atomic, as CONCURRENTLY requires). A
+    build that failed half-way leaves an invalid index of that name: it is dropped and
+    built again."""
+    connection = schema_editor.connection
+    if connection.vendor == "mysql":
+        return
+    job = apps.get_model("django_gator", "Job")
+    index = dead_queue_index()
+    if connection.vendor != "postgresql":
+        restore_dead_queue_index(job, schema_editor)
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass(%s)",
+            [index.name],
+        )
+        row = cursor.fetchone()
+    if row is not None and row[0]:
+        return
+    if row is not None:
+        schema_editor.execute(f"DROP INDEX CONCURRENTLY {connection.ops.quote_name(index.name)}")
+    sql = str(index.create_sql(job, schema_editor, concurrently=True))
+    schema_editor.execute(sql)
+
+
+def restore_dead_queue_index(job: Any, schema_editor: Any) -> None:
+    """Create 0016's index where it is missing (on SQLite, a later migration that rebuilds
+    the table must call this, as those before it call restore_after_rebuild)."""
+    connection = schema_editor.connection
+    with connection.cursor() as cursor:
+        existing = connection.introspection.get_constraints(cursor, job._meta.db_table)
+    if dead_queue_index().name not in existing:
+        schema_editor.add_index(job, dead_queue_index())
+
+
+def drop_dead_queue_index(apps: Any, schema_editor: Any) -> None:
+    connection = schema_editor.connection
+    if connection.vendor == "mysql":
+        return
+    if connection.vendor == "postgresql":
+        name = connection.ops.quote_name(dead_queue_index().name)
+        schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
+        return
+    schema_editor.remove_index(apps.get_model("django_gator", "Job"), dead_queue_index())
+
+
 def drop_unique(apps: Any, schema_editor: Any) -> None:
     if schema_editor.connection.vendor == "mysql":
         for sql in MYSQL_UNIQUE_BACKWARD:

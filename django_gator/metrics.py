@@ -51,7 +51,7 @@ from django.core.cache import caches
 from django.http import HttpRequest, HttpResponse
 from django.utils.dateparse import parse_datetime
 
-from django_gator import conf, stats
+from django_gator import conf
 from django_gator.rows import ClaimedJob, outcome_label
 
 #: True while this process records job metrics (after :func:`enable`). The worker's hooks
@@ -344,9 +344,10 @@ def queue_figures(alias: str | None = None) -> dict[str, Any]:
 
 
 def _read_figures(alias: str) -> dict[str, Any]:
+    """The figures, read with one statement (see engines/gauges.py)."""
     from django_gator.engines import get_engine
 
-    db_now = get_engine(alias).db_now()
+    db_now, gauges = get_engine(alias).queue_gauges()
     return {
         "at": time.time(),
         "db_now": db_now.timestamp(),
@@ -360,7 +361,7 @@ def _read_figures(alias: str) -> dict[str, Any]:
                 "oldest_due": None if q.oldest_due_at is None else q.oldest_due_at.timestamp(),
                 "paused": q.paused,
             }
-            for q in stats.queue_stats(alias, now=db_now)
+            for q in gauges
         ],
     }
 

@@ -3,23 +3,32 @@ endpoint, the queues' view and its cache, and the startup errors."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import textwrap
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core.cache import caches
+from django.db import connection
 from django.test import Client, override_settings
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from django_gator import metrics, pause_queue
+from django_gator.engines import get_engine
 from django_gator.models import Job, JobState
 from tests.conftest import (
     ROOT,
@@ -30,6 +39,8 @@ from tests.conftest import (
     worker_env,
     worker_output,
 )
+from tests.factories import JobFactory
+from tests.test_plans import explain
 from tests.testapp.jobs import Boom, Noop, RecordFailsFirst
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -285,6 +296,173 @@ def test_the_view_reads_the_database_every_time_with_no_cache_interval():
         assert metrics.queue_figures()["queues"][0]["ready"] == 1
         Noop.dispatch(queue="nocache")
         assert metrics.queue_figures()["queues"][0]["ready"] == 2
+
+
+def _gauges_history() -> None:
+    """Queues in every state the gauges count, beside finished jobs they must not: g-a has
+    ready jobs with and without a concurrency key (each in its own partial index), due
+    failed jobs, scheduled ones of both kinds and a running one; g-b dead jobs; g-c only
+    finished jobs; g-d is paused and empty."""
+    now = timezone.now()
+    JobFactory.create_batch(3, queue="g-a", next_execution_at=now - timedelta(seconds=30))
+    JobFactory(queue="g-a", concurrency_key="acct:1", next_execution_at=now - timedelta(hours=2))
+    JobFactory(queue="g-a", failed=True, next_execution_at=now - timedelta(seconds=5))
+    JobFactory(queue="g-a", failed=True)  # due in a minute
+    JobFactory(queue="g-a", scheduled=True, concurrency_key="acct:2")
+    JobFactory(queue="g-a", scheduled=True)
+    JobFactory(queue="g-a", running=True)
+    JobFactory.create_batch(2, queue="g-b", dead=True)
+    JobFactory(queue="g-b", succeeded=True)
+    JobFactory(queue="g-b", cancelled=True)
+    JobFactory.create_batch(3, queue="g-c", succeeded=True)
+    pause_queue("g-d")
+
+
+@override_settings(GATOR_METRICS_CACHE_SECONDS=0)
+def test_a_refresh_of_the_queue_figures_is_one_statement_and_its_figures_are_right():
+    _gauges_history()
+    connection.ensure_connection()
+    with CaptureQueriesContext(connection) as captured:
+        figures = metrics.queue_figures()
+    assert len(captured) == 1, [q["sql"] for q in captured.captured_queries]
+    by_queue = {q.pop("queue"): q for q in figures["queues"]}
+    oldest = {name: q.pop("oldest_due") for name, q in by_queue.items()}
+    assert by_queue == {
+        "g-a": {"ready": 5, "scheduled": 3, "running": 1, "dead": 0, "paused": False},
+        "g-b": {"ready": 0, "scheduled": 0, "running": 0, "dead": 2, "paused": False},
+        "g-d": {"ready": 0, "scheduled": 0, "running": 0, "dead": 0, "paused": True},
+    }
+    # The oldest due job is the keyed one, two hours late, on the database's clock.
+    assert 7200 <= figures["db_now"] - oldest["g-a"] < 7200 + 60
+    assert oldest["g-b"] is None
+    assert oldest["g-d"] is None
+    assert abs(figures["db_now"] - time.time()) < 60
+    # The gauge Prometheus sees.
+    collected = {
+        (s.name, s.labels.get("queue")): s.value
+        for family in metrics.QueueCollector().collect()
+        for s in family.samples
+    }
+    assert 7200 <= collected[("gator_queue_oldest_due_age_seconds", "g-a")] < 7200 + 60
+    assert collected[("gator_queue_oldest_due_age_seconds", "g-b")] == 0
+    assert collected[("gator_queue_ready_jobs", "g-a")] == 5
+    assert collected[("gator_queue_paused", "g-d")] == 1
+
+
+def analyze() -> None:
+    """Fresh planner statistics for the jobs table (on PostgreSQL, and its visibility map,
+    as autovacuum keeps them)."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute("ANALYZE TABLE django_gator_job")
+            cursor.fetchall()
+        elif connection.vendor == "postgresql":
+            cursor.execute("VACUUM ANALYZE django_gator_job")
+        else:
+            cursor.execute("ANALYZE django_gator_job")
+
+
+def test_each_part_of_the_queue_figures_statement_reads_an_index():
+    """With a history of finished jobs, no part of the statement reads the jobs table
+    itself from end to end."""
+    _gauges_history()
+    JobFactory.create_batch(2000, succeeded=True)
+    analyze()
+    sql = get_engine("default").queue_gauges_sql()
+    plan = explain(sql)
+    if connection.vendor == "postgresql":
+        scans = _pg_job_scans(sql)
+        assert sorted(scan["Index Name"] for scan in scans) == sorted(GAUGE_INDEXES), plan
+        for scan in scans:
+            # A partial index holds only the rows of its states; another index must be
+            # entered by a condition (on the state).
+            assert scan["Index Name"] in PARTIAL or "Index Cond" in scan, plan
+    elif connection.vendor == "sqlite":
+        # A scan of a partial index: its entries are the rows of its state only.
+        for index in GAUGE_INDEXES:
+            assert re.search(rf"USING (COVERING )?INDEX {index}\b", plan), plan
+        job_lines = [line for line in plan.splitlines() if "django_gator_job" in line]
+        assert all("INDEX" in line for line in job_lines), plan
+    else:
+        job_rows = [line for line in plan.splitlines() if "django_gator_job" in line]
+        assert len(job_rows) == 3, plan
+        assert all("'key': None" not in line for line in job_rows), plan
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="CREATE INDEX CONCURRENTLY")
+def test_the_dead_queue_index_migration_rebuilds_an_index_left_invalid():
+    """A CONCURRENTLY build that failed half-way leaves an invalid index, which the
+    planner never uses; running the migration's step again replaces it."""
+    from django.apps import apps as registry
+
+    from django_gator import indexes
+
+    def valid() -> bool | None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT indisvalid FROM pg_index WHERE indexrelid = "
+                "to_regclass('gator_job_dead_queue')"
+            )
+            row = cursor.fetchone()
+        return None if row is None else bool(row[0])
+
+    assert valid() is True
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE pg_index SET indisvalid = false "
+            "WHERE indexrelid = to_regclass('gator_job_dead_queue')"
+        )
+    assert valid() is False
+    with connection.schema_editor(atomic=False) as editor:
+        indexes.create_dead_queue_index(registry, editor)
+    assert valid() is True
+    with connection.schema_editor(atomic=False) as editor:
+        indexes.drop_dead_queue_index(registry, editor)
+    assert valid() is None
+    with connection.schema_editor(atomic=False) as editor:
+        indexes.create_dead_queue_index(registry, editor)
+    assert valid() is True
+
+
+#: The partial indexes the parts read, on PostgreSQL and SQLite (a planner may also prefer
+#: the (state, finished_at) index for a part; at this table's size they do not).
+GAUGE_INDEXES = (
+    "gator_job_ready",
+    "gator_job_ready_keyed",
+    "gator_job_running_queue",
+    "gator_job_dead_queue",
+)
+#: PostgreSQL's partial indexes of the jobs table.
+PARTIAL = {
+    "gator_job_dead_queue",
+    "gator_job_ready",
+    "gator_job_ready_keyed",
+    "gator_job_running",
+    "gator_job_running_queue",
+    "gator_job_running_keyed",
+    "gator_job_groups",
+}
+
+
+def _pg_job_scans(sql: str) -> list[dict[str, Any]]:
+    """The index scans of the jobs table in PostgreSQL's plan of ``sql`` (a bitmap heap
+    scan stands for the index scans under it)."""
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (FORMAT JSON) " + sql)
+        [[document]] = cursor.fetchall()
+    plan = json.loads(document) if isinstance(document, str) else document
+    scans: list[dict[str, Any]] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        on_jobs = node.get("Relation Name") == "django_gator_job"
+        assert not (on_jobs and node["Node Type"] == "Seq Scan"), node
+        if node["Node Type"] == "Bitmap Index Scan" or (on_jobs and "Index Name" in node):
+            scans.append(node)
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk(plan[0]["Plan"])
+    return scans
 
 
 def test_health_file_in_a_missing_directory_is_a_clear_startup_error(spawn_worker, tmp_path):

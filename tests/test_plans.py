@@ -38,7 +38,7 @@ def _history() -> list[tuple[int, int]]:
     return [(j.id, j.attempts) for j in running]
 
 
-def _explain(sql: str) -> str:
+def explain(sql: str) -> str:
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute("EXPLAIN " + sql)
@@ -52,7 +52,7 @@ def _explain(sql: str) -> str:
 
 
 def _assert_by_primary_key(sql: str) -> None:
-    plan = _explain(sql)
+    plan = explain(sql)
     job_lines = [line for line in plan.splitlines() if "django_gator_job" in line]
     if connection.vendor == "postgresql":
         assert "django_gator_job_pkey" in plan, plan
@@ -154,7 +154,7 @@ def test_a_claim_checks_its_queue_once_per_statement_by_primary_key(kind):
     statements = _claims(lambda: engine.claim(WORKER, "default", 10, after=after))
     assert statements
     for sql in statements:
-        plan = _explain(sql)
+        plan = explain(sql)
         if connection.vendor == "postgresql":
             assert "gator_job_ready" in plan, plan
             # An InitPlan under a One-Time Filter: evaluated once, before any job is read.

@@ -16,6 +16,7 @@ from typing import Any
 from django_gator.engines.batching import BatchStatements, member_batches
 from django_gator.engines.core import (
     JOB_COLUMNS,
+    KEYED_SQL,
     UNKEYED_SQL,
     Listener,
     Position,
@@ -23,6 +24,7 @@ from django_gator.engines.core import (
     loads,
     set_connection_hook,
 )
+from django_gator.engines.gauges import GaugeStatements, QueueGauge
 from django_gator.engines.workers import WorkerStatements
 from django_gator.engines.workflows import WorkflowStatements
 from django_gator.rows import ClaimedJob, Failure, InsertRow, LostClaim
@@ -38,6 +40,7 @@ from django_gator.states import (
 
 __all__ = [
     "JOB_COLUMNS",
+    "KEYED_SQL",
     "UNKEYED_SQL",
     "ClaimedJob",
     "Engine",
@@ -46,6 +49,7 @@ __all__ = [
     "Listener",
     "LostClaim",
     "Position",
+    "QueueGauge",
     "error_class_of",
     "loads",
     "set_connection_hook",
@@ -56,7 +60,7 @@ __all__ = [
 MARK_WIDTH = 3
 
 
-class Engine(WorkflowStatements, BatchStatements, WorkerStatements):
+class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStatements):
     """What the package asks of a database: dispatch, claims, outcomes, worker rows,
     workflows and batches."""
 

@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 #: one, and is taken by the limited claim, engines/flow.py). Its own partial index
 #: (gator_job_ready) holds only these rows, so the ordinary claim never steps over the others.
 UNKEYED_SQL = "concurrency_key IS NULL"
+#: The rows the limited claim takes: a job of a class with limits (engines/flow.py), in the
+#: partial index gator_job_ready_keyed.
+KEYED_SQL = "concurrency_key IS NOT NULL"
 
 JOB_COLUMNS = (
     "id, name, args, kwargs, queue, priority, attempts, rescues, chain_id, chain_position, chain, "

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from django_gator.engines.base import JOB_COLUMNS, UNKEYED_SQL, ClaimedJob, Engine
+from django_gator.engines.base import JOB_COLUMNS, KEYED_SQL, UNKEYED_SQL, ClaimedJob, Engine
 from django_gator.limits import Rate, parse_rate
 from django_gator.models import FlowStart, Queue
 from django_gator.states import READY_SQL, RUNNING_SQL, claim_set_sql
@@ -58,8 +58,6 @@ MAX_CHUNKS = 8
 #: FlowClaims._floor_parts and worker/claims.py, whose keyset claims these follow).
 KEYSET_LOOKBACK = 1.0
 FULL_READ_EVERY = 10.0
-#: SQL for "the row carries a concurrency key" (a job of a class with limits).
-KEYED_SQL = "concurrency_key IS NOT NULL"
 
 
 @dataclass(frozen=True)
@@ -149,7 +147,7 @@ class FlowClaims:
             return {row[0] for row in cursor.fetchall()}
 
     def _keyed_condition(self) -> str:
-        return "flow_rank IS NOT NULL" if self.mysql else f"{READY_SQL} AND {KEYED_SQL}"
+        return self.engine.keyed_ready_condition()
 
     # -- the claim ---------------------------------------------------------------------------
     def claim(

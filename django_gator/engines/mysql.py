@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import OperationalError
 
 from django_gator.engines.base import JOB_COLUMNS, ClaimedJob, Engine, InsertRow, Position
-from django_gator.states import ACTIVE_SQL, SQL_WAITING, claim_set_sql
+from django_gator.states import ACTIVE_SQL, READY_SQL, SQL_WAITING, claim_set_sql
 
 if TYPE_CHECKING:
     from django_gator.worker.connections import NetworkBounds
@@ -68,6 +68,15 @@ class MySQLEngine(Engine):
 
     def ready_condition(self) -> str:
         return "ready_rank IS NOT NULL"
+
+    def keyed_ready_condition(self) -> str:
+        return "flow_rank IS NOT NULL"
+
+    def ready_gauge_conditions(self) -> list[str]:
+        # The ready indexes lead with the queue and hold a NULL rank for every finished row:
+        # a count over all queues would read all of them. The (state, queue) index goes
+        # straight to the waiting and failed rows.
+        return [READY_SQL]
 
     # The virtual column behind the unique index holds the key only while the job is active.
     unique_match_sql = "name = %s AND unique_active = %s"

@@ -1,0 +1,20 @@
+"""The dead jobs by queue, a partial index (PostgreSQL and SQLite): the Prometheus view's
+one statement counts them from the index alone, however many dead jobs are kept.
+
+PostgreSQL builds it with CREATE INDEX CONCURRENTLY (writers are not blocked while it
+reads the table), which cannot run in a transaction: the migration is not atomic."""
+
+from django.db import migrations
+
+from django_gator import indexes
+
+
+class Migration(migrations.Migration):
+    atomic = False
+    dependencies = [
+        ("django_gator", "0015_trace_context"),
+    ]
+
+    operations = [
+        migrations.RunPython(indexes.create_dead_queue_index, indexes.drop_dead_queue_index),
+    ]
