@@ -1,19 +1,29 @@
-"""What metrics and tracing cost a drain: A/B rounds, alternated, in fresh processes.
+"""What metrics and tracing cost a drain and a pickup: variants alternated, fresh processes.
 
-    DATABASE_URL=... python -m benchmarks.observability --rounds 4 --drain 20000
+    python -m benchmarks.observability --database-url postgres://.../gator_obs \\
+        --rounds 3 --drain 20000 --samples 200
 
-Each round drains ``--drain`` no-op jobs with one burst worker (``django_gator.bench``'s
-drain, 8 threads) in a new Python process, in one of these variants, taken in turn
-(base, metrics, otel-noop, otel-sdk, base, metrics, ...):
+Each round runs every variant once, in turn (the order rotates from round to round), each
+in a new Python process that drains ``--drain`` no-op jobs with one burst worker
+(``django_gator.bench``'s drain, ``--concurrency`` threads; dispatch not timed), then
+measures the pickup latency of ``--samples`` jobs dispatched one at a time to an idle
+worker (commit to start, ``bench_latency``). The variants:
 
 - ``base``: prometheus_client and opentelemetry cannot be imported (the base install);
-- ``metrics``: ``metrics.enable()``, as ``gator_worker --metrics-port`` does;
-- ``otel-noop``: opentelemetry-api installed and no SDK configured;
-- ``otel-sdk``: the SDK with a span processor that drops every span (the cost of making
-  spans, without an exporter's).
+- ``metrics``: what ``gator_worker --metrics-port`` does: ``metrics.enable()``, the
+  worker's thread gauges, and ``/metrics`` served on a free port, scraped every second
+  meanwhile (Prometheus usually scrapes every 15 s);
+- ``otel-sdk``: the OpenTelemetry SDK with an in-memory exporter behind a
+  ``SimpleSpanProcessor``: every dispatch and every run makes a recorded span, exported on
+  its end, and dispatch writes each row's trace context;
+- ``otel-noop`` (not run unless named): opentelemetry-api installed and no SDK
+  configured (non-recording spans).
 
-It prints each round's jobs/s and each variant's median against base's. The database is
-the test settings' (``tests.settings``; migrate it first).
+Each process checks that its variant did what it says (spans exported, samples counted).
+Prints each round's figures and, per variant, the median and the spread (min-max) of each
+figure, and its median's ratio to the first variant's. The database is migrated first
+(``tests.settings``); give it a database of its own: the benchmark deletes its queue's rows
+and VACUUMs the jobs table.
 """
 
 from __future__ import annotations
@@ -25,62 +35,161 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = ("base", "metrics", "otel-noop", "otel-sdk")
+VARIANTS = ("base", "metrics", "otel-sdk")
+ALL_VARIANTS = (*VARIANTS, "otel-noop")
 
 ROUND = """
-import json, sys
-variant, count, concurrency = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+import json, sys, threading, urllib.request
+variant = sys.argv[1]
+count, concurrency, samples = (int(a) for a in sys.argv[2:5])
 if variant == "base":
     sys.modules["prometheus_client"] = None
     sys.modules["opentelemetry"] = None
 import django
 django.setup()
+check = {}
+stop = threading.Event()
 if variant == "metrics":
     from django_gator import metrics
+    from django_gator.worker import supervisor
     metrics.enable()
+    server = metrics.serve(0, "127.0.0.1")
+    scrapes = []
+    def scrape():
+        while not stop.wait(1.0):
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics") as r:
+                scrapes.append(len(r.read()))
+    threading.Thread(target=scrape, daemon=True).start()
+    # As gator_worker --metrics-port does: report each worker's threads.
+    run = supervisor.WorkerProcess.run
+    def tracked(self):
+        metrics.track(self.concurrency, lambda: len(self.slots.running))
+        return run(self)
+    supervisor.WorkerProcess.run = tracked
 if variant == "otel-sdk":
     from opentelemetry import trace
-    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    exporter = InMemorySpanExporter()
     provider = TracerProvider()
-    provider.add_span_processor(SpanProcessor())
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
-from django_gator.bench import bench_drain
+from django_gator.bench import bench_drain, bench_latency
 rate, _, _ = bench_drain(count, concurrency)
-print(json.dumps(rate))
+p50, p90 = bench_latency(samples, concurrency)
+stop.set()
+if variant == "metrics":
+    from prometheus_client import REGISTRY
+    finished = sum(
+        s.value for m in REGISTRY.collect() if m.name == "gator_jobs_finished"
+        for s in m.samples if s.name == "gator_jobs_finished_total"
+    )
+    assert finished == count + samples, finished
+    assert scrapes, "no scrape"
+    check = {"finished_counted": finished, "scrapes": len(scrapes)}
+    server.close()
+if variant == "otel-sdk":
+    runs = [s for s in exporter.get_finished_spans() if s.name.startswith("run ")]
+    assert len(runs) == count + samples, len(runs)
+    check = {"run_spans": len(runs), "spans": len(exporter.get_finished_spans())}
+print(json.dumps({"drain": rate, "pickup_p50_ms": p50, "pickup_p90_ms": p90, **check}))
 """
+
+FIGURES = ("drain", "pickup_p50_ms", "pickup_p90_ms")
+
+
+def run_round(variant: str, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            ROUND,
+            variant,
+            str(args.drain),
+            str(args.concurrency),
+            str(args.samples),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"variant {variant} failed:\n{out.stderr[-4000:]}")
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=4, help="rounds of each variant")
-    parser.add_argument("--drain", type=int, default=20_000, help="jobs per round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of each variant")
+    parser.add_argument("--drain", type=int, default=20_000, help="jobs drained per round")
+    parser.add_argument("--samples", type=int, default=200, help="pickup latency samples")
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"comma-separated, of {', '.join(ALL_VARIANTS)}",
+    )
+    parser.add_argument("--database-url", help="default: DATABASE_URL, else tests' SQLite")
+    parser.add_argument("--out", type=Path, help="JSON report")
     args = parser.parse_args()
     variants = args.variants.split(",")
+    unknown = [v for v in variants if v not in ALL_VARIANTS]
+    if unknown:
+        parser.error(f"unknown variant {unknown[0]!r}; choose from {', '.join(ALL_VARIANTS)}")
     env = dict(os.environ, DJANGO_SETTINGS_MODULE="tests.settings", GATOR_TEST_SUBPROCESS="1")
     env["PYTHONPATH"] = str(ROOT)
-    rates: dict[str, list[float]] = {v: [] for v in variants}
+    if args.database_url:
+        env["DATABASE_URL"] = args.database_url
+    subprocess.run(
+        [sys.executable, "-m", "django", "migrate", "--verbosity", "0"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+    )
+    results: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    loads: list[float] = []
     for round_ in range(args.rounds):
-        for variant in variants:
-            out = subprocess.run(
-                [sys.executable, "-c", ROUND, variant, str(args.drain), str(args.concurrency)],
-                cwd=ROOT,
-                env=env,
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout
-            rate = json.loads(out.strip().splitlines()[-1])
-            rates[variant].append(rate)
-            print(f"round {round_ + 1} {variant:10} {rate:8,.0f} jobs/s", flush=True)
-    base = statistics.median(rates[variants[0]])
+        shift = round_ % len(variants)
+        for variant in variants[shift:] + variants[:shift]:
+            loads.append(os.getloadavg()[0])
+            result = run_round(variant, args, env)
+            results[variant].append(result)
+            print(
+                f"round {round_ + 1} {variant:9} drain {result['drain']:8,.0f} jobs/s  "
+                f"pickup p50 {result['pickup_p50_ms']:6.1f} ms  p90 "
+                f"{result['pickup_p90_ms']:6.1f} ms  load {loads[-1]:.1f}",
+                flush=True,
+            )
+    summary: dict[str, Any] = {}
+    first = variants[0]
     for variant in variants:
-        median = statistics.median(rates[variant])
-        ratio = median / base
-        print(f"{variant:10} median {median:8,.0f} jobs/s  ratio to {variants[0]} {ratio:.3f}")
+        summary[variant] = {}
+        for figure in FIGURES:
+            values = [r[figure] for r in results[variant]]
+            median = statistics.median(values)
+            base = statistics.median(r[figure] for r in results[first])
+            summary[variant][figure] = {
+                "median": round(median, 2),
+                "min": round(min(values), 2),
+                "max": round(max(values), 2),
+                "ratio": round(median / base, 3),
+            }
+        d, p = summary[variant]["drain"], summary[variant]["pickup_p50_ms"]
+        print(
+            f"{variant:9} drain median {d['median']:8,.0f} ({d['min']:,.0f}-{d['max']:,.0f}) "
+            f"x{d['ratio']:.3f}   pickup p50 median {p['median']:.1f} ms "
+            f"({p['min']:.1f}-{p['max']:.1f}) x{p['ratio']:.3f}"
+        )
+    print(f"load average (1 min) at each round's start: {min(loads):.1f}-{max(loads):.1f}")
+    if args.out:
+        report = {"args": vars(args) | {"out": str(args.out)}, "loads": loads}
+        report |= {"results": results, "summary": summary}
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

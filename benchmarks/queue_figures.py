@@ -2,10 +2,10 @@
 figures costs PostgreSQL on a jobs table of about a million finished jobs and a few
 thousand live ones, read the old way and the new way.
 
-- *old*: ``db_now()`` and ``stats.queue_stats()`` (what ``metrics._read_figures`` sent
-  until the change that made it one statement): five statements, the figures of
-  ``gator_status`` (ready/scheduled/oldest, failed/running/dead, the last hour's
-  outcomes, the queue table);
+- *old*: ``db_now()`` and what ``stats.queue_stats()`` sent at 705985b (what
+  ``metrics._read_figures`` read until the change that made it one statement; kept here
+  as it was): five statements, the figures of ``gator_status`` (ready/scheduled/oldest,
+  failed/running/dead, the last hour's outcomes, the queue table);
 - *new*: ``engine.queue_gauges()``, one statement (engines/gauges.py).
 
 On a throwaway cluster (initdb into a temporary directory, its own port; never the shared
@@ -86,13 +86,56 @@ def fill(cursor: Any, finished: int, live: int) -> None:
     )
 
 
-def old_refresh(alias: str = "default") -> Any:
-    """The figures as metrics._read_figures read them before: db_now, then queue_stats."""
-    from django_gator import stats
+def old_refresh(alias: str = "default") -> list[Any]:
+    """The figures as metrics._read_figures read them before the change (db_now, then
+    stats.queue_stats() as it was at 705985b: these four statements)."""
+    from datetime import timedelta
+
+    from django.db.models import Count, Min, Q
+
     from django_gator.engines import get_engine
+    from django_gator.models import READY_STATES, Job, JobState, Queue
+    from django_gator.stats import QueueStats
 
     now = get_engine(alias).db_now()
-    return stats.queue_stats(alias, now=now)
+    jobs = Job.objects.using(alias).order_by()
+    by_queue: dict[str, QueueStats] = {}
+
+    def entry(queue: str) -> QueueStats:
+        return by_queue.setdefault(queue, QueueStats(queue=queue))
+
+    for row in (
+        jobs.filter(state__in=READY_STATES)
+        .values("queue")
+        .annotate(
+            ready=Count("id", filter=Q(next_execution_at__lte=now)),
+            total=Count("id"),
+            oldest=Min("next_execution_at"),
+        )
+    ):
+        stats = entry(row["queue"])
+        stats.ready = row["ready"]
+        stats.scheduled = row["total"] - row["ready"]
+        if row["oldest"] is not None and row["oldest"] <= now:
+            stats.oldest_due_at = row["oldest"]
+    for counted in (
+        jobs.filter(state__in=(JobState.FAILED, JobState.RUNNING, JobState.DEAD))
+        .values("queue", "state")
+        .annotate(count=Count("id"))
+    ):
+        setattr(entry(counted["queue"]), str(counted["state"]), counted["count"])
+    for recent in (
+        jobs.filter(
+            state__in=(JobState.SUCCEEDED, JobState.DEAD),
+            finished_at__gte=now - timedelta(hours=1),
+        )
+        .values("queue", "state")
+        .annotate(count=Count("id"))
+    ):
+        setattr(entry(recent["queue"]), f"{recent['state']}_last_hour", recent["count"])
+    for queue in Queue.objects.using(alias):
+        entry(queue.name).paused = queue.paused
+    return [by_queue[name] for name in sorted(by_queue)]
 
 
 def new_refresh(alias: str = "default") -> Any:

@@ -1,15 +1,16 @@
 """Queue and worker figures for ``manage.py gator_status`` (and the admin).
 
-Every figure is computed against the database clock (one ``db_now()`` per call, so the
-numbers of one report agree with each other) and with one ``GROUP BY`` query per kind of
-figure, whatever the number of queues. The queries are written for a jobs table of millions
-of rows, most of them finished:
+Every figure is computed against the database clock (read once per call, so the numbers of
+one report agree with each other) and with one ``GROUP BY`` query per kind of figure,
+whatever the number of queues. The queries are written for a jobs table of millions of
+rows, most of them finished:
 
-- *ready* and *scheduled* read the partial index of ready rows (``gator_job_ready``: waiting
-  and failed jobs only) on PostgreSQL and SQLite, an index-only scan when the table is
-  vacuumed; finished rows never enter it.
-- *failed*, *running* and *dead* and the last-hour counts walk the ``(state, finished_at)``
-  index to the rows of those states.
+- *ready*, *scheduled*, *running* and *dead* come from the queue gauges' one statement,
+  which reads partial indexes only (waiting and failed rows; running rows by queue; dead
+  rows by queue) on PostgreSQL and SQLite, index-only scans when the table is vacuumed;
+  finished rows never enter them (engines/gauges.py).
+- *failed* and the last-hour counts walk the ``(state, finished_at)`` index (or the
+  failed and dead rows' own) to the rows of those states.
 - Succeeded and cancelled jobs are not counted per queue unless asked for
   (``exact=True``): that would read every finished row. :func:`estimated_total` gives the
   size of the whole table from the database's statistics instead.
@@ -22,11 +23,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections
-from django.db.models import Count, Min, Q
+from django.db.models import Count
 
 from django_gator import conf
 from django_gator.engines import get_engine
-from django_gator.models import READY_STATES, Job, JobState, Queue, Worker
+from django_gator.models import Job, JobState, Queue, Worker
 
 #: The window of the ``*_last_hour`` counts, in seconds.
 LAST_HOUR = 3600.0
@@ -131,16 +132,17 @@ def queue_stats(
     succeeded within the last hour (or, with ``exact``, any succeeded or cancelled job), or
     a row of its own in the queue table (it was ever paused).
 
-    Four queries whatever the number of queues (five with ``exact``): the queue table, the
-    ready index for
-    ready/scheduled/oldest, the ``(state, finished_at)`` index for failed/running/dead, and
-    the same index over the last hour for the recent outcomes. ``exact=True`` also counts
-    every succeeded and cancelled row, which reads all of them: keep it for small tables.
-    ``now`` defaults to the database's clock.
+    Four queries whatever the number of queues (five with ``exact``): the queue gauges'
+    one statement (ready/scheduled/oldest, running, dead and the database's now, from
+    partial indexes; see engines/gauges.py), the failed jobs, the ``(state, finished_at)``
+    index over the last hour for the recent outcomes, and the queue table. ``exact=True``
+    also counts every succeeded and cancelled row, which reads all of them: keep it for
+    small tables. ``now`` (default: the database's clock) dates the oldest due job's age.
     """
     alias = alias or conf.database()
+    db_now, gauges = get_engine(alias).queue_gauges()
     if now is None:
-        now = get_engine(alias).db_now()
+        now = db_now
     jobs = Job.objects.using(alias).order_by()
     by_queue: dict[str, QueueStats] = {}
 
@@ -152,33 +154,19 @@ def queue_stats(
                 stats.succeeded = stats.cancelled = 0
         return stats
 
-    # Only the columns of the partial ready index (queue, next_execution_at, id): PostgreSQL
-    # can answer from the index alone.
-    ready_rows = (
-        jobs.filter(state__in=READY_STATES)
-        .values("queue")
-        .annotate(
-            ready=Count("id", filter=Q(next_execution_at__lte=now)),
-            total=Count("id"),
-            oldest=Min("next_execution_at"),
-        )
-    )
-    for row in ready_rows:
-        stats = entry(row["queue"])
-        stats.ready = row["ready"]
-        stats.scheduled = row["total"] - row["ready"]
-        oldest = row["oldest"]
-        if oldest is not None and oldest <= now:
-            stats.oldest_due_at = oldest
-            stats.oldest_due_age = max(0.0, (now - oldest).total_seconds())
+    for gauge in gauges:
+        stats = entry(gauge.queue)
+        stats.ready = gauge.ready
+        stats.scheduled = gauge.scheduled
+        stats.running = gauge.running
+        stats.dead = gauge.dead
+        if gauge.oldest_due_at is not None:
+            stats.oldest_due_at = gauge.oldest_due_at
+            stats.oldest_due_age = max(0.0, (now - gauge.oldest_due_at).total_seconds())
 
-    state_rows = (
-        jobs.filter(state__in=(JobState.FAILED, JobState.RUNNING, JobState.DEAD))
-        .values("queue", "state")
-        .annotate(count=Count("id"))
-    )
-    for counted in state_rows:
-        setattr(entry(counted["queue"]), str(counted["state"]), counted["count"])
+    failed_rows = jobs.filter(state=JobState.FAILED).values("queue").annotate(count=Count("*"))
+    for failed in failed_rows:
+        entry(failed["queue"]).failed = failed["count"]
 
     since = now - timedelta(seconds=LAST_HOUR)
     recent_rows = (

@@ -186,6 +186,19 @@ def booby_trapped_module(
     sys.modules.pop(name, None)
 
 
+def analyze() -> None:
+    """Fresh planner statistics for the jobs table (on PostgreSQL, and its visibility map,
+    as autovacuum keeps them; the row estimates the admin reads come from here too)."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute("ANALYZE TABLE django_gator_job")
+            cursor.fetchall()
+        elif connection.vendor == "postgresql":
+            cursor.execute("VACUUM ANALYZE django_gator_job")
+        else:
+            cursor.execute("ANALYZE django_gator_job")
+
+
 def run_python(code: str, *args: str) -> str:
     """Run ``code`` in a new Python process with the workers' environment (the test
     database); its stdout. Fails the test, with its stderr, if it exits non-zero."""

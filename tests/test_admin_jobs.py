@@ -5,15 +5,20 @@ from __future__ import annotations
 import logging
 import re
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from django_gator import pause_queue
+from django_gator.admin import listing
 from django_gator.models import Job, JobState
 from tests.admin_helpers import dead_job, dead_jobs, operator
-from tests.conftest import SECRET, run_worker
+from tests.conftest import SECRET, analyze, run_worker
+from tests.factories import JobFactory
 from tests.testapp.jobs import FailsFirstTime, Noop
 
 CHANGELIST = "admin:django_gator_job_changelist"
@@ -122,9 +127,11 @@ def test_worker_log_lines_mask_secrets(caplog):
 
 @pytest.mark.django_db
 def test_a_long_filtered_list_is_counted_exactly_only_up_to_a_cap(admin_client, monkeypatch):
-    from django_gator.admin.jobs import EstimatedCountPaginator, planned_rows
+    from django_gator.admin.jobs import JobAdmin
+    from django_gator.admin.listing import EstimatedCountPaginator, planned_rows
 
     monkeypatch.setattr(EstimatedCountPaginator, "exact_up_to", 5)
+    monkeypatch.setattr(JobAdmin, "list_per_page", 2)  # lists longer than their first page
     Noop.dispatch_many([[]] * 12)
     Job.objects.filter(pk__in=list(Job.objects.values_list("pk", flat=True)[:3])).update(
         state=JobState.DEAD
@@ -144,3 +151,107 @@ def test_a_long_filtered_list_is_counted_exactly_only_up_to_a_cap(admin_client, 
     else:
         assert planned is None
         assert waiting == 9  # no estimate here: counted exactly
+
+
+@pytest.mark.django_db
+def test_a_filtered_list_of_one_page_is_read_once_and_counted_from_it(admin_client):
+    """A rare queue among millions of rows has no index to find it: the list reads it once,
+    not once to count it and once more to show it."""
+    JobFactory.create_batch(3, queue="few")
+    JobFactory.create_batch(60, queue="many")
+    connection.ensure_connection()
+
+    def job_reads(**query: str) -> tuple[list[str], Any]:
+        with CaptureQueriesContext(connection) as captured:
+            response = admin_client.get(reverse(CHANGELIST), query)
+        assert response.status_code == 200
+        sql = [q["sql"] for q in captured.captured_queries]
+        return [s for s in sql if 'WHERE "django_gator_job"."queue" =' in s.replace("`", '"')], (
+            response.context["cl"]
+        )
+
+    reads, cl = job_reads(queue="few")
+    assert len(reads) == 1, reads
+    assert "COUNT(" not in reads[0]
+    assert cl.result_count == 3
+    assert len(list(cl.result_list)) == 3
+    # Longer than a page: the first page's read, then the count (capped); not a third read.
+    reads, cl = job_reads(queue="many")
+    assert len(reads) == 2, reads
+    assert cl.result_count == 60
+    assert [job.pk for job in cl.result_list] == list(
+        Job.objects.filter(queue="many").order_by("-pk").values_list("pk", flat=True)[:50]
+    )
+    # Another page: counted, then read.
+    reads, cl = job_reads(queue="many", p="2")
+    assert len(reads) == 2, reads
+    assert len(list(cl.result_list)) == 10
+
+
+def _listed(client: Client, **query: str) -> tuple[set[int], str]:
+    response = client.get(reverse(CHANGELIST), query)
+    assert response.status_code == 200
+    return {job.pk for job in response.context["cl"].result_list}, response.content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_text_search_of_a_large_list_reads_the_newest_ids_and_offers_to_read_them_all(
+    admin_client: Client, monkeypatch
+):
+    monkeypatch.setattr(listing, "SEARCH_WINDOW", 10)
+    old = Noop.dispatch("needle-old")
+    Noop.dispatch_many([["hay"]] * 20)
+    new = Noop.dispatch("needle-new")
+    analyze()
+
+    found, page = _listed(admin_client, q="needle")
+    assert found == {new.pk}
+    assert f"Searched the newest 10 job ids (from #{new.pk - 9})" in page
+    assert 'class="gator-search-all"' in page
+    assert "search_all=1" in page
+
+    found, page = _listed(admin_client, q="needle", search_all="1")
+    assert found == {old.pk, new.pk}
+    assert "gator-search-window" not in page
+    # A number finds the job with that id, however old.
+    found, _ = _listed(admin_client, q=str(old.pk))
+    assert found == {old.pk}
+    # A list no larger than the window is read whole.
+    monkeypatch.setattr(listing, "SEARCH_WINDOW", 1000)
+    found, page = _listed(admin_client, q="needle")
+    assert found == {old.pk, new.pk}
+    assert "gator-search-window" not in page
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the planner's estimate")
+def test_a_search_within_a_small_filtered_list_reads_all_of_it(admin_client: Client, monkeypatch):
+    monkeypatch.setattr(listing, "SEARCH_WINDOW", 10)
+    old = JobFactory(dead=True, last_error="RuntimeError: needle")
+    Noop.dispatch_many([["hay"]] * 30)
+    analyze()
+    found, page = _listed(admin_client, q="needle", state__exact="dead")
+    assert found == {old.pk}
+    assert "gator-search-window" not in page
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_queue_filter_lists_the_queues_with_live_or_dead_jobs_and_paused_ones(
+    admin_client: Client,
+):
+    JobFactory(queue="q-wait")
+    JobFactory(queue="q-paused")
+    pause_queue("q-paused")
+    pause_queue("q-empty")
+    JobFactory(queue="q-run", running=True)
+    JobFactory(queue="q-dead", dead=True)
+    JobFactory(queue="q-done", succeeded=True)
+    response = admin_client.get(reverse(CHANGELIST))
+    [spec] = [f for f in response.context["cl"].filter_specs if f.title == "queue"]
+    assert [value for value, _ in spec.lookup_choices] == [
+        "q-dead",
+        "q-empty",
+        "q-paused",
+        "q-run",
+        "q-wait",
+    ]

@@ -32,6 +32,7 @@ from django_gator.engines import get_engine
 from django_gator.models import Job, JobState
 from tests.conftest import (
     ROOT,
+    analyze,
     run_python,
     run_worker,
     stop_worker,
@@ -41,7 +42,7 @@ from tests.conftest import (
 )
 from tests.factories import JobFactory
 from tests.test_plans import explain
-from tests.testapp.jobs import Boom, Noop, RecordFailsFirst
+from tests.testapp.jobs import Boom, Noop, RecordFailsFirst, Sleep
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -117,6 +118,11 @@ def test_a_real_workers_metrics_move_by_exactly_the_jobs_it_runs(spawn_worker, t
     assert inf == runs(after, noop)
     beat = ("gator_worker_heartbeat_age_seconds", ())
     wait_for(lambda: 0 <= scrape(port).get(beat, -1) < 30, timeout=30)
+    # Busy threads, sampled at each heartbeat: two jobs running, then none.
+    Sleep.dispatch_many([[3.0, "busy"]] * 2, queue="metrics")
+    wait_for(lambda: value(scrape(port), "gator_worker_busy_threads") == 2, timeout=30)
+    wait_for(lambda: all_done(39), timeout=60)
+    wait_for(lambda: value(scrape(port), "gator_worker_busy_threads") == 0, timeout=30)
     stop_worker(proc)
 
 
@@ -347,19 +353,6 @@ def test_a_refresh_of_the_queue_figures_is_one_statement_and_its_figures_are_rig
     assert collected[("gator_queue_oldest_due_age_seconds", "g-b")] == 0
     assert collected[("gator_queue_ready_jobs", "g-a")] == 5
     assert collected[("gator_queue_paused", "g-d")] == 1
-
-
-def analyze() -> None:
-    """Fresh planner statistics for the jobs table (on PostgreSQL, and its visibility map,
-    as autovacuum keeps them)."""
-    with connection.cursor() as cursor:
-        if connection.vendor == "mysql":
-            cursor.execute("ANALYZE TABLE django_gator_job")
-            cursor.fetchall()
-        elif connection.vendor == "postgresql":
-            cursor.execute("VACUUM ANALYZE django_gator_job")
-        else:
-            cursor.execute("ANALYZE django_gator_job")
 
 
 def test_each_part_of_the_queue_figures_statement_reads_an_index():

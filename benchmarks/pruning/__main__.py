@@ -1,21 +1,28 @@
-"""``python -m benchmarks.pruning``: the claim and the admin on a jobs table that has seen
-5,000,000 jobs, before and after the automatic pruner's pass.
+"""``python -m benchmarks.pruning``: the claim and every admin page on a jobs table that
+has seen 5,000,000 jobs, before and after the automatic pruner's pass.
 
 On a throwaway PostgreSQL cluster (initdb into a temporary directory, its own port,
-autovacuum on; never the shared server): ``--rows`` finished jobs (98 % succeeded, 2 %
-cancelled) finished evenly over the past ``--days`` days, plus ``--ready`` due jobs. Then,
-before pruning, right after one pass of the pruner (worker/pruner.py, retention 7 days:
-about 80 % of the rows go) and after VACUUM ANALYZE:
+autovacuum on; never the shared server): ``--rows`` finished jobs finished evenly over the
+past ``--days`` days (97.8 % succeeded, 2 % cancelled, 0.2 % dead in 16 error classes;
+eight job names and one rare one, 50 rows; queues ``default`` 80 %, ``emails`` 15 %,
+``reports`` 5 % and ``rare``, 30 rows; the newest 10,000 are the members of one batch),
+plus ``--ready`` due jobs, 1,000 failed ones, 400 running ones and 4 workers. Then, before
+pruning, right after one pass of the pruner (worker/pruner.py, retention 7 days: about
+80 % of the rows go) and after VACUUM ANALYZE:
 
 - the claim: ``engine.claim(worker, "default", 10)``, timed (p50, p95 of ``--claims``
   calls), and an EXPLAIN (ANALYZE, BUFFERS) of the full claim of one job;
-- the admin's Job changelist (the default list, and filtered to waiting jobs and to
-  succeeded jobs), through Django's test client as a superuser: p50 of 5 requests;
+- every admin page (:data:`PAGES`: the dashboard, the job list unfiltered, filtered by
+  state, queue and job name, searched, paged deep, a job's page, the batch page, the
+  dead-job screen, the worker, workflow and schedule lists), through Django's test client
+  as a superuser: the median of 5 requests after one that warms up (2 after it for a page
+  slower than 2 s), with the page's statements and the slowest one's time;
 - during the pruning pass, a claim of one job every 0.1 s from another connection;
 - before pruning, what a migration costs on the full table: a partial index like the
   claim's, and a NOT NULL column with a default.
 
-Prints a JSON report (and writes it with ``--out``).
+``--pages-only`` stops after the first measurement (no pruning). Prints a JSON report (and
+writes it with ``--out``).
 """
 
 from __future__ import annotations
@@ -46,30 +53,102 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=5497, help="port of the throwaway cluster")
     p.add_argument("--pg-bindir", default="/usr/lib/postgresql/15/bin")
     p.add_argument("--out", type=Path, help="JSON report")
+    p.add_argument(
+        "--pages-only", action="store_true", help="measure before pruning only, then stop"
+    )
     return p
 
 
-def fill(cursor: Any, rows: int, days: int, ready: int) -> float:
+#: Job names of the history: eight common ones, and a rare one (1 job in 100,000).
+NAMES = (
+    "SendEmail",
+    "ResizeImage",
+    "SyncAccount",
+    "ChargeCard",
+    "IndexDocument",
+    "Notify",
+    "ExportCsv",
+    "Webhook",
+)
+RARE_NAME = "app.jobs.YearlyReport"
+ERRORS = (
+    "TimeoutError",
+    "ConnectionError",
+    "ValueError",
+    "KeyError",
+    "PermissionError",
+    "RuntimeError",
+    "OSError",
+    "LookupError",
+    "TypeError",
+    "ZeroDivisionError",
+    "IndexError",
+    "AttributeError",
+    "ProtocolError",
+    "HTTPError",
+    "IntegrityError",
+    "DataError",
+)
+#: Members of the benchmark's batch: the newest finished jobs.
+BATCH_MEMBERS = 10_000
+
+
+def fill(cursor: Any, rows: int, days: int, ready: int, batch_id: int) -> float:
     started = time.perf_counter()
     span = days * 86400
+    names = "ARRAY[" + ", ".join(f"'app.jobs.{n}'" for n in NAMES) + "]"
+    errors = "ARRAY[" + ", ".join(f"'{e}'" for e in ERRORS) + "]"
     for start in range(0, rows, STEP):
         cursor.execute(
             "INSERT INTO django_gator_job (name, args, kwargs, queue, priority, "
             "next_execution_at, state, attempts, rescues, created_at, started_at, finished_at, "
-            "last_error, errors, reserved_by) "
-            "SELECT 'bench.history', '[1, 2]', '{}', 'default', 0, t, "
-            "CASE WHEN i %% 50 = 0 THEN 'cancelled' ELSE 'succeeded' END, 1, 0, t, t, t, "
-            "'', '[]', 'bench' FROM (SELECT i, now() - (%s::float8 * i / %s) * "
+            "last_error, error_class, errors, reserved_by, batch_id) "
+            f"SELECT CASE WHEN i %% 100000 = 7 THEN '{RARE_NAME}' "
+            f"ELSE ({names})[1 + i %% {len(NAMES)}] END, "
+            "('[' || i || ', \"user-' || (i %% 9973) || '\"]')::jsonb, '{}', "
+            "CASE WHEN i %% 166667 = 3 THEN 'rare' WHEN i %% 20 < 16 THEN 'default' "
+            "WHEN i %% 20 < 19 THEN 'emails' ELSE 'reports' END, 0, t, "
+            "CASE WHEN i %% 500 = 1 THEN 'dead' WHEN i %% 50 = 0 THEN 'cancelled' "
+            "ELSE 'succeeded' END, CASE WHEN i %% 500 = 1 THEN 3 ELSE 1 END, 0, t, t, t, "
+            f"CASE WHEN i %% 500 = 1 THEN ({errors})[1 + i %% {len(ERRORS)}] || "
+            "': upstream answered 503 for user-' || (i %% 9973) ELSE '' END, "
+            f"CASE WHEN i %% 500 = 1 THEN ({errors})[1 + i %% {len(ERRORS)}] END, "
+            'CASE WHEN i %% 500 = 1 THEN (\'[{"attempt": 3, "class": "\' || '
+            f"({errors})[1 + i %% {len(ERRORS)}] || "
+            '\'", "message": "upstream answered 503", "traceback": "Traceback"}]\')'
+            "::jsonb ELSE '[]' END, 'bench', "
+            f"CASE WHEN i > %s - {BATCH_MEMBERS} THEN %s::bigint END "
+            # Ids grow with time, as dispatch makes them: the last row finished just now.
+            "FROM (SELECT i, now() - (%s::float8 * (%s - i) / %s) * "
             "interval '1 second' AS t FROM generate_series(%s, %s) AS i) AS s",
-            [span, rows, start + 1, min(start + STEP, rows)],
+            [rows, batch_id, span, rows, rows, start + 1, min(start + STEP, rows)],
         )
         print(f"  {min(start + STEP, rows):,} rows", flush=True)
     cursor.execute(
         "INSERT INTO django_gator_job (name, args, kwargs, queue, priority, next_execution_at, "
         "state, attempts, rescues, created_at, last_error) "
-        "SELECT 'bench.ready', '[]', '{}', 'default', 0, now() - interval '1 minute', "
-        "'waiting', 0, 0, now(), '' FROM generate_series(1, %s)",
+        "SELECT 'bench.ready', '[]', '{}', CASE WHEN i <= 2 THEN 'rare' ELSE 'default' END, 0, "
+        "now() - interval '1 minute', 'waiting', 0, 0, now(), '' "
+        "FROM generate_series(1, %s) AS i",
         [ready],
+    )
+    cursor.execute(
+        "INSERT INTO django_gator_job (name, args, kwargs, queue, priority, next_execution_at, "
+        "state, attempts, rescues, created_at, started_at, last_error, error_class, errors, "
+        "reserved_by, locked_at) "
+        f"SELECT ({names})[1 + i %% {len(NAMES)}], '[]', '{{}}', "
+        "CASE WHEN i %% 2 = 0 THEN 'emails' ELSE 'reports' END, 0, "
+        "CASE WHEN i <= 1000 THEN now() + interval '5 minutes' ELSE now() END, "
+        "CASE WHEN i <= 1000 THEN 'failed' ELSE 'running' END, 1, 0, now(), now(), "
+        "CASE WHEN i <= 1000 THEN 'TimeoutError: upstream' ELSE '' END, "
+        "CASE WHEN i <= 1000 THEN 'TimeoutError' END, '[]', "
+        "'bench-host:' || (i %% 4) || ':worker', now() FROM generate_series(1, 1400) AS i",
+        [],
+    )
+    cursor.execute(
+        "INSERT INTO django_gator_worker (id, hostname, pid, queues, concurrency, supervisor, "
+        "started_at, heartbeat_at) SELECT 'bench-host:' || i || ':worker', 'bench-host', i, "
+        "'[]', 100, '', now(), now() FROM generate_series(0, 3) AS i"
     )
     cursor.execute("ANALYZE django_gator_job")
     return time.perf_counter() - started
@@ -105,10 +184,73 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def measure(claims: int) -> dict[str, Any]:
+#: The admin pages measured: (label, path under /admin/django_gator/). ``{dead}``: a dead
+#: job's id; ``{batch}``: the batch's id.
+PAGES = (
+    ("dashboard", "job/dashboard/"),
+    ("job list", "job/"),
+    ("job list, state=succeeded", "job/?state__exact=succeeded"),
+    ("job list, state=dead", "job/?state__exact=dead"),
+    ("job list, state=waiting", "job/?state__exact=waiting"),
+    ("job list, queue=emails (15 %)", "job/?queue=emails"),
+    ("job list, queue=rare (32 rows)", "job/?queue=rare"),
+    ("job list, name=SendEmail (12 %)", "job/?name=app.jobs.SendEmail"),
+    (f"job list, name={RARE_NAME} (50 rows)", f"job/?name={RARE_NAME}"),
+    ("job list, page 200", "job/?p=200"),
+    ("job list, search a job id", "job/?q={dead}"),
+    ("job list, search ResizeImage", "job/?q=ResizeImage"),
+    ("job list, search user-4242 (args)", "job/?q=user-4242"),
+    ("job list, search matching nothing", "job/?q=no-such-text"),
+    ("job page (dead, with errors)", "job/{dead}/change/"),
+    ("batch page (10,000 members)", "job/batches/{batch}/"),
+    ("batch page, dead members", "job/batches/{batch}/?state=dead"),
+    ("dead-job screen", "job/dead/"),
+    ("worker list", "worker/"),
+    ("workflow list", "workflowrun/"),
+    ("schedule list", "schedule/"),
+)
+
+
+def time_pages(ids: dict[str, int]) -> dict[str, Any]:
+    """Each page of PAGES: median ms, the number of statements, the slowest one's ms."""
     from django.contrib.auth import get_user_model
     from django.db import connection
     from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    client = Client()
+    client.force_login(get_user_model().objects.get(username="bench"))
+    pages: dict[str, Any] = {}
+    for label, path in PAGES:
+        url = "/admin/django_gator/" + path.format(**ids)
+        took = []
+        with CaptureQueriesContext(connection) as captured:
+            started = time.perf_counter()
+            response = client.get(url)
+            took.append((time.perf_counter() - started) * 1000)
+        assert response.status_code == 200, (url, response.status_code)
+        # (read now: the next request's request_started signal empties the query log)
+        statements = len(captured.captured_queries)
+        slowest = max(captured.captured_queries, key=lambda q: float(q["time"]))
+        reps = 5 if took[0] < 2000 else 2
+        took = []  # the first request warms up
+        for _ in range(reps):
+            started = time.perf_counter()
+            response = client.get(url)
+            took.append((time.perf_counter() - started) * 1000)
+        pages[label] = {
+            "ms": round(statistics.median(took), 1),
+            "max_ms": round(max(took), 1),
+            "statements": statements,
+            "slowest_statement_ms": round(float(slowest["time"]) * 1000, 1),
+            "slowest_statement": slowest["sql"][:300],
+        }
+        print(f"    {label}: {pages[label]['ms']} ms", flush=True)
+    return pages
+
+
+def measure(claims: int, ids: dict[str, int]) -> dict[str, Any]:
+    from django.db import connection
 
     from benchmarks.soak.measure import probe_claim
     from django_gator.engines import get_engine
@@ -120,21 +262,7 @@ def measure(claims: int) -> dict[str, Any]:
         engine.claim("bench-worker", "default", 10)
         times.append((time.perf_counter() - started) * 1000)
     plan = probe_claim(connection, engine, "default")
-    client = Client()
-    client.force_login(get_user_model().objects.get(username="bench"))
-    pages = {}
-    for label, query in (
-        ("changelist", ""),
-        ("waiting", "?state__exact=waiting"),
-        ("succeeded", "?state__exact=succeeded"),
-    ):
-        took = []
-        for _ in range(6):
-            started = time.perf_counter()
-            response = client.get(f"/admin/django_gator/job/{query}")
-            took.append((time.perf_counter() - started) * 1000)
-            assert response.status_code == 200, response.status_code
-        pages[label] = round(statistics.median(took[1:]), 1)  # the first one warms up
+    pages = time_pages(ids)
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT n_live_tup, n_dead_tup, pg_total_relation_size('django_gator_job'), "
@@ -150,12 +278,14 @@ def measure(claims: int) -> dict[str, Any]:
         "dead_tuples": dead,
         "table_mb": round(heap_size / 2**20),
         "table_with_indexes_mb": round(total_size / 2**20),
+        "load_average": os.getloadavg(),
         "claim_10_ms": {
             "p50": round(percentile(times, 0.5), 3),
             "p95": round(percentile(times, 0.95), 3),
         },
         "claim_plan": plan,
-        "admin_ms": pages,
+        "admin_ms": {label: page["ms"] for label, page in pages.items()},
+        "admin": pages,
     }
 
 
@@ -219,11 +349,15 @@ def main(argv: list[str] | None = None) -> int:
 
         call_command("migrate", verbosity=0)
         get_user_model().objects.create_superuser("bench", "bench@example.com", "bench")
+        from django_gator.models import Batch
+
+        batch = Batch.objects.create(description="bench", size=BATCH_MEMBERS, closed=True)
         report: dict[str, Any] = {
             "meta": {
                 "date": datetime.now(UTC).isoformat(timespec="seconds"),
                 "host": platform.node(),
                 "cpus": os.cpu_count(),
+                "load_average": os.getloadavg(),
                 "python": platform.python_version(),
                 "django": django.get_version(),
                 "rows": args.rows,
@@ -236,23 +370,32 @@ def main(argv: list[str] | None = None) -> int:
         with connection.cursor() as cursor:
             report["meta"]["server"] = server_facts(cursor)
             print(f"filling {args.rows:,} finished jobs and {args.ready:,} ready ones", flush=True)
-            report["fill_s"] = round(fill(cursor, args.rows, args.days, args.ready), 1)
-            report["ddl"] = time_ddl(cursor)
-            print(json.dumps(report["ddl"]), flush=True)
+            report["fill_s"] = round(fill(cursor, args.rows, args.days, args.ready, batch.pk), 1)
+            # A dead job of the last week (pruning keeps it): the job page and the id search.
+            cursor.execute(
+                "SELECT max(id) FROM django_gator_job WHERE state = 'dead' "
+                "AND finished_at > now() - interval '1 day'"
+            )
+            ids = {"dead": cursor.fetchone()[0], "batch": batch.pk}
+            if not args.pages_only:
+                report["ddl"] = time_ddl(cursor)
+                print(json.dumps(report["ddl"]), flush=True)
         print("measuring before pruning", flush=True)
-        report["before"] = measure(args.claims)
-        print(json.dumps(report["before"]), flush=True)
-        print("pruning", flush=True)
-        report["prune"] = prune_with_probe()
-        print(json.dumps(report["prune"]), flush=True)
-        report["after_prune"] = measure(args.claims)
-        print(json.dumps(report["after_prune"]), flush=True)
-        with connection.cursor() as cursor:
-            started = time.perf_counter()
-            cursor.execute("VACUUM ANALYZE django_gator_job")
-            report["vacuum_s"] = round(time.perf_counter() - started, 1)
-        report["after_vacuum"] = measure(args.claims)
-        print(json.dumps(report["after_vacuum"]), flush=True)
+        report["before"] = measure(args.claims, ids)
+        print(json.dumps(report["before"]["admin_ms"]), flush=True)
+        if not args.pages_only:
+            print("pruning", flush=True)
+            report["prune"] = prune_with_probe()
+            print(json.dumps(report["prune"]), flush=True)
+            report["after_prune"] = measure(args.claims, ids)
+            print(json.dumps(report["after_prune"]["admin_ms"]), flush=True)
+            with connection.cursor() as cursor:
+                started = time.perf_counter()
+                cursor.execute("VACUUM ANALYZE django_gator_job")
+                report["vacuum_s"] = round(time.perf_counter() - started, 1)
+            report["after_vacuum"] = measure(args.claims, ids)
+            print(json.dumps(report["after_vacuum"]["admin_ms"]), flush=True)
+        report["meta"]["load_average_end"] = os.getloadavg()
         connection.close()
     finally:
         cluster.stop()

@@ -13,6 +13,7 @@ from urllib.parse import urlencode
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
+from django.db.models import BigIntegerField, ExpressionWrapper, F
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
@@ -51,7 +52,14 @@ class BatchView(AdminPage):
         state = request.GET.get("state", "")
         if state not in JobState.values:
             state = ""
-        members = batch.members.order_by("id")
+        # Ordered by an expression of the id, not the id: ordered by the id, PostgreSQL walks
+        # the primary key from the oldest job and filters on the batch, which for a recent
+        # batch of a table of millions reads nearly all of it (1.5 s at 5,000,000 rows). By
+        # the expression it reads the members through the (batch_id, state) index and sorts
+        # them.
+        members = batch.members.order_by(
+            ExpressionWrapper(F("id") + 0, output_field=BigIntegerField()).asc()
+        )
         if state:
             members = members.filter(state=state)
         page = Paginator(

@@ -30,21 +30,16 @@ class JobNameFilter(admin.SimpleListFilter):
 
 
 class QueueFilter(admin.SimpleListFilter):
-    """Queues with unfinished or dead jobs: a skip scan of the claim index plus the few
-    running, failed and dead rows (Django's default filter reads every row for DISTINCT)."""
+    """Queues with unfinished or dead jobs, or a row of their own (paused, limited): the
+    queue gauges' one statement, which reads partial indexes only (Django's default filter
+    reads every row for DISTINCT)."""
 
     title = "queue"
     parameter_name = "queue"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        names = set(get_engine(conf.database()).ready_queues())
-        names.update(
-            Job.objects.filter(state__in=(JobState.RUNNING, JobState.FAILED, JobState.DEAD))
-            .order_by()
-            .values_list("queue", flat=True)
-            .distinct()
-        )
-        return [(name, name) for name in sorted(names)]
+        _now, gauges = get_engine(conf.database()).queue_gauges()
+        return [(gauge.queue, gauge.queue) for gauge in gauges]
 
     def queryset(self, request: HttpRequest, queryset: Any) -> Any:
         value = self.value()
@@ -64,7 +59,10 @@ def error_class_choices() -> list[str]:
 
 
 class ErrorClassFilter(admin.SimpleListFilter):
-    """Error classes of the dead and failed jobs."""
+    """The dead and failed jobs of an error class. (A job that succeeded after a failed
+    attempt keeps its error class, but is not listed: the filter reads the dead and failed
+    rows' own index, where a filter on the class alone read the whole table: 1.2 s at
+    5,000,000 rows.)"""
 
     title = "error class"
     parameter_name = "error_class"
@@ -74,4 +72,6 @@ class ErrorClassFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: Any) -> Any:
         value = self.value()
-        return queryset.filter(error_class=value) if value else queryset
+        if not value:
+            return queryset
+        return queryset.filter(state__in=(JobState.DEAD, JobState.FAILED), error_class=value)

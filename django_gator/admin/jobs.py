@@ -10,24 +10,18 @@ masked on every page.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
-from django.core.paginator import Paginator
-from django.db import DatabaseError, connections
-from django.db.models import TextField
-from django.db.models.functions import Cast
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import URLPattern, path, reverse
-from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 
-from django_gator import redaction, stats, wording
+from django_gator import redaction, wording
 from django_gator.admin.actions import JobActions
 from django_gator.admin.arguments import EDIT_ACTION, EditArgumentsView, last_restorable_edit
 from django_gator.admin.batches import BatchView, batch_link
@@ -36,6 +30,7 @@ from django_gator.admin.dead_jobs import DeadJobsView
 from django_gator.admin.display import pretty, time_field, when
 from django_gator.admin.filters import ErrorClassFilter, JobNameFilter, QueueFilter
 from django_gator.admin.limits import QueueLimitsView
+from django_gator.admin.listing import JobListing
 from django_gator.admin.queues import QueuePauseView
 from django_gator.admin.workflows import workflow_link
 from django_gator.models import Job, JobState
@@ -45,44 +40,6 @@ from django_gator.models import Job, JobState
 ERROR_STATES = (JobState.FAILED, JobState.DEAD, JobState.CANCELLED)
 #: Characters of the last error shown in the job list (the full text is its tooltip).
 LIST_ERROR_CHARS = 40
-
-
-class EstimatedCountPaginator(Paginator):
-    """Counts the unfiltered job list from the database's row estimate (a COUNT(*) of
-    millions of rows costs seconds on PostgreSQL). A filtered list is counted exactly up to
-    :attr:`exact_up_to` rows (a COUNT that stops there); past that, on PostgreSQL, its size
-    is the planner's estimate for the filter: the succeeded jobs of a busy week are
-    millions of rows, and counting them took 2 s on a table of 5,000,000."""
-
-    #: Rows a filtered list counts exactly.
-    exact_up_to = 10_000
-
-    @cached_property
-    def count(self) -> int:
-        object_list: Any = self.object_list
-        query = getattr(object_list, "query", None)
-        if query is None:
-            return super().count
-        if not query.where:
-            total, _exact = stats.estimated_total(getattr(object_list, "db", None))
-            return total
-        capped = object_list.order_by()[: self.exact_up_to + 1].count()
-        if capped <= self.exact_up_to:
-            return capped
-        planned = planned_rows(object_list)
-        return super().count if planned is None else max(planned, capped)
-
-
-def planned_rows(queryset: Any) -> int | None:
-    """PostgreSQL's estimate of the rows ``queryset`` returns (EXPLAIN, nothing run), or
-    None elsewhere or if it cannot tell."""
-    if connections[queryset.db].vendor != "postgresql":
-        return None
-    try:
-        plan = json.loads(queryset.order_by().explain(format="json"))
-        return int(plan[0]["Plan"]["Plan Rows"])
-    except (DatabaseError, ValueError, KeyError, IndexError, TypeError):
-        return None
 
 
 #: The "Attempts" part of a job's page.
@@ -96,8 +53,7 @@ ATTEMPT_FIELDS = (
 )
 
 
-class JobAdmin(JobActions):
-    paginator = EstimatedCountPaginator
+class JobAdmin(JobListing, JobActions):
     # Sized to fit a 1400 px window with the navigation sidebar and the filters open (a
     # browser test measures it): names wrap after their dots, times after the date, errors
     # anywhere, and the error is cut short.
@@ -119,8 +75,6 @@ class JobAdmin(JobActions):
         "created_at",
         "finished_at",
     )
-    search_fields = ("=id", "name", "last_error")
-    search_help_text = "Search by id, job name, error text or argument text."
     date_hierarchy = None
     list_per_page = 50
     show_full_result_count = False
@@ -247,17 +201,6 @@ class JobAdmin(JobActions):
         job = get_object_or_404(Job, pk=object_id)
         self.retry_and_report(request, Job.objects.filter(pk=job.pk))
         return HttpResponseRedirect(reverse("admin:django_gator_job_change", args=[job.pk]))
-
-    def get_search_results(self, request: HttpRequest, queryset: Any, search_term: str) -> Any:
-        results, may_have_duplicates = super().get_search_results(request, queryset, search_term)
-        if search_term and not search_term.strip().isdigit():
-            by_args = queryset.annotate(_args_text=Cast("args", TextField())).filter(
-                _args_text__icontains=search_term.strip()
-            )
-            results = results | by_args.values_list("pk", flat=True).model.objects.filter(
-                pk__in=by_args.values("pk")
-            )
-        return results, may_have_duplicates
 
     @staticmethod
     def _secrets(job: Job) -> list[str]:
