@@ -8,7 +8,8 @@ installed the two hooks (dispatch and execution) call straight through.
 At dispatch, when the dispatch span is being recorded, the span's context (the W3C
 ``traceparent``, through the configured propagator) is written to the rows' new
 ``trace_context`` column: one ``UPDATE ... WHERE id IN (...)`` per dispatch call, in the
-same transaction as the INSERT, and only when tracing is on. A worker reads it with the
+same transaction as the INSERT (a dispatch outside ``transaction.atomic()`` gets a
+transaction of its own for the two), and only when tracing is on. A worker reads it with the
 claim and starts the run's span under it, so a job dispatched while serving a request
 shows up in that request's trace, however long after and wherever it runs.
 """
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from django.db import transaction
 
 from django_gator.rows import ClaimedJob, Failure, outcome_label
 
@@ -53,12 +56,19 @@ def traced_dispatch(
     with tracer.start_as_current_span(
         f"dispatch {name}", kind=SpanKind.PRODUCER, attributes=attributes
     ) as span:
-        created = write()
+        if span.is_recording():
+            # The rows and their trace context commit together: a worker woken by the
+            # commit (NOTIFY, a datagram) or polling must not claim a row before its
+            # context is on it, or the run would start a trace of its own.
+            with transaction.atomic(using=alias, savepoint=False):
+                created = write()
+                if created:
+                    _stamp(alias, created)
+        else:
+            created = write()
         span.set_attribute("messaging.batch.message_count", len(created))
         if len(created) == 1:
             span.set_attribute("gator.job.id", created[0].pk)
-        if created and span.is_recording():
-            _stamp(alias, created)
     return created
 
 

@@ -8,6 +8,8 @@ import textwrap
 from collections.abc import Iterator
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -117,11 +119,22 @@ def test_the_run_span_in_another_process_is_a_child_of_the_dispatch_span(exporte
     assert by_job[ok.pk][0]["status"] == "UNSET"
 
 
-def test_dispatch_many_is_one_span_and_one_update_for_all_rows(exporter, django_assert_num_queries):
+def test_dispatch_many_is_one_span_and_one_update_for_all_rows(exporter):
     Noop.dispatch_many([[]] * 5, queue="traced-many")  # warm-up
     exporter.clear()
-    with django_assert_num_queries(2):  # the INSERT, and the UPDATE of trace_context
+    with CaptureQueriesContext(connection) as captured:
         jobs = Noop.dispatch_many([[]] * 5, queue="traced-many")
+    # The INSERT and the UPDATE of trace_context, in one transaction (its BEGIN and COMMIT
+    # are logged as queries by some of Django's backends).
+    statements = [
+        q["sql"]
+        for q in captured.captured_queries
+        if q["sql"].split()[0].upper() not in ("BEGIN", "COMMIT")
+    ]
+    assert len(statements) == 2, statements
+    assert statements[1].startswith('UPDATE "django_gator_job" SET "trace_context"') or (
+        statements[1].startswith("UPDATE `django_gator_job` SET `trace_context`")
+    )
     (span,) = exporter.get_finished_spans()
     assert span.attributes["messaging.batch.message_count"] == 5
     contexts = {
@@ -129,6 +142,33 @@ def test_dispatch_many_is_one_span_and_one_update_for_all_rows(exporter, django_
     }
     assert len(contexts) == 1
     assert f"{span.context.span_id:016x}" in contexts.pop()
+
+
+def test_no_other_connection_sees_a_dispatched_row_before_its_trace_context(exporter):
+    """A dispatch outside transaction.atomic(): its INSERT and the UPDATE that writes the
+    trace context commit together, so a worker (woken by the commit, or polling) never
+    claims a row whose context is not on it yet."""
+    other = connection.copy()  # another session on the same database, as a worker's
+    seen: list[tuple[int, object]] = []
+
+    def peek(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        if sql.lstrip().upper().startswith("UPDATE") and "trace_context" in sql:
+            with other.cursor() as cursor:
+                cursor.execute("SELECT id, trace_context FROM django_gator_job")
+                seen.extend(cursor.fetchall())
+        return execute(sql, params, many, context)
+
+    try:
+        with connection.execute_wrapper(peek):
+            Noop.dispatch(queue="seen")
+            Noop.dispatch_many([[]] * 3, queue="seen")
+    finally:
+        other.close()
+    # Rows of an earlier dispatch are seen, with their context; none is ever seen without.
+    assert [job_id for job_id, context in seen if not context] == []
+    jobs = Job.objects.filter(queue="seen")
+    assert len(jobs) == 4
+    assert all(job.trace_context for job in jobs)
 
 
 def test_without_a_configured_sdk_nothing_is_stored_and_no_query_added(
