@@ -3,7 +3,8 @@ for each run of a job, the run's span a child of the dispatch's, across processe
 
 The project configures OpenTelemetry (a tracer provider and its exporter, as for its web
 requests); django-gator only makes spans with the API. Without ``opentelemetry-api``
-installed the two hooks (dispatch and execution) call straight through.
+installed, or with it and no tracer provider set (a library may have brought the API in),
+the two hooks (dispatch and execution) call straight through.
 
 At dispatch, when the dispatch span is being recorded, the span's context (the W3C
 ``traceparent``, through the configured propagator) is written to the rows' new
@@ -37,15 +38,36 @@ T = TypeVar("T")
 SYSTEM = "django-gator"
 TRACER = "django_gator"
 
+#: (the tracer provider, our tracer from it): asking the SDK's provider for a tracer at
+#: every span cost about a sixth of the span (it builds the instrumentation scope and
+#: resets the warnings filters each time).
+_cached: tuple[Any, Any] | None = None
+
+
+def _tracer() -> Any:
+    """Our tracer from the configured tracer provider, or None when there is none to
+    record spans (no opentelemetry, or no provider set): the hooks then call straight
+    through, as spans would record nothing and no context would be stored."""
+    global _cached
+    if trace is None:
+        return None
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, trace.ProxyTracerProvider):
+        return None
+    cached = _cached
+    if cached is None or cached[0] is not provider:
+        cached = _cached = (provider, provider.get_tracer(TRACER))
+    return cached[1]
+
 
 def traced_dispatch(
     name: str, queue: str, alias: str, write: Callable[[], Sequence[Job]]
 ) -> Sequence[Job]:
     """Run ``write`` (the INSERT of one dispatch call; returns the jobs it created) in a
     dispatch span, and store the span's context on the created rows."""
-    if trace is None:
+    tracer = _tracer()
+    if tracer is None:
         return write()
-    tracer = trace.get_tracer(TRACER)
     attributes = {
         "messaging.system": SYSTEM,
         "messaging.operation.type": "publish",
@@ -89,9 +111,13 @@ def _stamp(alias: str, created: Sequence[Job]) -> None:
 def traced_run(job: ClaimedJob, run: Callable[[], T]) -> T:
     """Run ``run`` (one attempt of ``job``; returns its outcome) in a span that continues
     the trace of the job's dispatch."""
-    if trace is None:
-        return run()
-    tracer = trace.get_tracer(TRACER)
+    tracer = _tracer()
+    if tracer is None:
+        if trace is None or not job.trace_context:
+            return run()
+        # No tracer provider here, but the dispatch's context: a non-recording span that
+        # carries it, so instrumentation inside the job can still propagate it.
+        tracer = trace.get_tracer(TRACER)
     parent = propagate.extract(job.trace_context) if job.trace_context else None
     attributes: dict[str, Any] = {
         "messaging.system": SYSTEM,

@@ -182,6 +182,33 @@ def test_without_a_configured_sdk_nothing_is_stored_and_no_query_added(
     assert Job.objects.get(pk=job.pk).state == "succeeded"
 
 
+def test_without_a_tracer_provider_a_run_still_carries_its_dispatch_context():
+    """No SDK in the worker (the hooks call straight through), but a job dispatched from a
+    traced process: the run is in a non-recording span with the dispatch's context, so
+    what the job calls can propagate the trace."""
+    from django_gator import tracing
+    from django_gator.rows import ClaimedJob
+
+    assert tracing._tracer() is None  # no provider configured in this test
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    job = ClaimedJob(
+        id=1,
+        name=Noop.name,
+        args=[],
+        kwargs={},
+        queue="q",
+        priority=0,
+        attempts=1,
+        rescues=0,
+        trace_context={"traceparent": f"00-{trace_id}-b7ad6b7169203331-01"},
+    )
+    current = tracing.traced_run(job, lambda: trace.get_current_span().get_span_context())
+    assert f"{current.trace_id:032x}" == trace_id
+    assert not trace.get_current_span().get_span_context().is_valid  # detached after
+    job.trace_context = None
+    assert tracing.traced_run(job, lambda: "ran") == "ran"
+
+
 def test_without_opentelemetry_installed_jobs_dispatch_and_run():
     code = textwrap.dedent(
         """
