@@ -24,15 +24,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.soak.cluster import ThrowawayCluster, recreate_database, server_facts
+from benchmarks.soak.cluster import (
+    ThrowawayCluster,
+    migrated_django,
+    run_facts,
+    server_facts,
+    throwaway_arguments,
+)
 
 QUEUES = 8
 
@@ -42,9 +46,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--finished", type=int, default=1_000_000, help="finished jobs")
     p.add_argument("--live", type=int, default=4_000, help="waiting, failed and running jobs")
     p.add_argument("--reps", type=int, default=30, help="timed refreshes of each way")
-    p.add_argument("--port", type=int, default=5493, help="port of the throwaway cluster")
-    p.add_argument("--pg-bindir", default="/usr/lib/postgresql/15/bin")
-    p.add_argument("--out", type=Path, help="JSON report")
+    throwaway_arguments(p, 5493)
     p.add_argument("--plans", type=Path, help="text file for the EXPLAIN output")
     return p
 
@@ -244,29 +246,12 @@ def main(argv: list[str] | None = None) -> int:
     cluster = ThrowawayCluster(args.port, args.pg_bindir)
     try:
         url = cluster.start("gator_soak_figures")
-        recreate_database(url)
-        os.environ["DATABASE_URL"] = url
-        os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.pruning.settings"
-        import django
-
-        django.setup()
-        from django.core.management import call_command
+        migrated_django(url, "benchmarks.pruning.settings")
         from django.db import connection
 
-        call_command("migrate", verbosity=0)
-        report: dict[str, Any] = {
-            "meta": {
-                "date": datetime.now(UTC).isoformat(timespec="seconds"),
-                "host": platform.node(),
-                "cpus": os.cpu_count(),
-                "load_average": os.getloadavg(),
-                "python": platform.python_version(),
-                "django": django.get_version(),
-                "finished": args.finished,
-                "live": args.live,
-                "command": "python -m benchmarks.queue_figures " + " ".join(argv or sys.argv[1:]),
-            }
-        }
+        command = "python -m benchmarks.queue_figures " + " ".join(argv or sys.argv[1:])
+        report: dict[str, Any] = {"meta": run_facts(command)}
+        report["meta"] |= {"finished": args.finished, "live": args.live}
         with connection.cursor() as cursor:
             report["meta"]["server"] = server_facts(cursor)
             started = time.perf_counter()

@@ -258,11 +258,15 @@ def create_groups_index(apps: Any, schema_editor: Any) -> None:
 def restore_groups_index(job: Any, schema_editor: Any) -> None:
     """Re-create the dead-job screen's index of migration 0005 where it is missing (see
     restore_claim_indexes: SQLite table rebuilds drop it)."""
+    _add_if_missing(job, schema_editor, groups_index())
+
+
+def _add_if_missing(job: Any, schema_editor: Any, index: models.Index) -> None:
     connection = schema_editor.connection
     with connection.cursor() as cursor:
         existing = connection.introspection.get_constraints(cursor, job._meta.db_table)
-    if groups_index().name not in existing:
-        schema_editor.add_index(job, groups_index())
+    if index.name not in existing:
+        schema_editor.add_index(job, index)
 
 
 def restore_after_rebuild(apps: Any, schema_editor: Any) -> None:
@@ -324,11 +328,7 @@ def create_dead_queue_index(apps: Any, schema_editor: Any) -> None:
 def restore_dead_queue_index(job: Any, schema_editor: Any) -> None:
     """Create 0016's index where it is missing (on SQLite, a later migration that rebuilds
     the table must call this, as those before it call restore_after_rebuild)."""
-    connection = schema_editor.connection
-    with connection.cursor() as cursor:
-        existing = connection.introspection.get_constraints(cursor, job._meta.db_table)
-    if dead_queue_index().name not in existing:
-        schema_editor.add_index(job, dead_queue_index())
+    _add_if_missing(job, schema_editor, dead_queue_index())
 
 
 def drop_dead_queue_index(apps: Any, schema_editor: Any) -> None:

@@ -30,16 +30,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import threading
 import time
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-from benchmarks.soak.cluster import ThrowawayCluster, recreate_database, server_facts
+from benchmarks.pruning.jobs import NAMES, RARE
+from benchmarks.soak.cluster import (
+    ThrowawayCluster,
+    migrated_django,
+    run_facts,
+    server_facts,
+    throwaway_arguments,
+)
 
 STEP = 500_000
 
@@ -50,27 +54,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--days", type=int, default=35, help="spread of finished_at, in days")
     p.add_argument("--ready", type=int, default=50_000, help="due jobs to claim from")
     p.add_argument("--claims", type=int, default=200, help="timed claims per measurement")
-    p.add_argument("--port", type=int, default=5497, help="port of the throwaway cluster")
-    p.add_argument("--pg-bindir", default="/usr/lib/postgresql/15/bin")
-    p.add_argument("--out", type=Path, help="JSON report")
+    throwaway_arguments(p, 5497)
     p.add_argument(
         "--pages-only", action="store_true", help="measure before pruning only, then stop"
     )
     return p
 
 
-#: Job names of the history: eight common ones, and a rare one (1 job in 100,000).
-NAMES = (
-    "SendEmail",
-    "ResizeImage",
-    "SyncAccount",
-    "ChargeCard",
-    "IndexDocument",
-    "Notify",
-    "ExportCsv",
-    "Webhook",
-)
-RARE_NAME = "app.jobs.YearlyReport"
+RARE_NAME = f"app.jobs.{RARE}"
 ERRORS = (
     "TimeoutError",
     "ConnectionError",
@@ -337,35 +328,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         url = cluster.start("gator_soak_prune")
         print(f"throwaway cluster in {cluster.directory}, port {args.port}", flush=True)
-        recreate_database(url)
-        os.environ["DATABASE_URL"] = url
-        os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.pruning.settings"
-        import django
-
-        django.setup()
+        migrated_django(url, "benchmarks.pruning.settings")
         from django.contrib.auth import get_user_model
-        from django.core.management import call_command
         from django.db import connection
 
-        call_command("migrate", verbosity=0)
         get_user_model().objects.create_superuser("bench", "bench@example.com", "bench")
         from django_gator.models import Batch
 
         batch = Batch.objects.create(description="bench", size=BATCH_MEMBERS, closed=True)
-        report: dict[str, Any] = {
-            "meta": {
-                "date": datetime.now(UTC).isoformat(timespec="seconds"),
-                "host": platform.node(),
-                "cpus": os.cpu_count(),
-                "load_average": os.getloadavg(),
-                "python": platform.python_version(),
-                "django": django.get_version(),
-                "rows": args.rows,
-                "days": args.days,
-                "ready": args.ready,
-                "retention_s": 7 * 86400,
-                "command": "python -m benchmarks.pruning " + " ".join(argv or sys.argv[1:]),
-            }
+        command = "python -m benchmarks.pruning " + " ".join(argv or sys.argv[1:])
+        report: dict[str, Any] = {"meta": run_facts(command)}
+        report["meta"] |= {
+            "rows": args.rows,
+            "days": args.days,
+            "ready": args.ready,
+            "retention_s": 7 * 86400,
         }
         with connection.cursor() as cursor:
             report["meta"]["server"] = server_facts(cursor)

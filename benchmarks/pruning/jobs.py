@@ -7,6 +7,7 @@ from typing import Any
 
 from django_gator import Queueable
 
+#: The history's eight common job names, and a rare one (1 job in 100,000).
 NAMES = (
     "SendEmail",
     "ResizeImage",
@@ -16,8 +17,8 @@ NAMES = (
     "Notify",
     "ExportCsv",
     "Webhook",
-    "YearlyReport",
 )
+RARE = "YearlyReport"
 
 
 def _handle(self: Queueable, *args: Any) -> None:

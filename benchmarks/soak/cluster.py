@@ -175,3 +175,43 @@ def server_facts(cursor: Any) -> dict[str, Any]:
         name: f"{setting}{' ' + unit if unit else ''}" for name, setting, unit in cursor.fetchall()
     }
     return facts
+
+
+def throwaway_arguments(parser: Any, port: int) -> None:
+    """The options of a benchmark that starts a throwaway cluster: its port, PostgreSQL's
+    binaries, where the JSON report goes."""
+    parser.add_argument("--port", type=int, default=port, help="port of the throwaway cluster")
+    parser.add_argument("--pg-bindir", default="/usr/lib/postgresql/15/bin")
+    parser.add_argument("--out", type=Path, help="JSON report")
+
+
+def migrated_django(url: str, settings: str) -> None:
+    """Re-create the database at ``url`` (see recreate_database), point Django's settings
+    module ``settings`` at it (through DATABASE_URL), set Django up and migrate."""
+    recreate_database(url)
+    os.environ["DATABASE_URL"] = url
+    os.environ["DJANGO_SETTINGS_MODULE"] = settings
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def run_facts(command: str) -> dict[str, Any]:
+    """When, where and with what a benchmark ran (after migrated_django)."""
+    import platform
+    from datetime import UTC, datetime
+
+    import django
+
+    return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "python": platform.python_version(),
+        "django": django.get_version(),
+        "command": command,
+    }
