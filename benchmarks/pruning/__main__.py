@@ -187,6 +187,7 @@ PAGES = (
     ("job list, queue=rare (32 rows)", "job/?queue=rare"),
     ("job list, name=SendEmail (12 %)", "job/?name=app.jobs.SendEmail"),
     (f"job list, name={RARE_NAME} (50 rows)", f"job/?name={RARE_NAME}"),
+    ("job list, error class=TimeoutError (625 rows)", "job/?error_class=TimeoutError"),
     ("job list, page 200", "job/?p=200"),
     ("job list, search a job id", "job/?q={dead}"),
     ("job list, search ResizeImage", "job/?q=ResizeImage"),
