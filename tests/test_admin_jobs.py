@@ -153,28 +153,35 @@ def test_a_long_filtered_list_is_counted_exactly_only_up_to_a_cap(admin_client, 
         assert waiting == 9  # no estimate here: counted exactly
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_a_filtered_list_of_one_page_is_read_once_and_counted_from_it(admin_client):
     """A rare queue among millions of rows has no index to find it: the list reads it once,
     not once to count it and once more to show it."""
     JobFactory.create_batch(3, queue="few")
     JobFactory.create_batch(60, queue="many")
+    analyze()
     connection.ensure_connection()
 
     def job_reads(**query: str) -> tuple[list[str], Any]:
         with CaptureQueriesContext(connection) as captured:
             response = admin_client.get(reverse(CHANGELIST), query)
         assert response.status_code == 200
-        sql = [q["sql"] for q in captured.captured_queries]
-        return [s for s in sql if 'WHERE "django_gator_job"."queue" =' in s.replace("`", '"')], (
-            response.context["cl"]
-        )
+        sql = [q["sql"].replace("`", '"') for q in captured.captured_queries]
+        return [
+            s for s in sql if 'WHERE "django_gator_job"."queue" =' in s and "EXPLAIN" not in s
+        ], response.context["cl"]
 
     reads, cl = job_reads(queue="few")
     assert len(reads) == 1, reads
     assert "COUNT(" not in reads[0]
+    if connection.vendor == "postgresql":
+        # The planner expects few rows: ordered by id + 0, so it reads them by a scan and
+        # sorts them instead of walking the primary key from the newest job.
+        assert '("django_gator_job"."id" + 0) DESC' in reads[0], reads[0]
     assert cl.result_count == 3
-    assert len(list(cl.result_list)) == 3
+    assert [job.pk for job in cl.result_list] == list(
+        Job.objects.filter(queue="few").order_by("-pk").values_list("pk", flat=True)
+    )
     # Longer than a page: the first page's read, then the count (capped); not a third read.
     reads, cl = job_reads(queue="many")
     assert len(reads) == 2, reads

@@ -10,7 +10,8 @@ On a jobs table of millions of rows, what Django's admin does by default costs s
   than a page: when that is all there is, it is the count, and the page is not read again.
   A filter that matches few rows among millions, on a column without an index (a rare
   queue or job name), reads the whole table once instead of twice (for the count, then for
-  the rows).
+  the rows), and by a plain scan rather than a walk of the primary key (see
+  :func:`first_rows`).
 - **The search box.** Text (job name, error, argument text) has no index: the database
   reads every row of the list it searches (6 to 15 s at 5,000,000 rows). A text search
   reads at most the jobs with the newest :data:`SEARCH_WINDOW` ids when the list it
@@ -29,7 +30,7 @@ from django.contrib import admin
 from django.contrib.admin.views.main import PAGE_VAR, ChangeList
 from django.core.paginator import Page, Paginator
 from django.db import DatabaseError, connections
-from django.db.models import Max, TextField
+from django.db.models import BigIntegerField, ExpressionWrapper, F, Max, TextField
 from django.db.models.functions import Cast
 from django.http import HttpRequest, HttpResponse
 from django.utils.functional import cached_property
@@ -79,7 +80,7 @@ class EstimatedCountPaginator(Paginator):
             total, _exact = stats.estimated_total(getattr(object_list, "db", None))
             return total
         if self.first_page:
-            self.head = list(object_list[: self.per_page + 1])
+            self.head = list(first_rows(object_list)[: self.per_page + 1])
             if len(self.head) <= self.per_page:
                 return len(self.head)
         capped = object_list.order_by()[: self.exact_up_to + 1].count()
@@ -92,6 +93,31 @@ class EstimatedCountPaginator(Paginator):
         if self.head is not None and self.validate_number(number) == 1:
             return Page(self.head[: self.per_page], 1, self)
         return super().page(number)
+
+
+#: A filtered list PostgreSQL expects to be this short is read whole and sorted, rather
+#: than by walking the primary key from the newest job until a page is found.
+FEW_ROWS = 200
+#: The job list's default order (the ChangeList may repeat it, as its tie-breaker).
+NEWEST_FIRST = {"-id", "-pk"}
+
+
+def first_rows(queryset: Any) -> Any:
+    """``queryset`` (newest first), ordered so that PostgreSQL reads a short list whole.
+
+    Ordered by ``-id``, PostgreSQL finds a page of a filtered list by walking the primary
+    key from the newest job, which is fast when the filter matches often and reads the
+    whole table's index and rows when it matches a few dozen rows of millions (a queue or
+    job name without an index: 1.5-2 s at 5,000,000 rows). When the planner expects at
+    most :data:`FEW_ROWS`, the same order by ``id + 0`` makes it read the rows by their
+    own filter (or a plain scan) and sort them: the same rows in the same order."""
+    order = set(queryset.query.order_by)
+    if not order or not order <= NEWEST_FIRST:
+        return queryset
+    planned = planned_rows(queryset)
+    if planned is None or planned > FEW_ROWS:
+        return queryset
+    return queryset.order_by(ExpressionWrapper(F("id") + 0, output_field=BigIntegerField()).desc())
 
 
 class JobChangeList(ChangeList):
