@@ -30,10 +30,9 @@ from django_gator.retry import Interval, Retry
 from django_gator.wording import article
 
 if TYPE_CHECKING:
-    from django_gator.models import Batch
     from datetime import datetime, timedelta
 
-    from django_gator.models import Job
+    from django_gator.models import Batch, Job
 
 #: A middleware: called as ``middleware(job, call_next)``; returns what ``call_next()`` returns.
 Middleware = Callable[[Any, Callable[[], Any]], Any]
