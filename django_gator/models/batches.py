@@ -224,6 +224,7 @@ class Batch(models.Model):
         return int(self.pk)
 
     def _active_member(self, alias: str) -> JobQuerySet:
+        assert self._member is not None
         return Job.objects.using(alias).filter(
             pk=self._member, batch_id=self.pk, state__in=ACTIVE_STATES
         )

@@ -181,15 +181,16 @@ def _settle_batch_step(
     step = steps.select_for_update().filter(position=position, batch_id=batch_id).first()
     if step is None:
         return
+    state: str
     if probe.cancelled or (probe.dead and step.on_dead == ON_DEAD_CANCEL):
-        state = JobState.CANCELLED if probe.cancelled and not probe.dead else JobState.DEAD
+        state = StepState.CANCELLED if probe.cancelled and not probe.dead else StepState.DEAD
         member = probe.dead or probe.cancelled
     elif probe.active or not probe.closed:
         state, member = StepState.RELEASED, None
     elif probe.dead:
-        state, member = JobState.DEAD, probe.dead
+        state, member = StepState.DEAD, probe.dead
     else:
-        state, member = JobState.SUCCEEDED, None
+        state, member = StepState.SUCCEEDED, None
     # A member the engine saw locked (MariaDB) has no id to name here.
     who = f"batch {batch_id}" + (f", job {member}" if member and member > 0 else "")
     _move(alias, steps, step, state, who, member if member and member > 0 else None, out)
