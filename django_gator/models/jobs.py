@@ -387,11 +387,11 @@ class Job(models.Model):
             # Pruning, the admin's state filter and the dashboard counts.
             models.Index(fields=["state", "finished_at"], name="gator_job_state_finished"),
             models.Index(fields=["chain_id"], name="gator_job_chain"),
-            # A batch's members by state: its completion check and its admin page.
-            models.Index(fields=["batch_id", "state"], name="gator_job_batch"),
         ]
         # The dead-job screen's partial index (dead and failed rows only) is created by
-        # migration 0005 on PostgreSQL and SQLite; see django_gator.indexes.
+        # migration 0005 on PostgreSQL and SQLite, and the index of batch members by state
+        # (partial there: batch rows only; a full one on MySQL/MariaDB) by 0012 and 0017;
+        # see django_gator.indexes.
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(priority__gte=PRIORITY_MIN, priority__lte=PRIORITY_MAX),
