@@ -33,8 +33,9 @@ member succeeded while others still run (what it had cancelled waits again).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.db import models
@@ -43,6 +44,7 @@ from django.utils import timezone
 
 from django_gator.models import membership
 from django_gator.models.jobs import Job, cancel_hooks
+from django_gator.models.pruning import Pruned, delete_in_batches
 from django_gator.states import FINAL_STATES, JobState, StepState
 from django_gator.validation import NAME_MAX_LENGTH, QUEUE_MAX_LENGTH
 
@@ -50,6 +52,40 @@ from django_gator.validation import NAME_MAX_LENGTH, QUEUE_MAX_LENGTH
 ON_DEAD_CANCEL = "cancel"
 ON_DEAD_CONTINUE = "continue"
 ON_DEAD_CHOICES = ((ON_DEAD_CANCEL, "Cancel its descendants"), (ON_DEAD_CONTINUE, "Continue"))
+
+
+class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
+    def finished(self, *, before: datetime | None = None) -> WorkflowRunQuerySet:
+        """Workflows whose every step has ended and none of whose jobs is left (each was
+        pruned, past its own retention; a dead step's job waits for an operator, so its
+        workflow, which a retry may bring back, stays); with ``before``, only those
+        created before it."""
+        open_steps = WorkflowStep.objects.filter(
+            workflow=models.OuterRef("pk"), state__in=(StepState.BLOCKED, StepState.RELEASED)
+        )
+        rows = self.exclude(models.Exists(open_steps)).exclude(
+            models.Exists(Job.objects.filter(chain_id=models.OuterRef("pk")))
+        )
+        return rows if before is None else rows.filter(created_at__lt=before)
+
+    def prune(
+        self,
+        *,
+        before: datetime | None = None,
+        batch_size: int = 1000,
+        max_batches: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> Pruned:
+        """Delete the finished workflows of this queryset and their steps, ``batch_size``
+        workflows per transaction (see
+        :func:`~django_gator.models.pruning.delete_in_batches`)."""
+        return delete_in_batches(
+            self.finished(before=before),
+            ("created_at", "id"),
+            batch_size=batch_size,
+            max_batches=max_batches,
+            progress=progress,
+        )
 
 
 class WorkflowRun(models.Model):
@@ -65,6 +101,8 @@ class WorkflowRun(models.Model):
         help_text="Job dispatched with (workflow id, job id) when a step ends dead.",
     )
     created_at = models.DateTimeField(default=timezone.now)
+
+    objects = WorkflowRunQuerySet.as_manager()
 
     class Meta:
         db_table = "django_gator_workflow"
