@@ -30,7 +30,13 @@ from django_gator.states import StepState
 from django_gator.testing import run_jobs
 from tests.admin_helpers import operator
 from tests.conftest import run_worker, wait_for, worker_output
-from tests.test_workflows import descendants, random_dag, steps_by_position
+from tests.test_workflows import (
+    descendants,
+    random_dag,
+    run_with_fault,
+    steps_by_position,
+    succeeded_steps,
+)
 from tests.testapp.jobs import DagStep, Echo, FanOut, Noop, Record, WorkflowFailed
 from tests.testapp.models import Execution
 
@@ -460,24 +466,10 @@ def test_a_fault_at_a_members_commit_boundary_releases_the_next_step_once(spawn_
     """A worker SIGKILLed, or losing its commit's answer, around the success of a batch
     step's last member (which releases the next step): the next step gets one job and
     runs once, after every member's successful run."""
-    from tests.test_boundaries import FAST
-
     wf = Workflow()
     wf.add(DagStep, 1, after=[wf.add_batch(DagStep, members(0, 2))])
     run = wf.dispatch()
-    faulty = spawn_worker("--concurrency", "1", env={**FAST, "GATOR_TEST_FAULT": fault})
-    if fault.startswith("kill_"):
-        assert faulty.wait(timeout=60) == -signal.SIGKILL, worker_output(faulty)
-        finisher = spawn_worker("--concurrency", "1", env=FAST)
-    else:
-        finisher = faulty
-    wait_for(
-        lambda: WorkflowStep.objects.filter(workflow=run, state=StepState.SUCCEEDED).count() == 2,
-        timeout=60,
-    )
-    finisher.send_signal(signal.SIGTERM)
-    assert finisher.wait(timeout=30) == 0, worker_output(finisher)
-    assert f"FAULT {fault}" in worker_output(faulty)
+    run_with_fault(spawn_worker, fault, lambda: succeeded_steps(run) == 2)
 
     assert Job.objects.filter(chain_id=run.id, chain_position=1).count() == 1
     ran = ledger()

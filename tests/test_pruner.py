@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -18,6 +20,28 @@ from django_gator.worker.supervisor import WorkerProcess
 from tests.conftest import wait_for
 from tests.factories import JobFactory
 from tests.testapp.jobs import Noop
+
+
+@contextmanager
+def live_worker() -> Iterator[WorkerProcess]:
+    """A worker (its pruner included) running in a thread of this process until the block
+    ends; then it is stopped and its thread must end."""
+    worker = WorkerProcess(concurrency=2, install_signal_handlers=False)
+
+    def run() -> None:
+        try:
+            worker.run()
+        finally:
+            connections.close_all()  # this thread's own (registering the worker)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.request_stop()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
 
 
 def db_now():
@@ -104,17 +128,7 @@ def test_a_worker_keeps_a_steady_trickle_of_jobs_at_a_bounded_row_count(settings
     settings.GATOR_PRUNE_SUCCEEDED_AFTER = 0.5
     settings.GATOR_PRUNE_INTERVAL = 0.2
     settings.GATOR_PRUNE_PAUSE = 0
-    worker = WorkerProcess(concurrency=2, install_signal_handlers=False)
-
-    def run() -> None:
-        try:
-            worker.run()
-        finally:
-            connections.close_all()  # this thread's own (registering the worker)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    try:
+    with live_worker() as worker:
         dispatched = 0
         counts = []
         # 300 jobs, five every 20 ms or so: about 6 s on a quiet machine (a busy one takes
@@ -135,10 +149,6 @@ def test_a_worker_keeps_a_steady_trickle_of_jobs_at_a_bounded_row_count(settings
         assert pruner is not None
         # All by the pruner (its count is added up at the end of its pass).
         wait_for(lambda: pruner.deleted == dispatched, timeout=10)
-    finally:
-        worker.request_stop()
-        thread.join(timeout=30)
-    assert not thread.is_alive()
 
 
 def finished_groups() -> dict[str, object]:
@@ -241,17 +251,7 @@ def test_a_worker_keeps_a_trickle_of_batches_and_workflows_at_a_bounded_row_coun
     unfinished.dispatch(wait=3600)
     still_open = Batch(description="open")
     still_open.add(Noop, wait=3600)
-    worker = WorkerProcess(concurrency=2, install_signal_handlers=False)
-
-    def run() -> None:
-        try:
-            worker.run()
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    try:
+    with live_worker() as worker:
         rounds = 60
         counts = []
         deadline = time.monotonic() + 120
@@ -283,7 +283,3 @@ def test_a_worker_keeps_a_trickle_of_batches_and_workflows_at_a_bounded_row_coun
         assert WorkflowStep.objects.count() == 2
         assert worker.pruner is not None
         wait_for(lambda: worker.pruner.deleted_workflows == rounds, timeout=10)
-    finally:
-        worker.request_stop()
-        thread.join(timeout=30)
-    assert not thread.is_alive()

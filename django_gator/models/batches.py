@@ -13,7 +13,7 @@ batch; this module cannot call it (the engines sit above the models), so the app
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -25,7 +25,7 @@ from django_gator import conf
 from django_gator.exceptions import JobNotRegistered
 from django_gator.models import membership
 from django_gator.models.jobs import Job, JobQuerySet
-from django_gator.models.pruning import Pruned, delete_in_batches
+from django_gator.models.pruning import Prunable
 from django_gator.registry import get_job_class, is_registered
 from django_gator.states import ACTIVE_STATES, JobState
 from django_gator.validation import NAME_MAX_LENGTH
@@ -68,7 +68,9 @@ class BatchError(ValueError):
     """A batch refused a dispatch, or refused to close."""
 
 
-class BatchQuerySet(models.QuerySet["Batch"]):
+class BatchQuerySet(Prunable, models.QuerySet["Batch"]):
+    prune_order = ("id",)
+
     def finished(self, *, before: datetime | None = None) -> BatchQuerySet:
         """Closed, completed batches none of whose members is left (each was pruned, past
         its own retention); with ``before``, only those completed before it. A batch with
@@ -77,24 +79,6 @@ class BatchQuerySet(models.QuerySet["Batch"]):
             models.Exists(Job.objects.filter(batch_id=models.OuterRef("pk")))
         )
         return rows if before is None else rows.filter(completed_at__lt=before)
-
-    def prune(
-        self,
-        *,
-        before: datetime | None = None,
-        batch_size: int = 1000,
-        max_batches: int | None = None,
-        progress: Callable[[int], None] | None = None,
-    ) -> Pruned:
-        """Delete the finished batches of this queryset, ``batch_size`` per transaction (see
-        :func:`~django_gator.models.pruning.delete_in_batches`)."""
-        return delete_in_batches(
-            self.finished(before=before),
-            ("id",),
-            batch_size=batch_size,
-            max_batches=max_batches,
-            progress=progress,
-        )
 
 
 class Batch(models.Model):

@@ -5,7 +5,8 @@ and workflows none of whose jobs is left (see :meth:`JobQuerySet.prune`,
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from datetime import datetime
+from typing import Any, ClassVar, NamedTuple
 
 from django.db import connections, transaction
 
@@ -58,3 +59,31 @@ def delete_in_batches(
             progress(count)
         if len(ids) < batch_size:
             return Pruned(deleted, batches, stopped=False)
+
+
+class Prunable:
+    """``prune()`` for a queryset class with ``finished(before=...)``: the rows whose
+    every job is gone (batches, workflows), deleted in ``prune_order``."""
+
+    prune_order: ClassVar[tuple[str, ...]] = ("pk",)
+
+    def finished(self, *, before: datetime | None = None) -> Any:
+        raise NotImplementedError
+
+    def prune(
+        self,
+        *,
+        before: datetime | None = None,
+        batch_size: int = 1000,
+        max_batches: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> Pruned:
+        """Delete the finished rows of this queryset (with ``before``: finished before it),
+        ``batch_size`` per transaction (see :func:`delete_in_batches`)."""
+        return delete_in_batches(
+            self.finished(before=before),
+            self.prune_order,
+            batch_size=batch_size,
+            max_batches=max_batches,
+            progress=progress,
+        )

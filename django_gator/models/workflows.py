@@ -33,7 +33,7 @@ member succeeded while others still run (what it had cancelled waits again).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -44,7 +44,7 @@ from django.utils import timezone
 
 from django_gator.models import membership
 from django_gator.models.jobs import Job, cancel_hooks
-from django_gator.models.pruning import Pruned, delete_in_batches
+from django_gator.models.pruning import Prunable
 from django_gator.states import FINAL_STATES, JobState, StepState
 from django_gator.validation import NAME_MAX_LENGTH, QUEUE_MAX_LENGTH
 
@@ -54,7 +54,9 @@ ON_DEAD_CONTINUE = "continue"
 ON_DEAD_CHOICES = ((ON_DEAD_CANCEL, "Cancel its descendants"), (ON_DEAD_CONTINUE, "Continue"))
 
 
-class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
+class WorkflowRunQuerySet(Prunable, models.QuerySet["WorkflowRun"]):
+    prune_order = ("created_at", "id")
+
     def finished(self, *, before: datetime | None = None) -> WorkflowRunQuerySet:
         """Workflows whose every step has ended and none of whose jobs is left (each was
         pruned, past its own retention; a dead step's job waits for an operator, so its
@@ -67,25 +69,6 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
             models.Exists(Job.objects.filter(chain_id=models.OuterRef("pk")))
         )
         return rows if before is None else rows.filter(created_at__lt=before)
-
-    def prune(
-        self,
-        *,
-        before: datetime | None = None,
-        batch_size: int = 1000,
-        max_batches: int | None = None,
-        progress: Callable[[int], None] | None = None,
-    ) -> Pruned:
-        """Delete the finished workflows of this queryset and their steps, ``batch_size``
-        workflows per transaction (see
-        :func:`~django_gator.models.pruning.delete_in_batches`)."""
-        return delete_in_batches(
-            self.finished(before=before),
-            ("created_at", "id"),
-            batch_size=batch_size,
-            max_batches=max_batches,
-            progress=progress,
-        )
 
 
 class WorkflowRun(models.Model):
