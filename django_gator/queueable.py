@@ -247,7 +247,8 @@ class Queueable:
         ``add()`` and ``add_many()`` dispatch more members, even into a closed batch (it
         cannot complete while this job runs): a workflow's batch step fans out this way,
         its members only known once a member runs. Make such a job ``atomic`` so that a
-        retried attempt does not add its members twice."""
+        retried attempt does not add its members twice. It reads the database: from an
+        ``async def handle()``, call it (and the dispatches) through ``sync_to_async``."""
         if self.job_id is None:
             return None
         from django_gator.models import Batch  # see cancel_requested
