@@ -50,14 +50,19 @@ def _spawn(env: dict[str, str], log_dir: Path, n: int) -> subprocess.Popen[bytes
 
 def _drain_with_kills(rng: random.Random, log_dir: Path, done: Callable[[], bool]) -> int:
     """Three worker processes (each restarted after a SIGKILL, KILLS of them at random
-    moments) until ``done()``; then stopped. Returns the kills made."""
+    moments) until ``done()`` and every job succeeded; then stopped. Returns the kills
+    made."""
+
+    def drained() -> bool:
+        return done() and not Job.objects.exclude(state=JobState.SUCCEEDED).exists()
+
     env = worker_env(GATOR_HEARTBEAT_TIMEOUT="3", GATOR_MAX_RESCUES="10")
     procs = [_spawn(env, log_dir, n) for n in range(WORKERS)]
     spawned = WORKERS
     kills = 0
     started = time.monotonic()
     try:
-        while not _retry_db(done):
+        while not _retry_db(drained):
             assert time.monotonic() - started < 120 + JOBS / 20, f"no drain; logs {log_dir}"
             time.sleep(rng.uniform(0.5, 1.5))
             if kills < KILLS:
@@ -103,14 +108,8 @@ def test_a_batch_under_sigkills_dispatches_each_callback_exactly_once(tmp_path: 
         RecordWithRetry.dispatch_many(_members(rng, "b"))
     callbacks = (AtomicBatchCompleted.name, AtomicBatchSucceeded.name)
     started = time.monotonic()
-    kills = _drain_with_kills(
-        rng,
-        tmp_path,
-        lambda: (
-            Job.objects.filter(name__in=callbacks, state=JobState.SUCCEEDED).count() == 2
-            and not Job.objects.exclude(state=JobState.SUCCEEDED).exists()
-        ),
-    )
+    succeeded = Job.objects.filter(name__in=callbacks, state=JobState.SUCCEEDED)
+    kills = _drain_with_kills(rng, tmp_path, lambda: succeeded.count() == 2)
 
     members = Job.objects.filter(batch_id=batch.pk)
     assert members.count() == JOBS
@@ -141,14 +140,8 @@ def test_a_workflows_batch_step_under_sigkills_releases_its_dependent_exactly_on
     wf.add(AtomicBatchCompleted, 0, after=[wf.add_batch(RecordWithRetry, _members(rng, "w"))])
     run = wf.dispatch()
     started = time.monotonic()
-    kills = _drain_with_kills(
-        rng,
-        tmp_path,
-        lambda: (
-            WorkflowStep.objects.filter(workflow=run, state=StepState.SUCCEEDED).count() == 2
-            and not Job.objects.exclude(state=JobState.SUCCEEDED).exists()
-        ),
-    )
+    succeeded = WorkflowStep.objects.filter(workflow=run, state=StepState.SUCCEEDED)
+    kills = _drain_with_kills(rng, tmp_path, lambda: succeeded.count() == 2)
 
     members = Job.objects.filter(chain_id=run.id, chain_position=0)
     assert members.count() == JOBS
