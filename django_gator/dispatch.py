@@ -259,6 +259,12 @@ def _write_members(
             batch_id = member_of.admit(alias, len(rows))
             for row, job in zip(rows, jobs, strict=True):
                 row.batch_id = job.batch_id = batch_id
+            if member_of.step_of is not None:
+                # Members of a workflow's batch step: their ends settle the step.
+                workflow_id, position = member_of.step_of
+                for row, job in zip(rows, jobs, strict=True):
+                    row.chain_id, row.chain_position = workflow_id.hex, position
+                    job.chain_id, job.chain_position = workflow_id, position
             return _write_rows(job_class, alias, rows, jobs)
     return _write_rows(job_class, alias, rows, jobs)
 

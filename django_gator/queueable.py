@@ -32,7 +32,7 @@ from django_gator.wording import article
 if TYPE_CHECKING:
     from datetime import datetime, timedelta
 
-    from django_gator.models import Job
+    from django_gator.models import Batch, Job
 
 #: A middleware: called as ``middleware(job, call_next)``; returns what ``call_next()`` returns.
 Middleware = Callable[[Any, Callable[[], Any]], Any]
@@ -242,6 +242,19 @@ class Queueable:
         )
         return self._cancel_seen
 
+    def batch(self) -> Batch | None:
+        """The batch this running job is a member of (None if it is in none). Its
+        ``add()`` and ``add_many()`` dispatch more members, even into a closed batch (it
+        cannot complete while this job runs): a workflow's batch step fans out this way,
+        its members only known once a member runs. Make such a job ``atomic`` so that a
+        retried attempt does not add its members twice. It reads the database: from an
+        ``async def handle()``, call it (and the dispatches) through ``sync_to_async``."""
+        if self.job_id is None:
+            return None
+        from django_gator.models import Batch  # see cancel_requested
+
+        return Batch.of_member(self.job_id)
+
     async def acancel_requested(self) -> bool:
         """:meth:`cancel_requested` for an ``async def`` handler (its database read runs
         in a thread, as the async ORM's do)."""
@@ -329,7 +342,7 @@ class Queueable:
 
         return enqueue(
             cls,
-            _items(arguments),
+            dispatch_items(arguments),
             wait=wait,
             at=at,
             queue=queue,
@@ -372,13 +385,16 @@ class Queueable:
         from django_gator.dispatch import aenqueue  # not at the top: see dispatch() above
 
         options: dict[str, Any] = {"wait": wait, "at": at, "queue": queue, "priority": priority}
-        return await aenqueue(cls, _items(arguments), on_commit=on_commit, many=True, **options)
+        return await aenqueue(
+            cls, dispatch_items(arguments), on_commit=on_commit, many=True, **options
+        )
 
 
-def _items(
-    arguments: Iterable[Sequence[Any] | Mapping[str, Any]],
+def dispatch_items(
+    arguments: Iterable[Sequence[Any] | Mapping[str, Any]], caller: str = "dispatch_many()"
 ) -> list[tuple[Sequence[Any], Mapping[str, Any]]]:
-    """dispatch_many()'s items as (args, kwargs) pairs."""
+    """dispatch_many()'s items as (args, kwargs) pairs (``caller`` names the call in the
+    error about an item that is neither)."""
     items: list[tuple[Sequence[Any], Mapping[str, Any]]] = []
     for index, item in enumerate(arguments):
         if isinstance(item, Mapping):
@@ -387,7 +403,7 @@ def _items(
             items.append((item, {}))
         else:
             raise TypeError(
-                f"dispatch_many() item {index} is {article(type(item).__name__)}; "
+                f"{caller} item {index} is {article(type(item).__name__)}; "
                 "pass a list of positional arguments or a dict of keyword arguments"
             )
     return items
