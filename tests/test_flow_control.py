@@ -26,6 +26,7 @@ from django_gator.limits import Rate, parse_rate, validate_concurrency
 from django_gator.models import FlowStart, Job, JobState, Queue
 from django_gator.worker.claims import Claimer
 from django_gator.worker.flow import FlowRouter, class_limits
+from django_gator.worker.queues import QueueSpec
 from tests.admin_helpers import operator
 from tests.conftest import wait_for
 from tests.testapp.jobs import KeyedSpan, Noop, OneAtATime, RatedSpan, Span, sync_user
@@ -604,6 +605,26 @@ def test_a_burst_worker_drains_a_single_key_one_at_a_time(tmp_path):
     )
     # Two per key at once at most (KeyedSpan.concurrency_limit), and the limit was used.
     assert max_overlap(spans) == 2
+
+
+def test_the_ordinary_claim_of_a_queue_busy_with_limited_jobs_rests():
+    """A queue that holds jobs of limited classes and others: while its ordinary claim
+    finds nothing and the limited claim is made, the ordinary claim rests PLAIN_REST
+    seconds, unless a round finds nothing else."""
+    from django_gator.worker.claims import PLAIN_REST
+
+    now = [0.0]
+    claimer = Claimer(get_engine("default"), "w1", [QueueSpec("keyed")], clock=lambda: now[0])
+    keyed = KeyedSpan.dispatch_many([["/dev/null", str(i), 0] for i in range(4)])
+    assert sorted(j.id for j in claimer.claim(2)[0]) == [j.pk for j in keyed[:2]]
+    plain = Noop.dispatch(queue="keyed")
+    assert sorted(j.id for j in claimer.claim(1)[0]) == [keyed[2].pk]  # resting
+    now[0] += PLAIN_REST
+    assert [j.id for j in claimer.claim(1)[0]] == [plain.pk]
+    assert [j.id for j in claimer.claim(1)[0]] == [keyed[3].pk]  # resting again
+    # A round whose limited claim finds nothing makes the resting ordinary claim too.
+    late = Noop.dispatch(queue="keyed")
+    assert [j.id for j in claimer.claim(1)[0]] == [late.pk]
 
 
 def test_keyset_reads_find_higher_priorities_and_back_dated_jobs(monkeypatch):
