@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from datetime import timedelta
 from io import StringIO
 from typing import Any
@@ -18,6 +19,7 @@ from django.db import connection, connections, transaction
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 
 from django_gator import Queueable
 from django_gator.engines import get_engine
@@ -28,7 +30,8 @@ from django_gator.worker.claims import Claimer
 from django_gator.worker.flow import FlowRouter, class_limits
 from django_gator.worker.queues import QueueSpec
 from tests.admin_helpers import operator
-from tests.conftest import wait_for
+from tests.conftest import run_worker, wait_for
+from tests.factories import JobFactory, WorkerFactory
 from tests.testapp.jobs import KeyedSpan, Noop, OneAtATime, RatedSpan, Span, sync_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -593,7 +596,6 @@ def test_gator_queue_list_and_gator_status_show_limits():
 
 
 def test_a_burst_worker_drains_a_single_key_one_at_a_time(tmp_path):
-    from tests.conftest import run_worker
     from tests.test_flow_workers import max_overlap
 
     ledger = tmp_path / "ledger.txt"
@@ -605,6 +607,53 @@ def test_a_burst_worker_drains_a_single_key_one_at_a_time(tmp_path):
     )
     # Two per key at once at most (KeyedSpan.concurrency_limit), and the limit was used.
     assert max_overlap(spans) == 2
+
+
+def test_a_burst_worker_waits_for_a_rate_window_and_runs_every_due_job(tmp_path):
+    ledger = tmp_path / "ledger.txt"
+    jobs = RatedSpan.dispatch_many([[str(ledger), "k", 0]] * 7)  # 5 a second for key k
+    run_worker("rated", concurrency=4)
+    rows = Job.objects.filter(pk__in=[j.pk for j in jobs])
+    assert set(rows.values_list("state", flat=True)) == {JobState.SUCCEEDED}
+    starts = sorted(rows.values_list("locked_at", flat=True))
+    assert starts[5] - starts[0] >= timedelta(seconds=1)
+
+
+def test_a_burst_worker_waits_for_a_slot_held_by_a_job_running_elsewhere():
+    Queue.objects.set_limits("spans", concurrency=1, rate_limit=None, by="test")
+    holder = WorkerFactory()
+    elsewhere = JobFactory(running=True, name=Span.name, queue="spans", reserved_by=holder.id)
+    jobs = [Span.dispatch("/dev/null", "s", 0) for _ in range(2)]
+
+    def finish_elsewhere() -> None:
+        time.sleep(0.5)  # the other worker's job takes half a second
+        Job.objects.filter(pk=elsewhere.pk).update(
+            state=JobState.SUCCEEDED, finished_at=timezone.now()
+        )
+        connections.close_all()
+
+    finisher = threading.Thread(target=finish_elsewhere)
+    finisher.start()
+    run_worker("spans", concurrency=2)
+    finisher.join()
+    ended = Job.objects.get(pk=elsewhere.pk)
+    assert (ended.state, ended.rescues) == (JobState.SUCCEEDED, 0)
+    rows = Job.objects.filter(pk__in=[j.pk for j in jobs])
+    assert set(rows.values_list("state", flat=True)) == {JobState.SUCCEEDED}
+    assert all(row.locked_at >= ended.finished_at for row in rows)
+
+
+def test_a_burst_worker_does_not_wait_for_paused_queues_or_scheduled_jobs():
+    Queue.objects.set_limits("spans", concurrency=1, rate_limit=None, by="test")
+    holder = WorkerFactory()
+    elsewhere = JobFactory(running=True, name=Span.name, queue="spans", reserved_by=holder.id)
+    held = Span.dispatch("/dev/null", "s", 0)  # held back by the slot, in a paused queue
+    Queue.objects.pause("spans")
+    later = KeyedSpan.dispatch("/dev/null", "1", 0, wait=3600)  # due in an hour
+    run_worker("spans", "keyed", concurrency=2)
+    # It left at once: long before the holder's heartbeat lapsed (nothing was rescued).
+    assert Job.objects.get(pk=elsewhere.pk).state == JobState.RUNNING
+    assert {held.refresh_state(), later.refresh_state()} == {JobState.WAITING}
 
 
 def test_the_ordinary_claim_of_a_queue_busy_with_limited_jobs_rests():

@@ -23,7 +23,7 @@ spread over several queues can briefly run one more per key per extra queue.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from django_gator.engines.base import MARK_WIDTH, ClaimedJob, Engine
 from django_gator.engines.flow_postgresql import ClassRow, OneTripClaim, usable
@@ -37,6 +37,7 @@ from django_gator.engines.flow_walk import (
     logger,
 )
 from django_gator.engines.postgresql import PostgresEngine
+from django_gator.limits import parse_rate
 from django_gator.models import Queue
 from django_gator.registry import registered_jobs
 from django_gator.states import READY_SQL
@@ -87,6 +88,27 @@ class FlowClaims(FlowWalk):
 
     def _keyed_condition(self) -> str:
         return "flow_rank IS NOT NULL" if self.mysql else f"{READY_SQL} AND {KEYED_SQL}"
+
+    def held_back(self, queues: Iterable[str], limited: set[str]) -> bool:
+        """Whether one of ``queues`` holds a due job for the limited claim (its jobs of
+        limited classes; all its jobs if it is in ``limited``), the queue being neither
+        paused nor given a rate_limit that cannot be read. One index probe per queue."""
+        rows = Queue.objects.using(self.engine.alias).filter(name__in=list(queues))
+        now = self.engine.db_now()
+        with self.engine.connection.cursor() as cursor:
+            for row in sorted(rows, key=lambda r: r.name):
+                try:
+                    parse_rate(row.rate_limit)
+                except ValueError:
+                    continue
+                if row.paused:
+                    continue
+                for keyed in (True, False) if row.name in limited else (True,):
+                    sql, params = self._read_sql(row.name, keyed, set(), None, 1, now)
+                    cursor.execute(sql, params)
+                    if cursor.fetchone() is not None:
+                        return True
+        return False
 
     # -- the claim ---------------------------------------------------------------------------
     def claim(

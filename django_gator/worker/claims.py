@@ -182,6 +182,11 @@ class Claimer:
             self._queue_cache = (0.0, [])  # look for new queues next time
         return claimed, written
 
+    def held_back(self) -> bool:
+        """Whether a due job of this worker's queues waits for a limit that will let it
+        run (see FlowRouter.held_back): a burst worker waits for it instead of exiting."""
+        return self.flow.held_back([s.name for s in self.specs] if self.specs else None)
+
     def _ordinary(
         self, name: str, want: int, marks: Sequence[Mark]
     ) -> tuple[list[ClaimedJob], list[int]]:
