@@ -119,15 +119,19 @@ class FlowClaims(FlowWalk):
         policy: Policy,
         *,
         keyed: bool = True,
+        limited: bool = True,
         marks: Sequence[tuple[int, int, str | None]] = (),
     ) -> tuple[list[ClaimedJob], list[int]]:
         """Claim up to ``limit`` jobs of ``queue`` within every limit (see the module
         docstring), writing the success ``marks`` first in the same transaction (their
         slots are free for this claim). ``keyed``: False when the caller knows the queue
-        holds no ready job of a limited class (one read fewer). Returns the jobs claimed
-        and the ids whose mark was written."""
+        holds no ready job of a limited class (one read fewer). ``limited``: False when
+        it knows the queue's row has no limits (PostgreSQL: its jobs without a key are
+        then not read; a limit set since is seen at the caller's next look). Returns the
+        jobs claimed and the ids whose mark was written."""
         if self.one_trip is not None and limit > 0 and self._one_trip_usable():
-            return self._claim_one_trip(worker_id, queue, limit, policy, keyed, marks)
+            kinds = (True, False) if keyed and limited else (True,) if keyed else (False,)
+            return self._claim_one_trip(worker_id, queue, limit, policy, kinds, marks)
         return self._walk_claim(worker_id, queue, limit, policy, keyed, marks)
 
     def _one_trip_usable(self) -> bool:
@@ -141,7 +145,7 @@ class FlowClaims(FlowWalk):
         queue: str,
         limit: int,
         policy: Policy,
-        keyed: bool,
+        kinds: tuple[bool, ...],
         marks: Sequence[tuple[int, int, str | None]],
     ) -> tuple[list[ClaimedJob], list[int]]:
         """PostgreSQL: the claim in one round trip (engines/flow_postgresql.py); when its
@@ -160,7 +164,7 @@ class FlowClaims(FlowWalk):
             written = self.engine.mark_succeeded(worker_id, pending)
             pending = []
         classes = self._class_rows(policy)
-        kinds = (True, False) if keyed else (False,)
+        keyed = True in kinds
         rates = time.monotonic() < self._rates_until.get(queue, 0.0)
         jobs: list[ClaimedJob] = []
         more = False

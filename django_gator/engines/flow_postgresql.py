@@ -282,10 +282,11 @@ class OneTripClaim:
             " (SELECT count(*) FROM cand) AS read, (SELECT count(*) FROM fits) AS fitted,"
             " (SELECT n FROM budget) AS budget,"
         )
-        if keyed:
+        rated = [c.name for c in classes if c.rate_starts is not None]
+        if keyed and rated:
             add(
                 " (SELECT count(*) FROM cand WHERE key IS NOT NULL AND name = ANY(%s::text[]))",
-                [c.name for c in classes if c.rate_starts is not None],
+                rated,
             )
         else:
             add(" 0")
@@ -339,20 +340,20 @@ class OneTripClaim:
     def _fits(self, statement: _Sql, classes: Sequence[ClassRow], rates: bool) -> None:
         """The rows that fit their key's room: its class's concurrency minus its running
         rows (in every queue), its rate minus its starts in the window; per key, the first
-        rows in claim order, as many as the room allows."""
+        rows in claim order, as many as the room allows. (The room is read per row: a
+        chunk holds few rows of one key, and a join would be planned for one row.)"""
         job, now = self.engine.job_table, "(SELECT now FROM t)"
         limited = [c for c in classes if c.concurrency is not None or rates]
-        rated = [c.name for c in classes if c.rate_starts is not None]
         rooms = [
             f"COALESCE(p.conc - (SELECT count(*) FROM {job} AS r WHERE {RUNNING_SQL}"
-            f" AND r.{KEYED_SQL} AND r.name = k.name AND r.concurrency_key = k.key), {NO_LIMIT})"
+            f" AND r.{KEYED_SQL} AND r.name = c.name AND r.concurrency_key = c.key), {NO_LIMIT})"
         ]
         policy = "unnest(%s::text[], %s::int[]) AS p(name, conc)"
         params: list[Any] = [[c.name for c in limited], [c.concurrency for c in limited]]
         if rates:
             rooms.append(
                 f"COALESCE(p.rate_n - (SELECT count(*) FROM {self.ledger_table} AS s"
-                " WHERE s.scope = 'job:' || k.name || '|' || k.key"
+                " WHERE s.scope = 'job:' || c.name || '|' || c.key"
                 f" AND s.started_at > {now} - p.rate_s * interval '1 second'), {NO_LIMIT})"
             )
             policy = (
@@ -360,17 +361,16 @@ class OneTripClaim:
                 " AS p(name, conc, rate_n, rate_s)"
             )
             params += [[c.rate_starts for c in limited], [c.rate_seconds for c in limited]]
+        rated = [c.name for c in classes if c.rate_starts is not None]
+        not_rated = "" if rates or not rated else _NOT_RATED
         statement.add(
             f" pol AS MATERIALIZED (SELECT * FROM {policy}),"
-            f" room AS MATERIALIZED (SELECT k.name, k.key, least({', '.join(rooms)}) AS room"
-            " FROM (SELECT DISTINCT name, key FROM cand WHERE key IS NOT NULL) AS k"
-            " JOIN pol AS p ON p.name = k.name),"
             " fits AS MATERIALIZED (SELECT c.* FROM (SELECT cand.*, row_number() OVER ("
             " PARTITION BY name, key ORDER BY priority DESC, due, id) AS rn FROM cand) AS c"
-            " LEFT JOIN room AS m ON m.name = c.name AND m.key = c.key"
-            f" WHERE (m.room IS NULL OR c.rn <= m.room){'' if rates else _NOT_RATED}),",
+            f" WHERE (c.key IS NULL OR c.rn <= COALESCE((SELECT least({', '.join(rooms)})"
+            f" FROM pol AS p WHERE p.name = c.name), {NO_LIMIT})){not_rated}),",
             *params,
-            *([] if rates else [rated]),
+            *([rated] if not_rated else []),
         )
 
     def _ledger(self, statement: _Sql, queue: str, keyed: bool) -> None:

@@ -103,7 +103,13 @@ class FlowRouter:
         """The limited claim of ``queue``, writing the success ``marks`` in its
         transaction; (jobs, ids whose mark was written)."""
         jobs, written = self.flow.claim(
-            self.worker_id, queue, limit, self.policy, keyed=queue in self.keyed, marks=marks
+            self.worker_id,
+            queue,
+            limit,
+            self.policy,
+            keyed=queue in self.keyed,
+            limited=queue in self.limited,
+            marks=marks,
         )
         if jobs:
             self._rest_until.pop(queue, None)
