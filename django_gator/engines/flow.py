@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 from django_gator.engines.base import MARK_WIDTH, ClaimedJob, Engine
-from django_gator.engines.flow_postgresql import ClassRow, OneTripClaim, usable
+from django_gator.engines.flow_postgresql import ClassRow, OneTripClaim, Request, usable
 from django_gator.engines.flow_walk import (
     KEYED_SQL,
     KEYSET_LOOKBACK,
@@ -175,9 +175,8 @@ class FlowClaims(FlowWalk):
             chunk = max(ONE_TRIP_CHUNK, 2 * want) if keyed else want
             self._ensure_row(queue)
             floors = {kind: self._floor(queue, kind) for kind in kinds}
-            trip = self.one_trip.claim(
-                worker_id, queue, want, chunk, classes, floors, pending, rates=rates
-            )
+            request = Request(worker_id, queue, want, chunk, classes, floors, rates)
+            trip = self.one_trip.claim(request, pending)
             written += trip.written
             pending = []
             if not trip.found:

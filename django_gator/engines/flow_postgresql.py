@@ -78,6 +78,22 @@ class ClassRow:
     rate_seconds: int | None
 
 
+@dataclass(frozen=True)
+class Request:
+    """One claim: up to ``want`` jobs of ``queue`` for ``worker_id``, from a chunk of
+    ``chunk`` rows of the kinds in ``floors`` (True: keyed; False: those without a key,
+    read only if the queue has limits), each from its keyset position, if any.
+    ``rates``: False leaves the rate limits out (see the module docstring)."""
+
+    worker_id: str
+    queue: str
+    want: int
+    chunk: int
+    classes: Sequence[ClassRow]
+    floors: dict[bool, Floor | None]
+    rates: bool = True
+
+
 @dataclass
 class Trip:
     """What one claim did."""
@@ -131,25 +147,12 @@ class OneTripClaim:
         self.lookback = lookback
         self.ledger_table = engine.connection.ops.quote_name(FlowStart._meta.db_table)
 
-    def claim(
-        self,
-        worker_id: str,
-        queue: str,
-        want: int,
-        chunk: int,
-        classes: Sequence[ClassRow],
-        floors: dict[bool, Floor | None],
-        marks: Sequence[tuple[int, int, str | None]] = (),
-        *,
-        rates: bool = True,
-    ) -> Trip:
-        """Claim up to ``want`` jobs of ``queue`` (see the module docstring). ``floors``:
-        the kinds of rows to read (True: keyed, ``chunk`` of them; False: those without a
-        key, read only if the queue has limits) and each one's keyset position, if any.
-        ``rates``: False leaves the rate limits out (see the module docstring)."""
+    def claim(self, request: Request, marks: Sequence[tuple[int, int, str | None]] = ()) -> Trip:
+        """Make the claim of ``request``, writing the success ``marks`` first (see the
+        module docstring)."""
         lock, claim = _Sql(), _Sql()
-        self._lock(lock, worker_id, queue, marks)
-        self._claim(claim, worker_id, queue, want, chunk, classes, floors, rates)
+        self._lock(lock, request.worker_id, request.queue, marks)
+        self._claim(claim, request)
         with self.engine.connection.cursor() as cursor:
             sql, params = claim.sql, claim.params
             if not self.engine.pooled:
@@ -160,7 +163,7 @@ class OneTripClaim:
             cursor.nextset()
             rows = cursor.fetchall()
         written = list(first[0] or []) if first is not None else []
-        return self._trip(rows, written, chunk, keyed=True in floors)
+        return self._trip(rows, written, request.chunk, keyed=True in request.floors)
 
     def _prepared(self, cursor: Any, sql: str) -> str:
         """The name of ``sql`` prepared in this connection's session, prepared now if it
@@ -196,19 +199,16 @@ class OneTripClaim:
             queue,
         )
 
-    def _claim(
-        self,
-        statement: _Sql,
-        worker_id: str,
-        queue: str,
-        want: int,
-        chunk: int,
-        classes: Sequence[ClassRow],
-        floors: dict[bool, Floor | None],
-        rates: bool,
-    ) -> None:
+    def _claim(self, statement: _Sql, request: Request) -> None:
         """The second statement (see the module docstring), without the pieces a claim
         does not need: the per-key rooms without keyed rows, the ledger without rates."""
+        queue, chunk, classes, floors, rates = (
+            request.queue,
+            request.chunk,
+            request.classes,
+            request.floors,
+            request.rates,
+        )
         job, ledger = self.engine.job_table, self.ledger_table
         keyed = True in floors
         now = "(SELECT now FROM t)"
@@ -249,7 +249,7 @@ class OneTripClaim:
             " ELSE greatest(0, least(%s::int, COALESCE(q.concurrency - (SELECT count(*)"
             f" FROM {job} WHERE {RUNNING_SQL} AND queue = %s), {NO_LIMIT}), {rate_room}))"
             " END AS n FROM q),",
-            want,
+            request.want,
             queue,
             *([f"queue:{queue}"] if rates else []),
         )
@@ -269,7 +269,7 @@ class OneTripClaim:
             f" upd AS (UPDATE {job} AS j SET {claim_set_sql(now, 'j.')} FROM picked"
             f" WHERE j.id = picked.id AND j.{READY_SQL}"
             f" RETURNING {returning}, j.concurrency_key AS key)",
-            worker_id,
+            request.worker_id,
         )
         if rates:
             self._ledger(statement, queue, keyed)
