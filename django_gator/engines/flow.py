@@ -61,7 +61,9 @@ class FlowClaims(FlowWalk):
             OneTripClaim(engine, KEYSET_LOOKBACK) if isinstance(engine, PostgresEngine) else None
         )
         self._usable: bool | None = None
-        self._classes: tuple[int, list[ClassRow]] | None = None
+        #: The registered classes with limits, with the registry's size and the policy
+        #: they were read with.
+        self._classes: tuple[int, Policy, list[ClassRow]] | None = None
         #: Per queue: until when (time.monotonic()) the one-trip claim reads rate limits.
         self._rates_until: dict[str, float] = {}
 
@@ -209,7 +211,7 @@ class FlowClaims(FlowWalk):
     def _class_rows(self, policy: Policy) -> list[ClassRow]:
         """The registered classes with limits, as the one-trip claim reads them."""
         names = registered_jobs()
-        if self._classes is None or self._classes[0] != len(names):
+        if self._classes is None or self._classes[:2] != (len(names), policy):
             rows = []
             for name in sorted(names):
                 limits = policy(name)
@@ -224,5 +226,5 @@ class FlowClaims(FlowWalk):
                         rate.seconds if rate else None,
                     )
                 )
-            self._classes = (len(names), rows)
-        return self._classes[1]
+            self._classes = (len(names), policy, rows)
+        return self._classes[2]
