@@ -418,7 +418,20 @@ class PostgresEngine(Engine):
     ) -> list[int]:
         if len(done) == 1:
             return super().mark_succeeded(worker_id, done)
-        # Each row by its primary key (see guard()).
+        sql, params = self.marks_sql(worker_id, done)
+        batches = member_batches(done, MARK_WIDTH)
+        with self.write_transaction() if batches else self.connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            written = [row[0] for row in cursor.fetchall()]
+            self.settle_batches(cursor, batches)
+            return written
+
+    def marks_sql(
+        self, worker_id: str, done: Sequence[tuple[int, int, str | None]]
+    ) -> tuple[str, list[Any]]:
+        """One UPDATE of (id, attempts, result JSON) success marks, each row found by its
+        primary key (see guard()) and matched on its claim; returns the ids written. The
+        batches of batch members are not settled here (see mark_succeeded)."""
         sql = (
             f"UPDATE {self.job_table} AS j SET state = {SQL_SUCCEEDED}, "
             f"finished_at = {self.now_sql}, result = u.r::jsonb "
@@ -432,12 +445,7 @@ class PostgresEngine(Engine):
             [d[2] for d in done],
             worker_id,
         ]
-        batches = member_batches(done, MARK_WIDTH)
-        with self.write_transaction() if batches else self.connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            written = [row[0] for row in cursor.fetchall()]
-            self.settle_batches(cursor, batches)
-            return written
+        return sql, params
 
 
 def _copy_text(value: Any, null: str) -> str:
