@@ -27,7 +27,6 @@ from django_gator.registry import register
 from django_gator.registry import registered_jobs as registered_jobs
 from django_gator.registry import unregister as unregister
 from django_gator.retry import Interval, Retry
-from django_gator.wording import article
 
 if TYPE_CHECKING:
     from datetime import datetime, timedelta
@@ -285,6 +284,34 @@ class Queueable:
             fits.add(shape)
 
     @classmethod
+    def misfits(cls, args_col: list[list[Any]], kwargs_col: list[dict[str, Any]]) -> list[int]:
+        """The indexes, in order, of the (args, kwargs) pairs that :meth:`check_arguments`
+        refuses. Asked once per shape of arguments (see there), not once per pair, unless
+        a subclass has its own check_arguments."""
+        if cls.check_arguments.__func__ is not Queueable.check_arguments.__func__:  # type: ignore[attr-defined]
+            return [
+                index
+                for index, (args, kwargs) in enumerate(zip(args_col, kwargs_col, strict=True))
+                if not _fits(cls, args, kwargs)
+            ]
+        if any(kwargs_col):
+            shapes: list[Any] = [
+                (len(args), *kwargs) if kwargs else len(args)
+                for args, kwargs in zip(args_col, kwargs_col, strict=True)
+            ]
+        else:
+            shapes = list(map(len, args_col))
+        # Any pair of a shape stands for all of them: the last one, from dict().
+        bad = {
+            shape
+            for shape, index in dict(zip(shapes, range(len(shapes)), strict=True)).items()
+            if not _fits(cls, args_col[index], kwargs_col[index])
+        }
+        if not bad:
+            return []
+        return [index for index, shape in enumerate(shapes) if shape in bad]
+
+    @classmethod
     def dispatch(
         cls,
         *args: Any,
@@ -325,11 +352,12 @@ class Queueable:
 
         Each item is a list of positional arguments, or a dict of keyword arguments.
         """
-        from django_gator.dispatch import enqueue  # not at the top: see dispatch() above
+        # Not at the top: see dispatch() above.
+        from django_gator.dispatch import enqueue, items_of
 
         return enqueue(
             cls,
-            _items(arguments),
+            items_of(arguments),
             wait=wait,
             at=at,
             queue=queue,
@@ -369,28 +397,18 @@ class Queueable:
         on_commit: bool | str | None = None,
     ) -> list[Job]:
         """:meth:`dispatch_many` for async code."""
-        from django_gator.dispatch import aenqueue  # not at the top: see dispatch() above
+        from django_gator.dispatch import aenqueue, items_of  # not at the top: see dispatch()
 
         options: dict[str, Any] = {"wait": wait, "at": at, "queue": queue, "priority": priority}
-        return await aenqueue(cls, _items(arguments), on_commit=on_commit, many=True, **options)
+        return await aenqueue(cls, items_of(arguments), on_commit=on_commit, many=True, **options)
 
 
-def _items(
-    arguments: Iterable[Sequence[Any] | Mapping[str, Any]],
-) -> list[tuple[Sequence[Any], Mapping[str, Any]]]:
-    """dispatch_many()'s items as (args, kwargs) pairs."""
-    items: list[tuple[Sequence[Any], Mapping[str, Any]]] = []
-    for index, item in enumerate(arguments):
-        if isinstance(item, Mapping):
-            items.append(((), item))
-        elif isinstance(item, list | tuple):
-            items.append((item, {}))
-        else:
-            raise TypeError(
-                f"dispatch_many() item {index} is {article(type(item).__name__)}; "
-                "pass a list of positional arguments or a dict of keyword arguments"
-            )
-    return items
+def _fits(job_class: type[Queueable], args: list[Any], kwargs: dict[str, Any]) -> bool:
+    try:
+        job_class.check_arguments(args, kwargs)
+    except TypeError:
+        return False
+    return True
 
 
 class FunctionJob(Queueable, abstract=True):

@@ -344,6 +344,60 @@ def test_a_one_item_dispatch_many_also_names_the_bad_items_index():
     assert not Job.objects.exists()
 
 
+class Flag(int):
+    """An int subclass: accepted, checked one by one rather than by column."""
+
+
+#: Values the column checks of dispatch_many cannot clear at once, all of them valid.
+LOOK_SUSPECT_BUT_VALID: list[Any] = [
+    "a literal \\u0000, not a NUL",
+    "see e+5",
+    1e15,
+    -9999999999999998.0,
+    2**100,
+    Flag(3),
+    "é \U0001f40a",
+    ["nested", {"deep": [1, 2.5, None]}],
+]
+
+
+def test_values_the_column_checks_cannot_clear_are_checked_one_by_one_and_kept():
+    arguments: list[Any] = [[i] for i in range(300)]
+    for index, value in enumerate(LOOK_SUSPECT_BUT_VALID):
+        arguments[40 * index + 7] = [value]
+    arguments[299] = {"user_id": 2**70, "flag": True}
+
+    jobs = DispatchAnything.dispatch_many(arguments)
+
+    stored = dict(Job.objects.values_list("pk", "args"))
+    for returned, item in zip(jobs, arguments, strict=True):
+        if isinstance(item, dict):
+            assert Job.objects.get(pk=returned.pk).kwargs == item == returned.kwargs
+        else:
+            assert stored[returned.pk] == item == returned.args
+
+
+@pytest.mark.parametrize(
+    ("items", "index", "pattern"),
+    [
+        ([[1], [1, 2], [float("nan")]], 1, r"arguments do not fit handle\(\)"),
+        ([[1], [float("nan")], [1, 2]], 1, r"args\[0\] is nan"),
+        ([["e+"], ["\x00"], [1, 2]], 1, r"contains the character '\\x00'"),
+        ([[1], [1e16], [1, 2]], 1, r"the float 1e\+16"),
+        ([[2**14001]], 0, r"an int of 14002 bits"),
+        ([[1], [["\ud800"]]], 1, r"args\[0\]\[0\] contains the character '\\ud800'"),
+        ([[1], [{7: 2}]], 1, r"args\[0\] has the key 7 of type int"),
+    ],
+    ids=["misfit-first", "json-first", "nul", "big-float", "huge-int", "nested-surrogate", "key"],
+)
+def test_the_first_bad_item_is_named_whichever_check_finds_it(items, index, pattern):
+    arguments = [[i] for i in range(200)] + items
+    with pytest.raises(TypeError, match=pattern) as excinfo:
+        DispatchStrict.dispatch_many(arguments)
+    assert str(excinfo.value).startswith(f"dispatch_many() item {200 + index}: ")
+    assert not Job.objects.exists()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_database_error_anywhere_in_a_large_dispatch_many_inserts_nothing(monkeypatch):
     # Force the rows into several statements (normally one): they share one transaction.

@@ -10,7 +10,7 @@ starve the other workers.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import OperationalError
 
 from django_gator.engines.base import JOB_COLUMNS, ClaimedJob, Engine, InsertRow, Position
+from django_gator.rows import Inserted, JobRows
 from django_gator.states import ACTIVE_SQL, SQL_WAITING, claim_set_sql
 
 if TYPE_CHECKING:
@@ -117,6 +118,22 @@ class MySQLEngine(Engine):
                 return True  # only the statement failed; the transaction goes on
             raise
         return cursor.fetchone() is not None
+
+    def insert_rows(
+        self,
+        rows: JobRows,
+        notify: set[str] | None = None,
+        meanwhile: Callable[[Inserted], None] | None = None,
+    ) -> Inserted:
+        if self.connection.features.can_return_rows_from_bulk_insert:
+            return super().insert_rows(rows, notify, meanwhile)
+        ids, created_at, next_execution_at = map(
+            list, zip(*self.insert_jobs(rows.rows(), notify), strict=True)
+        )
+        inserted = Inserted(ids, created_at, next_execution_at)
+        if meanwhile is not None:
+            meanwhile(inserted)
+        return inserted
 
     def insert_jobs(
         self, rows: Sequence[InsertRow], notify: set[str] | None = None
