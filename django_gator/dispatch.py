@@ -120,12 +120,7 @@ def _rows(
     many: bool,
 ) -> tuple[JobRows, tuple[list[list[Any]], list[dict[str, Any]]]]:
     """Validate a dispatch and build its rows (no database access); returns them with the
-    arguments as the returned jobs will hold them (copies of the caller's).
-
-    The checks run a column at a time (see validation.encode_columns and
-    Queueable.misfits); the items they cannot clear at once are checked one by one, in
-    order, so the error raised is the one of the first bad item, as if every item had
-    been checked in turn."""
+    arguments as the returned jobs will hold them (copies of the caller's)."""
     if not is_registered(job_class):
         raise TypeError(
             f"{job_class.__qualname__} is not a registered job (an abstract base?); "
@@ -139,21 +134,7 @@ def _rows(
     with _collector_paused(len(items)):
         args_col = [list(args) for args, _ in items]
         kwargs_col = [dict(kwargs) if kwargs else {} for _, kwargs in items]
-        misfits = job_class.misfits(args_col, kwargs_col)
-        args_json, kwargs_json, doubtful = validation.encode_columns(args_col, kwargs_col, limit)
-        if misfits or doubtful:
-            misfit = set(misfits)
-            for index in sorted(misfit.union(doubtful)):
-                args, kwargs = args_col[index], kwargs_col[index]
-                try:
-                    if index in misfit:
-                        job_class.check_arguments(args, kwargs)  # raises
-                    args_json[index], kwargs_json[index] = validation.encode_payload(
-                        args, kwargs, limit
-                    )
-                except (TypeError, ValueError) as exc:
-                    _name_item(exc, index, many)
-                    raise
+        args_json, kwargs_json = _payloads(job_class, args_col, kwargs_col, limit, many)
         rows = JobRows(
             name=job_class.name,
             queue=queue,
@@ -168,6 +149,46 @@ def _rows(
         if job_class._gator_limited or job_class._gator_unique:
             _keys(job_class, queue, rows, args_col, kwargs_col, many)
     return rows, (args_col, kwargs_col)
+
+
+def _payloads(
+    job_class: type[Queueable],
+    args_col: list[list[Any]],
+    kwargs_col: list[dict[str, Any]],
+    limit: int,
+    many: bool,
+) -> tuple[list[str], list[str]]:
+    """Check that each item's arguments fit handle() and are JSON; returns their JSON. The
+    checks run a column at a time (see validation.encode_columns and Queueable.misfits);
+    the items they cannot clear at once are checked one by one, in order, so the error
+    raised is the one of the first bad item, as if every item had been checked in turn. A
+    single item is checked as it is."""
+    if len(args_col) == 1:
+        try:
+            job_class.check_arguments(args_col[0], kwargs_col[0])
+            args_json, kwargs_json = validation.encode_payload(args_col[0], kwargs_col[0], limit)
+        except (TypeError, ValueError) as exc:
+            _name_item(exc, 0, many)
+            raise
+        return [args_json], [kwargs_json]
+    misfits = job_class.misfits(args_col, kwargs_col)
+    args_col_json, kwargs_col_json, doubtful = validation.encode_columns(
+        args_col, kwargs_col, limit
+    )
+    if misfits or doubtful:
+        misfit = set(misfits)
+        for index in sorted(misfit.union(doubtful)):
+            args, kwargs = args_col[index], kwargs_col[index]
+            try:
+                if index in misfit:
+                    job_class.check_arguments(args, kwargs)  # raises
+                args_col_json[index], kwargs_col_json[index] = validation.encode_payload(
+                    args, kwargs, limit
+                )
+            except (TypeError, ValueError) as exc:
+                _name_item(exc, index, many)
+                raise
+    return args_col_json, kwargs_col_json
 
 
 def _keys(

@@ -160,8 +160,8 @@ def encode_payload(
     check_json(args_list, "args")
     kwargs_dict = dict(kwargs)
     check_json(kwargs_dict, "kwargs")
-    args_json = dumps(args_list) if args_list else "[]"
-    kwargs_json = dumps(kwargs_dict) if kwargs_dict else "{}"
+    args_json = _dumps_checked(args_list) if args_list else "[]"
+    kwargs_json = _dumps_checked(kwargs_dict) if kwargs_dict else "{}"
     if limit is None:
         limit = conf.max_payload_bytes()
     size = _utf8_len(args_json) + _utf8_len(kwargs_json)
@@ -256,6 +256,14 @@ def encode_columns(
             if len(a) + len(k) > longest
         )
     return args_json, kwargs_json, sorted(doubtful)
+
+
+def _dumps_checked(value: list[Any] | dict[str, Any]) -> str:
+    """:func:`dumps` of a value check_json accepted (so neither circular nor too deep for
+    the encoder without the check for cycles)."""
+    if _C_ENCODER is None:
+        return dumps(value)
+    return "".join(_C_ENCODER(value, 0))
 
 
 def _may_be_doubtful(text: str) -> bool:

@@ -468,6 +468,54 @@ def test_postgres_row_and_wakeup_are_invisible_to_others_until_commit(pg_listene
     assert sorted(n.payload for n in notes) == ["bulk", "probe"]
 
 
+def prepared_inserts() -> int:
+    """Statements this session has prepared on the server that insert jobs."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements "
+            "WHERE statement LIKE 'INSERT INTO %%django_gator_job%%'"
+        )
+        return int(cursor.fetchone()[0])
+
+
+@contextmanager
+def connection_options(**options: Any) -> Iterator[None]:
+    """The default connection reopened with these OPTIONS, then as it was."""
+    saved = dict(connection.settings_dict["OPTIONS"])
+    connection.close()
+    connection.settings_dict["OPTIONS"].update(options)
+    connection.features.__dict__.pop("uses_server_side_binding", None)
+    try:
+        yield
+    finally:
+        connection.close()
+        connection.settings_dict["OPTIONS"] = saved
+        connection.features.__dict__.pop("uses_server_side_binding", None)
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_postgres_dispatch_runs_prepared_with_server_side_binding(pg_listener):
+    """Django binds on the client and turns psycopg's prepared statements off by default;
+    with both turned on, dispatch's statements work, the single INSERT runs prepared, and
+    its NOTIFY still rides along."""
+    with connection_options(server_side_binding=True, prepare_threshold=5):
+        jobs = [DispatchAnything.dispatch(i, priority=1) for i in range(8)]
+        assert prepared_inserts() == 1  # psycopg prepared it at its 5th run
+        assert len(list(pg_listener.notifies(timeout=0.5))) == 8
+        jobs += DispatchAnything.dispatch_many([[8], {"nine": 9}], wait=60)  # unnest()
+        jobs += DispatchStrict.dispatch_many(
+            [[i] for i in range(1000)], at=datetime(2030, 1, 1, tzinfo=UTC)
+        )
+    rows = {row.pk: row for row in Job.objects.all()}
+    assert len(rows) == len(jobs) == 1010
+    for made in jobs:
+        row = rows[made.pk]
+        assert (row.args, row.kwargs, row.priority) == (made.args, made.kwargs, made.priority)
+        assert (row.created_at, row.next_execution_at) == (made.created_at, made.next_execution_at)
+    assert rows[jobs[9].pk].kwargs == {"nine": 9}
+
+
 @postgres_only
 @pytest.mark.django_db(transaction=True)
 def test_postgres_rolled_back_dispatch_wakes_nobody(pg_listener):

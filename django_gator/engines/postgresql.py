@@ -239,7 +239,11 @@ class PostgresEngine(Engine):
     def _insert_one(
         self, row: InsertRow, notify: set[str] | None
     ) -> tuple[int, datetime, datetime]:
-        """A single dispatch: a plain VALUES insert plans and runs faster than unnest()."""
+        """A single dispatch: a plain VALUES insert plans and runs faster than unnest(),
+        and the NOTIFY in its RETURNING list plans faster than a CTE around the INSERT.
+        With Django's ``server_side_binding`` and psycopg's ``prepare_threshold`` on
+        (both off by default) psycopg prepares it, and PostgreSQL stops parsing and
+        planning it at every dispatch."""
         insert = (
             f"INSERT INTO {self.job_table} (name, args, kwargs, queue, priority, "
             "next_execution_at, chain_id, chain_position, chain, unique_key, batch_id, "
@@ -265,10 +269,7 @@ class PostgresEngine(Engine):
         ]
         if notify:
             [queue] = notify
-            insert = (
-                f"WITH ins AS ({insert}) SELECT ins.id, ins.created_at, "
-                "ins.next_execution_at, pg_notify(%s, %s) FROM ins"
-            )
+            insert += ", pg_notify(%s, %s)"
             params += [CHANNEL, queue]
         with self.connection.cursor() as cursor:
             cursor.execute(insert, params)
