@@ -20,6 +20,9 @@ from django_gator.states import (
 )
 
 _ROW_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+#: Fewest rows whose document is put together from columns (see _column_documents): below,
+#: encoding what the rows share separately costs more than it saves.
+COLUMN_DOCUMENT_ROWS = 20
 #: A str as a JSON string, as _ROW_ENCODER writes one.
 _quote = encode_basestring
 
@@ -63,7 +66,11 @@ class DispatchStatements(EngineCore):
         where the database can still be storing the rows then (PostgreSQL's COPY), the
         caller's work in it takes no time of its own. An exception it raises ends the
         insert, which stores nothing."""
-        returned = self._insert_documents(self._column_documents(rows))
+        if len(rows) < COLUMN_DOCUMENT_ROWS:
+            documents = self._row_documents(rows.rows())
+        else:
+            documents = self._column_documents(rows)
+        returned = self._insert_documents(documents)
         ids, created_at, next_execution_at = map(list, zip(*returned, strict=True))
         inserted = Inserted(ids, created_at, next_execution_at)
         if meanwhile is not None:
