@@ -187,10 +187,14 @@ def gator_drain(count: int, concurrency: int) -> float:
 
 class Phases:
     """Where django-gator's bulk dispatch spends its time: wrappers around its steps,
-    installed for the run (``--profile``). The COPY's own time is the engine's minus the
-    Job objects built while PostgreSQL reads the last lines."""
+    installed for the run (``--profile``). "ids, COPY, NOTIFY" is the engine's time less
+    the Job objects built after the last line was sent and the wait at the COPY's end
+    for PostgreSQL to read what was still in the socket (near 0 when the Job objects
+    took longer than that)."""
 
     def __init__(self) -> None:
+        import psycopg
+
         from django_gator import dispatch
         from django_gator.engines.postgresql import PostgresEngine
 
@@ -199,6 +203,7 @@ class Phases:
         self._timed(dispatch, "_rows", "checks and JSON")
         self._timed(dispatch, "_unsaved_jobs", "Job objects (during the COPY)")
         self._timed(PostgresEngine, "_copy_jobs", "ids, COPY, NOTIFY")
+        self._timed(psycopg.Copy, "__exit__", "COPY's end (PostgreSQL still reading)")
 
     def _timed(self, owner: Any, name: str, label: str) -> None:
         original = getattr(owner, name)
@@ -214,9 +219,10 @@ class Phases:
 
     def report(self, total: float) -> str:
         spent = dict(self.spent)
-        jobs = spent.get("Job objects (during the COPY)", 0.0)
+        inside = spent.get("Job objects (during the COPY)", 0.0)
+        inside += spent.get("COPY's end (PostgreSQL still reading)", 0.0)
         if "ids, COPY, NOTIFY" in spent:
-            spent["ids, COPY, NOTIFY"] -= jobs
+            spent["ids, COPY, NOTIFY"] -= inside
         spent["the rest (commit, tracing, signals)"] = total - sum(spent.values())
         self.spent.clear()
         return ", ".join(
@@ -225,7 +231,7 @@ class Phases:
 
 
 def _step_order(label: str) -> int:
-    steps = ["items", "checks", "ids", "Job", "the rest"]
+    steps = ["items", "checks", "ids", "Job", "COPY's end", "the rest"]
     return next(i for i, step in enumerate(steps) if label.startswith(step))
 
 
@@ -322,20 +328,39 @@ def run(args: argparse.Namespace, url: str, table_autovacuum: dict[str, str] | N
     phases = Phases() if args.profile else None
     sync = args.synchronous_commit
 
-    def pair(label: str, raw: Callable[[], float], gator: Callable[[], float], rnd: int) -> None:
+    def pair(
+        label: str,
+        raw: Callable[[], float],
+        gator: Callable[[], float],
+        rnd: int,
+        count: int | None = None,
+    ) -> None:
+        """One round of a pair. With ``count`` (the items each side handles) also this
+        process's CPU time per item on each side: what the client spends, which a busy
+        machine blurs less than the elapsed time."""
         load = os.getloadavg()[0]
         figures: dict[str, float] = {}
+        cpu: dict[str, float] = {}
         for side in ("raw", "gator") if rnd % 2 else ("gator", "raw"):
             clean(dsn)
+            started = time.process_time()
             figures[side] = raw() if side == "raw" else gator()
+            cpu[side] = time.process_time() - started
         r, g = figures["raw"], figures["gator"]
-        results.setdefault(label, []).append({"raw": r, "gator": g, "load": load})
+        entry = {"raw": r, "gator": g, "load": load}
         first = "raw first" if rnd % 2 else "gator first"
-        print(
+        line = (
             f"round {rnd} {label:<40} raw {r:>10,.0f}/s  django-gator {g:>10,.0f}/s  "
-            f"ratio {g / r:.2f}  (load {load:.1f}, {first})",
-            flush=True,
+            f"ratio {g / r:.2f}  (load {load:.1f}, {first})"
         )
+        if count:
+            entry["raw_cpu_us"] = cpu["raw"] / count * 1e6
+            entry["gator_cpu_us"] = cpu["gator"] / count * 1e6
+            line += (
+                f"  client CPU {entry['raw_cpu_us']:.1f} / {entry['gator_cpu_us']:.1f} us an item"
+            )
+        results.setdefault(label, []).append(entry)
+        print(line, flush=True)
 
     def bulk(items: list[list[Any]]) -> float:
         if phases is not None:
@@ -353,6 +378,7 @@ def run(args: argparse.Namespace, url: str, table_autovacuum: dict[str, str] | N
                 lambda: raw_copy(dsn, items),
                 lambda: bulk(items),
                 rnd,
+                args.rows,
             )
         if "single" in only:
             pair(
@@ -360,6 +386,7 @@ def run(args: argparse.Namespace, url: str, table_autovacuum: dict[str, str] | N
                 lambda: raw_single(dsn, args.single, sync),
                 lambda: gator_single(args.single, sync),
                 rnd,
+                args.single,
             )
         if "single-prepared" in only:
             pair(
@@ -367,6 +394,7 @@ def run(args: argparse.Namespace, url: str, table_autovacuum: dict[str, str] | N
                 lambda: raw_single(dsn, args.single, sync),
                 lambda: gator_single(args.single, sync, prepared=True),
                 rnd,
+                args.single,
             )
         if "drain" in only:
 
@@ -386,6 +414,11 @@ def run(args: argparse.Namespace, url: str, table_autovacuum: dict[str, str] | N
             "gator_per_s": [entry["gator"] for entry in rounds],
             "ratios": [entry["gator"] / entry["raw"] for entry in rounds],
             "load_average": [entry["load"] for entry in rounds],
+            "client_cpu_us": [
+                [entry["raw_cpu_us"], entry["gator_cpu_us"]]
+                for entry in rounds
+                if "raw_cpu_us" in entry
+            ],
             "ratio_median": statistics.median(entry["gator"] / entry["raw"] for entry in rounds),
         }
         for label, rounds in results.items()
