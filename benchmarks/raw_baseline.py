@@ -188,9 +188,8 @@ def gator_drain(count: int, concurrency: int) -> float:
 class Phases:
     """Where django-gator's bulk dispatch spends its time: wrappers around its steps,
     installed for the run (``--profile``). "ids, COPY, NOTIFY" is the engine's time less
-    the Job objects built after the last line was sent and the wait at the COPY's end
-    for PostgreSQL to read what was still in the socket (near 0 when the Job objects
-    took longer than that)."""
+    the Job objects (built while PostgreSQL draws the ids) and the wait at the COPY's end
+    for PostgreSQL to read what was still in the socket."""
 
     def __init__(self) -> None:
         import psycopg
@@ -201,7 +200,7 @@ class Phases:
         self.spent: dict[str, float] = {}
         self._timed(dispatch, "items_of", "items")
         self._timed(dispatch, "_rows", "checks and JSON")
-        self._timed(dispatch, "_unsaved_jobs", "Job objects (during the COPY)")
+        self._timed(dispatch, "_unsaved_jobs", "Job objects (while the ids are drawn)")
         self._timed(PostgresEngine, "_copy_jobs", "ids, COPY, NOTIFY")
         self._timed(psycopg.Copy, "__exit__", "COPY's end (PostgreSQL still reading)")
 
@@ -219,7 +218,7 @@ class Phases:
 
     def report(self, total: float) -> str:
         spent = dict(self.spent)
-        inside = spent.get("Job objects (during the COPY)", 0.0)
+        inside = spent.get("Job objects (while the ids are drawn)", 0.0)
         inside += spent.get("COPY's end (PostgreSQL still reading)", 0.0)
         if "ids, COPY, NOTIFY" in spent:
             spent["ids, COPY, NOTIFY"] -= inside

@@ -469,15 +469,14 @@ def _write_rows(
     prepare: Callable[[], None] | None,
 ) -> list[Job]:
     """The INSERT and the returned jobs' ids. ``prepare`` (None when ``jobs`` are built
-    already) builds them: it is given to the engine to run while the database stores
-    the rows, which on PostgreSQL's COPY hides the time it takes."""
+    already) builds them, and ``fill`` gives them their ids: both are handed to the
+    engine, which runs them where the database is busy (a large COPY: while it draws
+    the ids from the sequence, and while it reads the last lines)."""
     due_now = {rows.queue} if rows.run_at is None else set()
     engine = get_engine(alias)
     if not job_class._gator_unique:
 
         def fill(inserted: Inserted) -> None:
-            if prepare is not None:
-                prepare()
             for job, job_id, made_at, next_at in zip(jobs, *inserted, strict=True):
                 values = job.__dict__  # as _saved(), without a call per job
                 values["id"] = job_id
@@ -485,7 +484,7 @@ def _write_rows(
                 values["next_execution_at"] = next_at
                 values["_state"].adding = False
 
-        engine.insert_rows(rows, notify=due_now, meanwhile=fill)
+        engine.insert_rows(rows, notify=due_now, prepare=prepare, meanwhile=fill)
         created = jobs
     else:
         if prepare is not None:

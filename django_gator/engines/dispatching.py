@@ -57,15 +57,20 @@ class DispatchStatements(EngineCore):
         self,
         rows: JobRows,
         notify: set[str] | None = None,
+        prepare: Callable[[], None] | None = None,
         meanwhile: Callable[[Inserted], None] | None = None,
     ) -> Inserted:
         """:meth:`insert_jobs` for the rows of one dispatch call, given by column (what
         the rows share is encoded once); the answer by column too.
 
-        ``meanwhile`` is called with the answer once it is known, before this returns:
-        where the database can still be storing the rows then (PostgreSQL's COPY), the
-        caller's work in it takes no time of its own. An exception it raises ends the
-        insert, which stores nothing."""
+        The caller's work in two callbacks runs where the database may be busy, so that
+        it takes no time of its own there: ``prepare()`` once before the ids are known
+        (PostgreSQL's COPY: while its ids are drawn from the sequence), ``meanwhile`` with
+        the answer once it is known, before this returns (PostgreSQL's COPY: while the
+        server reads the last lines). An exception either raises ends the insert, which
+        stores nothing."""
+        if prepare is not None:
+            prepare()
         if len(rows) < COLUMN_DOCUMENT_ROWS:
             documents = self._row_documents(rows.rows())
         else:

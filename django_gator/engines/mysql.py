@@ -123,10 +123,13 @@ class MySQLEngine(Engine):
         self,
         rows: JobRows,
         notify: set[str] | None = None,
+        prepare: Callable[[], None] | None = None,
         meanwhile: Callable[[Inserted], None] | None = None,
     ) -> Inserted:
         if self.connection.features.can_return_rows_from_bulk_insert:
-            return super().insert_rows(rows, notify, meanwhile)
+            return super().insert_rows(rows, notify, prepare, meanwhile)
+        if prepare is not None:
+            prepare()
         ids, created_at, next_execution_at = map(
             list, zip(*self.insert_jobs(rows.rows(), notify), strict=True)
         )

@@ -118,10 +118,13 @@ class PostgresEngine(Engine):
         self,
         rows: JobRows,
         notify: set[str] | None = None,
+        prepare: Callable[[], None] | None = None,
         meanwhile: Callable[[Inserted], None] | None = None,
     ) -> Inserted:
         count = len(rows)
         if count == 1:
+            if prepare is not None:
+                prepare()
             job_id, created_at, next_execution_at = self._insert_one(rows.rows()[0], notify)
             inserted = Inserted([job_id], [created_at], [next_execution_at])
             if meanwhile is not None:
@@ -134,7 +137,7 @@ class PostgresEngine(Engine):
             if meanwhile is not None:
                 meanwhile(answer[0])
 
-        self._insert_columns(count, rows.columns(), notify, answered)
+        self._insert_columns(count, rows.columns(), notify, answered, prepare)
         return answer[0]
 
     def _insert_columns(
@@ -143,17 +146,20 @@ class PostgresEngine(Engine):
         columns: dict[str, Any],
         notify: set[str] | None,
         meanwhile: Callable[[list[int], datetime], None] | None = None,
+        prepare: Callable[[], None] | None = None,
     ) -> tuple[list[int], datetime]:
         """Insert ``count`` rows given by column (InsertRow attribute: a list of one value
         per row, or the value every row shares); returns their ids in order, and the
         statement time (their created_at, and the next_execution_at of those without
         run_at). A list whose values are all the same is treated as that one value.
-        ``meanwhile(ids, time)``: see insert_rows()."""
+        ``prepare()`` and ``meanwhile(ids, time)``: see insert_rows()."""
         for attr, values in columns.items():
             if isinstance(values, list) and values.count(values[0]) == count:
                 columns[attr] = values[0]
         if count >= COPY_MIN_ROWS:
-            return self._copy_jobs(count, columns, notify, meanwhile)
+            return self._copy_jobs(count, columns, notify, meanwhile, prepare)
+        if prepare is not None:
+            prepare()
         # One statement, whatever the number of rows: a column whose value is the same in
         # every row is one parameter, the others travel as arrays through unnest(). The ids
         # come back as one array, the NOTIFY rides along and, like the rows, is delivered
@@ -201,6 +207,7 @@ class PostgresEngine(Engine):
         columns: dict[str, Any],
         notify: set[str] | None,
         meanwhile: Callable[[list[int], datetime], None] | None,
+        prepare: Callable[[], None] | None,
     ) -> tuple[list[int], datetime]:
         """A large dispatch_many: ids reserved from the sequence in one statement, the rows
         sent with COPY (no parameters, no plan), the NOTIFY after them; all in one
@@ -210,11 +217,17 @@ class PostgresEngine(Engine):
         What every row shares is formatted once, into the end of each line; columns NULL in
         every row (chains, unique keys) and those whose database default is the value
         (state, attempts, rescues, last_error) are left out. The lines are built and sent
-        COPY_CHUNK rows at a time, so PostgreSQL reads one chunk while the next is built,
-        and ``meanwhile`` runs after the last one is sent, before the COPY's end."""
+        COPY_CHUNK rows at a time, so PostgreSQL reads one chunk while the next is built;
+        ``prepare`` runs while the ids are drawn, ``meanwhile`` after the last line is
+        sent, before the COPY's end."""
         with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
-            cursor.execute(_RESERVE_IDS, [self.job_table, count])
-            ids, now = cursor.fetchone()
+            # Pipelined: prepare() runs while PostgreSQL draws the ids (the query is sent,
+            # its answer read after), which takes it longer than anything else but the COPY.
+            with self.connection.wrap_database_errors, self.connection.connection.pipeline():
+                cursor.execute(_RESERVE_IDS, [self.job_table, count])
+                if prepare is not None:
+                    prepare()
+                ids, now = cursor.fetchone()
             ids.sort()
             now_text = now.isoformat()
             names = ["id"]
