@@ -34,6 +34,18 @@ def _json_strings(values: list[str | None] | None, count: int) -> Iterable[str]:
     return ["null" if value is None else _quote(value) for value in values]
 
 
+def answered(
+    returned: Sequence[tuple[int, datetime, datetime]],
+    meanwhile: Callable[[Inserted], None] | None,
+) -> Inserted:
+    """insert_jobs()'s answer (a tuple per row) by column, handed to ``meanwhile`` too."""
+    ids, created_at, next_execution_at = map(list, zip(*returned, strict=True))
+    inserted = Inserted(ids, created_at, next_execution_at)
+    if meanwhile is not None:
+        meanwhile(inserted)
+    return inserted
+
+
 class DispatchStatements(EngineCore):
     """The INSERTs of dispatch."""
 
@@ -75,12 +87,7 @@ class DispatchStatements(EngineCore):
             documents = self._row_documents(rows.rows())
         else:
             documents = self._column_documents(rows)
-        returned = self._insert_documents(documents)
-        ids, created_at, next_execution_at = map(list, zip(*returned, strict=True))
-        inserted = Inserted(ids, created_at, next_execution_at)
-        if meanwhile is not None:
-            meanwhile(inserted)
-        return inserted
+        return answered(self._insert_documents(documents), meanwhile)
 
     def _insert_documents(self, documents: list[str]) -> list[tuple[int, datetime, datetime]]:
         out: list[tuple[int, datetime, datetime]] = []

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import OperationalError
 
 from django_gator.engines.base import JOB_COLUMNS, ClaimedJob, Engine, InsertRow, Position
+from django_gator.engines.dispatching import answered
 from django_gator.rows import Inserted, JobRows
 from django_gator.states import ACTIVE_SQL, SQL_WAITING, claim_set_sql
 
@@ -130,13 +131,7 @@ class MySQLEngine(Engine):
             return super().insert_rows(rows, notify, prepare, meanwhile)
         if prepare is not None:
             prepare()
-        ids, created_at, next_execution_at = map(
-            list, zip(*self.insert_jobs(rows.rows(), notify), strict=True)
-        )
-        inserted = Inserted(ids, created_at, next_execution_at)
-        if meanwhile is not None:
-            meanwhile(inserted)
-        return inserted
+        return answered(self.insert_jobs(rows.rows(), notify), meanwhile)
 
     def insert_jobs(
         self, rows: Sequence[InsertRow], notify: set[str] | None = None

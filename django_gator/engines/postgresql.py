@@ -23,6 +23,7 @@ from django_gator.engines.base import (
     Position,
     member_batches,
 )
+from django_gator.engines.dispatching import answered
 from django_gator.rows import Inserted, JobRows
 from django_gator.states import READY_SQL, RUNNING_SQL, SQL_SUCCEEDED, SQL_WAITING, claim_set_sql
 
@@ -125,19 +126,15 @@ class PostgresEngine(Engine):
         if count == 1:
             if prepare is not None:
                 prepare()
-            job_id, created_at, next_execution_at = self._insert_one(rows.rows()[0], notify)
-            inserted = Inserted([job_id], [created_at], [next_execution_at])
-            if meanwhile is not None:
-                meanwhile(inserted)
-            return inserted
+            return answered([self._insert_one(rows.rows()[0], notify)], meanwhile)
         answer: list[Inserted] = []
 
-        def answered(ids: list[int], now: datetime) -> None:
+        def known(ids: list[int], now: datetime) -> None:
             answer.append(Inserted(ids, [now] * count, [rows.run_at or now] * count))
             if meanwhile is not None:
                 meanwhile(answer[0])
 
-        self._insert_columns(count, rows.columns(), notify, answered, prepare)
+        self._insert_columns(count, rows.columns(), notify, known, prepare)
         return answer[0]
 
     def _insert_columns(
