@@ -194,11 +194,11 @@ class Phases:
     def __init__(self) -> None:
         import psycopg
 
-        from django_gator import dispatch
+        from django_gator import dispatch, queueable
         from django_gator.engines.postgresql import PostgresEngine
 
         self.spent: dict[str, float] = {}
-        self._timed(dispatch, "items_of", "items")
+        self._timed(queueable, "dispatch_items", "items")
         self._timed(dispatch, "_rows", "checks and JSON")
         self._timed(dispatch, "_unsaved_jobs", "Job objects (while the ids are drawn)")
         self._timed(PostgresEngine, "_copy_jobs", "ids, COPY, NOTIFY")

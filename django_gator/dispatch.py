@@ -2,24 +2,31 @@
 
 from __future__ import annotations
 
-import gc
 import itertools
 import json
 import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
-from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.models.base import ModelState
 
-from django_gator import conf, deferred, immediate, limits, signals, tracing, validation, wakeup
+from django_gator import (
+    collector,
+    conf,
+    deferred,
+    immediate,
+    limits,
+    signals,
+    tracing,
+    validation,
+    wakeup,
+)
 from django_gator.engines import Engine, get_engine
 from django_gator.exceptions import DispatchDeadlock
 from django_gator.logutil import safe
@@ -27,7 +34,6 @@ from django_gator.models import Batch, Job, JobState
 from django_gator.models.batches import current_batch
 from django_gator.registry import is_registered
 from django_gator.rows import Inserted, InsertRow, JobRows
-from django_gator.wording import article
 
 if TYPE_CHECKING:
     from django_gator.queueable import Queueable
@@ -79,36 +85,6 @@ async def aenqueue(
     return await sync_to_async(_store, thread_sensitive=True)(job_class, rows, payloads, on_commit)
 
 
-#: The kwargs of an item given as a list (read only: shared by every such item).
-_NO_KWARGS: Mapping[str, Any] = MappingProxyType({})
-_SEQUENCES = frozenset({list, tuple})
-
-
-def items_of(
-    arguments: Iterable[Sequence[Any] | Mapping[str, Any]],
-) -> list[tuple[Sequence[Any], Mapping[str, Any]]]:
-    """dispatch_many()'s items as (args, kwargs) pairs."""
-    with _collector_paused(len(arguments) if isinstance(arguments, Sized) else PAUSE_GC_ROWS):
-        if isinstance(arguments, list) and _SEQUENCES.issuperset(map(type, arguments)):
-            return list(zip(arguments, itertools.repeat(_NO_KWARGS), strict=False))
-        items: list[tuple[Sequence[Any], Mapping[str, Any]]] = []
-        append = items.append
-        for index, item in enumerate(arguments):
-            kind = type(item)
-            if kind is list or kind is tuple:  # the usual case, before the slower ABC check
-                append((cast(Sequence[Any], item), _NO_KWARGS))
-            elif isinstance(item, Mapping):
-                append(((), item))
-            elif isinstance(item, list | tuple):
-                append((item, _NO_KWARGS))
-            else:
-                raise TypeError(
-                    f"dispatch_many() item {index} is {article(type(item).__name__)}; "
-                    "pass a list of positional arguments or a dict of keyword arguments"
-                )
-        return items
-
-
 def _rows(
     job_class: type[Queueable],
     items: Sequence[tuple[Sequence[Any], Mapping[str, Any]]],
@@ -131,7 +107,7 @@ def _rows(
     run_at = validation.resolve_when(wait=wait, at=at)
     chain_id, chain_position, chain_json = chain if chain else (None, None, None)
     limit = conf.max_payload_bytes()
-    with _collector_paused(len(items)):
+    with collector.paused(len(items)):
         args_col = [list(args) for args, _ in items]
         kwargs_col = [dict(kwargs) if kwargs else {} for _, kwargs in items]
         args_json, kwargs_json = _payloads(job_class, args_col, kwargs_col, limit, many)
@@ -227,31 +203,6 @@ def _name_item(exc: Exception, index: int, many: bool) -> None:
         exc.args = (f"dispatch_many() item {index}: {exc}", *exc.args[1:])
 
 
-#: Fewest rows for which dispatch pauses the garbage collector (see _collector_paused).
-PAUSE_GC_ROWS = 200
-
-
-@contextmanager
-def _collector_paused(count: int) -> Iterator[None]:
-    """Python's cyclic garbage collector off while a dispatch of ``count`` rows builds its
-    rows and Job objects, if they are many. Those objects are long-lived and free of
-    cycles, so the collections their allocation triggers (every 700 objects, and now and
-    then one that walks every object of the process) free nothing: measured, they took
-    2.3 of the 2.9 microseconds a returned Job cost to build. The collector is turned
-    back on at the end if it was on; objects allocated meanwhile are looked at by its
-    next collection. (Another thread of the process that switches the collector off
-    itself meanwhile finds it on again after that: collections are only deferred, never
-    lost.)"""
-    if count < PAUSE_GC_ROWS or not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
 def _store(
     job_class: type[Queueable],
     rows: JobRows,
@@ -271,7 +222,7 @@ def _store(
 
     def prepare() -> None:
         """The jobs to return, built while the database stores the rows (see _write_rows)."""
-        with _collector_paused(len(rows)):
+        with collector.paused(len(rows)):
             jobs.extend(_unsaved_jobs(alias, rows, *payloads))
 
     if on_commit:
@@ -455,8 +406,14 @@ def _write_members(
         with transaction.atomic(using=alias):
             batch_id = member_of.admit(alias, len(rows))
             rows.batch_id = batch_id  # jobs built from here on take it from the rows
+            step_of = member_of.step_of
+            if step_of is not None:
+                # Members of a workflow's batch step: their ends settle the step.
+                rows.chain_id, rows.chain_position = step_of[0].hex, step_of[1]
             for job in jobs:  # new objects: no related Batch is cached to invalidate
                 job.__dict__["batch_id"] = batch_id
+                if step_of is not None:
+                    job.chain_id, job.chain_position = step_of
             return _write_rows(job_class, alias, rows, jobs, prepare)
     return _write_rows(job_class, alias, rows, jobs, prepare)
 

@@ -12,13 +12,15 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import itertools
 import json
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
-from django_gator import conf, limits, validation
+from django_gator import collector, conf, limits, validation
 
 # The registry's functions are still importable from here, where they were first.
 from django_gator.registry import get_job_class as get_job_class
@@ -27,11 +29,12 @@ from django_gator.registry import register
 from django_gator.registry import registered_jobs as registered_jobs
 from django_gator.registry import unregister as unregister
 from django_gator.retry import Interval, Retry
+from django_gator.wording import article
 
 if TYPE_CHECKING:
     from datetime import datetime, timedelta
 
-    from django_gator.models import Job
+    from django_gator.models import Batch, Job
 
 #: A middleware: called as ``middleware(job, call_next)``; returns what ``call_next()`` returns.
 Middleware = Callable[[Any, Callable[[], Any]], Any]
@@ -241,6 +244,19 @@ class Queueable:
         )
         return self._cancel_seen
 
+    def batch(self) -> Batch | None:
+        """The batch this running job is a member of (None if it is in none). Its
+        ``add()`` and ``add_many()`` dispatch more members, even into a closed batch (it
+        cannot complete while this job runs): a workflow's batch step fans out this way,
+        its members only known once a member runs. Make such a job ``atomic`` so that a
+        retried attempt does not add its members twice. It reads the database: from an
+        ``async def handle()``, call it (and the dispatches) through ``sync_to_async``."""
+        if self.job_id is None:
+            return None
+        from django_gator.models import Batch  # see cancel_requested
+
+        return Batch.of_member(self.job_id)
+
     async def acancel_requested(self) -> bool:
         """:meth:`cancel_requested` for an ``async def`` handler (its database read runs
         in a thread, as the async ORM's do)."""
@@ -352,12 +368,11 @@ class Queueable:
 
         Each item is a list of positional arguments, or a dict of keyword arguments.
         """
-        # Not at the top: see dispatch() above.
-        from django_gator.dispatch import enqueue, items_of
+        from django_gator.dispatch import enqueue  # not at the top: see dispatch() above
 
         return enqueue(
             cls,
-            items_of(arguments),
+            dispatch_items(arguments),
             wait=wait,
             at=at,
             queue=queue,
@@ -397,10 +412,12 @@ class Queueable:
         on_commit: bool | str | None = None,
     ) -> list[Job]:
         """:meth:`dispatch_many` for async code."""
-        from django_gator.dispatch import aenqueue, items_of  # not at the top: see dispatch()
+        from django_gator.dispatch import aenqueue  # not at the top: see dispatch() above
 
         options: dict[str, Any] = {"wait": wait, "at": at, "queue": queue, "priority": priority}
-        return await aenqueue(cls, items_of(arguments), on_commit=on_commit, many=True, **options)
+        return await aenqueue(
+            cls, dispatch_items(arguments), on_commit=on_commit, many=True, **options
+        )
 
 
 def _fits(job_class: type[Queueable], args: list[Any], kwargs: dict[str, Any]) -> bool:
@@ -409,6 +426,38 @@ def _fits(job_class: type[Queueable], args: list[Any], kwargs: dict[str, Any]) -
     except TypeError:
         return False
     return True
+
+
+#: The kwargs of an item given as a list (read only: shared by every such item).
+_NO_KWARGS: Mapping[str, Any] = MappingProxyType({})
+_SEQUENCES = frozenset({list, tuple})
+
+
+def dispatch_items(
+    arguments: Iterable[Sequence[Any] | Mapping[str, Any]], caller: str = "dispatch_many()"
+) -> list[tuple[Sequence[Any], Mapping[str, Any]]]:
+    """dispatch_many()'s items as (args, kwargs) pairs (``caller`` names the call in the
+    error about an item that is neither). With the garbage collector paused when they are
+    many (see collector.paused)."""
+    with collector.paused(len(arguments) if isinstance(arguments, Sized) else None):
+        if isinstance(arguments, list) and _SEQUENCES.issuperset(map(type, arguments)):
+            return list(zip(arguments, itertools.repeat(_NO_KWARGS), strict=False))
+        items: list[tuple[Sequence[Any], Mapping[str, Any]]] = []
+        append = items.append
+        for index, item in enumerate(arguments):
+            kind = type(item)
+            if kind is list or kind is tuple:  # the usual case, before the slower ABC check
+                append((cast(Sequence[Any], item), _NO_KWARGS))
+            elif isinstance(item, Mapping):
+                append(((), item))
+            elif isinstance(item, list | tuple):
+                append((item, _NO_KWARGS))
+            else:
+                raise TypeError(
+                    f"{caller} item {index} is {article(type(item).__name__)}; "
+                    "pass a list of positional arguments or a dict of keyword arguments"
+                )
+        return items
 
 
 class FunctionJob(Queueable, abstract=True):

@@ -367,6 +367,39 @@ def test_the_router_rests_a_queue_whose_limited_claim_found_nothing():
     assert router.route("keyed") == (True, True)
 
 
+def test_the_router_reads_little_when_idle_and_sees_a_new_limit_within_its_ttl(monkeypatch):
+    """An idle worker's router reads the queues' limits once per LIMITS_TTL, and looks for
+    keyed jobs only while a limited class is registered; a limit set meanwhile reaches it
+    by the next read of the limits."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from django_gator.worker import flow as worker_flow
+
+    engine = get_engine("default")
+    now = [0.0]
+    router = FlowRouter(engine, "w1", clock=lambda: now[0])
+    router.refresh()  # the first refresh also writes GATOR_QUEUES into the rows
+    now[0] += worker_flow.ROUTES_TTL
+    with CaptureQueriesContext(connection) as reads:
+        router.refresh()
+    assert len(reads) == 1  # the keyed jobs (test classes with limits are registered)
+    now[0] += worker_flow.ROUTES_TTL
+    monkeypatch.setattr(worker_flow, "registered_jobs", lambda: {Noop.name: Noop})
+    with CaptureQueriesContext(connection) as reads:
+        router.refresh()
+    assert len(reads) == 0
+    assert router.keyed == set()
+
+    Queue.objects.set_limits("spans", concurrency=1, rate_limit=None, by="alice")
+    now[0] = worker_flow.LIMITS_TTL - worker_flow.ROUTES_TTL / 2
+    assert router.route("spans") == (True, False)  # not read yet: the claim probe refuses it
+    now[0] += worker_flow.ROUTES_TTL
+    with CaptureQueriesContext(connection) as reads:
+        assert router.route("spans") == (False, True)
+    assert len(reads) == 1
+
+
 def test_the_system_check_names_bad_queue_settings(settings):
     settings.GATOR_QUEUES = {"exports": {"concurrency": 5, "burst": 3}, "bad name": {}}
     found = {m.id: m.msg for m in checks.run_checks() if m.id.startswith("django_gator")}

@@ -234,6 +234,41 @@ def test_an_edited_schedule_takes_effect_at_the_next_tick():
     assert Job.objects.count() == 1
 
 
+def test_an_idle_look_is_one_statement_and_a_due_schedule_still_runs():
+    """With the database's clock (the default), a look that finds nothing due costs one
+    statement (now and the earliest next run together); a schedule that comes due is
+    dispatched by the next look."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from django_gator.engines import get_engine
+
+    db_now = get_engine("default").db_now()
+    schedule = make_schedule(anchor_at=db_now)
+    scheduler = Scheduler()
+    scheduler.tick()  # the first look also prunes old ScheduledRun rows
+    with CaptureQueriesContext(connection) as looks:
+        upcoming = scheduler.tick()
+    assert len(looks) == 1, [q["sql"] for q in looks]
+    assert upcoming == schedule.next_run_at
+    assert not Job.objects.exists()
+
+    Schedule.objects.filter(pk=schedule.pk).update(
+        next_run_at=db_now - timedelta(seconds=1), anchor_at=db_now - timedelta(minutes=5)
+    )
+    with CaptureQueriesContext(connection) as looks:
+        upcoming = scheduler.tick()
+    assert len(looks) > 1
+    assert Job.objects.filter(name=Noop.name).count() == 1
+    assert upcoming is not None
+    assert upcoming > db_now
+
+    Schedule.objects.update(enabled=False)
+    with CaptureQueriesContext(connection) as looks:
+        assert scheduler.tick() is None
+    assert len(looks) == 1
+
+
 def test_schedule_arguments_queue_and_priority_reach_the_job():
     Schedule(
         name="report",

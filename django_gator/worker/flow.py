@@ -1,10 +1,13 @@
 """Which claim serves a queue: the ordinary one, the limited one (engines/flow.py), or both.
 
-The :class:`FlowRouter` keeps two sets, read again every ROUTES_TTL seconds: the queues
-with limits on their row (only the limited claim serves them: the ordinary claim's pause
-probe refuses them anyway, so a stale set costs a wasted statement, never a broken limit),
-and the queues that hold ready jobs of limited classes (served by both). A queue in neither
-set costs nothing more than before.
+The :class:`FlowRouter` keeps two sets: the queues with limits on their row, read again
+every LIMITS_TTL seconds (only the limited claim serves them: the ordinary claim's pause
+probe refuses them anyway, so a stale set delays a newly limited queue's jobs by up to that
+long, never breaks a limit), and the queues that hold ready jobs of limited classes (served
+by both), read every ROUTES_TTL seconds, and only while this worker knows a limited class
+(a keyed job of a class it does not know as limited is not one it could run within its
+limits). A queue in neither set costs nothing more than before; an idle worker of a project
+without limits sends one such read per LIMITS_TTL.
 
 A limited claim that found nothing is not repeated for LIMITED_BACKOFF seconds: a queue
 whose jobs wait for a slot or a rate window is looked at a few times a second, not at
@@ -26,11 +29,13 @@ from django_gator.engines.flow import ClassLimits, FlowClaims
 from django_gator.exceptions import JobNotRegistered
 from django_gator.limits import parse_rate
 from django_gator.models import Queue
-from django_gator.registry import get_job_class
+from django_gator.registry import get_job_class, registered_jobs
 
 logger = logging.getLogger("django_gator.worker")
 
-#: Seconds between two reads of the limited and keyed queues.
+#: Seconds between two reads of the queues with limits on their row.
+LIMITS_TTL = 5.0
+#: Seconds between two reads of the queues holding ready jobs of limited classes.
 ROUTES_TTL = 1.0
 #: Seconds a queue's limited claim rests after one that found nothing.
 LIMITED_BACKOFF = 0.2
@@ -61,6 +66,7 @@ class FlowRouter:
         self.worker_id = worker_id
         self.clock = clock
         self._read_at: float | None = None
+        self._limits_read_at: float | None = None
         self.limited: set[str] = set()
         self.keyed: set[str] = set()
         self._rest_until: dict[str, float] = {}
@@ -70,12 +76,17 @@ class FlowRouter:
         now = self.clock()
         if self._read_at is not None and now - self._read_at < ROUTES_TTL:
             return
-        if self._read_at is None:
+        if self._limits_read_at is None:
             changed = Queue.objects.using(self.engine.alias).sync_settings(conf.queues())
             if changed:
                 logger.info("Queue limits from GATOR_QUEUES written queues=%s", ",".join(changed))
-        self.limited = self.flow.limited_queues()
-        self.keyed = self.flow.keyed_queues()
+        if self._limits_read_at is None or now - self._limits_read_at >= LIMITS_TTL:
+            self.limited = self.flow.limited_queues()
+            self._limits_read_at = now
+        if any(job_class._gator_limited for job_class in registered_jobs().values()):
+            self.keyed = self.flow.keyed_queues()
+        else:
+            self.keyed = set()
         self._read_at = now
 
     def queues(self) -> set[str]:

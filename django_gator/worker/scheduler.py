@@ -55,6 +55,8 @@ class Scheduler:
         self.alias = alias or conf.database()
         configured = conf.scheduler_clock()
         self._clock = clock or configured or get_engine(self.alias).db_now
+        #: Whether "now" is the database's: then :meth:`look` reads it with the schedules.
+        self._db_clock = not (clock or configured)
         self._last_prune = float("-inf")
         self._warned: dict[int, float] = {}
 
@@ -114,9 +116,32 @@ class Scheduler:
             )
 
     # -- the loop's body -------------------------------------------------------------------
+    def look(self) -> tuple[datetime, datetime | None]:
+        """(now, the earliest next run of an enabled schedule or None) in one statement:
+        what an idle worker's scheduler costs the database per look."""
+        engine = get_engine(self.alias)
+        table = engine.connection.ops.quote_name(Schedule._meta.db_table)
+        earliest_sql = (
+            f"(SELECT MIN(next_run_at) FROM {table} WHERE enabled = %s AND next_run_at IS NOT NULL)"
+        )
+        with engine.connection.cursor() as cursor:
+            if self._db_clock:
+                cursor.execute(f"SELECT {engine.now_sql}, {earliest_sql}", [True])
+                db_now, earliest = cursor.fetchone()
+                now = engine.to_dt(db_now)
+            else:
+                cursor.execute(f"SELECT {earliest_sql}", [True])
+                (earliest,) = cursor.fetchone()
+                now = self.now()
+        return now, None if earliest is None else engine.to_dt(earliest)
+
     def tick(self) -> datetime | None:
-        """Handle every due schedule once; returns the earliest next run (None if none)."""
-        now = self.now()
+        """Handle every due schedule once; returns the earliest next run (None if none).
+        When nothing is due that is the one statement of :meth:`look`."""
+        now, earliest = self.look()
+        if earliest is None or earliest > now:
+            self._prune(now)
+            return earliest
         due = Schedule.objects.using(self.alias).filter(enabled=True, next_run_at__lte=now)
         for schedule in due.order_by("next_run_at"):
             try:
