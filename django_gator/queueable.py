@@ -12,13 +12,15 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import itertools
 import json
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
-from django_gator import conf, limits, validation
+from django_gator import collector, conf, limits, validation
 
 # The registry's functions are still importable from here, where they were first.
 from django_gator.registry import get_job_class as get_job_class
@@ -298,6 +300,34 @@ class Queueable:
             fits.add(shape)
 
     @classmethod
+    def misfits(cls, args_col: list[list[Any]], kwargs_col: list[dict[str, Any]]) -> list[int]:
+        """The indexes, in order, of the (args, kwargs) pairs that :meth:`check_arguments`
+        refuses. Asked once per shape of arguments (see there), not once per pair, unless
+        a subclass has its own check_arguments."""
+        if cls.check_arguments.__func__ is not Queueable.check_arguments.__func__:  # type: ignore[attr-defined]
+            return [
+                index
+                for index, (args, kwargs) in enumerate(zip(args_col, kwargs_col, strict=True))
+                if not _fits(cls, args, kwargs)
+            ]
+        if any(kwargs_col):
+            shapes: list[Any] = [
+                (len(args), *kwargs) if kwargs else len(args)
+                for args, kwargs in zip(args_col, kwargs_col, strict=True)
+            ]
+        else:
+            shapes = list(map(len, args_col))
+        # Any pair of a shape stands for all of them: the last one, from dict().
+        bad = {
+            shape
+            for shape, index in dict(zip(shapes, range(len(shapes)), strict=True)).items()
+            if not _fits(cls, args_col[index], kwargs_col[index])
+        }
+        if not bad:
+            return []
+        return [index for index, shape in enumerate(shapes) if shape in bad]
+
+    @classmethod
     def dispatch(
         cls,
         *args: Any,
@@ -390,23 +420,44 @@ class Queueable:
         )
 
 
+def _fits(job_class: type[Queueable], args: list[Any], kwargs: dict[str, Any]) -> bool:
+    try:
+        job_class.check_arguments(args, kwargs)
+    except TypeError:
+        return False
+    return True
+
+
+#: The kwargs of an item given as a list (read only: shared by every such item).
+_NO_KWARGS: Mapping[str, Any] = MappingProxyType({})
+_SEQUENCES = frozenset({list, tuple})
+
+
 def dispatch_items(
     arguments: Iterable[Sequence[Any] | Mapping[str, Any]], caller: str = "dispatch_many()"
 ) -> list[tuple[Sequence[Any], Mapping[str, Any]]]:
     """dispatch_many()'s items as (args, kwargs) pairs (``caller`` names the call in the
-    error about an item that is neither)."""
-    items: list[tuple[Sequence[Any], Mapping[str, Any]]] = []
-    for index, item in enumerate(arguments):
-        if isinstance(item, Mapping):
-            items.append(((), item))
-        elif isinstance(item, list | tuple):
-            items.append((item, {}))
-        else:
-            raise TypeError(
-                f"{caller} item {index} is {article(type(item).__name__)}; "
-                "pass a list of positional arguments or a dict of keyword arguments"
-            )
-    return items
+    error about an item that is neither). With the garbage collector paused when they are
+    many (see collector.paused)."""
+    with collector.paused(len(arguments) if isinstance(arguments, Sized) else None):
+        if isinstance(arguments, list) and _SEQUENCES.issuperset(map(type, arguments)):
+            return list(zip(arguments, itertools.repeat(_NO_KWARGS), strict=False))
+        items: list[tuple[Sequence[Any], Mapping[str, Any]]] = []
+        append = items.append
+        for index, item in enumerate(arguments):
+            kind = type(item)
+            if kind is list or kind is tuple:  # the usual case, before the slower ABC check
+                append((cast(Sequence[Any], item), _NO_KWARGS))
+            elif isinstance(item, Mapping):
+                append(((), item))
+            elif isinstance(item, list | tuple):
+                append((item, _NO_KWARGS))
+            else:
+                raise TypeError(
+                    f"{caller} item {index} is {article(type(item).__name__)}; "
+                    "pass a list of positional arguments or a dict of keyword arguments"
+                )
+        return items
 
 
 class FunctionJob(Queueable, abstract=True):

@@ -10,7 +10,7 @@ starve the other workers.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any
 from django.db import OperationalError
 
 from django_gator.engines.base import JOB_COLUMNS, ClaimedJob, Engine, InsertRow, Position
+from django_gator.engines.dispatching import answered
 from django_gator.models.membership import LOCKED
+from django_gator.rows import Inserted, JobRows
 from django_gator.states import SQL_WAITING, claim_set_sql
 
 if TYPE_CHECKING:
@@ -119,6 +121,19 @@ class MySQLEngine(Engine):
             raise
         row = cursor.fetchone()
         return None if row is None else int(row[0])
+
+    def insert_rows(
+        self,
+        rows: JobRows,
+        notify: set[str] | None = None,
+        prepare: Callable[[], None] | None = None,
+        meanwhile: Callable[[Inserted], None] | None = None,
+    ) -> Inserted:
+        if self.connection.features.can_return_rows_from_bulk_insert:
+            return super().insert_rows(rows, notify, prepare, meanwhile)
+        if prepare is not None:
+            prepare()
+        return answered(self.insert_jobs(rows.rows(), notify), meanwhile)
 
     def insert_jobs(
         self, rows: Sequence[InsertRow], notify: set[str] | None = None
