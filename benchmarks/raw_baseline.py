@@ -1,16 +1,23 @@
 """``python -m benchmarks.raw_baseline``: what the driver and PostgreSQL allow on this
 machine, next to django-gator doing the same work, in one run (A/B, alternated).
 
-Three pairs, each on the jobs table of the database at ``--database-url`` (its name must
-contain ``pickup`` or ``raw``: the benchmark deletes every job in it):
+Pairs, each on the jobs table of the database at ``--database-url`` (its name must contain
+``pickup`` or ``raw``: the benchmark deletes every job in it), or of a throwaway cluster
+(``--cluster throwaway``: initdb into a temporary directory, its own port, autovacuum on
+with the jobs table's recommended settings, benchmarks/soak/cluster.py):
 
 - *bulk*: ``--rows`` jobs (default 100,000) with small arguments (``[i, "item-i"]``). Raw:
   psycopg ``COPY ... FROM STDIN`` with ``write_row`` of each row (its arguments through
   ``json.dumps``), one transaction. django-gator: ``dispatch_many()`` of the same argument
   lists (validation, JSON, the returned Job objects, COPY, NOTIFY).
 - *single*: ``--single`` jobs one at a time. Raw: ``INSERT ... RETURNING id`` and a commit
-  per job, parameters bound by the driver. django-gator: ``dispatch()`` in autocommit (its
-  INSERT also NOTIFYs).
+  per job, parameters bound by the driver (psycopg prepares the statement from its fifth
+  run: its default). django-gator: ``dispatch()`` in autocommit (its INSERT also NOTIFYs),
+  with Django's defaults (values bound on the client, no prepared statements).
+  *single-prepared*: the same with ``OPTIONS = {"server_side_binding": True,
+  "prepare_threshold": 5}``, so that django-gator's INSERT is prepared as the raw one is.
+  ``--synchronous-commit off`` sets it on both sides' connections for these two pairs:
+  without the wait for the WAL flush, which on a slow disk hides everything else.
 - *drain*: ``--drain`` due no-op jobs, taken and marked done. Raw: one connection, no
   threads, no Django, ``synchronous_commit = off``: the claim statement's shape
   (``WITH picked AS (SELECT ... FOR UPDATE SKIP LOCKED LIMIT 100) UPDATE ... RETURNING``)
@@ -18,7 +25,11 @@ contain ``pickup`` or ``raw``: the benchmark deletes every job in it):
   committed, ``--batch`` (100) at a time. django-gator: one burst ``gator_worker`` in this
   process with ``--concurrency`` threads running the no-op job (``gator_bench``'s drain).
 
-Each figure is printed with its ratio to the raw one of the same round.
+Each round runs every pair on an emptied and vacuumed table, raw first in odd rounds and
+django-gator first in even ones (so that a drift in the machine's load favours neither);
+each figure is printed with its ratio to the raw one of the same round and the load
+average (1 minute) when the pair started. ``--profile`` prints where django-gator's bulk
+dispatch spent its time, phase by phase, in each round.
 """
 
 from __future__ import annotations
@@ -72,7 +83,7 @@ def raw_copy(dsn: str, items: list[list[Any]]) -> float:
         return len(items) / (time.perf_counter() - started)
 
 
-def raw_single(dsn: str, count: int) -> float:
+def raw_single(dsn: str, count: int, synchronous_commit: str = "on") -> float:
     import psycopg
 
     sql = (
@@ -82,6 +93,8 @@ def raw_single(dsn: str, count: int) -> float:
         "RETURNING id"
     )
     with psycopg.connect(dsn) as connection:
+        connection.execute(f"SET synchronous_commit TO {synchronous_commit}")
+        connection.commit()
         started = time.perf_counter()
         for i in range(count):
             connection.execute(sql, ["raw.noop", json.dumps([i]), "{}", "raw", 0]).fetchone()
@@ -143,16 +156,82 @@ def gator_bulk(items: list[list[Any]]) -> float:
     return len(items) / elapsed
 
 
-def gator_single(count: int) -> float:
+def gator_single(count: int, synchronous_commit: str = "on", prepared: bool = False) -> float:
+    """dispatch() in autocommit; ``prepared``: on a connection with Django's server-side
+    binding and psycopg's prepared statements on (both off by default)."""
+    from django.db import connection
+
     from django_gator.bench import bench_dispatch
 
-    return bench_dispatch(count)
+    options = connection.settings_dict["OPTIONS"]
+    saved = dict(options)
+    if prepared:
+        options.update(server_side_binding=True, prepare_threshold=5)
+    connection.close()  # the options apply to the next connection
+    connection.features.__dict__.pop("uses_server_side_binding", None)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET synchronous_commit TO {synchronous_commit}")
+        return bench_dispatch(count)
+    finally:
+        connection.close()
+        connection.settings_dict["OPTIONS"] = saved
+        connection.features.__dict__.pop("uses_server_side_binding", None)
 
 
 def gator_drain(count: int, concurrency: int) -> float:
     from django_gator.bench import bench_drain
 
     return bench_drain(count, concurrency)[0]
+
+
+class Phases:
+    """Where django-gator's bulk dispatch spends its time: wrappers around its steps,
+    installed for the run (``--profile``). "ids, COPY, NOTIFY" is the engine's time less
+    the Job objects (built while PostgreSQL draws the ids) and the wait at the COPY's end
+    for PostgreSQL to read what was still in the socket."""
+
+    def __init__(self) -> None:
+        import psycopg
+
+        from django_gator import dispatch, queueable
+        from django_gator.engines.postgresql import PostgresEngine
+
+        self.spent: dict[str, float] = {}
+        self._timed(queueable, "dispatch_items", "items")
+        self._timed(dispatch, "_rows", "checks and JSON")
+        self._timed(dispatch, "_unsaved_jobs", "Job objects (while the ids are drawn)")
+        self._timed(PostgresEngine, "_copy_jobs", "ids, COPY, NOTIFY")
+        self._timed(psycopg.Copy, "__exit__", "COPY's end (PostgreSQL still reading)")
+
+    def _timed(self, owner: Any, name: str, label: str) -> None:
+        original = getattr(owner, name)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.spent[label] = self.spent.get(label, 0.0) + time.perf_counter() - started
+
+        setattr(owner, name, wrapper)
+
+    def report(self, total: float) -> str:
+        spent = dict(self.spent)
+        inside = spent.get("Job objects (while the ids are drawn)", 0.0)
+        inside += spent.get("COPY's end (PostgreSQL still reading)", 0.0)
+        if "ids, COPY, NOTIFY" in spent:
+            spent["ids, COPY, NOTIFY"] -= inside
+        spent["the rest (commit, tracing, signals)"] = total - sum(spent.values())
+        self.spent.clear()
+        return ", ".join(
+            f"{label} {spent[label]:.3f} s" for label in sorted(spent, key=_step_order)
+        )
+
+
+def _step_order(label: str) -> int:
+    steps = ["items", "checks", "ids", "Job", "COPY's end", "the rest"]
+    return next(i for i, step in enumerate(steps) if label.startswith(step))
 
 
 def clean(dsn: str) -> None:
@@ -173,19 +252,50 @@ def main() -> None:
     parser.add_argument(
         "--database-url", default="postgres://postgres@127.0.0.1:5432/gator_raw_baseline"
     )
-    parser.add_argument("--only", choices=["bulk", "single", "drain"], action="append")
+    parser.add_argument(
+        "--cluster",
+        choices=["shared", "throwaway"],
+        default="shared",
+        help="the server at --database-url, or a throwaway cluster (its database is named "
+        "as in --database-url)",
+    )
+    parser.add_argument("--port", type=int, default=5498, help="the throwaway cluster's port")
+    parser.add_argument("--pg-bindir", default="/usr/lib/postgresql/15/bin")
+    parser.add_argument(
+        "--only",
+        choices=["bulk", "single", "single-prepared", "drain"],
+        action="append",
+    )
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--single", type=int, default=2_000)
+    parser.add_argument("--synchronous-commit", choices=["on", "off"], default="on")
     parser.add_argument("--drain", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--profile", action="store_true", help="phases of the bulk dispatch")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     url = args.database_url
     name = urlsplit(url).path.lstrip("/")
     if "raw" not in name and "pickup" not in name:
         raise SystemExit(f"its jobs are deleted: the database name must contain 'raw' ({name!r})")
+
+    from benchmarks.soak.cluster import TABLE_AUTOVACUUM, ThrowawayCluster
+
+    cluster = None
+    if args.cluster == "throwaway":
+        cluster = ThrowawayCluster(args.port, args.pg_bindir)
+        url = cluster.start(name)
+        print(f"throwaway cluster in {cluster.directory}, port {args.port}", flush=True)
+    try:
+        run(args, url, TABLE_AUTOVACUUM if cluster is not None else None)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+
+
+def run(args: argparse.Namespace, url: str, table_autovacuum: dict[str, str] | None) -> None:
     dsn = url.replace("postgres://", "postgresql://", 1)
 
     from benchmarks.pickup.__main__ import child_env
@@ -198,36 +308,92 @@ def main() -> None:
     django.setup()
     from django.db import connection
 
+    if table_autovacuum:
+        options = ", ".join(f"{key} = {value}" for key, value in table_autovacuum.items())
+        with connection.cursor() as cursor:
+            cursor.execute(f"ALTER TABLE {TABLE} SET ({options})")
     connection.ensure_connection()
     version = ".".join(map(str, connection.get_database_version()))
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW autovacuum")
+        autovacuum = cursor.fetchone()[0]
     print(
-        f"raw driver against django-gator: postgresql {version}, Django {django.get_version()}, "
-        f"Python {platform.python_version()}, {os.cpu_count()} CPUs"
+        f"raw driver against django-gator: postgresql {version} (autovacuum {autovacuum}), "
+        f"Django {django.get_version()}, Python {platform.python_version()}, "
+        f"{os.cpu_count()} CPUs"
     )
-    only = args.only or ["bulk", "single", "drain"]
-    results: dict[str, list[tuple[float, float]]] = {}
+    only = args.only or ["bulk", "single", "single-prepared", "drain"]
+    results: dict[str, list[dict[str, float]]] = {}
+    phases = Phases() if args.profile else None
+    sync = args.synchronous_commit
 
-    def pair(label: str, raw: Callable[[], float], gator: Callable[[], float]) -> None:
-        clean(dsn)
-        r = raw()
-        clean(dsn)
-        g = gator()
-        results.setdefault(label, []).append((r, g))
-        print(f"{label:<34} raw {r:>10,.0f}/s  django-gator {g:>10,.0f}/s  ratio {g / r:.2f}")
+    def pair(
+        label: str,
+        raw: Callable[[], float],
+        gator: Callable[[], float],
+        rnd: int,
+        count: int | None = None,
+    ) -> None:
+        """One round of a pair. With ``count`` (the items each side handles) also this
+        process's CPU time per item on each side: what the client spends, which a busy
+        machine blurs less than the elapsed time."""
+        load = os.getloadavg()[0]
+        figures: dict[str, float] = {}
+        cpu: dict[str, float] = {}
+        for side in ("raw", "gator") if rnd % 2 else ("gator", "raw"):
+            clean(dsn)
+            started = time.process_time()
+            figures[side] = raw() if side == "raw" else gator()
+            cpu[side] = time.process_time() - started
+        r, g = figures["raw"], figures["gator"]
+        entry = {"raw": r, "gator": g, "load": load}
+        first = "raw first" if rnd % 2 else "gator first"
+        line = (
+            f"round {rnd} {label:<40} raw {r:>10,.0f}/s  django-gator {g:>10,.0f}/s  "
+            f"ratio {g / r:.2f}  (load {load:.1f}, {first})"
+        )
+        if count:
+            entry["raw_cpu_us"] = cpu["raw"] / count * 1e6
+            entry["gator_cpu_us"] = cpu["gator"] / count * 1e6
+            line += (
+                f"  client CPU {entry['raw_cpu_us']:.1f} / {entry['gator_cpu_us']:.1f} us an item"
+            )
+        results.setdefault(label, []).append(entry)
+        print(line, flush=True)
 
-    for _ in range(args.rounds):
+    def bulk(items: list[list[Any]]) -> float:
+        if phases is not None:
+            phases.spent.clear()  # the drain's dispatches went through the same steps
+        rate = gator_bulk(items)
+        if phases is not None:
+            print(f"    bulk phases: {phases.report(len(items) / rate)}", flush=True)
+        return rate
+
+    items = arguments(args.rows)
+    for rnd in range(1, args.rounds + 1):
         if "bulk" in only:
-            items = arguments(args.rows)
             pair(
                 f"bulk {args.rows:,} rows (COPY)",
-                lambda items=items: raw_copy(dsn, items),
-                lambda items=items: gator_bulk(items),
+                lambda: raw_copy(dsn, items),
+                lambda: bulk(items),
+                rnd,
+                args.rows,
             )
         if "single" in only:
             pair(
-                f"single insert + commit x{args.single:,}",
-                lambda: raw_single(dsn, args.single),
-                lambda: gator_single(args.single),
+                f"single insert + commit x{args.single:,}, sync {sync}",
+                lambda: raw_single(dsn, args.single, sync),
+                lambda: gator_single(args.single, sync),
+                rnd,
+                args.single,
+            )
+        if "single-prepared" in only:
+            pair(
+                f"single, both prepared x{args.single:,}, sync {sync}",
+                lambda: raw_single(dsn, args.single, sync),
+                lambda: gator_single(args.single, sync, prepared=True),
+                rnd,
+                args.single,
             )
         if "drain" in only:
 
@@ -239,17 +405,26 @@ def main() -> None:
                 f"drain {args.drain:,} (raw batch {args.batch}, {args.concurrency} threads)",
                 raw,
                 lambda: gator_drain(args.drain, args.concurrency),
+                rnd,
             )
-    summary = {
+    summary: dict[str, dict[str, Any]] = {
         label: {
-            "raw_per_s": [r for r, _ in pairs],
-            "gator_per_s": [g for _, g in pairs],
-            "ratio_median": statistics.median(g / r for r, g in pairs),
+            "raw_per_s": [entry["raw"] for entry in rounds],
+            "gator_per_s": [entry["gator"] for entry in rounds],
+            "ratios": [entry["gator"] / entry["raw"] for entry in rounds],
+            "load_average": [entry["load"] for entry in rounds],
+            "client_cpu_us": [
+                [entry["raw_cpu_us"], entry["gator_cpu_us"]]
+                for entry in rounds
+                if "raw_cpu_us" in entry
+            ],
+            "ratio_median": statistics.median(entry["gator"] / entry["raw"] for entry in rounds),
         }
-        for label, pairs in results.items()
+        for label, rounds in results.items()
     }
     for label, entry in summary.items():
-        print(f"{label:<34} median ratio {entry['ratio_median']:.2f}")
+        ratios = ", ".join(f"{ratio:.2f}" for ratio in entry["ratios"])
+        print(f"{label:<40} ratios {ratios}; median {entry['ratio_median']:.2f}")
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
 

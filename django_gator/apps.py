@@ -37,7 +37,9 @@ class GatorConfig(AppConfig):
                 immediate.after_commit(alias, lambda: immediate.run_immediately(alias, callbacks))
 
         membership.install(
-            settle=settle, reopen=lambda alias, ids: get_engine(alias).reopen_batches(ids)
+            settle=settle,
+            reopen=lambda alias, ids: get_engine(alias).reopen_batches(ids),
+            probe=lambda alias, batch_id: get_engine(alias).probe_batch(batch_id),
         )
 
         # Like admin.py: every installed app's `jobs` module registers its jobs (and its

@@ -132,6 +132,41 @@ def bench_batch_dispatch(count: int, rounds: int) -> list[tuple[float, float]]:
     return out
 
 
+def bench_batch_step_dispatch(count: int, rounds: int) -> list[tuple[float, float]]:
+    """(seconds in a Batch, seconds as a workflow's batch step) for ``count`` jobs: a
+    ``dispatch_many`` inside ``with Batch(...)``, and a one-step Workflow whose step is
+    ``add_batch()`` of the same items, alternately ``rounds`` times, each on an emptied
+    table (what a batch step costs at dispatch over the batch it is made of)."""
+    from django_gator.models import Batch, WorkflowRun
+    from django_gator.workflows import Workflow
+
+    alias = conf.database()
+    items = [[i] for i in range(count)]
+    out = []
+
+    def batched() -> None:
+        with Batch(description="bench"):
+            BenchNoop.dispatch_many(items)
+
+    def step() -> None:
+        workflow = Workflow(name="bench")
+        workflow.add_batch(BenchNoop, items)
+        workflow.dispatch()
+
+    def empty() -> None:
+        clean()
+        Batch.objects.using(alias).filter(description__startswith="bench").delete()
+        WorkflowRun.objects.using(alias).filter(name="bench").delete()
+
+    for _ in range(rounds):
+        empty()
+        batch_s = timed(batched)
+        empty()
+        out.append((batch_s, timed(step)))
+    empty()
+    return out
+
+
 def rss_mb() -> float:
     """This process's resident memory in MiB (Linux; 0.0 elsewhere)."""
     try:

@@ -17,7 +17,7 @@ from django.db import DatabaseError, connections, transaction
 from django_gator import conf, redaction, signals
 from django_gator.logutil import safe
 from django_gator.models import Job
-from django_gator.rows import InsertRow
+from django_gator.rows import JobRows
 
 if TYPE_CHECKING:
     from django_gator.queueable import Queueable
@@ -28,7 +28,7 @@ logger = logging.getLogger("django_gator.dispatch")
 def defer(
     job_class: type[Queueable],
     alias: str,
-    rows: list[InsertRow],
+    rows: JobRows,
     jobs: list[Job],
     commit_alias: str,
     write: Callable[[], list[Job]],
@@ -56,7 +56,7 @@ def defer(
 def _write_deferred(
     job_class: type[Queueable],
     alias: str,
-    rows: list[InsertRow],
+    rows: JobRows,
     jobs: list[Job],
     delays: list[float],
     write: Callable[[], list[Job]],
@@ -96,7 +96,7 @@ def _write_deferred(
 
 def _report_lost(
     job_class: type[Queueable],
-    rows: list[InsertRow],
+    rows: JobRows,
     jobs: list[Job],
     tries: int,
     error: BaseException,
@@ -105,7 +105,7 @@ def _report_lost(
     (secrets masked, as everywhere in logs), and send ``dispatch_failed``."""
     try:
         text = _error_text(error, jobs)
-        for row, job in zip(rows, jobs, strict=True):
+        for row, job in zip(rows.rows(), jobs, strict=True):
             args, kwargs = redaction.redact_payload(row.name, job.args, job.kwargs)
             logger.error(
                 "Deferred dispatch lost: job not inserted name=%s queue=%s priority=%s "

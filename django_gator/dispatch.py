@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import random
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -15,13 +16,24 @@ from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.models.base import ModelState
 
-from django_gator import conf, deferred, immediate, limits, signals, tracing, validation, wakeup
-from django_gator.engines import Engine, InsertRow, get_engine
+from django_gator import (
+    collector,
+    conf,
+    deferred,
+    immediate,
+    limits,
+    signals,
+    tracing,
+    validation,
+    wakeup,
+)
+from django_gator.engines import Engine, get_engine
 from django_gator.exceptions import DispatchDeadlock
 from django_gator.logutil import safe
 from django_gator.models import Batch, Job, JobState
 from django_gator.models.batches import current_batch
 from django_gator.registry import is_registered
+from django_gator.rows import Inserted, InsertRow, JobRows
 
 if TYPE_CHECKING:
     from django_gator.queueable import Queueable
@@ -82,8 +94,9 @@ def _rows(
     priority: int | None,
     chain: tuple[str, int, str] | None,
     many: bool,
-) -> tuple[list[InsertRow], list[tuple[list[Any], dict[str, Any]]]]:
-    """Validate a dispatch and build its rows (no database access)."""
+) -> tuple[JobRows, tuple[list[list[Any]], list[dict[str, Any]]]]:
+    """Validate a dispatch and build its rows (no database access); returns them with the
+    arguments as the returned jobs will hold them (copies of the caller's)."""
     if not is_registered(job_class):
         raise TypeError(
             f"{job_class.__qualname__} is not a registered job (an abstract base?); "
@@ -94,50 +107,110 @@ def _rows(
     run_at = validation.resolve_when(wait=wait, at=at)
     chain_id, chain_position, chain_json = chain if chain else (None, None, None)
     limit = conf.max_payload_bytes()
-    rows = []
-    payloads = []
-    keyer = job_class(queue=queue) if job_class._gator_unique or job_class._gator_keyed else None
-    for index, (args, kwargs) in enumerate(items):
+    with collector.paused(len(items)):
+        args_col = [list(args) for args, _ in items]
+        kwargs_col = [dict(kwargs) if kwargs else {} for _, kwargs in items]
+        args_json, kwargs_json = _payloads(job_class, args_col, kwargs_col, limit, many)
+        rows = JobRows(
+            name=job_class.name,
+            queue=queue,
+            priority=priority,
+            run_at=run_at,
+            args=args_json,
+            kwargs=kwargs_json,
+            chain_id=chain_id,
+            chain_position=chain_position,
+            chain=chain_json,
+        )
+        if job_class._gator_limited or job_class._gator_unique:
+            _keys(job_class, queue, rows, args_col, kwargs_col, many)
+    return rows, (args_col, kwargs_col)
+
+
+def _payloads(
+    job_class: type[Queueable],
+    args_col: list[list[Any]],
+    kwargs_col: list[dict[str, Any]],
+    limit: int,
+    many: bool,
+) -> tuple[list[str], list[str]]:
+    """Check that each item's arguments fit handle() and are JSON; returns their JSON. The
+    checks run a column at a time (see validation.encode_columns and Queueable.misfits);
+    the items they cannot clear at once are checked one by one, in order, so the error
+    raised is the one of the first bad item, as if every item had been checked in turn. A
+    single item is checked as it is."""
+    if len(args_col) == 1:
         try:
-            job_class.check_arguments(args, kwargs)
-            args_json, kwargs_json = validation.encode_payload(args, kwargs, limit)
-            unique_key = None
-            flow_key = limits.flow_key(job_class, keyer, args, kwargs)
+            job_class.check_arguments(args_col[0], kwargs_col[0])
+            args_json, kwargs_json = validation.encode_payload(args_col[0], kwargs_col[0], limit)
+        except (TypeError, ValueError) as exc:
+            _name_item(exc, 0, many)
+            raise
+        return [args_json], [kwargs_json]
+    misfits = job_class.misfits(args_col, kwargs_col)
+    args_col_json, kwargs_col_json, doubtful = validation.encode_columns(
+        args_col, kwargs_col, limit
+    )
+    if misfits or doubtful:
+        misfit = set(misfits)
+        for index in sorted(misfit.union(doubtful)):
+            args, kwargs = args_col[index], kwargs_col[index]
+            try:
+                if index in misfit:
+                    job_class.check_arguments(args, kwargs)  # raises
+                args_col_json[index], kwargs_col_json[index] = validation.encode_payload(
+                    args, kwargs, limit
+                )
+            except (TypeError, ValueError) as exc:
+                _name_item(exc, index, many)
+                raise
+    return args_col_json, kwargs_col_json
+
+
+def _keys(
+    job_class: type[Queueable],
+    queue: str,
+    rows: JobRows,
+    args_col: list[list[Any]],
+    kwargs_col: list[dict[str, Any]],
+    many: bool,
+) -> None:
+    """The rows' unique keys and flow-control keys, from the class's methods."""
+    keyer = job_class(queue=queue) if job_class._gator_unique or job_class._gator_keyed else None
+    unique_keys: list[str | None] = []
+    flow_keys: list[str | None] = []
+    for index, (args, kwargs) in enumerate(zip(args_col, kwargs_col, strict=True)):
+        try:
+            flow_keys.append(limits.flow_key(job_class, keyer, args, kwargs))
             if keyer is not None and job_class._gator_unique:
-                unique_key = validation.validate_unique_key(
-                    keyer.unique_key(*args, **kwargs), job_class.name
+                unique_keys.append(
+                    validation.validate_unique_key(
+                        keyer.unique_key(*args, **kwargs), job_class.name
+                    )
                 )
         except (TypeError, ValueError) as exc:
-            if many:
-                exc.args = (f"dispatch_many() item {index}: {exc}", *exc.args[1:])
+            _name_item(exc, index, many)
             raise
-        rows.append(
-            InsertRow(
-                name=job_class.name,
-                args=args_json,
-                kwargs=kwargs_json,
-                queue=queue,
-                priority=priority,
-                run_at=run_at,
-                chain_id=chain_id,
-                chain_position=chain_position,
-                chain=chain_json,
-                unique_key=unique_key,
-                concurrency_key=flow_key,
-            )
-        )
-        payloads.append((list(args), dict(kwargs)))
-    return rows, payloads
+    if job_class._gator_limited:
+        rows.concurrency_keys = flow_keys
+    if unique_keys:
+        rows.unique_keys = unique_keys
+
+
+def _name_item(exc: Exception, index: int, many: bool) -> None:
+    """Prefix the message of ``exc`` with the item's index, for dispatch_many."""
+    if many:
+        exc.args = (f"dispatch_many() item {index}: {exc}", *exc.args[1:])
 
 
 def _store(
     job_class: type[Queueable],
-    rows: list[InsertRow],
-    payloads: list[tuple[list[Any], dict[str, Any]]],
+    rows: JobRows,
+    payloads: tuple[list[list[Any]], list[dict[str, Any]]],
     on_commit: bool | str | None,
 ) -> list[Job]:
     """Insert validated rows now, or once the caller's transaction commits."""
-    if not rows:
+    if not len(rows):
         return []
     member_of = current_batch()  # a dispatch inside `with Batch(...)` joins the batch
     if member_of is not None:
@@ -145,13 +218,17 @@ def _store(
     if on_commit is None:
         on_commit = conf.dispatch_on_commit()
     alias = conf.database()
-    jobs = [
-        _unsaved(alias, row, args, kwargs)
-        for row, (args, kwargs) in zip(rows, payloads, strict=True)
-    ]
+    jobs: list[Job] = []
+
+    def prepare() -> None:
+        """The jobs to return, built while the database stores the rows (see _write_rows)."""
+        with collector.paused(len(rows)):
+            jobs.extend(_unsaved_jobs(alias, rows, *payloads))
+
     if on_commit:
         commit_alias = DEFAULT_DB_ALIAS if on_commit is True else str(on_commit)
         if connections[commit_alias].in_atomic_block:
+            prepare()  # the jobs are returned now, and filled in on commit
             if member_of is not None:
                 member_of.deferred_to(commit_alias)
             deferred.defer(
@@ -166,10 +243,11 @@ def _store(
         else:
             # Autocommit: Django runs the callback now, and its error reaches the caller.
             transaction.on_commit(
-                lambda: _insert(job_class, alias, rows, jobs, member_of), using=commit_alias
+                lambda: _insert(job_class, alias, rows, jobs, member_of, prepare),
+                using=commit_alias,
             )
     else:
-        _insert(job_class, alias, rows, jobs, member_of)
+        _insert(job_class, alias, rows, jobs, member_of, prepare)
     return jobs
 
 
@@ -193,63 +271,133 @@ _new_job = Job.__new__
 _new_state = ModelState.__new__
 
 
+def _template(
+    name: str,
+    queue: str,
+    priority: int,
+    run_at: datetime | None,
+    chain_id: str | None,
+    chain_position: int | None,
+    batch_id: int | None,
+) -> dict[str, Any]:
+    """The field values the jobs of one dispatch call share."""
+    values = dict(_BLANK)
+    values["name"] = name
+    values["queue"] = queue
+    values["priority"] = priority
+    values["next_execution_at"] = run_at
+    if chain_id:
+        values["chain_id"] = uuid.UUID(chain_id)
+    values["chain_position"] = chain_position
+    values["batch_id"] = batch_id
+    return values
+
+
 def _unsaved(alias: str, row: InsertRow, args: list[Any], kwargs: dict[str, Any]) -> Job:
     """The Job a dispatch returns, before its INSERT has filled in id and timestamps.
 
     Built without ``Model.__init__`` (so without pre_init/post_init signals): ten times
     faster, which matters for dispatch_many of thousands of rows."""
-    values = dict(_BLANK)
-    values["name"] = row.name
+    values = _template(
+        row.name,
+        row.queue,
+        row.priority,
+        row.run_at,
+        row.chain_id,
+        row.chain_position,
+        row.batch_id,
+    )
     values["args"] = args
     values["kwargs"] = kwargs
-    values["queue"] = row.queue
-    values["priority"] = row.priority
-    values["next_execution_at"] = row.run_at
-    if row.chain_id:
-        values["chain_id"] = uuid.UUID(row.chain_id)
-    values["chain_position"] = row.chain_position
     if row.chain is not None:
         values["chain"] = json.loads(row.chain)
     values["unique_key"] = row.unique_key
-    values["batch_id"] = row.batch_id
     values["concurrency_key"] = row.concurrency_key
+    return _job(values, alias)
+
+
+def _job(values: dict[str, Any], alias: str) -> Job:
     job = _new_job(Job)
-    job.__dict__ = values
     state = _new_state(ModelState)
     state.db = alias
-    job._state = state
+    values["_state"] = state
+    job.__dict__ = values
     return job
+
+
+def _unsaved_jobs(
+    alias: str, rows: JobRows, args_col: list[list[Any]], kwargs_col: list[dict[str, Any]]
+) -> list[Job]:
+    """:func:`_unsaved` for every row of one dispatch call: the shared values are set
+    once, and each Job gets a copy of them and its own arguments and keys."""
+    template = _template(
+        rows.name,
+        rows.queue,
+        rows.priority,
+        rows.run_at,
+        rows.chain_id,
+        rows.chain_position,
+        rows.batch_id,
+    )
+    count = len(rows)
+    unique_keys = rows.unique_keys or itertools.repeat(None, count)
+    flow_keys = rows.concurrency_keys or itertools.repeat(None, count)
+    jobs: list[Job] = []
+    append = jobs.append
+    new_job, new_state, job_class = _new_job, _new_state, Job
+    for args, kwargs, unique_key, concurrency_key in zip(
+        args_col, kwargs_col, unique_keys, flow_keys, strict=True
+    ):
+        state = new_state(ModelState)
+        state.db = alias
+        job = new_job(job_class)
+        job.__dict__ = {
+            **template,
+            "args": args,
+            "kwargs": kwargs,
+            "unique_key": unique_key,
+            "concurrency_key": concurrency_key,
+            "_state": state,
+        }
+        append(job)
+    if rows.chain is not None:  # a list each: a Job's fields are its own
+        for job in jobs:
+            job.chain = json.loads(rows.chain)
+    return jobs
 
 
 def _insert(
     job_class: type[Queueable],
     alias: str,
-    rows: list[InsertRow],
+    rows: JobRows,
     jobs: list[Job],
     member_of: Batch | None = None,
+    prepare: Callable[[], None] | None = None,
 ) -> None:
-    created = _write(job_class, alias, rows, jobs, member_of)
+    created = _write(job_class, alias, rows, jobs, member_of, prepare)
     _announce(job_class, alias, rows, jobs, created)
 
 
 def _write(
     job_class: type[Queueable],
     alias: str,
-    rows: list[InsertRow],
+    rows: JobRows,
     jobs: list[Job],
     member_of: Batch | None = None,
+    prepare: Callable[[], None] | None = None,
 ) -> list[Job]:
     """The INSERT, in a dispatch span when OpenTelemetry is installed (see tracing)."""
-    write = lambda: _write_members(job_class, alias, rows, jobs, member_of)  # noqa: E731
-    return list(tracing.traced_dispatch(job_class.name, rows[0].queue, alias, write))
+    write = lambda: _write_members(job_class, alias, rows, jobs, member_of, prepare)  # noqa: E731
+    return list(tracing.traced_dispatch(job_class.name, rows.queue, alias, write))
 
 
 def _write_members(
     job_class: type[Queueable],
     alias: str,
-    rows: list[InsertRow],
+    rows: JobRows,
     jobs: list[Job],
     member_of: Batch | None,
+    prepare: Callable[[], None] | None,
 ) -> list[Job]:
     """The INSERT: fills in the returned jobs; returns those it created (a unique job that
     already existed takes that job's values and is not in the list). Members of a batch
@@ -257,27 +405,51 @@ def _write_members(
     if member_of is not None:
         with transaction.atomic(using=alias):
             batch_id = member_of.admit(alias, len(rows))
-            for row, job in zip(rows, jobs, strict=True):
-                row.batch_id = job.batch_id = batch_id
-            return _write_rows(job_class, alias, rows, jobs)
-    return _write_rows(job_class, alias, rows, jobs)
+            rows.batch_id = batch_id  # jobs built from here on take it from the rows
+            step_of = member_of.step_of
+            if step_of is not None:
+                # Members of a workflow's batch step: their ends settle the step.
+                rows.chain_id, rows.chain_position = step_of[0].hex, step_of[1]
+            for job in jobs:  # new objects: no related Batch is cached to invalidate
+                job.__dict__["batch_id"] = batch_id
+                if step_of is not None:
+                    job.chain_id, job.chain_position = step_of
+            return _write_rows(job_class, alias, rows, jobs, prepare)
+    return _write_rows(job_class, alias, rows, jobs, prepare)
 
 
 def _write_rows(
-    job_class: type[Queueable], alias: str, rows: list[InsertRow], jobs: list[Job]
+    job_class: type[Queueable],
+    alias: str,
+    rows: JobRows,
+    jobs: list[Job],
+    prepare: Callable[[], None] | None,
 ) -> list[Job]:
-    due_now = {row.queue for row in rows if row.run_at is None}
+    """The INSERT and the returned jobs' ids. ``prepare`` (None when ``jobs`` are built
+    already) builds them, and ``fill`` gives them their ids: both are handed to the
+    engine, which runs them where the database is busy (a large COPY: while it draws
+    the ids from the sequence, and while it reads the last lines)."""
+    due_now = {rows.queue} if rows.run_at is None else set()
     engine = get_engine(alias)
     if not job_class._gator_unique:
-        returned = engine.insert_jobs(rows, notify=due_now)
-        for job, (job_id, created_at, next_execution_at) in zip(jobs, returned, strict=True):
-            _saved(job, job_id, created_at, next_execution_at)
+
+        def fill(inserted: Inserted) -> None:
+            for job, job_id, made_at, next_at in zip(jobs, *inserted, strict=True):
+                values = job.__dict__  # as _saved(), without a call per job
+                values["id"] = job_id
+                values["created_at"] = made_at
+                values["next_execution_at"] = next_at
+                values["_state"].adding = False
+
+        engine.insert_rows(rows, notify=due_now, prepare=prepare, meanwhile=fill)
         created = jobs
     else:
+        if prepare is not None:
+            prepare()
         created = []
         existing: dict[int, list[Job]] = {}
         for job, (job_id, created_at, next_at, new) in zip(
-            jobs, _insert_unique(job_class, engine, rows, due_now), strict=True
+            jobs, _insert_unique(job_class, engine, rows.rows(), due_now), strict=True
         ):
             if new:
                 _saved(job, job_id, created_at, next_at)
@@ -298,7 +470,7 @@ def _write_rows(
 def _announce(
     job_class: type[Queueable],
     alias: str,
-    rows: list[InsertRow],
+    rows: JobRows,
     jobs: list[Job],
     created: list[Job],
 ) -> None:
@@ -320,16 +492,10 @@ def _announce(
                 first.queue,
                 first.pk,
             )
-    if conf.immediate():
-        # Jobs dispatched with wait= or at= are left for run_jobs() and its clock.
-        created_ids = {id(job) for job in created}
-        due = [
-            job.pk
-            for job, row in zip(jobs, rows, strict=True)
-            if id(job) in created_ids and row.run_at is None
-        ]
-        if due:
-            immediate.after_commit(alias, lambda: immediate.run_immediately(alias, due))
+    # Jobs dispatched with wait= or at= are left for run_jobs() and its clock.
+    if conf.immediate() and rows.run_at is None:
+        due = [job.pk for job in created]
+        immediate.after_commit(alias, lambda: immediate.run_immediately(alias, due))
 
 
 #: Tries of a unique dispatch in a transaction of its own that the database ends to break a

@@ -271,11 +271,16 @@ def _add_if_missing(job: Any, schema_editor: Any, index: models.Index) -> None:
 
 def restore_after_rebuild(apps: Any, schema_editor: Any) -> None:
     """RunPython of a migration that SQLite carries out by rebuilding the jobs table (adding
-    a NOT NULL column): re-create the indexes of 0002, 0003 and 0005 the copy lacks."""
+    a NOT NULL column): re-create the indexes of 0002, 0003 and 0005 (and 0017) the copy
+    lacks."""
     if schema_editor.connection.vendor == "sqlite":
         job = apps.get_model("django_gator", "Job")
         restore_claim_indexes(job, schema_editor, unique=True)
         restore_groups_index(job, schema_editor)
+        if not any(index.name == FULL_BATCH_INDEX for index in job._meta.indexes) and any(
+            field.name == "batch_id" for field in job._meta.fields
+        ):
+            _add_missing(job, schema_editor, batch_index())
 
 
 def drop_groups_index(apps: Any, schema_editor: Any) -> None:
@@ -284,7 +289,7 @@ def drop_groups_index(apps: Any, schema_editor: Any) -> None:
     schema_editor.remove_index(apps.get_model("django_gator", "Job"), groups_index())
 
 
-# -- the queue figures' dead counts (migration 0016) ------------------------------------------
+# -- the queue figures' dead counts (migration 0018) ------------------------------------------
 
 
 def dead_queue_index() -> models.Index:
@@ -326,7 +331,7 @@ def create_dead_queue_index(apps: Any, schema_editor: Any) -> None:
 
 
 def restore_dead_queue_index(job: Any, schema_editor: Any) -> None:
-    """Create 0016's index where it is missing (on SQLite, a later migration that rebuilds
+    """Create 0018's index where it is missing (on SQLite, a later migration that rebuilds
     the table must call this, as those before it call restore_after_rebuild)."""
     _add_if_missing(job, schema_editor, dead_queue_index())
 
@@ -348,3 +353,57 @@ def drop_unique(apps: Any, schema_editor: Any) -> None:
             schema_editor.execute(sql)
         return
     schema_editor.remove_constraint(apps.get_model("django_gator", "Job"), unique_constraint())
+
+
+# -- batch members (migration 0017) -----------------------------------------------------------
+
+#: Migration 0012's index of every job row by (batch_id, state); MySQL and MariaDB keep it
+#: (their engine names it in FORCE INDEX).
+FULL_BATCH_INDEX = "gator_job_batch"
+
+
+def full_batch_index() -> models.Index:
+    return models.Index(fields=["batch_id", "state"], name=FULL_BATCH_INDEX)
+
+
+def batch_index() -> models.Index:
+    # A batch's members by state: its completion check, its workflow step's settling, its
+    # admin page, the pruning of finished batches. Partial, so that the jobs outside any
+    # batch (most of them) have no entry: their claims and outcome marks never write it.
+    return models.Index(
+        fields=["batch_id", "state"],
+        name="gator_job_batch_member",
+        condition=models.Q(batch_id__isnull=False),
+    )
+
+
+def _existing(job: Any, schema_editor: Any) -> dict[str, Any]:
+    connection = schema_editor.connection
+    with connection.cursor() as cursor:
+        return dict(connection.introspection.get_constraints(cursor, job._meta.db_table))
+
+
+def _add_missing(job: Any, schema_editor: Any, index: models.Index) -> None:
+    if index.name not in _existing(job, schema_editor):
+        schema_editor.add_index(job, index)
+
+
+def create_batch_index(apps: Any, schema_editor: Any) -> None:
+    """PostgreSQL and SQLite: the partial index first (the queries keep an index while it
+    is built), then drop the full one. Each step checks what exists, so a migration cut
+    off between the two (it is not atomic) can run again."""
+    if schema_editor.connection.vendor == "mysql":
+        return
+    job = apps.get_model("django_gator", "Job")
+    _add_missing(job, schema_editor, batch_index())
+    if FULL_BATCH_INDEX in _existing(job, schema_editor):
+        schema_editor.remove_index(job, full_batch_index())
+
+
+def drop_batch_index(apps: Any, schema_editor: Any) -> None:
+    if schema_editor.connection.vendor == "mysql":
+        return
+    job = apps.get_model("django_gator", "Job")
+    _add_missing(job, schema_editor, full_batch_index())
+    if batch_index().name in _existing(job, schema_editor):
+        schema_editor.remove_index(job, batch_index())

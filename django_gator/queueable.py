@@ -12,13 +12,15 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import itertools
 import json
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
-from django_gator import conf, limits, validation
+from django_gator import collector, conf, limits, validation
 
 # The registry's functions are still importable from here, where they were first.
 from django_gator.registry import get_job_class as get_job_class
@@ -32,7 +34,7 @@ from django_gator.wording import article
 if TYPE_CHECKING:
     from datetime import datetime, timedelta
 
-    from django_gator.models import Job
+    from django_gator.models import Batch, Job
 
 #: A middleware: called as ``middleware(job, call_next)``; returns what ``call_next()`` returns.
 Middleware = Callable[[Any, Callable[[], Any]], Any]
@@ -242,6 +244,19 @@ class Queueable:
         )
         return self._cancel_seen
 
+    def batch(self) -> Batch | None:
+        """The batch this running job is a member of (None if it is in none). Its
+        ``add()`` and ``add_many()`` dispatch more members, even into a closed batch (it
+        cannot complete while this job runs): a workflow's batch step fans out this way,
+        its members only known once a member runs. Make such a job ``atomic`` so that a
+        retried attempt does not add its members twice. It reads the database: from an
+        ``async def handle()``, call it (and the dispatches) through ``sync_to_async``."""
+        if self.job_id is None:
+            return None
+        from django_gator.models import Batch  # see cancel_requested
+
+        return Batch.of_member(self.job_id)
+
     async def acancel_requested(self) -> bool:
         """:meth:`cancel_requested` for an ``async def`` handler (its database read runs
         in a thread, as the async ORM's do)."""
@@ -283,6 +298,34 @@ class Queueable:
             raise TypeError(f"{cls.name}: arguments do not fit handle(): {exc}") from None
         if len(fits) < MAX_SHAPES:
             fits.add(shape)
+
+    @classmethod
+    def misfits(cls, args_col: list[list[Any]], kwargs_col: list[dict[str, Any]]) -> list[int]:
+        """The indexes, in order, of the (args, kwargs) pairs that :meth:`check_arguments`
+        refuses. Asked once per shape of arguments (see there), not once per pair, unless
+        a subclass has its own check_arguments."""
+        if cls.check_arguments.__func__ is not Queueable.check_arguments.__func__:  # type: ignore[attr-defined]
+            return [
+                index
+                for index, (args, kwargs) in enumerate(zip(args_col, kwargs_col, strict=True))
+                if not _fits(cls, args, kwargs)
+            ]
+        if any(kwargs_col):
+            shapes: list[Any] = [
+                (len(args), *kwargs) if kwargs else len(args)
+                for args, kwargs in zip(args_col, kwargs_col, strict=True)
+            ]
+        else:
+            shapes = list(map(len, args_col))
+        # Any pair of a shape stands for all of them: the last one, from dict().
+        bad = {
+            shape
+            for shape, index in dict(zip(shapes, range(len(shapes)), strict=True)).items()
+            if not _fits(cls, args_col[index], kwargs_col[index])
+        }
+        if not bad:
+            return []
+        return [index for index, shape in enumerate(shapes) if shape in bad]
 
     @classmethod
     def dispatch(
@@ -329,7 +372,7 @@ class Queueable:
 
         return enqueue(
             cls,
-            _items(arguments),
+            dispatch_items(arguments),
             wait=wait,
             at=at,
             queue=queue,
@@ -372,25 +415,49 @@ class Queueable:
         from django_gator.dispatch import aenqueue  # not at the top: see dispatch() above
 
         options: dict[str, Any] = {"wait": wait, "at": at, "queue": queue, "priority": priority}
-        return await aenqueue(cls, _items(arguments), on_commit=on_commit, many=True, **options)
+        return await aenqueue(
+            cls, dispatch_items(arguments), on_commit=on_commit, many=True, **options
+        )
 
 
-def _items(
-    arguments: Iterable[Sequence[Any] | Mapping[str, Any]],
+def _fits(job_class: type[Queueable], args: list[Any], kwargs: dict[str, Any]) -> bool:
+    try:
+        job_class.check_arguments(args, kwargs)
+    except TypeError:
+        return False
+    return True
+
+
+#: The kwargs of an item given as a list (read only: shared by every such item).
+_NO_KWARGS: Mapping[str, Any] = MappingProxyType({})
+_SEQUENCES = frozenset({list, tuple})
+
+
+def dispatch_items(
+    arguments: Iterable[Sequence[Any] | Mapping[str, Any]], caller: str = "dispatch_many()"
 ) -> list[tuple[Sequence[Any], Mapping[str, Any]]]:
-    """dispatch_many()'s items as (args, kwargs) pairs."""
-    items: list[tuple[Sequence[Any], Mapping[str, Any]]] = []
-    for index, item in enumerate(arguments):
-        if isinstance(item, Mapping):
-            items.append(((), item))
-        elif isinstance(item, list | tuple):
-            items.append((item, {}))
-        else:
-            raise TypeError(
-                f"dispatch_many() item {index} is {article(type(item).__name__)}; "
-                "pass a list of positional arguments or a dict of keyword arguments"
-            )
-    return items
+    """dispatch_many()'s items as (args, kwargs) pairs (``caller`` names the call in the
+    error about an item that is neither). With the garbage collector paused when they are
+    many (see collector.paused)."""
+    with collector.paused(len(arguments) if isinstance(arguments, Sized) else None):
+        if isinstance(arguments, list) and _SEQUENCES.issuperset(map(type, arguments)):
+            return list(zip(arguments, itertools.repeat(_NO_KWARGS), strict=False))
+        items: list[tuple[Sequence[Any], Mapping[str, Any]]] = []
+        append = items.append
+        for index, item in enumerate(arguments):
+            kind = type(item)
+            if kind is list or kind is tuple:  # the usual case, before the slower ABC check
+                append((cast(Sequence[Any], item), _NO_KWARGS))
+            elif isinstance(item, Mapping):
+                append(((), item))
+            elif isinstance(item, list | tuple):
+                append((item, _NO_KWARGS))
+            else:
+                raise TypeError(
+                    f"{caller} item {index} is {article(type(item).__name__)}; "
+                    "pass a list of positional arguments or a dict of keyword arguments"
+                )
+        return items
 
 
 class FunctionJob(Queueable, abstract=True):

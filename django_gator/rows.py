@@ -67,6 +67,84 @@ class InsertRow:
 
 
 @dataclass(slots=True)
+class JobRows:
+    """The rows of one dispatch call, by column: what every row shares is held once, what
+    differs (the arguments' JSON; the keys of unique and flow-limited jobs) as a list with
+    one entry per row. A dispatch_many of 100,000 jobs then builds two lists of strings
+    rather than 100,000 :class:`InsertRow` objects, and an engine that can send columns
+    (PostgreSQL's COPY and unnest()) sends them as they are."""
+
+    name: str
+    queue: str
+    priority: int
+    run_at: datetime | None  # None: due now, by database time
+    args: list[str]
+    kwargs: list[str]
+    chain_id: str | None = None
+    chain_position: int | None = None
+    chain: str | None = None
+    #: One per row, or None when no row has one.
+    unique_keys: list[str | None] | None = None
+    #: One per row, or None for a class without limits (see limits.flow_key).
+    concurrency_keys: list[str | None] | None = None
+    batch_id: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.args)
+
+    def columns(self) -> dict[str, Any]:
+        """Each InsertRow attribute's value: a list (one per row) where rows may differ,
+        else the one value they share."""
+        return {
+            "name": self.name,
+            "args": self.args,
+            "kwargs": self.kwargs,
+            "queue": self.queue,
+            "priority": self.priority,
+            "run_at": self.run_at,
+            "chain_id": self.chain_id,
+            "chain_position": self.chain_position,
+            "chain": self.chain,
+            "unique_key": self.unique_keys,
+            "batch_id": self.batch_id,
+            "concurrency_key": self.concurrency_keys,
+        }
+
+    def rows(self) -> list[InsertRow]:
+        """One InsertRow per row, for the statements that take rows one by one."""
+        count = len(self.args)
+        unique_keys = self.unique_keys or [None] * count
+        concurrency_keys = self.concurrency_keys or [None] * count
+        return [
+            InsertRow(
+                self.name,
+                args,
+                kwargs,
+                self.queue,
+                self.priority,
+                self.run_at,
+                self.chain_id,
+                self.chain_position,
+                self.chain,
+                unique_key,
+                self.batch_id,
+                concurrency_key,
+            )
+            for args, kwargs, unique_key, concurrency_key in zip(
+                self.args, self.kwargs, unique_keys, concurrency_keys, strict=True
+            )
+        ]
+
+
+class Inserted(NamedTuple):
+    """What an INSERT of :class:`JobRows` returns, by column, in the rows' order."""
+
+    ids: list[int]
+    created_at: list[datetime]
+    next_execution_at: list[datetime]
+
+
+@dataclass(slots=True)
 class Failure:
     """What to write when an attempt failed."""
 

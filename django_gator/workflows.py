@@ -17,24 +17,29 @@ their last dependency succeeds, in the transaction that marks it succeeded (see
 that depends on it, directly or not (each records which step died), unless it was added
 with ``on_dead="continue"``: then its dependents go on as if it had succeeded.
 
-A :class:`~django_gator.chain.Chain` is a workflow whose steps form a line.
+A step may itself be a batch (:meth:`Workflow.add_batch`): many jobs of one class, all
+due once the step's ``after`` steps succeeded, run in parallel. The step succeeds when
+every member has; a member that ends dead or cancelled ends the step so (cancelling its
+dependents, unless ``on_dead="continue"``); a retried member that then succeeds brings
+the step, and what it cancelled, back. Members that are only known at run time are added
+by a member itself, while it runs (``self.batch().add_many(...)``): a step of one member
+that fans out.
 
-Extension point (batches): a step is anything with a ``job_class``, its arguments and
-``after``; :meth:`Workflow.add` is where a step that is itself a batch will be accepted.
+A :class:`~django_gator.chain.Chain` is a workflow whose steps form a line.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from django_gator import limits, validation
-from django_gator.queueable import JobFunction, Queueable, resolve_job_class
+from django_gator import conf, limits, validation
+from django_gator.queueable import JobFunction, Queueable, dispatch_items, resolve_job_class
 
 if TYPE_CHECKING:
-    from django_gator.models import Job, WorkflowRun
+    from django_gator.models import Batch, Job, WorkflowRun
 
 #: on_dead values (see Workflow.add).
 ON_DEAD = ("cancel", "continue")
@@ -46,7 +51,18 @@ class Step:
     """One step of a :class:`Workflow`, as :meth:`Workflow.add` returns it; pass it in
     another step's ``after``."""
 
-    __slots__ = ("after", "args", "job", "job_class", "kwargs", "on_dead", "position", "workflow")
+    __slots__ = (
+        "after",
+        "args",
+        "batch",
+        "job",
+        "job_class",
+        "kwargs",
+        "members",
+        "on_dead",
+        "position",
+        "workflow",
+    )
 
     def __init__(
         self,
@@ -57,6 +73,7 @@ class Step:
         kwargs: dict[str, Any],
         after: list[Any],
         on_dead: str,
+        members: list[tuple[Sequence[Any], Mapping[str, Any]]] | None = None,
     ) -> None:
         self.workflow = workflow
         self.position = position
@@ -65,8 +82,12 @@ class Step:
         self.kwargs = kwargs
         self.after = after
         self.on_dead = on_dead
+        #: A batch step's members, (args, kwargs) each; None for a step of one job.
+        self.members = members
         #: Its Job row once dispatched, for a step that waits for nothing (None otherwise).
         self.job: Job | None = None
+        #: Its Batch row once dispatched, for a batch step that waits for nothing.
+        self.batch: Batch | None = None
 
     def depends_on(self, *steps: Step) -> Step:
         """Add dependencies after the fact (checked, like ``after``, at dispatch)."""
@@ -78,6 +99,10 @@ class Step:
 
     def label(self) -> str:
         return f"step {self.position} ({self.job_class.name})"
+
+    @property
+    def is_batch(self) -> bool:
+        return self.members is not None
 
 
 class Workflow:
@@ -114,6 +139,15 @@ class Workflow:
         """Add a step that runs ``job(*args, **kwargs)`` once every step in ``after`` has
         succeeded. ``on_dead``: ``"cancel"`` (default), a dead end of this step cancels
         every step after it; ``"continue"``, they treat it as satisfied."""
+        job_class = self._check_step(job, after, on_dead)
+        job_class.check_arguments(args, kwargs)
+        step = Step(self, len(self.steps), job_class, args, dict(kwargs), list(after), on_dead)
+        self.steps.append(step)
+        return step
+
+    def _check_step(
+        self, job: type[Queueable] | JobFunction, after: Iterable[Step], on_dead: str
+    ) -> type[Queueable]:
         if self.run is not None:
             raise ValueError(f"{self!r} was dispatched already; build a new Workflow")
         job_class = resolve_job_class(job)
@@ -123,8 +157,33 @@ class Workflow:
             )
         if isinstance(after, (Step, str, bytes)):
             raise TypeError(f"after= takes a list of steps, got {validation.short_repr(after)}")
-        job_class.check_arguments(args, kwargs)
-        step = Step(self, len(self.steps), job_class, args, dict(kwargs), list(after), on_dead)
+        return job_class
+
+    def add_batch(
+        self,
+        job: type[Queueable] | JobFunction,
+        items: Iterable[Sequence[Any] | Mapping[str, Any]],
+        *,
+        after: Iterable[Step] = (),
+        on_dead: str = "cancel",
+    ) -> Step:
+        """Add a step that is a batch: one job of ``job`` per item of ``items`` (a list of
+        positional arguments or a dict of keyword arguments, as for ``dispatch_many``),
+        all due at once when every step in ``after`` has succeeded. The step succeeds when
+        every member has succeeded. ``on_dead="cancel"`` (default): a member that ends dead
+        ends the step dead and cancels every step after it; ``"continue"``: they run once
+        every member has ended, as if it had succeeded. A member may add more members while
+        it runs (``self.batch().add_many(...)``). An empty step, or one of more than
+        ``GATOR_MAX_BATCH_SIZE`` members, is refused at dispatch."""
+        job_class = self._check_step(job, after, on_dead)
+        step = Step(self, len(self.steps), job_class, (), {}, list(after), on_dead, [])
+        members = dispatch_items(items, f"{step.label()}: add_batch()")
+        for index, (args, kwargs) in enumerate(members):
+            try:
+                job_class.check_arguments(args, kwargs)
+            except TypeError as exc:
+                raise TypeError(f"{step.label()}, batch item {index}: {exc}") from None
+        step.members = members
         self.steps.append(step)
         return step
 
@@ -153,6 +212,20 @@ class Workflow:
             raise ValueError(
                 f"{self!r} has a cycle: " + " -> ".join(step.label() for step in cycle)
             )
+        limit = conf.max_batch_size()
+        for step in self.steps:
+            if step.members is None:
+                continue
+            if not step.members:
+                raise ValueError(
+                    f"{step.label()} of {self!r} is a batch with no member; give add_batch() "
+                    "at least one item (a member can add more while it runs)"
+                )
+            if len(step.members) > limit:
+                raise ValueError(
+                    f"{step.label()} of {self!r} is a batch of {len(step.members)} members, "
+                    f"more than GATOR_MAX_BATCH_SIZE = {limit}"
+                )
 
     def dispatch(
         self,
@@ -209,7 +282,11 @@ class Workflow:
             try:
                 args_json, kwargs_json = validation.encode_payload(step.args, step.kwargs)
                 keyer = step.job_class(queue=step_queue) if step.job_class._gator_keyed else None
-                key = limits.flow_key(step.job_class, keyer, step.args, step.kwargs)
+                key = (
+                    None
+                    if step.is_batch
+                    else limits.flow_key(step.job_class, keyer, step.args, step.kwargs)
+                )
             except (TypeError, ValueError) as exc:
                 exc.args = (f"{step.label()}: {exc}", *exc.args[1:])
                 raise
@@ -224,6 +301,7 @@ class Workflow:
                     after=sorted({d.position for d in step.after}),
                     on_dead=step.on_dead,
                     concurrency_key=key,
+                    members=None if step.members is None else _members(step, keyer),
                 )
             )
         return specs, validation.resolve_when(wait=wait, at=at)
@@ -235,7 +313,7 @@ class Workflow:
         # imports this module) must not. Not an import cycle.
         from django_gator.workflow_dispatch import dispatch_workflow
 
-        run, roots = dispatch_workflow(
+        run, roots, batches = dispatch_workflow(
             self.name,
             self.on_error.name if self.on_error else "",
             specs,
@@ -243,9 +321,9 @@ class Workflow:
             on_commit=on_commit,
         )
         self.run = run
-        by_position = dict(zip((s.position for s in specs if not s.after), roots, strict=True))
         for step in self.steps:
-            step.job = by_position.get(step.position)
+            step.job = roots.get(step.position)
+            step.batch = batches.get(step.position)
         return run
 
 
@@ -258,6 +336,7 @@ class StepSpec:
         "concurrency_key",
         "job_class",
         "kwargs_json",
+        "members",
         "on_dead",
         "position",
         "priority",
@@ -276,6 +355,7 @@ class StepSpec:
         after: list[int],
         on_dead: str,
         concurrency_key: str | None = None,
+        members: list[MemberSpec] | None = None,
     ) -> None:
         self.position = position
         self.job_class = job_class
@@ -287,9 +367,37 @@ class StepSpec:
         self.on_dead = on_dead
         #: For a class with a concurrency or rate limit (see limits.flow_key).
         self.concurrency_key = concurrency_key
+        #: A batch step's members, checked and serialized; None for a step of one job.
+        self.members = members
 
     def values(self) -> tuple[Any, Any]:
         return json.loads(self.args_json), json.loads(self.kwargs_json)
+
+
+class MemberSpec(NamedTuple):
+    """One member of a batch step, its arguments checked and serialized."""
+
+    args: list[Any]
+    kwargs: dict[str, Any]
+    args_json: str
+    kwargs_json: str
+    concurrency_key: str | None
+
+
+def _members(step: Step, keyer: Queueable | None) -> list[MemberSpec]:
+    """Serialize a batch step's members (the arguments were checked by add_batch())."""
+    assert step.members is not None
+    out = []
+    limit = conf.max_payload_bytes()
+    for index, (args, kwargs) in enumerate(step.members):
+        try:
+            args_json, kwargs_json = validation.encode_payload(args, kwargs, limit)
+            key = limits.flow_key(step.job_class, keyer, args, kwargs)
+        except (TypeError, ValueError) as exc:
+            exc.args = (f"{step.label()}, batch item {index}: {exc}", *exc.args[1:])
+            raise
+        out.append(MemberSpec(list(args), dict(kwargs), args_json, kwargs_json, key))
+    return out
 
 
 def _find_cycle(steps: Sequence[Step]) -> list[Step]:

@@ -38,3 +38,17 @@ def test_gator_bench_reports_every_measurement_and_leaves_no_rows():
         assert label in text, text
     assert "jobs/s (RSS" in text
     assert not Job.objects.filter(queue="gator-bench").exists()
+
+
+def test_gator_bench_compares_a_batch_step_with_a_batch_and_leaves_no_rows():
+    from django_gator.models import Batch, WorkflowRun
+
+    out = StringIO()
+    call_command("gator_bench", "--only=batch_step", "--batch=20", "--rounds=2", stdout=out)
+
+    text = out.getvalue()
+    assert text.count("20 jobs: in a Batch / as a batch step") == 2, text
+    assert "batch step / Batch, median" in text
+    assert not Job.objects.exists()
+    assert not Batch.objects.exists()
+    assert not WorkflowRun.objects.exists()

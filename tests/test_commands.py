@@ -642,3 +642,29 @@ def test_status_shows_each_worker_process_under_its_supervisor():
     assert lines[at[first.id]].startswith(f"    {first.id}")  # indented under it
     by_id = {w["id"]: w["supervisor"] for w in document["workers"]}
     assert by_id == {alone.id: "", first.id: sup, second.id: sup}
+
+
+def test_prune_deletes_the_batches_and_workflows_left_without_jobs():
+    from django_gator import Batch, Workflow
+    from django_gator.models import WorkflowRun
+    from django_gator.testing import run_jobs
+    from tests.testapp.jobs import Noop
+
+    with Batch() as batch:
+        Noop.dispatch()
+    wf = Workflow(name="done")
+    wf.add(Noop, after=[wf.add_batch(Noop, [[], []])])
+    wf.dispatch()
+    run_jobs()
+    Job.objects.update(finished_at=ago(days=8))
+    Batch.objects.update(completed_at=ago(days=8))
+    WorkflowRun.objects.update(created_at=ago(days=8))
+
+    dry = run("gator_prune", "--dry-run")
+    assert "would delete 0 batches and 0 workflows none of whose jobs is left" in dry
+    out = run("gator_prune")
+    assert "deleted 4 jobs (4 succeeded, 0 cancelled)" in out
+    assert "deleted 2 batches and 1 workflow none of whose jobs is left" in out
+    assert not Batch.objects.exists()
+    assert not WorkflowRun.objects.exists()
+    assert batch.pk is not None

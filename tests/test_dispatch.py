@@ -344,6 +344,60 @@ def test_a_one_item_dispatch_many_also_names_the_bad_items_index():
     assert not Job.objects.exists()
 
 
+class Flag(int):
+    """An int subclass: accepted, checked one by one rather than by column."""
+
+
+#: Values the column checks of dispatch_many cannot clear at once, all of them valid.
+LOOK_SUSPECT_BUT_VALID: list[Any] = [
+    "a literal \\u0000, not a NUL",
+    "see e+5",
+    1e15,
+    -9999999999999998.0,
+    2**100,
+    Flag(3),
+    "é \U0001f40a",
+    ["nested", {"deep": [1, 2.5, None]}],
+]
+
+
+def test_values_the_column_checks_cannot_clear_are_checked_one_by_one_and_kept():
+    arguments: list[Any] = [[i] for i in range(300)]
+    for index, value in enumerate(LOOK_SUSPECT_BUT_VALID):
+        arguments[40 * index + 7] = [value]
+    arguments[299] = {"user_id": 2**70, "flag": True}
+
+    jobs = DispatchAnything.dispatch_many(arguments)
+
+    stored = dict(Job.objects.values_list("pk", "args"))
+    for returned, item in zip(jobs, arguments, strict=True):
+        if isinstance(item, dict):
+            assert Job.objects.get(pk=returned.pk).kwargs == item == returned.kwargs
+        else:
+            assert stored[returned.pk] == item == returned.args
+
+
+@pytest.mark.parametrize(
+    ("items", "index", "pattern"),
+    [
+        ([[1], [1, 2], [float("nan")]], 1, r"arguments do not fit handle\(\)"),
+        ([[1], [float("nan")], [1, 2]], 1, r"args\[0\] is nan"),
+        ([["e+"], ["\x00"], [1, 2]], 1, r"contains the character '\\x00'"),
+        ([[1], [1e16], [1, 2]], 1, r"the float 1e\+16"),
+        ([[2**14001]], 0, r"an int of 14002 bits"),
+        ([[1], [["\ud800"]]], 1, r"args\[0\]\[0\] contains the character '\\ud800'"),
+        ([[1], [{7: 2}]], 1, r"args\[0\] has the key 7 of type int"),
+    ],
+    ids=["misfit-first", "json-first", "nul", "big-float", "huge-int", "nested-surrogate", "key"],
+)
+def test_the_first_bad_item_is_named_whichever_check_finds_it(items, index, pattern):
+    arguments = [[i] for i in range(200)] + items
+    with pytest.raises(TypeError, match=pattern) as excinfo:
+        DispatchStrict.dispatch_many(arguments)
+    assert str(excinfo.value).startswith(f"dispatch_many() item {200 + index}: ")
+    assert not Job.objects.exists()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_database_error_anywhere_in_a_large_dispatch_many_inserts_nothing(monkeypatch):
     # Force the rows into several statements (normally one): they share one transaction.
@@ -412,6 +466,54 @@ def test_postgres_row_and_wakeup_are_invisible_to_others_until_commit(pg_listene
     notes = list(pg_listener.notifies(timeout=0.5))
     # One wakeup per queue with work due now; none for the scheduled-only queue.
     assert sorted(n.payload for n in notes) == ["bulk", "probe"]
+
+
+def prepared_inserts() -> int:
+    """Statements this session has prepared on the server that insert jobs."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements "
+            "WHERE statement LIKE 'INSERT INTO %%django_gator_job%%'"
+        )
+        return int(cursor.fetchone()[0])
+
+
+@contextmanager
+def connection_options(**options: Any) -> Iterator[None]:
+    """The default connection reopened with these OPTIONS, then as it was."""
+    saved = dict(connection.settings_dict["OPTIONS"])
+    connection.close()
+    connection.settings_dict["OPTIONS"].update(options)
+    connection.features.__dict__.pop("uses_server_side_binding", None)
+    try:
+        yield
+    finally:
+        connection.close()
+        connection.settings_dict["OPTIONS"] = saved
+        connection.features.__dict__.pop("uses_server_side_binding", None)
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_postgres_dispatch_runs_prepared_with_server_side_binding(pg_listener):
+    """Django binds on the client and turns psycopg's prepared statements off by default;
+    with both turned on, dispatch's statements work, the single INSERT runs prepared, and
+    its NOTIFY still rides along."""
+    with connection_options(server_side_binding=True, prepare_threshold=5):
+        jobs = [DispatchAnything.dispatch(i, priority=1) for i in range(8)]
+        assert prepared_inserts() == 1  # psycopg prepared it at its 5th run
+        assert len(list(pg_listener.notifies(timeout=0.5))) == 8
+        jobs += DispatchAnything.dispatch_many([[8], {"nine": 9}], wait=60)  # unnest()
+        jobs += DispatchStrict.dispatch_many(
+            [[i] for i in range(1000)], at=datetime(2030, 1, 1, tzinfo=UTC)
+        )
+    rows = {row.pk: row for row in Job.objects.all()}
+    assert len(rows) == len(jobs) == 1010
+    for made in jobs:
+        row = rows[made.pk]
+        assert (row.args, row.kwargs, row.priority) == (made.args, made.kwargs, made.priority)
+        assert (row.created_at, row.next_execution_at) == (made.created_at, made.next_execution_at)
+    assert rows[jobs[9].pk].kwargs == {"nine": 9}
 
 
 @postgres_only

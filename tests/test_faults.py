@@ -20,12 +20,36 @@ from tests.testapp.models import Execution
 PACKAGE = ROOT / "django_gator"
 
 
+def freeze(proc) -> None:
+    """SIGSTOP ``proc``. On SQLite, at a moment it holds no write lock: a process stopped
+    inside a write transaction (a heartbeat, a claim) would stop every writer of the file,
+    which is SQLite's nature, not the fault under test; so it is thawed and stopped again
+    until a write can start."""
+    for _ in range(50):
+        proc.send_signal(signal.SIGSTOP)
+        if connection.vendor != "sqlite":
+            return
+        import sqlite3
+
+        probe = sqlite3.connect(connection.settings_dict["NAME"], timeout=0.2)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.rollback()
+            return
+        except sqlite3.OperationalError:
+            proc.send_signal(signal.SIGCONT)
+            time.sleep(0.05)
+        finally:
+            probe.close()
+    raise AssertionError("the worker held SQLite's write lock at every one of 50 stops")
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_frozen_worker_is_rescued_and_its_late_writes_change_nothing(spawn_worker):
     job = Sleep.dispatch(4, label="frozen")
     frozen = spawn_worker("--concurrency", "1")
     wait_for(lambda: Job.objects.get(pk=job.pk).state == JobState.RUNNING)
-    frozen.send_signal(signal.SIGSTOP)
+    freeze(frozen)
     try:
         Job.objects.filter(pk=job.pk).update(args=[0.1])  # the rescued run is quick
         rescuer = spawn_worker("--concurrency", "1")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from datetime import timedelta
 from io import StringIO
 from typing import Any
@@ -14,9 +15,11 @@ import pytest
 from django.contrib.auth.models import User
 from django.core import checks
 from django.core.management import call_command
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 
 from django_gator import Queueable
 from django_gator.engines import get_engine
@@ -25,7 +28,10 @@ from django_gator.limits import Rate, parse_rate, validate_concurrency
 from django_gator.models import FlowStart, Job, JobState, Queue
 from django_gator.worker.claims import Claimer
 from django_gator.worker.flow import FlowRouter, class_limits
+from django_gator.worker.queues import QueueSpec
 from tests.admin_helpers import operator
+from tests.conftest import run_worker, wait_for
+from tests.factories import JobFactory, WorkerFactory
 from tests.testapp.jobs import KeyedSpan, Noop, OneAtATime, RatedSpan, Span, sync_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -321,6 +327,136 @@ def test_concurrent_limited_claims_never_share_the_last_slot():
     assert per_key == ["account:0"] * 2 + ["account:1"] * 2 + ["account:2"] * 2
 
 
+def _waiting_on_locks() -> int:
+    """Other sessions of this test database waiting for a row lock."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            # Inside a transaction the activity view is read once, then kept: read it anew.
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND datname = current_database()"
+            )
+        else:
+            cursor.execute(
+                "SELECT count(*) FROM information_schema.INNODB_TRX AS t JOIN"
+                " information_schema.PROCESSLIST AS p ON p.ID = t.trx_mysql_thread_id"
+                " WHERE t.trx_state = 'LOCK WAIT' AND p.DB = DATABASE()"
+            )
+        return int(cursor.fetchone()[0])
+
+
+@pytest.mark.skipif(
+    connection.vendor == "sqlite", reason="SQLite: a claim starts after the writer before it"
+)
+def test_a_claim_waiting_for_the_lock_counts_what_the_holder_committed():
+    """The counts a claim makes (running jobs of the queue and of each key, ledger starts)
+    are read after it got the queue's lock, so they include what the holder of the lock
+    committed while the claim waited. On PostgreSQL a count read by the statement that
+    waited for the lock would see the state from before that commit (its snapshot), and
+    each claim below would take two more jobs than its limit allows."""
+    engine = get_engine("default")
+    Queue.objects.set_limits("spans", concurrency=2, rate_limit=None, by="ops")
+    Queue.objects.set_limits("metered", concurrency=None, rate_limit="2/m", by="ops")
+    Queue.objects.get_or_create(name="keyed")
+    flows = {queue: FlowClaims(engine) for queue in ("spans", "keyed", "metered")}
+    # A claim that has met the queue's rate (PostgreSQL then puts it in the statement).
+    assert flows["metered"].claim("w1", "metered", 10, limits_of) == ([], [])
+    spans = [Span.dispatch("/dev/null", "s", 0) for _ in range(4)]
+    keyed = [KeyedSpan.dispatch("/dev/null", "1", 0) for _ in range(4)]  # 2 per key
+    metered = [Span.dispatch("/dev/null", "s", 0, queue="metered") for _ in range(2)]
+    results: dict[str, list[int]] = {}
+    errors: list[BaseException] = []
+
+    def claimer(queue: str) -> None:
+        try:
+            jobs, _ = flows[queue].claim(f"claimer-{queue}", queue, 10, limits_of)
+            results[queue] = [job.id for job in jobs]
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=claimer, args=(q,)) for q in ("spans", "keyed", "metered")]
+    with transaction.atomic():
+        # Another worker's claim, under the locks: the last jobs in claim order run now
+        # (a count from before its commit would send the claims to the first ones).
+        for name in ("spans", "keyed", "metered"):
+            Queue.objects.select_for_update().get(name=name)
+        now = engine.db_now()
+        Job.objects.filter(pk__in=[j.pk for j in (*spans[2:], *keyed[2:])]).update(
+            state=JobState.RUNNING, reserved_by="holder", attempts=1, locked_at=now, started_at=now
+        )
+        FlowStart.objects.bulk_create([FlowStart(scope="queue:metered", started_at=now)] * 2)
+        for thread in threads:
+            thread.start()
+        # MariaDB refreshes its transaction table only when it was not read for 0.1 s.
+        wait_for(lambda: _waiting_on_locks() == 3, timeout=30, interval=0.2)
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    assert results == {"spans": [], "keyed": [], "metered": []}
+    assert Job.objects.filter(state=JobState.RUNNING).count() == 4
+    assert not Job.objects.filter(queue="metered").exclude(state=JobState.WAITING).exists()
+    assert len(metered) == 2
+
+
+def test_a_rate_limit_is_held_by_a_claim_that_had_seen_none():
+    """PostgreSQL leaves the rate limits out of its statement while a queue shows none; a
+    rate that appears since (on the queue's row, or on a class of the rows it reads) is
+    still held, from the first claim that meets it."""
+    engine = get_engine("default")
+    flow = FlowClaims(engine)
+    plain = [KeyedSpan.dispatch("/dev/null", str(i), 0, queue="mixed") for i in range(2)]
+    taken, _ = flow.claim("w1", "mixed", 10, limits_of)
+    assert sorted(j.id for j in taken) == [j.pk for j in plain]
+    rated = [RatedSpan.dispatch("/dev/null", "k", 0, queue="mixed") for _ in range(7)]
+    more = [KeyedSpan.dispatch("/dev/null", "9", 0, queue="mixed")]
+    taken, _ = flow.claim("w1", "mixed", 20, limits_of)
+    # Five a second for key k; the other class's job too.
+    assert sorted(j.id for j in taken) == sorted([*(j.pk for j in rated[:5]), more[0].pk])
+    assert FlowStart.objects.filter(scope=f"job:{RatedSpan.name}|k").count() == 5
+
+    other = FlowClaims(engine)
+    Queue.objects.set_limits("spans", concurrency=10, rate_limit=None, by="ops")
+    spans = [Span.dispatch("/dev/null", "s", 0) for _ in range(5)]
+    taken, _ = other.claim("w1", "spans", 1, limits_of)
+    assert [j.id for j in taken] == [spans[0].pk]
+    Queue.objects.set_limits("spans", concurrency=10, rate_limit="2/m", by="ops")
+    taken, _ = other.claim("w1", "spans", 10, limits_of)
+    assert [j.id for j in taken] == [j.pk for j in spans[1:3]]
+    assert other.claim("w1", "spans", 10, limits_of) == ([], [])
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's one-trip claim")
+def test_postgres_claims_in_one_round_trip_with_a_plan_prepared_once(settings):
+    Queue.objects.set_limits("spans", concurrency=3, rate_limit=None, by="ops")
+    spans = [Span.dispatch("/dev/null", "s", 0) for _ in range(5)]
+    flow = FlowClaims(get_engine("default"))
+    # The first claim reads the queue whole, the next from its keyset position: each
+    # prepares its statement once.
+    for _ in range(2):
+        flow.claim("w1", "spans", 1, limits_of)
+    with CaptureQueriesContext(connection) as sent:
+        [third], _ = flow.claim("w1", "spans", 1, limits_of, marks=[(spans[0].pk, 1, None)])
+    [statement] = [q["sql"] for q in sent.captured_queries]
+    assert "FOR UPDATE" in statement
+    assert "; EXECUTE gator_flow_" in statement
+    assert third.id == spans[2].pk
+    assert Job.objects.get(pk=spans[0].pk).state == JobState.SUCCEEDED
+    # Behind a transaction pooler nothing is prepared: the next transaction may run in
+    # another session. The statement is sent whole, still in one round trip.
+    settings.GATOR_POOLED_DATABASES = ["default"]
+    with CaptureQueriesContext(connection) as sent:
+        [fourth], _ = flow.claim("w1", "spans", 1, limits_of)
+    assert fourth.id == spans[3].pk
+    [statement] = [q["sql"] for q in sent.captured_queries]
+    assert "EXECUTE" not in statement
+    assert "PREPARE" not in statement
+    assert "FOR UPDATE" in statement
+    assert "; WITH t AS" in statement
+
+
 # -- the worker's routing and the settings ------------------------------------------------------
 def test_the_claimer_routes_limited_queues_and_keyed_jobs(settings):
     settings.GATOR_QUEUES = {"spans": {"concurrency": 2}}
@@ -493,7 +629,6 @@ def test_gator_queue_list_and_gator_status_show_limits():
 
 
 def test_a_burst_worker_drains_a_single_key_one_at_a_time(tmp_path):
-    from tests.conftest import run_worker
     from tests.test_flow_workers import max_overlap
 
     ledger = tmp_path / "ledger.txt"
@@ -507,8 +642,75 @@ def test_a_burst_worker_drains_a_single_key_one_at_a_time(tmp_path):
     assert max_overlap(spans) == 2
 
 
+def test_a_burst_worker_waits_for_a_rate_window_and_runs_every_due_job(tmp_path):
+    ledger = tmp_path / "ledger.txt"
+    jobs = RatedSpan.dispatch_many([[str(ledger), "k", 0]] * 7)  # 5 a second for key k
+    run_worker("rated", concurrency=4)
+    rows = Job.objects.filter(pk__in=[j.pk for j in jobs])
+    assert set(rows.values_list("state", flat=True)) == {JobState.SUCCEEDED}
+    starts = sorted(rows.values_list("locked_at", flat=True))
+    assert starts[5] - starts[0] >= timedelta(seconds=1)
+
+
+def test_a_burst_worker_waits_for_a_slot_held_by_a_job_running_elsewhere():
+    Queue.objects.set_limits("spans", concurrency=1, rate_limit=None, by="test")
+    holder = WorkerFactory()
+    elsewhere = JobFactory(running=True, name=Span.name, queue="spans", reserved_by=holder.id)
+    jobs = [Span.dispatch("/dev/null", "s", 0) for _ in range(2)]
+
+    def finish_elsewhere() -> None:
+        time.sleep(0.5)  # the other worker's job takes half a second
+        Job.objects.filter(pk=elsewhere.pk).update(
+            state=JobState.SUCCEEDED, finished_at=timezone.now()
+        )
+        connections.close_all()
+
+    finisher = threading.Thread(target=finish_elsewhere)
+    finisher.start()
+    run_worker("spans", concurrency=2)
+    finisher.join()
+    ended = Job.objects.get(pk=elsewhere.pk)
+    assert (ended.state, ended.rescues) == (JobState.SUCCEEDED, 0)
+    rows = Job.objects.filter(pk__in=[j.pk for j in jobs])
+    assert set(rows.values_list("state", flat=True)) == {JobState.SUCCEEDED}
+    assert all(row.locked_at >= ended.finished_at for row in rows)
+
+
+def test_a_burst_worker_does_not_wait_for_paused_queues_or_scheduled_jobs():
+    Queue.objects.set_limits("spans", concurrency=1, rate_limit=None, by="test")
+    holder = WorkerFactory()
+    elsewhere = JobFactory(running=True, name=Span.name, queue="spans", reserved_by=holder.id)
+    held = Span.dispatch("/dev/null", "s", 0)  # held back by the slot, in a paused queue
+    Queue.objects.pause("spans")
+    later = KeyedSpan.dispatch("/dev/null", "1", 0, wait=3600)  # due in an hour
+    run_worker("spans", "keyed", concurrency=2)
+    # It left at once: long before the holder's heartbeat lapsed (nothing was rescued).
+    assert Job.objects.get(pk=elsewhere.pk).state == JobState.RUNNING
+    assert {held.refresh_state(), later.refresh_state()} == {JobState.WAITING}
+
+
+def test_the_ordinary_claim_of_a_queue_busy_with_limited_jobs_rests():
+    """A queue that holds jobs of limited classes and others: while its ordinary claim
+    finds nothing and the limited claim is made, the ordinary claim rests PLAIN_REST
+    seconds, unless a round finds nothing else."""
+    from django_gator.worker.claims import PLAIN_REST
+
+    now = [0.0]
+    claimer = Claimer(get_engine("default"), "w1", [QueueSpec("keyed")], clock=lambda: now[0])
+    keyed = KeyedSpan.dispatch_many([["/dev/null", str(i), 0] for i in range(4)])
+    assert sorted(j.id for j in claimer.claim(2)[0]) == [j.pk for j in keyed[:2]]
+    plain = Noop.dispatch(queue="keyed")
+    assert sorted(j.id for j in claimer.claim(1)[0]) == [keyed[2].pk]  # resting
+    now[0] += PLAIN_REST
+    assert [j.id for j in claimer.claim(1)[0]] == [plain.pk]
+    assert [j.id for j in claimer.claim(1)[0]] == [keyed[3].pk]  # resting again
+    # A round whose limited claim finds nothing makes the resting ordinary claim too.
+    late = Noop.dispatch(queue="keyed")
+    assert [j.id for j in claimer.claim(1)[0]] == [late.pk]
+
+
 def test_keyset_reads_find_higher_priorities_and_back_dated_jobs(monkeypatch):
-    from django_gator.engines import flow as flow_module
+    from django_gator.engines import flow_walk
 
     engine = get_engine("default")
     flow = FlowClaims(engine)
@@ -526,6 +728,6 @@ def test_keyset_reads_find_higher_priorities_and_back_dated_jobs(monkeypatch):
     assert take(1) == [urgent.pk]  # a higher priority is read whole
     # The back-dated job lies before the position: found at the latest by the next full
     # read, here forced at once.
-    monkeypatch.setattr(flow_module, "FULL_READ_EVERY", 0.0)
+    monkeypatch.setattr(flow_walk, "FULL_READ_EVERY", 0.0)
     assert take(1) == [old.pk]
     assert take(5) == [j.pk for j in jobs[4:]]

@@ -846,6 +846,70 @@ def test_dispatch_accepts_exactly_what_round_trips_and_stores_it_unchanged(
 
 
 @st.composite
+def many_items(draw: Any) -> list[Any]:
+    """dispatch_many() items: flat lists and dicts of JSON atoms, with up to three odd ones
+    (a bad atom among good ones, or nested values of any kind) put in anywhere."""
+    atoms = validation_tests.json_atoms
+    items: list[Any] = draw(
+        st.lists(
+            st.one_of(
+                st.lists(atoms, max_size=3),
+                st.dictionaries(validation_tests.clean_text, atoms, max_size=2),
+            ),
+            max_size=20,
+        )
+    )
+    # Atoms at the edges of what the column checks clear at once, good and bad.
+    edges = st.sampled_from(
+        ["\ud800", "a\x00b", "\\u0000", "e+", 1e16, -1e16, 9.9e15, -2.5e300, 2**64, 2**14001]
+    )
+    odd = st.one_of(
+        st.lists(st.one_of(atoms, edges), min_size=1, max_size=3),
+        st.dictionaries(validation_tests.clean_text, edges, min_size=1, max_size=2),
+        st.lists(st.one_of(atoms, validation_tests.bad_atoms), min_size=1, max_size=3),
+        st.lists(validation_tests.mixed_values, max_size=2),
+    )
+    for _ in range(draw(st.integers(1 if not items else 0, 3))):
+        items.insert(draw(st.integers(0, len(items))), draw(odd))
+    return items
+
+
+@pytest.mark.django_db
+@hsettings(
+    max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(items=many_items())
+def test_dispatch_many_refuses_the_first_item_a_dispatch_would_refuse_and_stores_the_rest(
+    items: list[Any],
+) -> None:
+    """dispatch_many checks its items a column at a time: it must accept exactly what one
+    dispatch() per item would, name the first item that one would refuse, and store the
+    same values."""
+    first_bad = next(
+        (
+            index
+            for index, item in enumerate(items)
+            if not validation_tests.round_trips_identically(item)
+        ),
+        None,
+    )
+    count = Job.objects.count()
+    if first_bad is not None:
+        with pytest.raises(TypeError) as refusal, transaction.atomic():
+            Noop.dispatch_many(items)
+        assert str(refusal.value).startswith(f"dispatch_many() item {first_bad}: "), refusal
+        assert Job.objects.count() == count
+        return
+    with transaction.atomic():
+        jobs = Noop.dispatch_many(items)
+    for job, item in zip(jobs, items, strict=True):
+        row = Job.objects.get(pk=job.pk)
+        args, kwargs = ([], item) if isinstance(item, dict) else (item, {})
+        assert validation_tests._same(row.args, args), (row.args, args)
+        assert validation_tests._same(row.kwargs, kwargs), (row.kwargs, kwargs)
+
+
+@st.composite
 def nested(draw: Any) -> Any:
     """A value nested 0 to 110 lists or dicts deep around one JSON atom."""
     value: Any = draw(st.sampled_from([1, "x", None, 2.5, [], {}]))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -12,12 +14,34 @@ from django.db import connections
 from django.utils import timezone
 
 from django_gator.engines import get_engine
-from django_gator.models import Job, Lease
+from django_gator.models import Batch, Job, JobState, Lease, WorkflowRun, WorkflowStep
 from django_gator.worker.pruner import Pruner
 from django_gator.worker.supervisor import WorkerProcess
 from tests.conftest import wait_for
 from tests.factories import JobFactory
 from tests.testapp.jobs import Noop
+
+
+@contextmanager
+def live_worker() -> Iterator[WorkerProcess]:
+    """A worker (its pruner included) running in a thread of this process until the block
+    ends; then it is stopped and its thread must end."""
+    worker = WorkerProcess(concurrency=2, install_signal_handlers=False)
+
+    def run() -> None:
+        try:
+            worker.run()
+        finally:
+            connections.close_all()  # this thread's own (registering the worker)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.request_stop()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
 
 
 def db_now():
@@ -104,29 +128,21 @@ def test_a_worker_keeps_a_steady_trickle_of_jobs_at_a_bounded_row_count(settings
     settings.GATOR_PRUNE_SUCCEEDED_AFTER = 0.5
     settings.GATOR_PRUNE_INTERVAL = 0.2
     settings.GATOR_PRUNE_PAUSE = 0
-    worker = WorkerProcess(concurrency=2, install_signal_handlers=False)
-
-    def run() -> None:
-        try:
-            worker.run()
-        finally:
-            connections.close_all()  # this thread's own (registering the worker)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    try:
+    with live_worker() as worker:
         dispatched = 0
         counts = []
-        # 300 jobs, five every 20 ms or so: about 6 s on a quiet machine (a busy one takes
-        # longer, and the bound below is relative to what was dispatched).
+        # 400 jobs, four every 50 ms or so (about 70 a second, 6 s on a quiet machine; a
+        # busy one dispatches more slowly). A row lives about the retention plus a pass
+        # interval plus the pass, so the table holds some 60 rows at a time, and the bound
+        # below (half of all dispatched) leaves room for a loaded machine's slower passes.
         deadline = time.monotonic() + 120
-        while dispatched < 300 and time.monotonic() < deadline:
-            for _ in range(5):
+        while dispatched < 400 and time.monotonic() < deadline:
+            for _ in range(4):
                 Noop.dispatch()
                 dispatched += 1
-            time.sleep(0.02)
+            time.sleep(0.05)
             counts.append(Job.objects.count())
-        assert dispatched == 300
+        assert dispatched == 400
         # Rows live about retention + a pass interval: never near all of them at once.
         assert max(counts[len(counts) // 2 :]) < dispatched * 0.5, (max(counts), dispatched)
         # Once the trickle stops, everything finished is pruned.
@@ -135,7 +151,137 @@ def test_a_worker_keeps_a_steady_trickle_of_jobs_at_a_bounded_row_count(settings
         assert pruner is not None
         # All by the pruner (its count is added up at the end of its pass).
         wait_for(lambda: pruner.deleted == dispatched, timeout=10)
-    finally:
-        worker.request_stop()
-        thread.join(timeout=30)
-    assert not thread.is_alive()
+
+
+def finished_groups() -> dict[str, object]:
+    """Batches and workflows, finished or not, their jobs run; then made a day old."""
+    from django_gator import Batch, Workflow
+    from django_gator.testing import run_jobs
+    from tests.testapp.jobs import Boom
+
+    with Batch(description="done") as done:
+        Noop.dispatch_many([[], []])
+    with Batch(description="with a dead member") as dead:
+        Noop.dispatch()
+        Boom.dispatch()
+    still_open = Batch(description="open")
+    still_open.add(Noop)  # never closed: a member may still join
+    wf_done = Workflow(name="done")
+    wf_done.add(Noop, after=[wf_done.add_batch(Noop, [[], []])])
+    wf_done.dispatch()
+    wf_dead = Workflow(name="a dead step")
+    wf_dead.add(Noop, after=[wf_dead.add(Boom)])
+    wf_dead.dispatch()
+    run_jobs(raise_errors=False)
+    wf_blocked = Workflow(name="blocked")
+    wf_blocked.add(Noop, after=[wf_blocked.add(Noop)])
+    wf_blocked.dispatch(wait=3600)
+    # A day ago: every job ended (or was dispatched), every batch completed.
+    Job.objects.update(
+        finished_at=timezone.now() - timedelta(days=1),
+        created_at=timezone.now() - timedelta(days=1),
+    )
+    Batch.objects.update(
+        completed_at=timezone.now() - timedelta(days=1),
+        created_at=timezone.now() - timedelta(days=1),
+    )
+    WorkflowRun.objects.update(created_at=timezone.now() - timedelta(days=1))
+    return {
+        "done": done,
+        "dead": dead,
+        "open": still_open,
+        "wf_done": wf_done.run,
+        "wf_dead": wf_dead.run,
+        "wf_blocked": wf_blocked.run,
+    }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pass_deletes_the_batches_and_workflows_left_without_jobs(settings):
+    settings.GATOR_PRUNE_SUCCEEDED_AFTER = 3600
+    settings.GATOR_PRUNE_BATCH_SIZE = 1
+    settings.GATOR_PRUNE_PAUSE = 0
+    rows = finished_groups()
+    pruner = Pruner(get_engine("default"), "pruner-1")
+    pruner.prune_once()
+
+    # Their succeeded jobs went first; then the batch and the workflow they left empty.
+    assert set(Batch.objects.values_list("pk", flat=True)) == {rows["dead"].pk, rows["open"].pk}
+    workflows = set(WorkflowRun.objects.values_list("pk", flat=True))
+    assert workflows == {rows["wf_dead"].pk, rows["wf_blocked"].pk}
+    assert not WorkflowStep.objects.filter(workflow_id=rows["wf_done"].pk).exists()
+    assert pruner.deleted_batches == 2  # the batch, and the workflow's batch step's
+    assert pruner.deleted_workflows == 1
+    # What a retry needs stays: the dead member, its batch, the dead step, its workflow.
+    dead_member = Job.objects.get(batch_id=rows["dead"].pk)
+    assert dead_member.state == JobState.DEAD
+    assert Job.objects.filter(chain_id=rows["wf_dead"].pk, state=JobState.DEAD).exists()
+
+    # Once an operator prunes the dead jobs, their batch and workflow go at the next pass.
+    Job.objects.filter(state=JobState.DEAD).prune()
+    pruner.prune_once()
+    assert set(Batch.objects.values_list("pk", flat=True)) == {rows["open"].pk}
+    assert set(WorkflowRun.objects.values_list("pk", flat=True)) == {rows["wf_blocked"].pk}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_or_workflow_within_its_retention_is_kept(settings):
+    settings.GATOR_PRUNE_SUCCEEDED_AFTER = 3600
+    rows = finished_groups()
+    Job.objects.all().delete()  # whatever the jobs' retention, the groups have their own
+    Batch.objects.update(completed_at=timezone.now())
+    WorkflowRun.objects.update(created_at=timezone.now())
+    Pruner(get_engine("default"), "pruner-1").prune_once()
+    assert Batch.objects.count() == 4  # two batches, the open one, a workflow's batch step
+    assert WorkflowRun.objects.count() == 3
+    assert rows["open"].pk in set(Batch.objects.values_list("pk", flat=True))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_keeps_a_trickle_of_batches_and_workflows_at_a_bounded_row_count(settings):
+    """Workflows with a batch step and plain batches, dispatched steadily to a live worker
+    whose pruner keeps a short retention: the rows of batches, workflows and steps stay
+    bounded, and once the trickle stops every finished one is gone, while an unfinished
+    workflow and an open batch stay."""
+    from django_gator import Batch, Workflow
+
+    settings.GATOR_PRUNE_SUCCEEDED_AFTER = 0.5
+    settings.GATOR_PRUNE_INTERVAL = 0.2
+    settings.GATOR_PRUNE_PAUSE = 0
+    unfinished = Workflow(name="later")
+    unfinished.add(Noop, after=[unfinished.add_batch(Noop, [[]])])
+    unfinished.dispatch(wait=3600)
+    still_open = Batch(description="open")
+    still_open.add(Noop, wait=3600)
+    with live_worker() as worker:
+        rounds = 60
+        counts = []
+        deadline = time.monotonic() + 120
+        for _ in range(rounds):
+            assert time.monotonic() < deadline
+            wf = Workflow(name="trickle")
+            wf.add(Noop, after=[wf.add_batch(Noop, [[], [], []])])
+            wf.dispatch()
+            with Batch(description="trickle"):
+                Noop.dispatch_many([[], []])
+            time.sleep(0.05)
+            counts.append(
+                (
+                    Batch.objects.count(),
+                    WorkflowRun.objects.count(),
+                    WorkflowStep.objects.count(),
+                )
+            )
+        # Each lives about its jobs' retention, its own, and a pass or two: never near all.
+        late = counts[len(counts) // 2 :]
+        assert max(c[0] for c in late) < rounds, counts  # 2 batches a round
+        assert max(c[1] for c in late) < rounds * 0.5, counts
+        assert max(c[2] for c in late) < rounds, counts  # 2 steps a round
+        kept_batches = {still_open.pk, unfinished.steps[0].batch.pk}
+        wait_for(
+            lambda: set(Batch.objects.values_list("pk", flat=True)) == kept_batches, timeout=30
+        )
+        wait_for(lambda: list(WorkflowRun.objects.all()) == [unfinished.run], timeout=30)
+        assert WorkflowStep.objects.count() == 2
+        assert worker.pruner is not None
+        wait_for(lambda: worker.pruner.deleted_workflows == rounds, timeout=10)

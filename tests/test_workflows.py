@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 import signal
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from django.db import transaction
@@ -392,28 +394,35 @@ def test_a_fault_at_a_steps_commit_boundary_releases_its_child_exactly_once(spaw
     """A worker SIGKILLed, or losing the answer of its commit, around the write of a step's
     outcome (which releases the next step): the next step gets exactly one job and runs
     once, after the first step's successful run."""
-    from tests.test_boundaries import FAST
-
     wf = Workflow()
     first = wf.add(DagStep, 0, fail_until=1 if "failure" in fault else 0)
     wf.add(DagStep, 1, after=[first])
     run = wf.dispatch()
-    faulty = spawn_worker("--concurrency", "1", env={**FAST, "GATOR_TEST_FAULT": fault})
-    if fault.startswith("kill_"):
-        assert faulty.wait(timeout=60) == -signal.SIGKILL, worker_output(faulty)
-        finisher = spawn_worker("--concurrency", "1", env=FAST)
-    else:
-        finisher = faulty
-    wait_for(
-        lambda: WorkflowStep.objects.filter(workflow=run, state=StepState.SUCCEEDED).count() == 2,
-        timeout=60,
-    )
-    finisher.send_signal(signal.SIGTERM)
-    assert finisher.wait(timeout=30) == 0, worker_output(finisher)
-    assert f"FAULT {fault}" in worker_output(faulty)
+    run_with_fault(spawn_worker, fault, lambda: succeeded_steps(run) == 2)
 
     assert Job.objects.filter(chain_id=run.id, chain_position=1).count() == 1
     ran = ledger()
     assert ran.count("start:1") == ran.count("end:1") == 1
     assert ran.index("start:1") > ran.index("end:0")
     assert not Job.objects.filter(state=JobState.RUNNING).exists()
+
+
+def succeeded_steps(run: WorkflowRun) -> int:
+    return WorkflowStep.objects.filter(workflow=run, state=StepState.SUCCEEDED).count()
+
+
+def run_with_fault(spawn_worker: Any, fault: str, done: Callable[[], bool]) -> None:
+    """A worker that injects ``fault`` (tests/test_boundaries.py), and, if the fault killed
+    it, a clean one, until ``done()``; then stopped, the fault seen in its log."""
+    from tests.test_boundaries import FAST
+
+    faulty = spawn_worker("--concurrency", "1", env={**FAST, "GATOR_TEST_FAULT": fault})
+    if fault.startswith("kill_"):
+        assert faulty.wait(timeout=60) == -signal.SIGKILL, worker_output(faulty)
+        finisher = spawn_worker("--concurrency", "1", env=FAST)
+    else:
+        finisher = faulty
+    wait_for(done, timeout=60)
+    finisher.send_signal(signal.SIGTERM)
+    assert finisher.wait(timeout=30) == 0, worker_output(finisher)
+    assert f"FAULT {fault}" in worker_output(faulty)

@@ -3,7 +3,8 @@ state) and a button that retries its dead members.
 
 Viewing needs the job view permission; retrying needs ``retry_job``, by POST (CSRF-checked
 by the admin site's ``admin_view``), and is recorded in each job's audit trail. A retry
-re-opens a completed batch: its next completion dispatches ``on_complete`` again.
+re-opens a completed batch: its next completion dispatches ``on_complete`` again. The
+batch of a workflow's batch step links to its workflow.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from django.utils.safestring import SafeString
 
 from django_gator.admin.listing import id_not_indexed
 from django_gator.admin.pages import RETRY_PERMISSION, AdminPage, username
+from django_gator.admin.workflows import step_of_batch
 from django_gator.models import Batch, Job, JobState
 
 MEMBERS_PER_PAGE = 100
@@ -66,6 +68,7 @@ class BatchView(AdminPage):
         ).get_page(request.GET.get("page"))
         ended = sum(counts[s] for s in (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED))
         here = batch_url(batch.pk)
+        step = step_of_batch(batch.pk)
         context = {
             **self.context(str(batch)),
             "batch": batch,
@@ -79,6 +82,12 @@ class BatchView(AdminPage):
             "state": state,
             "page": page,
             "can_retry": request.user.has_perm(RETRY_PERMISSION) and counts[JobState.DEAD] > 0,
+            "step": step,
+            "workflow_url": reverse(
+                "admin:django_gator_workflowrun_change", args=[step.workflow_id]
+            )
+            if step is not None
+            else "",
             "callbacks": [
                 (field, getattr(batch, field))
                 for field in ("on_success", "on_complete", "on_dead")

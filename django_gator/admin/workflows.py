@@ -3,7 +3,8 @@ by a template (``admin/django_gator/workflowrun/graph.svg``, autoescaped, no scr
 external file), and the table of its steps with their jobs and why any was cancelled.
 
 Steps are laid out in columns by depth (a step sits one column right of the deepest step it
-waits for), so every arrow points right.
+waits for), so every arrow points right. A batch step is drawn as a stack of boxes that
+says how many of its members succeeded, and links to its batch's page.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.db.models import Count
 from django.http import HttpRequest
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -35,12 +37,45 @@ COLOURS = {
 NODE_W, NODE_H, GAP_X, GAP_Y, MARGIN = 170, 38, 50, 14, 8
 
 
-def shown_state(step: WorkflowStep, jobs: dict[int, str]) -> str:
+def shown_state(
+    step: WorkflowStep, jobs: dict[int, str], members: dict[int, dict[str, int]] | None = None
+) -> str:
     """What a step's box says: its job's state once released (waiting, running, failed
-    ...), else the step's own (blocked, cancelled)."""
+    ...), else the step's own (blocked, cancelled). A released batch step says running
+    while a member runs, else failed or waiting while one is."""
     if step.state == StepState.RELEASED and step.job_id in jobs:
         return jobs[step.job_id]
+    counts = (members or {}).get(step.batch_id or 0)
+    if step.state == StepState.RELEASED and counts:
+        for state in (JobState.RUNNING, JobState.FAILED, JobState.WAITING):
+            if counts.get(state):
+                return state.value
     return str(step.state)
+
+
+def member_counts(alias: str | None, steps: list[WorkflowStep]) -> dict[int, dict[str, int]]:
+    """Batch id -> its members' count by state, for the released batch steps among
+    ``steps`` (one grouped read of the batch index)."""
+    ids = [s.batch_id for s in steps if s.batch_id is not None]
+    out: dict[int, dict[str, int]] = {batch_id: {} for batch_id in ids}
+    rows = (
+        Job.objects.using(alias)
+        .filter(batch_id__in=ids)
+        .order_by()
+        .values_list("batch_id", "state")
+        .annotate(n=Count("id"))
+    )
+    for batch_id, state, n in rows:
+        out[batch_id][state] = n
+    return out
+
+
+def batch_summary(step: WorkflowStep, members: dict[int, dict[str, int]]) -> str:
+    """``12/40 succeeded`` for a released batch step, ``40 members`` before."""
+    if step.batch_id is None:
+        return f"{len(step.members or [])} members"
+    counts = members.get(step.batch_id, {})
+    return f"{counts.get(JobState.SUCCEEDED, 0)}/{sum(counts.values())} succeeded"
 
 
 def graph_context(run: WorkflowRun, site: str = "admin") -> dict[str, Any]:
@@ -48,6 +83,7 @@ def graph_context(run: WorkflowRun, site: str = "admin") -> dict[str, Any]:
     steps = list(WorkflowStep.objects.using(run._state.db).filter(workflow=run))
     ids = [s.job_id for s in steps if s.job_id is not None]
     jobs = dict(Job.objects.using(run._state.db).filter(pk__in=ids).values_list("pk", "state"))
+    members = member_counts(run._state.db, steps)
     depth: dict[int, int] = {}
     for step in sorted(steps, key=lambda s: s.position):  # dependencies come first
         depth[step.position] = 1 + max((depth.get(p, 0) for p in step.after), default=-1)
@@ -64,9 +100,20 @@ def graph_context(run: WorkflowRun, site: str = "admin") -> dict[str, Any]:
     nodes = []
     for step in steps:
         x, y = place[step.position]
-        state = shown_state(step, jobs)
+        state = shown_state(step, jobs, members)
         short = step.name.rsplit(".", 1)[-1]
         title = f"step {step.position}: {step.name} ({state})"
+        summary = ""
+        url = ""
+        if step.job_id is not None:
+            url = reverse(f"{site}:django_gator_job_change", args=[step.job_id])
+        if step.is_batch:
+            summary = batch_summary(step, members)
+            title = f"step {step.position}: batch of {step.name} ({state}, {summary})"
+            if step.batch_id is not None:
+                counts = members.get(step.batch_id, {})
+                title += "; " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+                url = reverse(f"{site}:django_gator_job_batch", args=[step.batch_id])
         if step.reason:
             title += f"; {step.reason}"
         nodes.append(
@@ -74,17 +121,19 @@ def graph_context(run: WorkflowRun, site: str = "admin") -> dict[str, Any]:
                 "position": step.position,
                 "label": short if len(short) <= 20 else short[:19] + "…",
                 "state": state,
+                "summary": summary,
+                "batch": step.is_batch,
                 "title": title,
                 "colour": COLOURS.get(state, "#8a8a8a"),
                 "dashed": step.state == StepState.BLOCKED,
                 "x": x,
                 "y": y,
+                "back_x": x + 4,  # a batch step's stack: the box behind
+                "back_y": y - 4,
                 "text_x": x + 8,
                 "line1_y": y + 15,
                 "line2_y": y + 30,
-                "url": reverse(f"{site}:django_gator_job_change", args=[step.job_id])
-                if step.job_id is not None
-                else "",
+                "url": url,
             }
         )
     edges = []
@@ -146,6 +195,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         steps = list(run.steps.all())
         ids = [s.job_id for s in steps if s.job_id is not None]
         jobs = dict(Job.objects.filter(pk__in=ids).values_list("pk", "state"))
+        members = member_counts(None, steps)
         site = self.admin_site.name
         rows = format_html_join(
             "\n",
@@ -155,14 +205,8 @@ class WorkflowRunAdmin(admin.ModelAdmin):
                     step.position,
                     step.name,
                     ", ".join(map(str, step.after)) or "-",
-                    shown_state(step, jobs),
-                    format_html(
-                        '<a href="{}">{}</a>',
-                        reverse(f"{site}:django_gator_job_change", args=[step.job_id]),
-                        step.job_id,
-                    )
-                    if step.job_id is not None
-                    else "-",
+                    shown_state(step, jobs, members),
+                    _job_cell(step, members, site),
                     step.reason or "-",
                 )
                 for step in steps
@@ -184,6 +228,31 @@ class WorkflowRunAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+def _job_cell(step: WorkflowStep, members: dict[int, dict[str, int]], site: str) -> Any:
+    """The steps table's job column: the step's job, or its batch and how far it is."""
+    if step.job_id is not None:
+        return format_html(
+            '<a href="{}">{}</a>',
+            reverse(f"{site}:django_gator_job_change", args=[step.job_id]),
+            step.job_id,
+        )
+    if step.batch_id is not None:
+        return format_html(
+            '<a href="{}">batch #{}</a> ({})',
+            reverse(f"{site}:django_gator_job_batch", args=[step.batch_id]),
+            step.batch_id,
+            batch_summary(step, members),
+        )
+    if step.is_batch:
+        return f"batch of {batch_summary(step, members)}"
+    return "-"
+
+
+def step_of_batch(batch_id: int) -> WorkflowStep | None:
+    """The workflow step whose batch is ``batch_id``, if any."""
+    return WorkflowStep.objects.filter(batch_id=batch_id).select_related("workflow").first()
 
 
 def workflow_link(job: Job, site: str = "admin") -> SafeString | str:

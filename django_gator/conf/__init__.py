@@ -21,6 +21,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.functional import empty
 from django.utils.module_loading import import_string
 
 from django_gator.conf.rules import Number, Setting, split_host_port
@@ -67,17 +68,33 @@ def range_error(name: str, value: object, given: str | None = None) -> str | Non
 
 
 def get(name: str) -> Any:
-    """The raw value of a declared setting (its default when unset), not validated."""
-    return getattr(settings, name, BY_NAME[name].default)
+    """The raw value of a declared setting (its default when unset), not validated.
+
+    Read from the settings object behind ``django.conf.settings`` (the one
+    ``override_settings`` swaps in): through the lazy wrapper, a setting left unset
+    costs a raised AttributeError, about 2 microseconds, and dispatch reads four."""
+    wrapped = settings._wrapped  # type: ignore[misc]  # LazyObject's own attribute
+    if wrapped is empty:
+        return getattr(settings, name, BY_NAME[name].default)
+    return getattr(wrapped, name, BY_NAME[name].default)
+
+
+#: Immutable values that passed their setting's check, by name: the same object passes again.
+_ALLOWED: dict[str, Any] = {}
+_IMMUTABLE = (bool, int, float, str, type(None))
 
 
 def value(name: str) -> Any:
     """The value of a declared setting; :class:`InvalidSetting` when its declaration does
     not allow it, with the message of the system check."""
     raw = get(name)
+    if name in _ALLOWED and _ALLOWED[name] is raw:
+        return raw
     problem = BY_NAME[name].problem(raw)
     if problem is not None:
         raise InvalidSetting(problem)
+    if type(raw) in _IMMUTABLE:
+        _ALLOWED[name] = raw
     return raw
 
 

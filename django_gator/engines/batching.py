@@ -13,9 +13,14 @@ settling transactions of one batch. Each takes it after writing its own members 
 holds it to its commit, so the last to take it sees every other member's outcome (they
 committed before releasing the lock), provided its check reads the newest committed rows:
 PostgreSQL's READ COMMITTED gives each statement a fresh snapshot, SQLite has one writer at
-a time, and on MariaDB/MySQL (REPEATABLE READ) the check is a locking read with NOWAIT
-(see :meth:`BatchStatements.has_active_members`). The row's ``completed_generation``,
-written under the lock, keeps a completion from being answered twice.
+a time, and on MariaDB/MySQL (REPEATABLE READ) each look at the members is a locking read
+with NOWAIT (see :meth:`BatchStatements.member_in`), as a plain read there may see a
+snapshot taken before the lock. The row's ``completed_generation``, written under the
+lock, keeps a completion from being answered twice.
+
+A batch that is a workflow's step has no callbacks: the step is settled by
+:mod:`django_gator.models.workflows`, which reads the members through :meth:`probe_batch`
+under the same lock.
 
 The cost: one primary-key lock per batch per outcome transaction; a worker's batched
 success marks settle each batch once for the whole batch of marks.
@@ -32,9 +37,17 @@ from django.db import connections
 from django_gator.engines.dispatching import DispatchStatements
 from django_gator.exceptions import JobNotRegistered
 from django_gator.models import Batch
+from django_gator.models.membership import LOCKED, Probe
 from django_gator.registry import get_job_class
 from django_gator.rows import InsertRow
-from django_gator.states import ACTIVE_SQL, SQL_CANCELLED, SQL_DEAD
+from django_gator.states import ACTIVE_STATES, SQL_CANCELLED, SQL_DEAD, sql_list
+
+#: State conditions of member_in().
+ACTIVE = f"IN {sql_list(ACTIVE_STATES)}"
+DEAD = f"= {SQL_DEAD}"
+ENDED_BADLY = f"IN ({SQL_DEAD}, {SQL_CANCELLED})"
+#: What member_in() answers when it has not seen such a member for sure.
+NOT_SEEN = (None, LOCKED)
 
 _COLUMNS = (
     "closed, generation, completed_generation, success_dispatched, dead_dispatched, "
@@ -81,7 +94,8 @@ class BatchStatements(DispatchStatements):
         )
         callbacks: list[str] = []
         changes: list[str] = []
-        if on_dead and not dead_done and self._has_member(cursor, batch_id, f"= {SQL_DEAD}"):
+        if on_dead and not dead_done and self.member_in(cursor, batch_id, DEAD) not in NOT_SEEN:
+            # (A member seen LOCKED is being changed; its own settling follows ours.)
             callbacks.append(on_dead)
             changes.append("dead_dispatched = TRUE")
         if closed and completed < generation and not self.has_active_members(cursor, batch_id):
@@ -90,7 +104,7 @@ class BatchStatements(DispatchStatements):
             if (
                 on_success
                 and not success_done
-                and not self._has_member(cursor, batch_id, f"IN ({SQL_DEAD}, {SQL_CANCELLED})")
+                and self.member_in(cursor, batch_id, ENDED_BADLY) is None
             ):
                 callbacks.append(on_success)
                 changes.append("success_dispatched = TRUE")
@@ -110,21 +124,41 @@ class BatchStatements(DispatchStatements):
             if inserted is not None:
                 inserted += [r[0] for r in ids]
 
-    def _has_member(self, cursor: Any, batch_id: int, state_sql: str) -> bool:
+    def member_in(self, cursor: Any, batch_id: int, state_sql: str) -> int | None:
+        """The id of a member of ``batch_id`` whose state is ``state_sql`` (``= 'dead'``,
+        ``IN (...)``) as of the newest commit (the batch row is locked by this
+        transaction), or None. Engines whose reads may see an older snapshot answer
+        LOCKED for a member that another transaction is changing."""
         cursor.execute(
-            f"SELECT 1 FROM {self.job_table} WHERE batch_id = %s AND state {state_sql} LIMIT 1",
+            f"SELECT id FROM {self.job_table} WHERE batch_id = %s AND state {state_sql} LIMIT 1",
             [batch_id],
         )
-        return cursor.fetchone() is not None
+        row = cursor.fetchone()
+        return None if row is None else int(row[0])
 
     def has_active_members(self, cursor: Any, batch_id: int) -> bool:
-        """Whether a member of ``batch_id`` is waiting, failed or running, as of the newest
-        commit (the batch row is locked by this transaction)."""
-        cursor.execute(
-            f"SELECT 1 FROM {self.job_table} WHERE batch_id = %s AND {ACTIVE_SQL} LIMIT 1",
-            [batch_id],
-        )
-        return cursor.fetchone() is not None
+        """Whether a member of ``batch_id`` is waiting, failed or running (or being changed
+        by another transaction, which settles the batch after ours)."""
+        return self.member_in(cursor, batch_id, ACTIVE) is not None
+
+    def probe_batch(self, batch_id: int) -> Probe | None:
+        """Lock the row of ``batch_id`` and read what its workflow step needs (see
+        :class:`~django_gator.models.membership.Probe`), in the open transaction; None if
+        the row is gone."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT closed FROM {self.batch_table} WHERE id = %s{self.row_lock_sql}",
+                [batch_id],
+            )
+            row = cursor.fetchone()
+            if row is None:
+                return None
+            return Probe(
+                closed=bool(row[0]),
+                active=self.has_active_members(cursor, batch_id),
+                dead=self.member_in(cursor, batch_id, DEAD),
+                cancelled=self.member_in(cursor, batch_id, f"= {SQL_CANCELLED}"),
+            )
 
     def after_rescue(self, cursor: Any, job_id: int) -> None:
         """Settle the batch of job ``job_id`` (a rescue knows only the job)."""

@@ -3,21 +3,47 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
+from json.encoder import encode_basestring
 
 from django.db import IntegrityError, transaction
 
 from django_gator.engines.core import (
     EngineCore,
 )
-from django_gator.rows import InsertRow
+from django_gator.rows import Inserted, InsertRow, JobRows
 from django_gator.states import (
     ACTIVE_SQL,
 )
 
 _ROW_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+#: Fewest rows whose document is put together from columns (see _column_documents): below,
+#: encoding what the rows share separately costs more than it saves.
+COLUMN_DOCUMENT_ROWS = 20
+#: A str as a JSON string, as _ROW_ENCODER writes one.
+_quote = encode_basestring
+
+
+def _json_strings(values: list[str | None] | None, count: int) -> Iterable[str]:
+    """Each value as JSON (a string, or null); ``count`` nulls for None."""
+    if values is None:
+        return itertools.repeat("null", count)
+    return ["null" if value is None else _quote(value) for value in values]
+
+
+def answered(
+    returned: Sequence[tuple[int, datetime, datetime]],
+    meanwhile: Callable[[Inserted], None] | None,
+) -> Inserted:
+    """insert_jobs()'s answer (a tuple per row) by column, handed to ``meanwhile`` too."""
+    ids, created_at, next_execution_at = map(list, zip(*returned, strict=True))
+    inserted = Inserted(ids, created_at, next_execution_at)
+    if meanwhile is not None:
+        meanwhile(inserted)
+    return inserted
 
 
 class DispatchStatements(EngineCore):
@@ -37,7 +63,33 @@ class DispatchStatements(EngineCore):
         INSERT with a single parameter. Only a document over :attr:`insert_bytes` is split,
         and the parts share one transaction.
         """
-        documents = self._row_documents(rows)
+        return self._insert_documents(self._row_documents(rows))
+
+    def insert_rows(
+        self,
+        rows: JobRows,
+        notify: set[str] | None = None,
+        prepare: Callable[[], None] | None = None,
+        meanwhile: Callable[[Inserted], None] | None = None,
+    ) -> Inserted:
+        """:meth:`insert_jobs` for the rows of one dispatch call, given by column (what
+        the rows share is encoded once); the answer by column too.
+
+        The caller's work in two callbacks runs where the database may be busy, so that
+        it takes no time of its own there: ``prepare()`` once before the ids are known
+        (PostgreSQL's COPY: while its ids are drawn from the sequence), ``meanwhile`` with
+        the answer once it is known, before this returns (PostgreSQL's COPY: while the
+        server reads the last lines). An exception either raises ends the insert, which
+        stores nothing."""
+        if prepare is not None:
+            prepare()
+        if len(rows) < COLUMN_DOCUMENT_ROWS:
+            documents = self._row_documents(rows.rows())
+        else:
+            documents = self._column_documents(rows)
+        return answered(self._insert_documents(documents), meanwhile)
+
+    def _insert_documents(self, documents: list[str]) -> list[tuple[int, datetime, datetime]]:
         out: list[tuple[int, datetime, datetime]] = []
         parse = functools.lru_cache(maxsize=64)(self.to_dt)
         context = self.write_transaction() if len(documents) > 1 else self.connection.cursor()
@@ -60,34 +112,78 @@ class DispatchStatements(EngineCore):
         """JSON arrays of ``[name, args, kwargs, queue, priority, run_at, chain_id,
         chain_position, chain, unique_key, batch_id, concurrency_key]`` rows, each array under
         :attr:`insert_bytes`."""
-        documents: list[str] = []
-        parts: list[str] = []
-        size = 0
         encode = _ROW_ENCODER.encode
+        parts = []
         for row in rows:
             run_at = self.adapt_dt(row.run_at)
-            part = encode(
-                [
-                    row.name,
-                    row.args,
-                    row.kwargs,
-                    row.queue,
-                    row.priority,
-                    None if run_at is None else str(run_at),
-                    row.chain_id,
-                    row.chain_position,
-                    row.chain,
-                    row.unique_key,
-                    row.batch_id,
-                    row.concurrency_key,
-                ]
+            parts.append(
+                encode(
+                    [
+                        row.name,
+                        row.args,
+                        row.kwargs,
+                        row.queue,
+                        row.priority,
+                        None if run_at is None else str(run_at),
+                        row.chain_id,
+                        row.chain_position,
+                        row.chain,
+                        row.unique_key,
+                        row.batch_id,
+                        row.concurrency_key,
+                    ]
+                )
             )
-            if parts and size + len(part) > self.insert_bytes:
-                documents.append("[" + ",".join(parts) + "]")
-                parts, size = [], 0
-            parts.append(part)
+        return self._documents(parts)
+
+    def _column_documents(self, rows: JobRows) -> list[str]:
+        """:meth:`_row_documents` of :class:`JobRows`: what the rows share is encoded once,
+        and each row's array is put together from it and the row's own strings."""
+        encode = _ROW_ENCODER.encode
+        run_at = self.adapt_dt(rows.run_at)
+        # '["name",' ... ',queue,priority,run_at,chain_id,chain_position,chain,' ... ']'
+        head = encode([rows.name])[:-1] + ","
+        middle = (
+            ","
+            + encode(
+                [
+                    rows.queue,
+                    rows.priority,
+                    None if run_at is None else str(run_at),
+                    rows.chain_id,
+                    rows.chain_position,
+                    rows.chain,
+                ]
+            )[1:-1]
+            + ","
+        )
+        batch = "," + encode(rows.batch_id) + ","
+        count = len(rows)
+        quote = _quote
+        unique_keys = _json_strings(rows.unique_keys, count)
+        flow_keys = _json_strings(rows.concurrency_keys, count)
+        parts = [
+            f"{head}{quote(args)},{quote(kwargs)}{middle}{unique}{batch}{flow}]"
+            for args, kwargs, unique, flow in zip(
+                rows.args, rows.kwargs, unique_keys, flow_keys, strict=True
+            )
+        ]
+        return self._documents(parts)
+
+    def _documents(self, parts: list[str]) -> list[str]:
+        """Rows' JSON arrays joined into JSON arrays of rows, each under insert_bytes."""
+        if sum(map(len, parts)) + len(parts) + 2 <= self.insert_bytes:
+            return ["[" + ",".join(parts) + "]"]
+        documents: list[str] = []
+        batch: list[str] = []
+        size = 0
+        for part in parts:
+            if batch and size + len(part) > self.insert_bytes:
+                documents.append("[" + ",".join(batch) + "]")
+                batch, size = [], 0
+            batch.append(part)
             size += len(part) + 1
-        documents.append("[" + ",".join(parts) + "]")
+        documents.append("[" + ",".join(batch) + "]")
         return documents
 
     # -- unique jobs ---------------------------------------------------------------------

@@ -8,24 +8,11 @@ in an index of their own (``gator_job_ready_keyed``; MariaDB: ``flow_rank``). Th
 claim takes neither: its index holds no keyed row, and its pause probe also refuses a
 limited queue. Queues and classes without limits never reach this module.
 
-One claim, one transaction:
-
-1. Lock the queue's row (``SELECT ... FOR UPDATE``; SQLite's ``BEGIN IMMEDIATE`` already
-   serializes writers), and read the database's now: every limited claim of the queue, in
-   every worker, waits for the one before it, so two fetchers never take the same last
-   slot. The counts below are read after the lock: under REPEATABLE READ (MariaDB) the
-   snapshot is taken at the first plain read, after the previous holder committed.
-2. The queue's budget: its concurrency minus its running rows (counted live through a
-   partial index, so a job taken back from a lost worker gives its slot back with the
-   rescue), its rate minus the starts in the ledger younger than the window.
-3. Walk the ready rows in claim order (priority, then due time, then id), in chunks: a row
-   whose class key has no room left is skipped, and its key is excluded from the next
-   chunks' SQL, so a backlog of one key costs one chunk, not a wall (no head-of-line
-   blocking). Running rows are counted per (class, key) across the whole fleet, rate-limited
-   starts per key in the ledger (``django_gator_flow_start``).
-4. Mark the picked rows running (the ready state is checked again), with the locked ``now``
-   as their ``locked_at``, and write one ledger row per start and rate scope; ledger rows
-   older than their window are deleted as they pass.
+Two ways to claim, one rule: lock the queue's row, then count (running jobs of the queue
+and of each key, ledger starts) and take what fits, in one transaction. On every database
+a statement at a time (engines/flow_walk.py); on PostgreSQL in one round trip
+(engines/flow_postgresql.py), which falls back to the walk when its chunk overflows or its
+connection cannot send several statements at once.
 
 A job over a limit is not touched: it stays ``waiting``, no attempt is charged, and a later
 claim takes it when a slot or the window allows. A class's key limits are counted across
@@ -35,95 +22,48 @@ spread over several queues can briefly run one more per key per extra queue.
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from collections.abc import Iterable, Sequence
 
-from django_gator.engines.base import JOB_COLUMNS, KEYED_SQL, UNKEYED_SQL, ClaimedJob, Engine
-from django_gator.limits import Rate, parse_rate
-from django_gator.models import FlowStart, Queue
-from django_gator.states import READY_SQL, RUNNING_SQL, claim_set_sql
+from django_gator.engines.base import MARK_WIDTH, ClaimedJob, Engine
+from django_gator.engines.flow_postgresql import ClassRow, OneTripClaim, Request, usable
+from django_gator.engines.flow_walk import (
+    KEYSET_LOOKBACK,
+    Candidate,
+    ClassLimits,
+    FlowWalk,
+    Policy,
+    logger,
+)
+from django_gator.engines.postgresql import PostgresEngine
+from django_gator.limits import parse_rate
+from django_gator.models import Queue
+from django_gator.registry import registered_jobs
 
-logger = logging.getLogger("django_gator.worker")
+__all__ = ["ClassLimits", "FlowClaims", "Policy"]
 
-#: Rows read per chunk of the walk, at least (more when the claim wants more).
-CHUNK = 64
-#: Chunks read per claim at most: the rows a claim looks at are bounded.
-MAX_CHUNKS = 8
-#: Keyset reads (PostgreSQL): each priority is read from no later than this many seconds
-#: before now, and a full read is made at least every FULL_READ_EVERY seconds (see
-#: FlowClaims._floor_parts and worker/claims.py, whose keyset claims these follow).
-KEYSET_LOOKBACK = 1.0
-FULL_READ_EVERY = 10.0
-
-
-@dataclass(frozen=True)
-class ClassLimits:
-    """A job class's limits, per key (the whole class when it has no concurrency_key)."""
-
-    concurrency: int | None = None
-    rate: Rate | None = None
+#: The one-trip claim (PostgreSQL) of keyed rows: rows read, at least (twice the claim's
+#: want when more); a chunk too full of rows that do not fit is walked on by FlowWalk.
+ONE_TRIP_CHUNK = 16
+#: Seconds the one-trip claim of a queue goes on reading rate limits after it last saw one.
+RATES_MEMORY = 10.0
 
 
-#: job name -> its class's limits (None: no limits, or a name this worker does not know).
-Policy = Callable[[str], ClassLimits | None]
-
-
-class Candidate(NamedTuple):
-    id: int
-    name: str
-    key: str | None
-    priority: int
-    due: datetime
-    raw_due: Any  # as the database returned it (for the next chunk's WHERE)
-
-    def order(self) -> tuple[int, datetime, int]:
-        """Sorts like the claim: priority first, then due time, then id."""
-        return (-self.priority, self.due, self.id)
-
-
-@dataclass(frozen=True)
-class Walk:
-    """What one claim reads: the queue, whether the queue has limits (its rows without a
-    key are read too), whether to read its keyed rows."""
-
-    queue: str
-    limited: bool
-    keyed: bool
-
-
-class _NoRow(Exception):
-    """The queue's row is gone: roll back, make it again, claim again."""
-
-
-def queue_scope(queue: str) -> str:
-    return f"queue:{queue}"
-
-
-def key_scope(name: str, key: str) -> str:
-    return f"job:{name}|{key}"
-
-
-class FlowClaims:
+class FlowClaims(FlowWalk):
     """The limited claim and what the worker's router reads, for one engine."""
 
     def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        qn = engine.connection.ops.quote_name
-        self.ledger_table = qn(FlowStart._meta.db_table)
-        self.mysql = engine.vendor == "mysql"
-        self.lock_sql = "" if engine.vendor == "sqlite" else " FOR UPDATE"
-        self._rows: set[str] = set()  # queues known to have a row to lock
-        #: Keyset reads (PostgreSQL): per (queue, keyed), the position of the last job
-        #: claimed at each priority, and when the last full read was (see _floor_parts).
-        self.keyset = engine.supports_keyset
-        self._floors: dict[tuple[str, bool], dict[int, tuple[Any, int]]] = {}
-        self._full_at: dict[tuple[str, bool], float] = {}
-        self._seen: list[Candidate] = []
-        self._picked: set[int] = set()
+        super().__init__(engine)
+        #: PostgreSQL: the claim in one round trip (engines/flow_postgresql.py).
+        self.one_trip = (
+            OneTripClaim(engine, KEYSET_LOOKBACK) if isinstance(engine, PostgresEngine) else None
+        )
+        self._usable: bool | None = None
+        #: The registered classes with limits, with the registry's size and the policy
+        #: they were read with.
+        self._classes: tuple[int, Policy, list[ClassRow]] | None = None
+        #: Per queue: until when (time.monotonic()) the one-trip claim reads rate limits.
+        self._rates_until: dict[str, float] = {}
 
     # -- what the router reads --------------------------------------------------------------
     def limited_queues(self) -> set[str]:
@@ -149,6 +89,27 @@ class FlowClaims:
     def _keyed_condition(self) -> str:
         return self.engine.keyed_ready_condition()
 
+    def held_back(self, queues: Iterable[str], limited: set[str]) -> bool:
+        """Whether one of ``queues`` holds a due job for the limited claim (its jobs of
+        limited classes; all its jobs if it is in ``limited``), the queue being neither
+        paused nor given a rate_limit that cannot be read. One index probe per queue."""
+        rows = Queue.objects.using(self.engine.alias).filter(name__in=list(queues))
+        now = self.engine.db_now()
+        with self.engine.connection.cursor() as cursor:
+            for row in sorted(rows, key=lambda r: r.name):
+                try:
+                    parse_rate(row.rate_limit)
+                except ValueError:
+                    continue
+                if row.paused:
+                    continue
+                for keyed in (True, False) if row.name in limited else (True,):
+                    sql, params = self._read_sql(row.name, keyed, set(), None, 1, now)
+                    cursor.execute(sql, params)
+                    if cursor.fetchone() is not None:
+                        return True
+        return False
+
     # -- the claim ---------------------------------------------------------------------------
     def claim(
         self,
@@ -158,403 +119,110 @@ class FlowClaims:
         policy: Policy,
         *,
         keyed: bool = True,
+        limited: bool = True,
         marks: Sequence[tuple[int, int, str | None]] = (),
     ) -> tuple[list[ClaimedJob], list[int]]:
         """Claim up to ``limit`` jobs of ``queue`` within every limit (see the module
         docstring), writing the success ``marks`` first in the same transaction (their
         slots are free for this claim). ``keyed``: False when the caller knows the queue
-        holds no ready job of a limited class (one read fewer). Returns the jobs claimed
-        and the ids whose mark was written."""
-        for _ in range(2):
-            self._ensure_row(queue)
-            try:
-                claimed = self._claim(worker_id, queue, limit, policy, keyed, marks)
-            except _NoRow:
-                claimed = None
-            if claimed is not None:
-                self._advance(queue, {job.id for job in claimed[0]})
-                return claimed
-            self._rows.discard(queue)  # its row was deleted since: make it again
-        return [], self.engine.mark_succeeded(worker_id, marks) if marks else []
+        holds no ready job of a limited class (one read fewer). ``limited``: False when
+        it knows the queue's row has no limits (PostgreSQL: its jobs without a key are
+        then not read; a limit set since is seen at the caller's next look). Returns the
+        jobs claimed and the ids whose mark was written."""
+        if self.one_trip is not None and limit > 0 and self._one_trip_usable():
+            kinds = (True, False) if keyed and limited else (True,) if keyed else (False,)
+            return self._claim_one_trip(worker_id, queue, limit, policy, kinds, marks)
+        return self._walk_claim(worker_id, queue, limit, policy, keyed, marks)
 
-    def _claim(
+    def _one_trip_usable(self) -> bool:
+        if self._usable is None:
+            self._usable = usable(self.engine)  # type: ignore[arg-type]
+        return self._usable
+
+    def _claim_one_trip(
         self,
         worker_id: str,
         queue: str,
         limit: int,
         policy: Policy,
-        keyed: bool,
+        kinds: tuple[bool, ...],
         marks: Sequence[tuple[int, int, str | None]],
-    ) -> tuple[list[ClaimedJob], list[int]] | None:
-        """One claim's transaction; None if the queue has no row to lock."""
-        engine = self.engine
-        with engine.write_transaction() as cursor:
-            written = engine._mark_succeeded(cursor, worker_id, marks) if marks else []
-            cursor.execute(
-                f"SELECT paused, concurrency, rate_limit, {engine.now_sql} FROM "
-                f"{engine.queue_table} WHERE name = %s{self.lock_sql}",
-                [queue],
-            )
-            row = cursor.fetchone()
-            if row is None:
-                if marks:
-                    raise _NoRow  # roll the marks back; they are written with the retry
-                return None
-            if row[0] or limit <= 0:
-                return [], written
-            concurrency, rate_text, now = row[1], row[2], engine.to_dt(row[3])
-            try:
-                rate = parse_rate(rate_text)
-            except ValueError:
+    ) -> tuple[list[ClaimedJob], list[int]]:
+        """PostgreSQL: the claim in one round trip (engines/flow_postgresql.py); when its
+        chunk was too full of rows that did not fit, the walk goes on a statement at a time
+        (in a transaction of its own) for the rest.
+
+        The rate limits are left out of the statement (a shorter one to run) unless the
+        queue or the rows it read had one within the last RATES_MEMORY seconds; a claim
+        without them takes nothing of a queue with a rate, nor any row of a class with
+        one, and says so: the claim is made again with them, for what is left."""
+        assert self.one_trip is not None
+        pending = list(marks)
+        written: list[int] = []
+        if any(len(mark) > MARK_WIDTH for mark in pending):
+            # A batch member's mark settles its batch in its transaction: written first.
+            written = self.engine.mark_succeeded(worker_id, pending)
+            pending = []
+        classes = self._class_rows(policy)
+        keyed = True in kinds
+        rates = time.monotonic() < self._rates_until.get(queue, 0.0)
+        jobs: list[ClaimedJob] = []
+        more = False
+        for _ in range(4):
+            want = limit - len(jobs)
+            # Rows without a key never fail to fit once read: a chunk of those needs no
+            # slack.
+            chunk = max(ONE_TRIP_CHUNK, 2 * want) if keyed else want
+            self._ensure_row(queue)
+            floors = {kind: self._floor(queue, kind) for kind in kinds}
+            request = Request(worker_id, queue, want, chunk, classes, floors, rates)
+            trip = self.one_trip.claim(request, pending)
+            written += trip.written
+            pending = []
+            if not trip.found:
+                self._rows.discard(queue)  # its row was deleted since: make it again
+                continue
+            if trip.bad_rate:
                 logger.error("Queue has a bad rate_limit; nothing claimed queue=%s", queue)
-                return [], written
-            budget = limit
-            if rate is not None:
-                started = self._starts(cursor, [queue_scope(queue)], rate, now)
-                budget = min(budget, rate.starts - started.get(queue_scope(queue), 0))
-            if budget <= 0:
-                return [], written
-            walk = Walk(queue, limited=concurrency is not None or rate is not None, keyed=keyed)
-            picked = self._pick(cursor, walk, budget, concurrency, policy, now)
-            if not picked:
-                return [], written
-            jobs = self._mark_running(cursor, worker_id, [c.id for c in picked], now)
-            self._record_starts(cursor, queue if rate else None, rate, jobs, picked, policy, now)
+            self._seen = [
+                Candidate(j.id, j.name, trip.keys[j.id], j.priority, due, due)
+                for j in trip.jobs
+                if (due := j.next_execution_at) is not None
+            ]
+            self._seen += [Candidate(*row, row[4]) for row in trip.skipped]
+            self._advance(queue, {job.id for job in trip.jobs})
+            jobs += trip.jobs
+            more = trip.more
+            if trip.rated or trip.rated_rows:
+                self._rates_until[queue] = time.monotonic() + RATES_MEMORY
+                if not rates:
+                    rates = True
+                    if len(jobs) < limit:
+                        continue
+            break
+        if more and len(jobs) < limit:
+            walked, _ = self._walk_claim(worker_id, queue, limit - len(jobs), policy, keyed, ())
+            jobs += walked
         jobs.sort(key=lambda j: (-j.priority, j.id))
         return jobs, written
 
-    def _ensure_row(self, queue: str) -> None:
-        if queue not in self._rows:
-            Queue.objects.using(self.engine.alias).get_or_create(name=queue)
-            self._rows.add(queue)
-
-    def _running_keys(self, cursor: Any) -> dict[tuple[str, str], int]:
-        """Running jobs per (class, key), across every queue and worker."""
-        if self.mysql:
-            sql = (
-                f"SELECT name, running_key, COUNT(*) FROM {self.engine.job_table} "
-                "WHERE running_key IS NOT NULL GROUP BY name, running_key"
-            )
-        else:
-            sql = (
-                f"SELECT name, concurrency_key, COUNT(*) FROM {self.engine.job_table} "
-                f"WHERE {RUNNING_SQL} AND {KEYED_SQL} GROUP BY name, concurrency_key"
-            )
-        cursor.execute(sql, [])
-        return {(r[0], r[1]): int(r[2]) for r in cursor.fetchall()}
-
-    def _starts(
-        self, cursor: Any, scopes: Sequence[str], rate: Rate, now: datetime
-    ) -> dict[str, int]:
-        """Starts per scope within ``rate``'s window ending ``now``."""
-        if not scopes:
-            return {}
-        since = self.engine.adapt_dt(now - timedelta(seconds=rate.seconds))
-        counts: dict[str, int] = {}
-        for start in range(0, len(scopes), 500):
-            part = scopes[start : start + 500]
-            cursor.execute(
-                f"SELECT scope, COUNT(*) FROM {self.ledger_table} WHERE scope IN "
-                f"({', '.join(['%s'] * len(part))}) AND started_at > %s GROUP BY scope",
-                [*part, since],
-            )
-            counts.update((r[0], int(r[1])) for r in cursor.fetchall())
-        return counts
-
-    def _pick(
-        self,
-        cursor: Any,
-        walk: Walk,
-        budget: int,
-        concurrency: int | None,
-        policy: Policy,
-        now: datetime,
-    ) -> list[Candidate]:
-        """The rows to claim: in claim order, each key within its room, at most
-        ``concurrency`` running in the queue (its running rows are counted by the first
-        read; see the module docstring, step 3)."""
-        room: dict[tuple[str, str], float] = {}
-        running: dict[tuple[str, str], int] | None = None
-        excluded: set[tuple[str, str]] = set()
-        picked: list[Candidate] = []
-        after: Candidate | None = None
-        chunk = max(CHUNK, 2 * budget)
-        for _ in range(MAX_CHUNKS):
-            count_running = concurrency is not None and after is None
-            if after is None:
-                self._seen = []
-            rows, in_queue = self._candidates(
-                cursor, walk, excluded, after, chunk, now, count_running
-            )
-            if count_running and concurrency is not None:
-                budget = min(budget, concurrency - in_queue)
-            if not rows or budget <= 0:
-                break
-            new = {(c.name, c.key) for c in rows if c.key is not None} - room.keys()
-            self._seen += rows
-            if new:
-                if running is None:
-                    running = self._running_keys(cursor)
-                self._measure_room(cursor, new, running, policy, now, room)
-                excluded |= {pair for pair in new if room[pair] <= 0}
-            for candidate in rows:
-                if candidate.key is not None:
-                    pair = (candidate.name, candidate.key)
-                    if room[pair] <= 0:
-                        continue
-                    room[pair] -= 1
-                    if room[pair] <= 0:
-                        excluded.add(pair)
-                picked.append(candidate)
-                if len(picked) >= budget:
-                    return picked
-            if len(rows) < chunk:
-                break
-            after = rows[-1]
-        return picked
-
-    def _measure_room(
-        self,
-        cursor: Any,
-        pairs: Iterable[tuple[str, str]],
-        running: dict[tuple[str, str], int],
-        policy: Policy,
-        now: datetime,
-        room: dict[tuple[str, str], float],
-    ) -> None:
-        """How many more jobs each (class, key) may start now."""
-        by_rate: dict[Rate, list[tuple[str, str]]] = {}
-        for pair in pairs:
-            limits = policy(pair[0])
-            free: float = float("inf")
-            if limits is not None and limits.concurrency is not None:
-                free = limits.concurrency - running.get(pair, 0)
-            if limits is not None and limits.rate is not None:
-                by_rate.setdefault(limits.rate, []).append(pair)
-            room[pair] = free
-        for rate, rated in by_rate.items():
-            counts = self._starts(cursor, [key_scope(*p) for p in rated], rate, now)
-            for pair in rated:
-                room[pair] = min(room[pair], rate.starts - counts.get(key_scope(*pair), 0))
-
-    def _candidates(
-        self,
-        cursor: Any,
-        walk: Walk,
-        excluded: set[tuple[str, str]],
-        after: Candidate | None,
-        chunk: int,
-        now: datetime,
-        count_running: bool,
-    ) -> tuple[list[Candidate], int]:
-        """The next ``chunk`` ready rows of the queue in claim order, after ``after``: the
-        keyed ones (without the ``excluded`` keys) and, in a limited queue, the others; and,
-        with ``count_running``, the queue's running jobs (0 without), read by the same
-        statement."""
-        reads = [True] if walk.keyed else []
-        if walk.limited:
-            reads.append(False)
-        parts: list[str] = []
-        params: list[Any] = []
-        for keyed in reads:
-            floor = self._floor_parts(walk.queue, keyed, after, now)
-            for extra, extra_params in floor or [("", [])]:
-                sql, part_params = self._read_sql(
-                    walk.queue, keyed, excluded, after, chunk, now, extra, extra_params
+    def _class_rows(self, policy: Policy) -> list[ClassRow]:
+        """The registered classes with limits, as the one-trip claim reads them."""
+        names = registered_jobs()
+        if self._classes is None or self._classes[:2] != (len(names), policy):
+            rows = []
+            for name in sorted(names):
+                limits = policy(name)
+                if limits is None:
+                    continue
+                rate = limits.rate
+                rows.append(
+                    ClassRow(
+                        name,
+                        limits.concurrency,
+                        rate.starts if rate else None,
+                        rate.seconds if rate else None,
+                    )
                 )
-                parts.append(sql)
-                params += part_params
-        if not parts:
-            return [], 0
-        running = "0"
-        if count_running:
-            running = (
-                f"(SELECT COUNT(*) FROM {self.engine.job_table} WHERE {RUNNING_SQL} AND queue = %s)"
-            )
-            params.append(walk.queue)
-        union = " UNION ALL ".join(
-            f"SELECT * FROM ({part}) AS p{i}" for i, part in enumerate(parts)
-        )
-        # The count as a row of its own (id NULL), so that it comes back with no candidate.
-        cursor.execute(
-            f"SELECT * FROM ({union}) AS c UNION ALL "
-            f"SELECT NULL, NULL, NULL, NULL, NULL, {running}",
-            params,
-        )
-        rows: list[Candidate] = []
-        in_queue = 0
-        to_dt = self.engine.to_dt
-        for r in cursor.fetchall():
-            if r[0] is None:
-                in_queue = int(r[5])
-            else:
-                rows.append(Candidate(r[0], r[1], r[2], r[3], to_dt(r[4]), r[4]))
-        if len(parts) > 1:
-            rows.sort(key=Candidate.order)
-            del rows[chunk:]
-        return rows, in_queue
-
-    def _read_sql(
-        self,
-        queue: str,
-        keyed: bool,
-        excluded: set[tuple[str, str]],
-        after: Candidate | None,
-        chunk: int,
-        now: datetime,
-        extra: str = "",
-        extra_params: Sequence[Any] = (),
-    ) -> tuple[str, list[Any]]:
-        engine = self.engine
-        params: list[Any] = [queue, engine.adapt_dt(now), *extra_params]
-        if self.mysql:
-            index, rank = ("gator_job_flow_my", "flow_rank")
-            if not keyed:
-                index, rank = ("gator_job_ready_my", "ready_rank")
-            source = f"{engine.job_table} FORCE INDEX ({index})"
-            where = f"queue = %s AND {rank} IS NOT NULL AND next_execution_at <= %s"
-            order = f"{rank}, next_execution_at, id"
-        else:
-            source = engine.job_table
-            kind = KEYED_SQL if keyed else UNKEYED_SQL
-            where = f"queue = %s AND {READY_SQL} AND {kind} AND next_execution_at <= %s{extra}"
-            order = "priority DESC, next_execution_at, id"
-        if after is not None:
-            where += (
-                " AND (priority < %s OR (priority = %s AND (next_execution_at > %s"
-                " OR (next_execution_at = %s AND id > %s))))"
-            )
-            due = after.raw_due
-            params += [after.priority, after.priority, due, due, after.id]
-        if keyed and excluded:
-            pairs = sorted(excluded)
-            where += (
-                " AND (name, concurrency_key) NOT IN (" + ", ".join(["(%s, %s)"] * len(pairs)) + ")"
-            )
-            params += [item for pair in pairs for item in pair]
-        sql = (
-            f"SELECT id, name, concurrency_key, priority, next_execution_at, 0 AS n "
-            f"FROM {source} WHERE {where} ORDER BY {order} LIMIT %s"
-        )
-        return sql, [*params, chunk]
-
-    def _floor_parts(
-        self, queue: str, keyed: bool, after: Candidate | None, now: datetime
-    ) -> list[tuple[str, list[Any]]] | None:
-        """Keyset reads (PostgreSQL), as the ordinary claim's (worker/claims.py): claiming
-        leaves dead entries at the start of the ready index that PostgreSQL removes only
-        once no open transaction can see them, and a read from the start steps over all of
-        them. So when the last claims of (queue, kind) were all at one priority, the first
-        chunk reads that priority from the last job claimed (or KEYSET_LOOKBACK seconds
-        before now, if earlier), plus the higher and lower priorities whole; a full read
-        at least every FULL_READ_EVERY seconds finds jobs placed before a position. None:
-        a full read."""
-        if not self.keyset or after is not None:
-            return None
-        key = (queue, keyed)
-        floors = self._floors.get(key, {})
-        if len(floors) != 1 or time.monotonic() - self._full_at.get(key, 0.0) > FULL_READ_EVERY:
-            self._full_at[key] = time.monotonic()
-            return None
-        [(priority, (due, job_id))] = floors.items()
-        since = now - timedelta(seconds=KEYSET_LOOKBACK)
-        if since < self.engine.to_dt(due):
-            due, job_id = since, 0
-        return [
-            (" AND priority > %s", [priority]),
-            (
-                " AND priority = %s AND (next_execution_at > %s OR (next_execution_at = %s"
-                " AND id > %s))",
-                [priority, due, due, job_id],
-            ),
-            (" AND priority < %s", [priority]),
-        ]
-
-    def _advance(self, queue: str, claimed: set[int]) -> None:
-        """Move the keyset positions past the jobs just claimed: per kind, the claimed
-        prefix of what the claim read in order (a row it read and left, say of a full key,
-        stays after the position)."""
-        if not self.keyset:
-            return
-        for keyed in (True, False):
-            seen = sorted(
-                (c for c in self._seen if (c.key is not None) == keyed), key=Candidate.order
-            )
-            prefix: dict[int, tuple[Any, int]] = {}
-            for candidate in seen:
-                if candidate.id not in claimed:
-                    break
-                prefix[candidate.priority] = (candidate.raw_due, candidate.id)
-            if prefix:
-                floors = self._floors.setdefault((queue, keyed), {})
-                floors.clear()
-                floors.update(prefix)
-        self._seen = []
-
-    def _mark_running(
-        self, cursor: Any, worker_id: str, ids: list[int], now: datetime
-    ) -> list[ClaimedJob]:
-        """Claim ``ids`` (still ready: an operator may have cancelled one meanwhile), with
-        the locked ``now`` as their claim time."""
-        engine = self.engine
-        marks = ", ".join(["%s"] * len(ids))
-        at = engine.adapt_dt(now)
-        sql = (
-            f"UPDATE {engine.job_table} SET {claim_set_sql('%s')} "
-            f"WHERE id IN ({marks}) AND {READY_SQL}"
-        )
-        params = [worker_id, at, at, *ids]
-        if engine.update_returning:
-            cursor.execute(f"{sql} RETURNING {JOB_COLUMNS}", params)
-            return [engine.claimed(row) for row in cursor.fetchall()]
-        cursor.execute(sql, params)
-        cursor.execute(
-            f"SELECT {JOB_COLUMNS} FROM {engine.job_table} WHERE id IN ({marks}) "
-            f"AND {RUNNING_SQL} AND reserved_by = %s",
-            [*ids, worker_id],
-        )
-        return [engine.claimed(row) for row in cursor.fetchall()]
-
-    def _record_starts(
-        self,
-        cursor: Any,
-        queue: str | None,
-        rate: Rate | None,
-        jobs: Sequence[ClaimedJob],
-        picked: Sequence[Candidate],
-        policy: Policy,
-        now: datetime,
-    ) -> None:
-        """One ledger row per start and rate-limited scope; the rows of those scopes that
-        left their window are deleted."""
-        claimed = {job.id for job in jobs}
-        scopes: list[str] = []
-        windows: dict[str, int] = {}
-        for candidate in picked:
-            if candidate.id not in claimed:
-                continue
-            if queue is not None and rate is not None:
-                scopes.append(queue_scope(queue))
-                windows[queue_scope(queue)] = rate.seconds
-            limits = policy(candidate.name) if candidate.key is not None else None
-            if limits is not None and limits.rate is not None and candidate.key is not None:
-                scope = key_scope(candidate.name, candidate.key)
-                scopes.append(scope)
-                windows[scope] = limits.rate.seconds
-        if not scopes:
-            return
-        at = self.engine.adapt_dt(now)
-        cursor.execute(
-            f"INSERT INTO {self.ledger_table} (scope, started_at) VALUES "
-            + ", ".join(["(%s, %s)"] * len(scopes)),
-            [item for scope in scopes for item in (scope, at)],
-        )
-        by_window: dict[int, list[str]] = {}
-        for scope, seconds in windows.items():
-            by_window.setdefault(seconds, []).append(scope)
-        for seconds, names in by_window.items():
-            cursor.execute(
-                f"DELETE FROM {self.ledger_table} WHERE scope IN "
-                f"({', '.join(['%s'] * len(names))}) AND started_at <= %s",
-                [*names, self.engine.adapt_dt(now - timedelta(seconds=seconds))],
-            )
+            self._classes = (len(names), policy, rows)
+        return self._classes[2]

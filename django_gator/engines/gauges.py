@@ -12,7 +12,7 @@ costs it nothing:
   table); on MySQL/MariaDB, which have no partial indexes, the ``(state, queue)`` index to
   the ready rows, and those rows for their due time;
 - running: the running jobs' ``(queue)`` partial index (MySQL: ``(state, queue)``);
-- dead: the dead rows' ``(queue)`` partial index (migration 0016; MySQL: ``(state,
+- dead: the dead rows' ``(queue)`` partial index (migration 0018; MySQL: ``(state,
   queue)``), so the dead jobs an operator keeps are counted without visiting them;
 - paused: the queue table (a row per queue ever paused or limited);
 - the database's now, a part of its own.

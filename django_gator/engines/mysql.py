@@ -10,7 +10,7 @@ starve the other workers.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -18,7 +18,10 @@ from typing import TYPE_CHECKING, Any
 from django.db import OperationalError
 
 from django_gator.engines.base import JOB_COLUMNS, ClaimedJob, Engine, InsertRow, Position
-from django_gator.states import ACTIVE_SQL, READY_SQL, SQL_WAITING, claim_set_sql
+from django_gator.engines.dispatching import answered
+from django_gator.models.membership import LOCKED
+from django_gator.rows import Inserted, JobRows
+from django_gator.states import READY_SQL, SQL_WAITING, claim_set_sql
 
 if TYPE_CHECKING:
     from django_gator.worker.connections import NetworkBounds
@@ -108,24 +111,38 @@ class MySQLEngine(Engine):
     #: ER_LOCK_WAIT_TIMEOUT (MariaDB's NOWAIT) and ER_LOCK_NOWAIT (MySQL's).
     NOWAIT_ERRORS = (1205, 3572)
 
-    def has_active_members(self, cursor: Any, batch_id: int) -> bool:
+    def member_in(self, cursor: Any, batch_id: int, state_sql: str) -> int | None:
         """A locking read, so it sees the newest commit whatever this transaction's
         snapshot (REPEATABLE READ), with NOWAIT, so it never waits while holding the batch
-        row: a member locked by another transaction is being written by it, which either
-        leaves it active or ends it and then settles the batch itself, after our commit.
-        Either way the batch is not complete for us. (A plain wait could deadlock with
-        that transaction, which holds the member and waits for the batch row.)"""
+        row: a member locked by another transaction is being written by it, which then
+        settles the batch itself, after our commit; it is answered LOCKED. (A plain wait
+        could deadlock with that transaction, which holds the member and waits for the
+        batch row.)"""
         try:
             cursor.execute(
-                f"SELECT 1 FROM {self.job_table} FORCE INDEX (gator_job_batch) "
-                f"WHERE batch_id = %s AND {ACTIVE_SQL} LIMIT 1 FOR UPDATE NOWAIT",
+                f"SELECT id FROM {self.job_table} FORCE INDEX (gator_job_batch) "
+                f"WHERE batch_id = %s AND state {state_sql} LIMIT 1 FOR UPDATE NOWAIT",
                 [batch_id],
             )
         except OperationalError as exc:
             if exc.args and exc.args[0] in self.NOWAIT_ERRORS:
-                return True  # only the statement failed; the transaction goes on
+                return LOCKED  # only the statement failed; the transaction goes on
             raise
-        return cursor.fetchone() is not None
+        row = cursor.fetchone()
+        return None if row is None else int(row[0])
+
+    def insert_rows(
+        self,
+        rows: JobRows,
+        notify: set[str] | None = None,
+        prepare: Callable[[], None] | None = None,
+        meanwhile: Callable[[Inserted], None] | None = None,
+    ) -> Inserted:
+        if self.connection.features.can_return_rows_from_bulk_insert:
+            return super().insert_rows(rows, notify, prepare, meanwhile)
+        if prepare is not None:
+            prepare()
+        return answered(self.insert_jobs(rows.rows(), notify), meanwhile)
 
     def insert_jobs(
         self, rows: Sequence[InsertRow], notify: set[str] | None = None

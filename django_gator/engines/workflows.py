@@ -7,7 +7,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -16,6 +16,7 @@ from django.db import DatabaseError, transaction
 from django_gator import limits, validation
 from django_gator.engines.dispatching import DispatchStatements
 from django_gator.exceptions import JobNotRegistered
+from django_gator.models.batches import Batch
 from django_gator.models.workflows import Settled, WorkflowRun, WorkflowStep, settle
 from django_gator.registry import get_job_class
 from django_gator.rows import InsertRow
@@ -69,37 +70,82 @@ class WorkflowStatements(DispatchStatements):
         self.insert_settled(settle(self.alias, job_ids), inserted)
 
     def insert_settled(self, settled: Settled, inserted: list[int] | None) -> None:
-        rows = [_step_row(step) for step in settled.release]
+        """Insert what ``settled`` asks for, in the open transaction: the job of each
+        released step (for a batch step, its batch and its members) and the on_error
+        handlers; the released steps record their job or batch."""
+        rows: list[InsertRow] = []
+        counts = []
+        batches: dict[int, Batch] = {}
+        for step in settled.release:
+            if step.members is None:
+                rows.append(_step_row(step))
+                counts.append(1)
+                continue
+            batch = step_batch(step.workflow, step.position, step.name)
+            batch.size = len(step.members)
+            batch.save(using=self.alias, force_insert=True)
+            batches[step.pk] = batch
+            rows += [_step_row(step, args, kwargs, batch.pk) for args, kwargs in step.members]
+            counts.append(len(step.members))
         rows += [_handler_row(*handler) for handler in settled.handlers]
         if not rows:
             return
         ids = [row[0] for row in self.insert_jobs(rows, notify={row.queue for row in rows})]
         steps = WorkflowStep.objects.using(self.alias)
-        for step, job_id in zip(settled.release, ids, strict=False):
-            steps.filter(pk=step.pk, state=StepState.BLOCKED).update(
-                state=StepState.RELEASED, job_id=job_id
-            )
+        first = 0
+        for step, count in zip(settled.release, counts, strict=True):
+            released = steps.filter(pk=step.pk, state=StepState.BLOCKED)
+            if step.pk in batches:
+                released.update(state=StepState.RELEASED, batch_id=batches[step.pk].pk, members=[])
+            else:
+                released.update(state=StepState.RELEASED, job_id=ids[first])
+            first += count
         if inserted is not None:
             inserted += ids
 
     def insert_workflow(
-        self, run: WorkflowRun, steps: Sequence[WorkflowStep], roots: Sequence[InsertRow]
+        self,
+        run: WorkflowRun,
+        steps: Sequence[WorkflowStep],
+        roots: Sequence[InsertRow],
+        batches: Mapping[int, Batch] | None = None,
+        members: Mapping[int, Sequence[InsertRow]] | None = None,
     ) -> list[tuple[int, datetime, datetime]]:
-        """Insert the workflow, its steps, and the job rows of its first steps (``roots``,
-        one per step with no dependency, in the order of ``steps``), in one transaction
-        (the caller's, if one is open). Returns insert_jobs()'s answer for the roots."""
-        due_now = {r.queue for r in roots if r.run_at is None}
+        """Insert the workflow, its steps, the job rows of its first steps (``roots``, one
+        per step with no dependency, in the order of ``steps``), and the batch and the
+        members of each first batch step (``batches`` and ``members``, by position), in one
+        transaction (the caller's, if one is open). Returns insert_jobs()'s answer for the
+        roots, then for the members in the order of ``members``."""
+        batches = batches or {}
+        members = members or {}
+        rows = [*roots, *(row for position in members for row in members[position])]
+        due_now = {r.queue for r in rows if r.run_at is None}
         with transaction.atomic(using=self.alias):  # an INSERT first (see with_steps)
-            inserted = self.insert_jobs(roots, notify=due_now)
+            for position, batch in batches.items():
+                batch.save(using=self.alias, force_insert=True)
+                for row in members[position]:
+                    row.batch_id = batch.pk
+            inserted = self.insert_jobs(rows, notify=due_now)
             ids = [r[0] for r in inserted]
             run.save(using=self.alias, force_insert=True)
-            by_position = dict(zip((row.chain_position for row in roots), ids, strict=True))
+            by_position = dict(zip((row.chain_position for row in roots), ids, strict=False))
             for step in steps:
                 if step.position in by_position:
                     step.state = StepState.RELEASED
                     step.job_id = by_position[step.position]
+                elif step.position in batches:
+                    step.state = StepState.RELEASED
+                    step.batch_id = batches[step.position].pk
             WorkflowStep.objects.using(self.alias).bulk_create(steps, batch_size=500)
         return inserted
+
+
+def step_batch(run: WorkflowRun, position: int, name: str) -> Batch:
+    """The (unsaved) batch of a workflow's batch step: closed from the start (a running
+    member may still add members, see Batch.admit), without callbacks (the workflow's
+    steps are what follows it)."""
+    title = run.name or f"workflow {run.id}"
+    return Batch(description=f"{title}: step {position} ({name})"[:255], closed=True)
 
 
 def step_row(
@@ -128,17 +174,25 @@ def step_row(
     )
 
 
-def _step_row(step: WorkflowStep) -> InsertRow:
-    return step_row(
+def _step_row(
+    step: WorkflowStep, args: Any = None, kwargs: Any = None, batch_id: int | None = None
+) -> InsertRow:
+    """The job row of a released step; for a batch step, of the member with ``args`` and
+    ``kwargs`` in batch ``batch_id``."""
+    if batch_id is None:
+        args, kwargs = step.args, step.kwargs
+    row = step_row(
         step.workflow_id.hex,
         step.position,
         step.name,
-        validation.dumps(step.args),
-        validation.dumps(step.kwargs),
+        validation.dumps(args),
+        validation.dumps(kwargs),
         step.queue,
         step.priority,
-        concurrency_key=_flow_key(step.name, step.queue, step.args, step.kwargs),
+        concurrency_key=_flow_key(step.name, step.queue, args, kwargs),
     )
+    row.batch_id = batch_id
+    return row
 
 
 def _flow_key(name: str, queue: str, args: Any, kwargs: Any) -> str | None:

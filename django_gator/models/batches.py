@@ -12,6 +12,7 @@ batch; this module cannot call it (the engines sit above the models), so the app
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -24,11 +25,14 @@ from django_gator import conf
 from django_gator.exceptions import JobNotRegistered
 from django_gator.models import membership
 from django_gator.models.jobs import Job, JobQuerySet
+from django_gator.models.pruning import Prunable
 from django_gator.registry import get_job_class, is_registered
-from django_gator.states import JobState
+from django_gator.states import ACTIVE_STATES, JobState
 from django_gator.validation import NAME_MAX_LENGTH
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from django_gator.queueable import Queueable
 
 #: The batch that dispatches join (the innermost ``with Batch(...)`` block).
@@ -64,6 +68,19 @@ class BatchError(ValueError):
     """A batch refused a dispatch, or refused to close."""
 
 
+class BatchQuerySet(Prunable, models.QuerySet["Batch"]):
+    prune_order = ("id",)
+
+    def finished(self, *, before: datetime | None = None) -> BatchQuerySet:
+        """Closed, completed batches none of whose members is left (each was pruned, past
+        its own retention); with ``before``, only those completed before it. A batch with
+        a member left, dead ones included (a retry may re-open it), is never among them."""
+        rows = self.filter(closed=True, completed_at__isnull=False).exclude(
+            models.Exists(Job.objects.filter(batch_id=models.OuterRef("pk")))
+        )
+        return rows if before is None else rows.filter(completed_at__lt=before)
+
+
 class Batch(models.Model):
     """A group of jobs; when every member has ended, the callbacks are dispatched.
 
@@ -95,6 +112,8 @@ class Batch(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     completed_at = models.DateTimeField(null=True, blank=True)
 
+    objects = BatchQuerySet.as_manager()
+
     class Meta:
         ordering = ["-id"]
         verbose_name_plural = "batches"
@@ -106,6 +125,10 @@ class Batch(models.Model):
         super().__init__(*args, **kwargs)
         self._token: Any = None
         self._deferred_close: str | None = None
+        #: The running member this object was handed to (see of_member()).
+        self._member: int | None = None
+        #: A workflow's batch step: (workflow id, position), which its members carry.
+        self.step_of: tuple[uuid.UUID, int] | None = None
 
     def __str__(self) -> str:
         return f"batch #{self.pk or '-'} {self.description}".strip()
@@ -149,10 +172,33 @@ class Batch(models.Model):
         """A member's INSERT waits for ``commit_alias``'s commit (dispatch on_commit)."""
         self._deferred_close = commit_alias
 
+    @classmethod
+    def of_member(cls, job_id: int, alias: str | None = None) -> Batch | None:
+        """The batch of job ``job_id``, or None if it is in none, for the job itself to add
+        members while it runs (``self.batch()`` in handle()): a closed batch accepts them
+        then, since it cannot complete while this member is active. Members added to a
+        workflow's batch step belong to that step."""
+        alias = alias or conf.database()
+        row = (
+            Job.objects.using(alias)
+            .filter(pk=job_id)
+            .values_list("batch_id", "chain_id", "chain_position")
+            .first()
+        )
+        if row is None or row[0] is None:
+            return None
+        batch = cls.objects.using(alias).filter(pk=row[0]).first()
+        if batch is None:
+            return None
+        batch._member = job_id
+        if row[1] is not None and row[2] is not None:
+            batch.step_of = (row[1], row[2])
+        return batch
+
     def check_room(self, count: int) -> None:
         """BatchError, before anything is written, if ``count`` more members would not fit
         (as far as this object knows; admit() checks the row)."""
-        if self.closed:
+        if self.closed and self._member is None:
             raise BatchError(f"{self} is closed: no job can join it")
         limit = conf.max_batch_size()
         if self.size + count > limit:
@@ -172,20 +218,34 @@ class Batch(models.Model):
             self.save(using=alias, force_insert=True)
             return int(self.pk)
         limit = conf.max_batch_size()
-        changed = (
-            Batch.objects.using(alias)
-            .filter(pk=self.pk, closed=False, size__lte=limit - count)
-            .update(size=models.F("size") + count)
-        )
+        rows = Batch.objects.using(alias).filter(pk=self.pk, size__lte=limit - count)
+        if self._member is None:
+            rows = rows.filter(closed=False)
+        else:
+            # A running member adds to its own batch: the batch stays incomplete while
+            # that member is active, so joining it, closed or not, is safe.
+            rows = rows.filter(models.Exists(self._active_member(alias)))
+        changed = rows.update(size=models.F("size") + count)
         if changed != 1:
             row = Batch.objects.using(alias).filter(pk=self.pk).first()
             if row is None:
                 raise BatchError(f"{self} does not exist (deleted?)")
             self.closed, self.size = row.closed, row.size
             self.check_room(count)
+            if self._member is not None and not self._active_member(alias).exists():
+                raise BatchError(
+                    f"job {self._member} is no longer an active member of {self} (it ended, "
+                    "or was taken back from its worker): it cannot add members"
+                )
             raise BatchError(f"{self} refused {count} members")  # pragma: no cover
         self.size += count
         return int(self.pk)
+
+    def _active_member(self, alias: str) -> JobQuerySet:
+        assert self._member is not None
+        return Job.objects.using(alias).filter(
+            pk=self._member, batch_id=self.pk, state__in=ACTIVE_STATES
+        )
 
     # -- closing -----------------------------------------------------------------------
     def close(self) -> None:

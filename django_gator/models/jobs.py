@@ -7,9 +7,9 @@ import json
 import re
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any
 
-from django.db import IntegrityError, connections, models, transaction
+from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
 from django_gator import conf
@@ -17,6 +17,7 @@ from django_gator.dbtime import DbNow
 from django_gator.jsonsql import JsonAppend
 from django_gator.limits import KEY_MAX_LENGTH
 from django_gator.models import membership
+from django_gator.models.pruning import Pruned, delete_in_batches
 from django_gator.models.queues import Queue
 from django_gator.states import FINAL_STATES, READY_STATES, JobState
 from django_gator.validation import (
@@ -41,15 +42,6 @@ def exception_class_name(value: object) -> str:
             "myapp.jobs.PaymentDeclined)"
         )
     return value
-
-
-class Pruned(NamedTuple):
-    """What :meth:`JobQuerySet.prune` did."""
-
-    deleted: int
-    batches: int
-    #: It stopped at ``max_batches`` after a full batch: more rows may be left.
-    stopped: bool
 
 
 def record(alias: str | None, ids: list[int], action: str, by: str, **details: Any) -> None:
@@ -140,33 +132,15 @@ class JobQuerySet(models.QuerySet["Job"]):
         workers are never held up; a row that changed between the read of a batch and its
         delete (a retried job) stays. ``progress`` is called with each batch's count. Stops
         when a batch comes back short (nothing left) or after ``max_batches`` batches."""
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size!r}")
-        old = self.finished()
-        alias = old.db
-        # SQLite limits the parameters of one statement; a few more go to the state filters.
-        limit = connections[alias].features.max_query_params
-        step = max(1, limit - 10) if limit else batch_size
-        deleted = batches = 0
-        while True:
-            if max_batches is not None and batches >= max_batches:
-                return Pruned(deleted, batches, stopped=True)
-            # The (state, finished_at) index in its own order: each batch reads only its
-            # rows, however many are left.
-            ids = list(old.order_by("finished_at", "id").values_list("id", flat=True)[:batch_size])
-            if not ids:
-                return Pruned(deleted, batches, stopped=False)
-            count = 0
-            with transaction.atomic(using=alias):
-                for start in range(0, len(ids), step):
-                    _, per_model = old.filter(pk__in=ids[start : start + step]).delete()
-                    count += per_model.get(Job._meta.label, 0)
-            deleted += count
-            batches += 1
-            if progress is not None:
-                progress(count)
-            if len(ids) < batch_size:
-                return Pruned(deleted, batches, stopped=False)
+        # The (state, finished_at) index in its own order: each batch reads only its rows,
+        # however many are left.
+        return delete_in_batches(
+            self.finished(),
+            ("finished_at", "id"),
+            batch_size=batch_size,
+            max_batches=max_batches,
+            progress=progress,
+        )
 
     def stale(self, *, before: datetime) -> JobQuerySet:
         """Running jobs whose claim is older than ``before``."""
@@ -387,11 +361,11 @@ class Job(models.Model):
             # Pruning, the admin's state filter and the dashboard counts.
             models.Index(fields=["state", "finished_at"], name="gator_job_state_finished"),
             models.Index(fields=["chain_id"], name="gator_job_chain"),
-            # A batch's members by state: its completion check and its admin page.
-            models.Index(fields=["batch_id", "state"], name="gator_job_batch"),
         ]
         # The dead-job screen's partial index (dead and failed rows only) is created by
-        # migration 0005 on PostgreSQL and SQLite; see django_gator.indexes.
+        # migration 0005 on PostgreSQL and SQLite, and the index of batch members by state
+        # (partial there: batch rows only; a full one on MySQL/MariaDB) by 0012 and 0017;
+        # see django_gator.indexes.
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(priority__gte=PRIORITY_MIN, priority__lte=PRIORITY_MAX),

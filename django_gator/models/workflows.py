@@ -17,6 +17,17 @@ Two parents finishing at once in two workers both update the child's counter; th
 second waits for the first's row lock and then counts down from its committed value, so
 exactly one of them sees zero. The read that decides is a locking read, which MariaDB
 under REPEATABLE READ needs to see the newest commit.
+
+A batch step (``members`` set) is released as a :class:`~django_gator.models.Batch` of
+jobs, each carrying the workflow's id and the step's position as a plain step's job does.
+The final state of any member settles the step in the same transaction: under the lock
+of the batch's row (which orders the settling of one batch's members, see
+:mod:`django_gator.engines.batching`), the members' states are read (an active one, a
+dead one, a cancelled one; :mod:`.membership` asks the engine) and the step moves to what
+they say: ``succeeded`` when all succeeded, ``dead``/``cancelled`` as soon as one member
+ended so (cancelling its descendants, unless ``on_dead="continue"``, where it waits for
+the last member and then counts as satisfied), and back to ``released`` when a retried
+member succeeded while others still run (what it had cancelled waits again).
 """
 
 from __future__ import annotations
@@ -24,13 +35,16 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.db import models
 from django.db.models import F
 from django.utils import timezone
 
+from django_gator.models import membership
 from django_gator.models.jobs import Job, cancel_hooks
+from django_gator.models.pruning import Prunable
 from django_gator.states import FINAL_STATES, JobState, StepState
 from django_gator.validation import NAME_MAX_LENGTH, QUEUE_MAX_LENGTH
 
@@ -38,6 +52,23 @@ from django_gator.validation import NAME_MAX_LENGTH, QUEUE_MAX_LENGTH
 ON_DEAD_CANCEL = "cancel"
 ON_DEAD_CONTINUE = "continue"
 ON_DEAD_CHOICES = ((ON_DEAD_CANCEL, "Cancel its descendants"), (ON_DEAD_CONTINUE, "Continue"))
+
+
+class WorkflowRunQuerySet(Prunable, models.QuerySet["WorkflowRun"]):
+    prune_order = ("created_at", "id")
+
+    def finished(self, *, before: datetime | None = None) -> WorkflowRunQuerySet:
+        """Workflows whose every step has ended and none of whose jobs is left (each was
+        pruned, past its own retention; a dead step's job waits for an operator, so its
+        workflow, which a retry may bring back, stays); with ``before``, only those
+        created before it."""
+        open_steps = WorkflowStep.objects.filter(
+            workflow=models.OuterRef("pk"), state__in=(StepState.BLOCKED, StepState.RELEASED)
+        )
+        rows = self.exclude(models.Exists(open_steps)).exclude(
+            models.Exists(Job.objects.filter(chain_id=models.OuterRef("pk")))
+        )
+        return rows if before is None else rows.filter(created_at__lt=before)
 
 
 class WorkflowRun(models.Model):
@@ -53,6 +84,8 @@ class WorkflowRun(models.Model):
         help_text="Job dispatched with (workflow id, job id) when a step ends dead.",
     )
     created_at = models.DateTimeField(default=timezone.now)
+
+    objects = WorkflowRunQuerySet.as_manager()
 
     class Meta:
         db_table = "django_gator_workflow"
@@ -84,6 +117,14 @@ class WorkflowStep(models.Model):
     cancelled_by = models.PositiveSmallIntegerField(
         null=True, blank=True, help_text="Position of the step whose end cancelled it."
     )
+    members = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="A batch step: its members' [args, kwargs] until it is released (then []).",
+    )
+    batch_id = models.BigIntegerField(
+        null=True, blank=True, db_index=True, help_text="A batch step: its batch, once released."
+    )
 
     class Meta:
         db_table = "django_gator_workflow_step"
@@ -96,6 +137,10 @@ class WorkflowStep(models.Model):
 
     def __str__(self) -> str:
         return f"step {self.position} ({self.name})"
+
+    @property
+    def is_batch(self) -> bool:
+        return self.members is not None
 
 
 @dataclass(slots=True)
@@ -119,12 +164,18 @@ def settle(alias: str, job_ids: Iterable[int], states: Sequence[str] = FINAL_STA
     finished = (
         Job.objects.using(alias)
         .filter(pk__in=ids, chain_id__isnull=False, state__in=states)
-        .values_list("pk", "chain_id", "chain_position", "state")
+        .values_list("pk", "chain_id", "chain_position", "state", "batch_id")
         .order_by("pk")
     )
-    for job_id, workflow_id, position, state in list(finished):
-        if workflow_id is not None and position is not None:
+    seen: set[int] = set()
+    for job_id, workflow_id, position, state, batch_id in list(finished):
+        if workflow_id is None or position is None:
+            continue
+        if batch_id is None:
             _settle_one(alias, job_id, workflow_id, position, state, out)
+        elif batch_id not in seen:  # one look at a batch step settles all its members
+            seen.add(batch_id)
+            _settle_batch_step(alias, workflow_id, position, batch_id, out)
     return out
 
 
@@ -135,23 +186,83 @@ def _settle_one(
     step = steps.select_for_update().filter(position=position, job_id=job_id).first()
     if step is None:
         return
-    succeeded = state == JobState.SUCCEEDED
-    continues = state == JobState.DEAD and step.on_dead == ON_DEAD_CONTINUE
-    if step.state == StepState.RELEASED:
-        pass
-    elif succeeded and step.state in (StepState.DEAD, StepState.CANCELLED):
-        # An operator retried a step that had cancelled its descendants, and now it
-        # succeeded: what it cancelled waits again (its counters were kept).
-        if step.on_dead == ON_DEAD_CONTINUE and step.state == StepState.DEAD:
-            steps.filter(pk=step.pk).update(state=StepState.SUCCEEDED)
-            return  # its children were credited when it died
+    if step.state != StepState.RELEASED and state != JobState.SUCCEEDED:
+        return  # settled already (a retried step that ends badly again changes nothing)
+    _move(alias, steps, step, state, f"job {job_id}", job_id, out)
+
+
+def _settle_batch_step(
+    alias: str, workflow_id: uuid.UUID, position: int, batch_id: int, out: Settled
+) -> None:
+    """Move a batch step to what its members' states say (see the module's docstring)."""
+    probe = membership.probe(alias, batch_id)  # locks the batch's row first
+    if probe is None:
+        return
+    steps = WorkflowStep.objects.using(alias).filter(workflow_id=workflow_id)
+    step = steps.select_for_update().filter(position=position, batch_id=batch_id).first()
+    if step is None:
+        return
+    state: str
+    if probe.cancelled or (probe.dead and step.on_dead == ON_DEAD_CANCEL):
+        state = StepState.CANCELLED if probe.cancelled and not probe.dead else StepState.DEAD
+        member = probe.dead or probe.cancelled
+    elif probe.active or not probe.closed:
+        state, member = StepState.RELEASED, None
+    elif probe.dead:
+        state, member = StepState.DEAD, probe.dead
+    else:
+        state, member = StepState.SUCCEEDED, None
+    # A member the engine saw locked (MariaDB) has no id to name here.
+    who = f"batch {batch_id}" + (f", job {member}" if member and member > 0 else "")
+    _move(alias, steps, step, state, who, member if member and member > 0 else None, out)
+
+
+def _cancelling(step: WorkflowStep) -> bool:
+    """Whether ``step``'s state has cancelled its descendants."""
+    return step.state == StepState.CANCELLED or (
+        step.state == StepState.DEAD and step.on_dead == ON_DEAD_CANCEL
+    )
+
+
+def _move(
+    alias: str,
+    steps: Any,
+    step: WorkflowStep,
+    state: str,
+    who: str,
+    job_id: int | None,
+    out: Settled,
+) -> None:
+    """Move the locked ``step`` to ``state`` (``released``, or a final state), and do what
+    that means for the steps after it. ``who`` names the job (or batch) whose end moved
+    it, for the reasons written; ``job_id`` is the job an on_error handler is given."""
+    position = step.position
+    if state == step.state:
+        return
+    if step.state == StepState.SUCCEEDED or (
+        step.state == StepState.DEAD and step.on_dead == ON_DEAD_CONTINUE
+    ):
+        # Its children were credited already: only a later success is recorded.
+        if state == StepState.SUCCEEDED:
+            steps.filter(pk=step.pk).update(state=state, reason="")
+        return
+    bad = state in (StepState.DEAD, StepState.CANCELLED)
+    cancels = state == StepState.CANCELLED or (bad and step.on_dead == ON_DEAD_CANCEL)
+    if _cancelling(step):
+        if cancels:
+            return  # still cancelling what it cancelled; the first reason stays
+        # An operator retried what ended it, and now it succeeded (or, for a batch
+        # step, the other members still run): what it cancelled waits again (the
+        # counters were kept).
         steps.filter(cancelled_by=position, state=StepState.CANCELLED).update(
             state=StepState.BLOCKED, reason="", cancelled_by=None
         )
-    else:
-        return  # settled already
-    steps.filter(pk=step.pk).update(state=state, reason="")
-    if succeeded or continues:
+    verb = "ended dead" if state == StepState.DEAD else "was cancelled"
+    reason = f"{who} {verb}" if bad and step.is_batch else ""
+    steps.filter(pk=step.pk).update(state=state, reason=reason)
+    if state == StepState.RELEASED:
+        return
+    if not cancels:  # succeeded, or dead with on_dead="continue"
         if step.children:
             # Counted down whatever the child's state, so that a child cancelled by
             # another step and brought back later has the right count.
@@ -160,21 +271,20 @@ def _settle_one(
         return
     descendants = _all_descendants(steps, step.children)
     if descendants:
-        verb = "ended dead" if state == JobState.DEAD else "was cancelled"
         steps.filter(position__in=descendants, state=StepState.BLOCKED).update(
             state=StepState.CANCELLED,
-            reason=f"step {position} ({step.name}, job {job_id}) {verb}",
+            reason=f"step {position} ({step.name}, {who}) {verb}",
             cancelled_by=position,
         )
-    if state == JobState.DEAD:
+    if state == StepState.DEAD and job_id is not None:
         handler = (
             WorkflowRun.objects.using(alias)
-            .filter(pk=workflow_id)
+            .filter(pk=step.workflow_id)
             .values_list("on_error", flat=True)
         )
         name = handler.first()
         if name:
-            out.handlers.append((name, workflow_id, job_id))
+            out.handlers.append((name, step.workflow_id, job_id))
 
 
 def _release_ready(steps: Any, positions: Sequence[int], out: Settled) -> None:

@@ -35,6 +35,12 @@ claims while full claims take more than KEYSET_MARGIN times as long, and goes on
 full claims at least every FULL_CLAIM_EVERY seconds (the full claims that bound the delay
 of back-dated jobs).
 
+A queue that holds jobs of limited classes is served by both claims (worker/flow.py): the
+ordinary claim first, then the limited one, which writes the round's success marks (on
+PostgreSQL in its single round trip). While such a queue is busy with limited jobs only,
+its ordinary claim would find nothing every round: after one that did, it rests
+PLAIN_REST seconds (a round that finds nothing else still makes it).
+
 In the all-queues mode the queues the worker has claimed from are claimed from every round
 (a keyset claim of an empty queue is one index descent per priority), and the search for
 other queues with work jumps over them (see ``Engine.ready_queues``).
@@ -69,6 +75,12 @@ KEYSET_LOOKBACK = 1.0
 KEYSET_MARGIN = 1.2
 #: Weight of the newest duration in those moving averages.
 COST_WEIGHT = 0.3
+#: Seconds the ordinary claim of a queue that also holds jobs of limited classes rests
+#: after it found nothing while the limited claim was made: in a queue busy with limited
+#: jobs, each round would otherwise spend a statement finding no unlimited one. A job
+#: without limits dispatched there meanwhile waits at most this long (or until a round
+#: finds nothing else).
+PLAIN_REST = 0.05
 
 
 class Claimer:
@@ -103,6 +115,8 @@ class Claimer:
         self._costs: dict[str, dict[bool, float]] = {}
         #: Queues with limits, or with jobs of limited classes: the limited claim.
         self.flow = FlowRouter(engine, worker_id, clock)
+        #: Per queue served by both claims: until when (clock()) its ordinary claim rests.
+        self._plain_rest: dict[str, float] = {}
 
     def claim(self, limit: int, marks: Sequence[Mark] = ()) -> tuple[list[ClaimedJob], list[int]]:
         """Claim up to ``limit`` jobs across the queues, writing the success ``marks`` in
@@ -115,23 +129,29 @@ class Claimer:
             return [], written
         claimed: list[ClaimedJob] = []
         written = []
-        rested: list[str] = []
+        rested: list[str] = []  # limited claims resting
+        plain_rested: list[str] = []  # ordinary claims resting
         for name in names:
             want = limit - len(claimed)
             ordinary, limited = self.flow.route(name)
             if not limited and self.flow.resting(name):
                 rested.append(name)
+            if ordinary and limited and self.clock() < self._plain_rest.get(name, 0.0):
+                ordinary = False
+                plain_rested.append(name)
             jobs: list[ClaimedJob] = []
             if ordinary:
-                after = self.position(name)
-                started = self.timer()
-                jobs, marked = self.engine.claim_and_mark(
-                    self.worker_id, name, want, pending, after=after
-                )
-                self._measure(name, keyset=after is not None, seconds=self.timer() - started)
+                # When the limited claim follows, the marks go with it (on PostgreSQL in
+                # its round trip, where the ordinary claim would spend one of its own).
+                marks = [] if limited else pending
+                jobs, marked = self._ordinary(name, want, marks)
                 written += marked
-                pending = []
-                self._advance(name, jobs, full=after is None, full_batch=len(jobs) >= want)
+                if marks:
+                    pending = []
+                if limited and not jobs:
+                    self._plain_rest[name] = self.clock() + PLAIN_REST
+                else:
+                    self._plain_rest.pop(name, None)
             if limited and len(jobs) < want:
                 more, marked = self.flow.claim(name, want - len(jobs), pending)
                 written += marked
@@ -141,9 +161,15 @@ class Claimer:
             if len(claimed) >= limit:
                 break
         if not claimed:
-            # A round that found nothing: the queues resting after an empty limited claim
-            # are claimed too (a slot may have freed since), so that an idle or burst worker
-            # never takes a rest for an empty queue.
+            # A round that found nothing: the claims resting after they found nothing are
+            # made too (a slot may have freed since, a job come), so that an idle or burst
+            # worker never takes a rest for an empty queue.
+            for name in plain_rested:
+                if len(claimed) < limit:
+                    jobs, marked = self._ordinary(name, limit - len(claimed), pending)
+                    written += marked
+                    pending = []
+                    claimed += jobs
             for name in rested:
                 if len(claimed) < limit:
                     jobs, marked = self.flow.claim(name, limit - len(claimed), pending)
@@ -155,6 +181,23 @@ class Claimer:
         if not claimed and not self.specs:
             self._queue_cache = (0.0, [])  # look for new queues next time
         return claimed, written
+
+    def held_back(self) -> bool:
+        """Whether a due job of this worker's queues waits for a limit that will let it
+        run (see FlowRouter.held_back): a burst worker waits for it instead of exiting."""
+        return self.flow.held_back([s.name for s in self.specs] if self.specs else None)
+
+    def _ordinary(
+        self, name: str, want: int, marks: Sequence[Mark]
+    ) -> tuple[list[ClaimedJob], list[int]]:
+        """The ordinary claim of queue ``name``, writing ``marks``; its keyset positions
+        and its cost are kept."""
+        after = self.position(name)
+        started = self.timer()
+        jobs, marked = self.engine.claim_and_mark(self.worker_id, name, want, marks, after=after)
+        self._measure(name, keyset=after is not None, seconds=self.timer() - started)
+        self._advance(name, jobs, full=after is None, full_batch=len(jobs) >= want)
+        return jobs, marked
 
     def queue_order(self) -> list[str]:
         """The queues to claim from, in this round's order."""

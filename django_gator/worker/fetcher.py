@@ -8,6 +8,11 @@ to the executors. With nothing to claim it waits: on PostgreSQL for a NOTIFY (se
 :mod:`.listener`), elsewhere polling quickly after recent work and backing off to
 ``GATOR_POLL_INTERVAL``.
 
+A burst worker exits after a round that claimed nothing with nothing running, unless due
+jobs of its queues are held back by a limit that will let them run (a concurrency slot held
+by a job running elsewhere, a rate window): then it polls on until they have run.
+Scheduled jobs not yet due, and the jobs of paused queues, are not waited for.
+
 It also starts suspects alone (see :mod:`.slots`), and after a claim failed it gives back
 the jobs that claim may have taken without our knowing (:meth:`Fetcher.release_orphans`).
 """
@@ -109,6 +114,9 @@ class Fetcher:
                 continue
             if turn.free <= 0:
                 continue
+            # A burst worker that found nothing: read, before taking the lock, whether due
+            # jobs wait for a limit that will let them run (then it waits for them).
+            held_back = not jobs and self.burst and turn.idle and self._held_back()
             with slots.lock:
                 stopping = slots.stopping
                 if jobs and not stopping:
@@ -116,7 +124,13 @@ class Fetcher:
                     for_loop = slots.async_slots.take_started()
                     idle_wait = MIN_POLL
                 elif not jobs and not stopping:
-                    if self.burst and turn.idle and slots.in_flight == 0 and not slots.succeeded:
+                    if (
+                        self.burst
+                        and turn.idle
+                        and slots.in_flight == 0
+                        and not slots.succeeded
+                        and not held_back
+                    ):
                         self.on_drained()
                         return
                     if self.listening:
@@ -142,6 +156,18 @@ class Fetcher:
                     self.worker_id,
                     ",".join(str(job.id) for job in held),
                 )
+
+    def _held_back(self) -> bool:
+        """A burst worker that found nothing to claim: whether due jobs of its queues wait
+        for a limit that will let them run (a slot held by a job running elsewhere, a rate
+        window): it then polls on instead of exiting. A failed read counts as held back
+        (the next round tries again)."""
+        try:
+            return self.claimer.held_back()
+        except Exception:
+            logger.exception("Reading the held-back jobs failed worker=%s", self.worker_id)
+            drop_connection(self.engine.alias)
+            return True
 
     def start_isolated(self, job: ClaimedJob) -> None:
         """Run a suspect alone: record on its row that this attempt is isolated (so that

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from django_gator import conf
 from django_gator.engines.base import ClaimedJob, Engine
@@ -72,9 +72,9 @@ class FlowRouter:
         self._rest_until: dict[str, float] = {}
         self._policies: dict[str, ClassLimits | None] = {}
 
-    def refresh(self) -> None:
+    def refresh(self, *, force: bool = False) -> None:
         now = self.clock()
-        if self._read_at is not None and now - self._read_at < ROUTES_TTL:
+        if not force and self._read_at is not None and now - self._read_at < ROUTES_TTL:
             return
         if self._limits_read_at is None:
             changed = Queue.objects.using(self.engine.alias).sync_settings(conf.queues())
@@ -114,13 +114,30 @@ class FlowRouter:
         """The limited claim of ``queue``, writing the success ``marks`` in its
         transaction; (jobs, ids whose mark was written)."""
         jobs, written = self.flow.claim(
-            self.worker_id, queue, limit, self.policy, keyed=queue in self.keyed, marks=marks
+            self.worker_id,
+            queue,
+            limit,
+            self.policy,
+            keyed=queue in self.keyed,
+            limited=queue in self.limited,
+            marks=marks,
         )
         if jobs:
             self._rest_until.pop(queue, None)
         else:
             self._rest_until[queue] = self.clock() + LIMITED_BACKOFF
         return jobs, written
+
+    def held_back(self, queues: Collection[str] | None) -> bool:
+        """Whether a due job of ``queues`` (None: any queue) waits for a limit that will
+        let it run: a slot held by a running job (which ends, or is rescued) or a rate
+        window (which passes). Jobs of paused queues are not counted (only an operator
+        brings them back), nor those of a queue whose rate_limit cannot be read. Read
+        after a round that claimed nothing, so every due job it finds is held back."""
+        self.refresh(force=True)
+        served = self.limited | self.keyed
+        names = served if queues is None else served & set(queues)
+        return bool(names) and self.flow.held_back(names, self.limited)
 
     def policy(self, name: str) -> ClassLimits | None:
         if name not in self._policies:

@@ -10,6 +10,12 @@ keep the database, and renews its lease at each batch. The retentions are those 
 ``gator_prune`` (``GATOR_PRUNE_SUCCEEDED_AFTER``, ``GATOR_PRUNE_CANCELLED_AFTER``); dead
 jobs are never pruned automatically (they wait for an operator: ``gator_prune --dead``).
 
+After the jobs, the same pass deletes the batches and workflows none of whose jobs is
+left, completed (a batch) or created (a workflow) more than
+``GATOR_PRUNE_SUCCEEDED_AFTER`` ago, and never an unfinished one (see
+:meth:`BatchQuerySet.finished` and :meth:`WorkflowRunQuerySet.finished`): one with a dead
+member or step keeps that job, so it stays until an operator retries or prunes it.
+
 The pruner is a thread of its own, not a step of the heartbeat: a long pass must never
 delay a heartbeat (a late heartbeat gets a worker's jobs rescued). ``GATOR_AUTO_PRUNE =
 False`` turns it off; burst workers never prune.
@@ -26,7 +32,7 @@ from django.db import close_old_connections
 
 from django_gator import conf
 from django_gator.engines.base import Engine
-from django_gator.models import Job, JobState, Lease
+from django_gator.models import Batch, Job, JobState, Lease, WorkflowRun
 from django_gator.worker.retrier import drop_connection
 
 logger = logging.getLogger("django_gator.worker")
@@ -49,7 +55,10 @@ class Pruner:
         self.engine = engine
         self.worker_id = worker_id
         self.rng = rng or random.Random()
-        self.deleted = 0  # rows this worker's passes deleted (for the logs and tests)
+        self.deleted = 0  # jobs this worker's passes deleted (for the logs and tests)
+        #: Batches and workflows (their steps with them) those passes deleted.
+        self.deleted_batches = 0
+        self.deleted_workflows = 0
 
     def lease_seconds(self) -> float:
         return max(MIN_LEASE_SECONDS, 2 * conf.prune_interval())
@@ -70,8 +79,10 @@ class Pruner:
         )
 
     def prune_once(self, stopped: Callable[[float], bool] = lambda _: False) -> int | None:
-        """One pass: None if another worker holds the lease; else the rows deleted. Stops
-        early when ``stopped(pause)`` is true or the lease is lost."""
+        """One pass: None if another worker holds the lease; else the jobs deleted (the
+        batches and workflows deleted are counted in :attr:`deleted_batches` and
+        :attr:`deleted_workflows`). Stops early when ``stopped(pause)`` is true or the
+        lease is lost."""
         close_old_connections()
         if not conf.auto_prune() or not self.take_lease():
             return None
@@ -93,7 +104,34 @@ class Pruner:
                     self._done(deleted)
                     return deleted
         self._done(deleted)
+        self._prune_groups(stopped, batch_size)
         return deleted
+
+    def _prune_groups(self, stopped: Callable[[float], bool], batch_size: int) -> None:
+        """The batches and workflows left without a job, as the jobs are pruned."""
+        alias = self.engine.alias
+        try:
+            before = self.engine.db_now() - timedelta(seconds=conf.prune_succeeded_after())
+        except OverflowError:
+            return
+        for rows, counter in (
+            (Batch.objects.using(alias), "deleted_batches"),
+            (WorkflowRun.objects.using(alias), "deleted_workflows"),
+        ):
+            while True:
+                pruned = rows.prune(before=before, batch_size=batch_size, max_batches=1)
+                setattr(self, counter, getattr(self, counter) + pruned.deleted)
+                if pruned.deleted:
+                    logger.info(
+                        "Pruned finished %s deleted=%s worker=%s",
+                        rows.model._meta.verbose_name_plural,
+                        pruned.deleted,
+                        self.worker_id,
+                    )
+                if pruned.deleted < batch_size:
+                    break
+                if stopped(conf.prune_pause()) or not self.take_lease():
+                    return
 
     def _done(self, deleted: int) -> None:
         self.deleted += deleted

@@ -8,7 +8,7 @@ from django.contrib.auth.models import User
 from django.urls import reverse
 
 from django_gator import Workflow
-from django_gator.models import Job
+from django_gator.models import Job, WorkflowStep
 from tests.browser.test_admin_browser import PASSWORD, log_in
 from tests.conftest import run_worker
 from tests.testapp.jobs import DagStep
@@ -63,3 +63,50 @@ def test_the_workflow_page_draws_each_step_with_its_state(page, screenshot):
     # A step's box leads to its job.
     graph.locator('g.gator-step[data-position="1"] a').click()
     expect(page).to_have_url(reverse("admin:django_gator_job_change", args=[dead_job.pk]))
+
+
+def test_a_batch_step_leads_to_its_batch_whose_retry_brings_the_workflow_back(page, screenshot):
+    """A batch step drawn with its members' progress; its box leads to its batch's page,
+    which leads back to the workflow; retrying the dead member there (it then succeeds)
+    lets the steps it had cancelled run."""
+    User.objects.create_superuser("boss", "boss@example.com", PASSWORD)
+    wf = Workflow(name="album 7")
+    fetch = wf.add(DagStep, 0)
+    resize = wf.add_batch(
+        DagStep,
+        [{"node": 1, "member": m, "fail_until": 3 if m == 2 else 0} for m in range(4)],
+        after=[fetch],
+    )
+    wf.add(DagStep, 2, after=[resize])
+    run = wf.dispatch()
+    run_worker(concurrency=2)
+    log_in(page, "boss")
+
+    page.goto(reverse("admin:django_gator_workflowrun_change", args=[run.pk]))
+    graph = page.locator("svg.gator-workflow")
+    batch_step = graph.locator('g.gator-batch-step[data-position="1"]')
+    expect(batch_step).to_have_attribute("data-state", "dead")
+    expect(batch_step).to_contain_text("3/4 succeeded")
+    expect(graph.locator('g.gator-step[data-position="2"]')).to_have_attribute(
+        "data-state", "cancelled"
+    )
+    screenshot(page, "workflow-batch-step")
+
+    batch_step.locator("a").click()
+    batch_id = WorkflowStep.objects.get(workflow=run, position=1).batch_id
+    expect(page).to_have_url(reverse("admin:django_gator_job_batch", args=[batch_id]))
+    expect(page.locator("#gator-batch-ended")).to_contain_text("4 / 4 ended (100%)")
+    page.get_by_role("button", name="Retry the dead members").click()
+    expect(page.locator(".messagelist")).to_contain_text("1 dead member(s)")
+
+    run_worker()
+    page.locator("#gator-batch-workflow a").click()
+    expect(page).to_have_url(reverse("admin:django_gator_workflowrun_change", args=[run.pk]))
+    steps = page.locator("svg.gator-workflow g.gator-step")
+    expect(steps).to_have_count(3)
+    states = {
+        step.get_attribute("data-position"): step.get_attribute("data-state")
+        for step in steps.all()
+    }
+    assert states == {"0": "succeeded", "1": "succeeded", "2": "succeeded"}
+    expect(page.locator('g.gator-batch-step[data-position="1"]')).to_contain_text("4/4 succeeded")

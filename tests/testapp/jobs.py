@@ -791,20 +791,49 @@ class SnoozeStep(Queueable):
 
 class DagStep(Queueable):
     """A workflow step for the DAG tests: ledger rows at its start (every attempt) and at
-    its end (the successful one: job id negated). Attempts up to ``fail_until`` fail (each
+    its end (the successful one: job id negated), labelled ``start:<node>`` (a member of a
+    batch step: ``start:<node>.<member>``). Attempts up to ``fail_until`` fail (each
     retried at once; the third failure is dead)."""
 
     retry = Retry(interval=0, max_retries=2)
 
-    def handle(self, node: int, fail_until: int = 0) -> None:
+    def handle(self, node: int, fail_until: int = 0, member: int | None = None) -> None:
+        name = f"{node}" if member is None else f"{node}.{member}"
         Execution.objects.create(
-            job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label=f"start:{node}"
+            job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label=f"start:{name}"
         )
         time.sleep(0.002 * (node % 5))
         if self.attempt <= fail_until:
-            raise RuntimeError(f"node {node} fails on attempt {self.attempt}")
+            raise RuntimeError(f"node {name} fails on attempt {self.attempt}")
         Execution.objects.create(
-            job_id=-self.job_id, attempt=self.attempt, pid=os.getpid(), label=f"end:{node}"
+            job_id=-self.job_id, attempt=self.attempt, pid=os.getpid(), label=f"end:{name}"
+        )
+
+
+class FanOut(Queueable):
+    """The first member of a workflow's batch step that adds the others while it runs
+    (members known only at run time): ``count`` DagStep members ``<node>.1`` .. ``<node>.N``,
+    the member ``fail_member`` failing until its attempt ``fail_until``. Atomic: its
+    members commit with its success, so a failed attempt adds none."""
+
+    atomic = True
+    retry = Retry(interval=0, max_retries=2)
+
+    def handle(self, node: int, count: int, fail_member: int = 0, fail_until: int = 0) -> None:
+        Execution.objects.create(
+            job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label=f"start:{node}.0"
+        )
+        batch = self.batch()
+        assert batch is not None, "a FanOut runs as a member of a batch"
+        batch.add_many(
+            DagStep,
+            [
+                {"node": node, "member": m, "fail_until": fail_until if m == fail_member else 0}
+                for m in range(1, count + 1)
+            ],
+        )
+        Execution.objects.create(
+            job_id=-self.job_id, attempt=self.attempt, pid=os.getpid(), label=f"end:{node}.0"
         )
 
 

@@ -44,7 +44,15 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--only",
-            choices=["dispatch", "dispatch_many", "drain", "latency", "tasks", "batch"],
+            choices=[
+                "dispatch",
+                "dispatch_many",
+                "drain",
+                "latency",
+                "tasks",
+                "batch",
+                "batch_step",
+            ],
             action="append",
             help="run only these measurements (repeatable)",
         )
@@ -116,6 +124,15 @@ class Command(BaseCommand):
                     )
                 drains.sort()
                 self._line("drain, Batch / plain, median", f"x{drains[len(drains) // 2]:.2f}")
+            if "batch_step" in only:
+                rounds = bench.bench_batch_step_dispatch(options["batch"], options["rounds"])
+                for batch_s, step_s in rounds:
+                    self._line(
+                        f"{options['batch']:,} jobs: in a Batch / as a batch step",
+                        f"{batch_s * 1000:.0f} / {step_s * 1000:.0f} ms (x{step_s / batch_s:.2f})",
+                    )
+                ratios = sorted(s / b for b, s in rounds)
+                self._line("batch step / Batch, median", f"x{ratios[len(ratios) // 2]:.2f}")
             if "latency" in only:
                 p50, p90 = bench.bench_latency(options["latency"], options["concurrency"])
                 samples = wording.count(options["latency"], "sample")

@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_gator import conf, wording
 from django_gator.engines import get_engine
 from django_gator.management.arguments import Choice, Seconds, WholeNumber
-from django_gator.models import Job, JobState
+from django_gator.models import Batch, Job, JobState, WorkflowRun
 
 #: The states gator_prune may delete, in the order it deletes them, with the setting that
 #: holds each one's retention. Waiting, running and failed jobs are never deleted.
@@ -40,8 +40,10 @@ class Command(BaseCommand):
         "Delete finished jobs whose finished_at is older than their retention: succeeded "
         "(GATOR_PRUNE_SUCCEEDED_AFTER) and cancelled (GATOR_PRUNE_CANCELLED_AFTER) jobs, and "
         "dead ones (GATOR_PRUNE_DEAD_AFTER) with --dead. Waiting, running and failed jobs are "
-        "never deleted. Rows go in batches by primary key, one short transaction each, so "
-        "workers are never held up; times are the database's."
+        "never deleted. Then the batches and workflows none of whose jobs is left, completed "
+        "(created, for a workflow) before the succeeded jobs' cutoff. Rows go in batches by "
+        "primary key, one short transaction each, so workers are never held up; times are "
+        "the database's."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -105,24 +107,16 @@ class Command(BaseCommand):
         now = get_engine(alias).db_now()
         cutoffs: dict[str, datetime | None] = {}
         for state in chosen:
-            setting, retention = RETENTION[state]
-            if override is not None:
-                cutoffs[state] = cutoff(now, override)
-                continue
-            try:
-                value = retention()
-            except (TypeError, ValueError):
-                raise CommandError(
-                    f"{setting} must be a number of seconds, got {conf.get(setting)!r}"
-                ) from None
-            if not value >= 0:
-                raise CommandError(f"{setting} must be zero or more seconds, got {value!r}")
-            cutoffs[state] = cutoff(now, value)
+            cutoffs[state] = cutoff(now, override if override is not None else _retention(state))
 
+        # Batches and workflows go once their jobs are gone, past the succeeded ones' cutoff.
+        groups_before = cutoff(
+            now, override if override is not None else _retention(JobState.SUCCEEDED.value)
+        )
         if dry_run:
-            self._dry_run(alias, cutoffs)
+            self._dry_run(alias, cutoffs, groups_before)
             return
-        self._prune(alias, cutoffs, batch, limit)
+        self._prune(alias, cutoffs, batch, limit, groups_before)
 
     def _states(self, states: Sequence[str], dead: bool) -> list[str]:
         wanted = set(states)
@@ -136,7 +130,9 @@ class Command(BaseCommand):
         if self.verbosity >= 1:
             self.stdout.write(text)
 
-    def _dry_run(self, alias: str, cutoffs: dict[str, datetime | None]) -> None:
+    def _dry_run(
+        self, alias: str, cutoffs: dict[str, datetime | None], groups_before: datetime | None
+    ) -> None:
         total = 0
         for state, before in cutoffs.items():
             count = 0 if before is None else _old(alias, state, before).count()
@@ -144,9 +140,22 @@ class Command(BaseCommand):
             when = "(retention too long: none)" if before is None else before.isoformat()
             self._say(f"would delete {wording.count(count, state + ' job')} finished before {when}")
         self._say(f"would delete {wording.count(total, 'job')} in all (dry run: nothing deleted)")
+        if groups_before is not None:
+            batches = Batch.objects.using(alias).finished(before=groups_before).count()
+            workflows = WorkflowRun.objects.using(alias).finished(before=groups_before).count()
+            self._say(
+                f"would delete {wording.count(batches, 'batch')} and "
+                f"{wording.count(workflows, 'workflow')} none of whose jobs is left (more "
+                "once those jobs are deleted)"
+            )
 
     def _prune(
-        self, alias: str, cutoffs: dict[str, datetime | None], batch: int, limit: int | None
+        self,
+        alias: str,
+        cutoffs: dict[str, datetime | None],
+        batch: int,
+        limit: int | None,
+        groups_before: datetime | None,
     ) -> None:
         total = 0
         batches = 0
@@ -173,10 +182,46 @@ class Command(BaseCommand):
                 break
         detail = ", ".join(f"{count} {state}" for state, count in by_state.items())
         self._say(f"deleted {wording.count(total, 'job')} ({detail})")
+        if not stopped and groups_before is not None:
+            groups = {}
+            for rows, noun in (
+                (Batch.objects.using(alias), "batch"),
+                (WorkflowRun.objects.using(alias), "workflow"),
+            ):
+                pruned = rows.prune(
+                    before=groups_before,
+                    batch_size=batch,
+                    max_batches=None if limit is None else limit - batches,
+                )
+                batches += pruned.batches
+                groups[noun] = pruned.deleted
+                if pruned.stopped:
+                    stopped = True
+                    break
+            if any(groups.values()):
+                self._say(
+                    "deleted "
+                    + " and ".join(wording.count(n, noun) for noun, n in groups.items())
+                    + " none of whose jobs is left"
+                )
         if stopped:
             self._say(
                 f"stopped after {wording.count(batches, 'batch')} (--max-batches); more may be left"
             )
+
+
+def _retention(state: str) -> float:
+    """The retention setting of ``state``, checked (CommandError naming a bad value)."""
+    setting, retention = RETENTION[state]
+    try:
+        value = retention()
+    except (TypeError, ValueError):
+        raise CommandError(
+            f"{setting} must be a number of seconds, got {conf.get(setting)!r}"
+        ) from None
+    if not value >= 0:
+        raise CommandError(f"{setting} must be zero or more seconds, got {value!r}")
+    return value
 
 
 def _old(alias: str, state: str, before: datetime) -> Any:

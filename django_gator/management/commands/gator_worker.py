@@ -65,7 +65,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--burst",
             action="store_true",
-            help="Run what is due now, then exit (for cron, CI and tests).",
+            help="Run what is due now, then exit (for cron, CI and tests). Due jobs held "
+            "back only by a concurrency or rate limit are waited for and run.",
         )
         parser.add_argument(
             "--shutdown-timeout",

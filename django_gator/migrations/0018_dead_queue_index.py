@@ -12,7 +12,7 @@ from django_gator import indexes
 class Migration(migrations.Migration):
     atomic = False
     dependencies = [
-        ("django_gator", "0015_trace_context"),
+        ("django_gator", "0017_partial_batch_index"),
     ]
 
     operations = [
