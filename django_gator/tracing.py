@@ -23,6 +23,9 @@ from django_gator.rows import ClaimedJob, Failure, outcome_label
 try:
     from opentelemetry import propagate, trace
     from opentelemetry.trace import SpanKind, Status, StatusCode
+
+    #: The API's providers while the project configures none: their spans record nothing.
+    _UNCONFIGURED = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 except ImportError:  # the otel extra is not installed
     trace = None  # type: ignore[assignment]
 
@@ -82,6 +85,11 @@ def traced_run(job: ClaimedJob, run: Callable[[], T]) -> T:
     """Run ``run`` (one attempt of ``job``; returns its outcome) in a span that continues
     the trace of the job's dispatch."""
     if trace is None:
+        return run()
+    if job.trace_context is None and isinstance(trace.get_tracer_provider(), _UNCONFIGURED):
+        # No tracer provider is configured and there is no dispatch trace to continue: the
+        # span would be a non-recording one that carries no context. Skipping it saves
+        # the API's span and context bookkeeping on every job.
         return run()
     tracer = trace.get_tracer(TRACER)
     parent = propagate.extract(job.trace_context) if job.trace_context else None

@@ -9,6 +9,7 @@ from datetime import datetime
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
+import psycopg
 from django.db import transaction
 
 from django_gator import conf
@@ -385,6 +386,31 @@ class PostgresEngine(Engine):
 
     supports_keyset = True
 
+    @contextmanager
+    def prepared_cursor(self) -> Iterator[Any]:
+        """A cursor for the worker's hot statements (the claim, the batched success mark):
+        it binds the parameters on the server and has the statement prepared on its first
+        run, so PostgreSQL parses and plans each of them once per connection instead of on
+        every claim (Django's cursors bind on the client and never prepare). Django's cursor
+        wrapper goes around it, so execute wrappers and error translation apply as to any
+        cursor.
+
+        The ordinary cursor instead: behind a transaction pooler (``pooled``: nothing may
+        stay in a server session), and while queries are logged (DEBUG, or a test capturing
+        them), as Django reads the text of a logged query from the client-side binding."""
+        connection = self.connection
+        if self.pooled or connection.queries_logged:
+            with connection.cursor() as cursor:
+                yield cursor
+            return
+        connection.close_if_health_check_failed()
+        connection.ensure_connection()
+        connection.validate_thread_sharing()
+        with connection.wrap_database_errors:
+            raw = _PreparedCursor(connection.connection)
+        with connection.make_cursor(raw) as cursor:
+            yield cursor
+
     def claim(
         self, worker_id: str, queue: str, limit: int, after: Position | None = None
     ) -> list[ClaimedJob]:
@@ -406,7 +432,7 @@ class PostgresEngine(Engine):
             " FROM picked WHERE j.id = picked.id"
             " RETURNING " + ", ".join(f"j.{c.strip()}" for c in JOB_COLUMNS.split(","))
         )
-        with self.connection.cursor() as cursor:
+        with self.prepared_cursor() as cursor:
             cursor.execute(sql, [*params, worker_id])
             rows = cursor.fetchall()
         jobs = [self.claimed(row) for row in rows]
@@ -506,7 +532,7 @@ class PostgresEngine(Engine):
             return super().mark_succeeded(worker_id, done)
         sql, params = self.marks_sql(worker_id, done)
         batches = member_batches(done, MARK_WIDTH)
-        with self.write_transaction() if batches else self.connection.cursor() as cursor:
+        with self.write_transaction() if batches else self.prepared_cursor() as cursor:
             cursor.execute(sql, params)
             written = [row[0] for row in cursor.fetchall()]
             self.settle_batches(cursor, batches)
@@ -547,6 +573,28 @@ def _copy_json(values: list[str]) -> list[str]:
 def _texts(null: str) -> Callable[[list[Any]], list[str]]:
     """A converter of values to COPY text, None written as ``null``."""
     return lambda values: [_copy_text(value, null) for value in values]
+
+
+class _PreparedCursor(psycopg.Cursor[Any]):
+    """psycopg's server-binding cursor, preparing every statement it runs (see
+    PostgresEngine.prepared_cursor). Django opens its connections with psycopg's prepared
+    statements off (``prepare_threshold`` None, which makes psycopg ignore even the
+    statements it has prepared), so the threshold is lifted for this cursor's statements
+    only: the connection's other cursors are left as configured."""
+
+    def execute(
+        self, query: Any, params: Any = None, *, prepare: bool | None = None, **kwargs: Any
+    ) -> _PreparedCursor:
+        connection = self.connection
+        threshold = connection.prepare_threshold
+        if threshold is None:
+            connection.prepare_threshold = 0
+        try:
+            super().execute(query, params, prepare=True if prepare is None else prepare, **kwargs)
+        finally:
+            if threshold is None:
+                connection.prepare_threshold = None
+        return self
 
 
 def _copy_text(value: Any, null: str) -> str:
