@@ -92,9 +92,7 @@ def test_postgres_claim_and_batched_mark_are_prepared_once_per_connection(settin
             claimed = engine.claim("worker-p", "echo", 2)
             assert len(claimed) == 2
             marks = [(j.id, j.attempts, '"ok"') for j in claimed]
-            assert sorted(engine.mark_succeeded("worker-p", marks)) == sorted(
-                j.id for j in claimed
-            )
+            assert sorted(engine.mark_succeeded("worker-p", marks)) == sorted(j.id for j in claimed)
         assert engine.claim("worker-p", "echo", 2) == []
 
     try:
