@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
+from functools import cached_property
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
@@ -414,30 +415,69 @@ class PostgresEngine(Engine):
     def claim(
         self, worker_id: str, queue: str, limit: int, after: Position | None = None
     ) -> list[ClaimedJob]:
-        if after is None:
-            picked = (
-                f"SELECT id FROM {self.job_table}"
-                f" WHERE queue = %s AND {READY_SQL} AND {UNKEYED_SQL}"
-                f" AND next_execution_at <= {self.now_sql}"
-                f" AND {self.not_paused_sql}"
-                " ORDER BY priority DESC, next_execution_at, id"
-                " LIMIT %s FOR UPDATE SKIP LOCKED"
-            )
-            params: list[Any] = [queue, queue, limit]
-        else:
-            picked, params = self._keyset_picked(queue, limit, after)
-        sql = (
-            f"WITH picked AS ({picked})"
-            f" UPDATE {self.job_table} AS j SET {claim_set_sql(self.now_sql, 'j.')}"
-            " FROM picked WHERE j.id = picked.id"
-            " RETURNING " + ", ".join(f"j.{c.strip()}" for c in JOB_COLUMNS.split(","))
-        )
+        picked, params = self._picked(queue, limit, after)
+        sql = f"WITH picked AS ({picked}) {self._claim_update}"
         with self.prepared_cursor() as cursor:
             cursor.execute(sql, [*params, worker_id])
             rows = cursor.fetchall()
         jobs = [self.claimed(row) for row in rows]
         jobs.sort(key=_dequeue_order)
         return jobs
+
+    def claim_and_mark(
+        self,
+        worker_id: str,
+        queue: str,
+        limit: int,
+        succeeded: Sequence[tuple[int, int, str | None]],
+        after: Position | None = None,
+    ) -> tuple[list[ClaimedJob], list[int]]:
+        """The success marks and the claim in one statement: one round trip and one commit
+        where two statements took two. The two touch different rows (the marks running
+        ones of this worker, the claim waiting ones), each with its own compare-and-set or
+        lock, so one statement changes nothing of what each does. Marks of batch members
+        settle their batches in the mark's transaction: those go the two-statement way."""
+        if not succeeded or not limit or member_batches(succeeded, MARK_WIDTH):
+            return super().claim_and_mark(worker_id, queue, limit, succeeded, after)
+        picked, params = self._picked(queue, limit, after)
+        marks, marks_params = self.marks_sql(worker_id, succeeded)
+        sql = (
+            f"WITH marked AS ({marks}), picked AS ({picked}),"
+            f" claimed AS ({self._claim_update})"
+            " SELECT m.ids, c.* FROM (SELECT array_agg(id) AS ids FROM marked) AS m"
+            " LEFT JOIN claimed AS c ON true"
+        )
+        with self.prepared_cursor() as cursor:
+            cursor.execute(sql, [*marks_params, *params, worker_id])
+            rows = cursor.fetchall()
+        written = rows[0][0] or []
+        jobs = [self.claimed(row[1:]) for row in rows if row[1] is not None]
+        jobs.sort(key=_dequeue_order)
+        return jobs, written
+
+    def _picked(self, queue: str, limit: int, after: Position | None) -> tuple[str, list[Any]]:
+        """The SELECT of the ids a claim takes, and its parameters."""
+        if after is not None:
+            return self._keyset_picked(queue, limit, after)
+        picked = (
+            f"SELECT id FROM {self.job_table}"
+            f" WHERE queue = %s AND {READY_SQL} AND {UNKEYED_SQL}"
+            f" AND next_execution_at <= {self.now_sql}"
+            f" AND {self.not_paused_sql}"
+            " ORDER BY priority DESC, next_execution_at, id"
+            " LIMIT %s FOR UPDATE SKIP LOCKED"
+        )
+        return picked, [queue, queue, limit]
+
+    @cached_property
+    def _claim_update(self) -> str:
+        """The UPDATE of a claim, of the rows of a ``picked`` CTE; one parameter, the
+        worker id."""
+        return (
+            f"UPDATE {self.job_table} AS j SET {claim_set_sql(self.now_sql, 'j.')}"
+            " FROM picked WHERE j.id = picked.id"
+            " RETURNING " + ", ".join(f"j.{c.strip()}" for c in JOB_COLUMNS.split(","))
+        )
 
     def _keyset_picked(self, queue: str, limit: int, after: Position) -> tuple[str, list[Any]]:
         """The ids a keyset claim takes: one index range scan per priority of ``after``,
