@@ -38,6 +38,34 @@ _SESSION_CHANGE = re.compile(
 )
 
 
+def before_job() -> None:
+    """Before a job, on each connection this thread has opened: Django's
+    ``close_old_connections()`` (a connection past its age or found broken is closed),
+    then the health check armed for the job's first use of the ones kept open.
+
+    An executor keeps its connections between jobs, and the server may have closed one
+    meanwhile (a restart, a killed backend, an idle timeout). Without the check, the job's
+    first query would fail and the job with it, for a fault that is not its own; with it,
+    Django reconnects first. It is Django's CONN_HEALTH_CHECKS, switched on for the
+    connections a worker keeps open; a job that never touches the database pays nothing.
+    One pass over the connections, on the path of every job."""
+    for connection in connections.all(initialized_only=True):
+        connection.close_if_unusable_or_obsolete()
+        if connection.connection is not None:
+            # Attributes of Django's BaseDatabaseWrapper that django-stubs does not declare.
+            connection.health_check_enabled = True  # type: ignore[attr-defined]
+            connection.health_check_done = False  # type: ignore[attr-defined]
+
+
+def after_job() -> None:
+    """After a job, on each connection this thread has opened: Django's
+    ``close_old_connections()`` and ``reset_queries()`` (with DEBUG on, the log of the
+    job's queries would otherwise grow job after job), in one pass."""
+    for connection in connections.all(initialized_only=True):
+        connection.close_if_unusable_or_obsolete()
+        connection.queries_log.clear()
+
+
 class _Used:
     """An execute wrapper that notes whether a connection was used, and how."""
 
