@@ -117,6 +117,20 @@ class Slots:
             suspect=self.suspects.popleft() if self.may_isolate_locked() else None,
         )
 
+    def lingers_locked(self) -> bool:
+        """Whether a claim now would leave executor slots empty that jobs still running here
+        are about to free, and nothing else asks for the fetcher: no stop, no NOTIFY of a
+        new job (claimed at once), no timed-out job, no suspect held or running."""
+        return (
+            self.in_flight > 0
+            and self.free_locked() > 0
+            and not self.stopping
+            and not self.notified
+            and not self.timed_out
+            and not self.suspects
+            and self.isolated is None
+        )
+
     def holding_locked(self) -> bool:
         """Whether claims wait for a suspect: one is held while other jobs still run, or
         one runs alone. False once a held suspect may start, so the fetcher wakes to
@@ -143,7 +157,10 @@ class Slots:
         held = [job for job in jobs if job.suspect]
         self.suspects.extend(held)
         self.pending.extend(ordinary)
-        self.work_ready.notify(len(ordinary))
+        if ordinary:
+            # One executor is woken; each that takes a job wakes the next while jobs are
+            # left (see next_job), so short jobs are run by the threads already awake.
+            self.work_ready.notify()
         return held
 
     def hold_again(self, suspect: ClaimedJob) -> None:
@@ -203,6 +220,8 @@ class Slots:
             if not self.pending:
                 return None
             job = self.pending.popleft()
+            if self.pending:
+                self.work_ready.notify()  # the next job for another executor
             self.running[thread] = Running(job, thread, deadline(job))
             return job
 
