@@ -164,3 +164,31 @@ def test_a_claim_lingers_only_while_running_jobs_hold_slots_and_nothing_else_cal
     slots.finish(me, None)
     with slots.lock:
         assert not slots.lingers_locked()  # every slot free
+
+
+def test_a_lingering_fetcher_is_woken_only_by_the_finish_that_ends_its_wait():
+    slots = Slots(concurrency=3)
+    executors = [threading.Thread(name=f"e{i}") for i in range(3)]  # keys, never started
+    with slots.lock:
+        slots.hand_out_locked([job(1), job(2), job(3)])
+    for executor in executors:
+        slots.next_job(executor, lambda j: None)
+    woken = threading.Event()
+
+    def fetcher() -> None:
+        with slots.lock:
+            slots.lingering = True
+            slots.fetch_needed.wait(30)
+            slots.lingering = False
+        woken.set()
+
+    waiting = threading.Thread(target=fetcher, daemon=True)
+    waiting.start()
+    deadline = time.monotonic() + 10
+    while not slots.fetch_needed._waiters and time.monotonic() < deadline:  # type: ignore[attr-defined]
+        time.sleep(0.01)
+    assert slots.finish(executors[0], None)
+    assert slots.finish(executors[1], None)
+    assert not woken.wait(0.3)  # jobs still run: the wait goes on
+    assert slots.finish(executors[2], None)
+    assert woken.wait(10)  # the last one ends it

@@ -196,11 +196,15 @@ class Fetcher:
             return
         slots = self.slots
         deadline = time.monotonic() + linger
-        while slots.lingers_locked():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            slots.fetch_needed.wait(remaining)
+        slots.lingering = True
+        try:
+            while slots.lingers_locked():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                slots.fetch_needed.wait(remaining)
+        finally:
+            slots.lingering = False
 
     def measure(self, claim_seconds: float, batch: Sequence[Finished]) -> None:
         """Fold a claim's duration, and the run times of the successes it marked, into the

@@ -77,6 +77,7 @@ class Slots:
         self.retired: set[threading.Thread] = set()  # executors whose job timed out
         self.in_flight = 0  # claimed and not finished: pending + suspects + running
         self.notified = False  # a NOTIFY came for one of our queues
+        self.lingering = False  # the fetcher waits for fuller slots (see lingers_locked)
         self.stopping = False  # no more claims
         self.closing = False  # executors exit once nothing is pending
         self.forced = False  # running jobs are not waited for
@@ -243,8 +244,14 @@ class Slots:
             self.processed += 1
             if finished is not None:
                 self.succeeded.append(finished)
-            self.fetch_needed.notify()
+            self.wake_fetcher_locked()
             return True
+
+    def wake_fetcher_locked(self) -> None:
+        """A job finished: wake the fetcher, unless it lingers for more slots and this one
+        does not end its wait (the last running job does; the wait has a timeout)."""
+        if not self.lingering or not self.lingers_locked():
+            self.fetch_needed.notify()
 
     def finish_async(self, job: ClaimedJob, finished: Finished | None) -> ClaimedJob | None:
         """The event loop is done with ``job`` (its outcome written, or ``finished``, a
@@ -258,7 +265,7 @@ class Slots:
             self.processed += 1
             if finished is not None:
                 self.succeeded.append(finished)
-            self.fetch_needed.notify()
+            self.wake_fetcher_locked()
             if not aio.waiting:
                 return None
             following = aio.waiting.popleft()
