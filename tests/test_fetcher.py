@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 from django.db import connections
 
-from django_gator.engines import ClaimedJob, get_engine
+from django_gator.engines import get_engine
 from django_gator.exceptions import JobTimeout
 from django_gator.models import Job, JobState
 from django_gator.worker.claims import Claimer
@@ -18,6 +18,7 @@ from django_gator.worker.executor import Executors
 from django_gator.worker.fetcher import Fetcher
 from django_gator.worker.outcomes import Outcomes
 from django_gator.worker.slots import Slots
+from tests.factories import claimed_job
 from tests.testapp.jobs import Boom, Echo, TooSlow
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -166,7 +167,7 @@ def test_a_claim_for_short_jobs_waits_for_the_slots_still_running(monkeypatch):
         return thread
 
     with slots.lock:
-        slots.hand_out_locked([_job(1), _job(2)])
+        slots.hand_out_locked([claimed_job(1), claimed_job(2)])
     slots.next_job(me, lambda j: None)
     slots.finish(me, None)  # one slot free, the other still running
 
@@ -181,7 +182,7 @@ def test_a_claim_for_short_jobs_waits_for_the_slots_still_running(monkeypatch):
     for end in (lambda: slots.notify_fetcher(notified=True), lambda: slots.stop()):
         slots.notified = slots.stopping = False
         with slots.lock:
-            slots.hand_out_locked([_job(3), _job(4)])
+            slots.hand_out_locked([claimed_job(3), claimed_job(4)])
         slots.next_job(me, lambda j: None)
         slots.finish(me, None)
         waiting = linger()
@@ -196,7 +197,7 @@ def test_a_claim_for_short_jobs_waits_for_the_slots_still_running(monkeypatch):
     fetcher.job_seconds = 60.0  # jobs longer than a claim: no wait
     slots.notified = slots.stopping = False
     with slots.lock:
-        slots.hand_out_locked([_job(5), _job(6)])
+        slots.hand_out_locked([claimed_job(5), claimed_job(6)])
     slots.next_job(me, lambda j: None)
     slots.finish(me, None)
     with slots.lock:
@@ -204,16 +205,3 @@ def test_a_claim_for_short_jobs_waits_for_the_slots_still_running(monkeypatch):
         started = time.monotonic()
         fetcher.linger_locked()
     assert time.monotonic() - started < 5
-
-
-def _job(job_id: int) -> ClaimedJob:
-    return ClaimedJob(
-        id=job_id,
-        name=Echo.name,
-        args=[],
-        kwargs={},
-        queue="echo",
-        priority=0,
-        attempts=1,
-        rescues=0,
-    )

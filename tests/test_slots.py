@@ -9,20 +9,11 @@ import time
 from django_gator.engines import ClaimedJob
 from django_gator.worker.execution import Success
 from django_gator.worker.slots import Slots
+from tests.factories import claimed_job
 
 
 def job(job_id: int, *, suspect: bool = False) -> ClaimedJob:
-    return ClaimedJob(
-        id=job_id,
-        name="n",
-        args=[],
-        kwargs={},
-        queue="default",
-        priority=0,
-        attempts=1,
-        rescues=0,
-        suspect=suspect,
-    )
+    return claimed_job(job_id, name="n", suspect=suspect)
 
 
 def test_claims_are_wanted_only_while_a_slot_is_free():
@@ -123,11 +114,12 @@ def test_handing_out_wakes_one_executor_and_each_taker_wakes_the_next():
     for thread in threads:
         thread.start()
     deadline = time.monotonic() + 10
-    while len(slots.work_ready._waiters) < 3 and time.monotonic() < deadline:  # type: ignore[attr-defined]
+    # threading.Condition keeps its sleeping threads in _waiters; notify() removes one.
+    while len(slots.work_ready._waiters) < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
     with slots.lock:
         slots.hand_out_locked([job(1), job(2), job(3)])
-        assert len(slots.work_ready._waiters) == 2  # type: ignore[attr-defined]
+        assert len(slots.work_ready._waiters) == 2
     while len(taken) < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
     release.set()
@@ -185,7 +177,7 @@ def test_a_lingering_fetcher_is_woken_only_by_the_finish_that_ends_its_wait():
     waiting = threading.Thread(target=fetcher, daemon=True)
     waiting.start()
     deadline = time.monotonic() + 10
-    while not slots.fetch_needed._waiters and time.monotonic() < deadline:  # type: ignore[attr-defined]
+    while not slots.fetch_needed._waiters and time.monotonic() < deadline:
         time.sleep(0.01)
     assert slots.finish(executors[0], None)
     assert slots.finish(executors[1], None)

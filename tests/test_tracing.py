@@ -170,26 +170,14 @@ def test_without_a_configured_sdk_a_run_still_continues_its_dispatch_trace():
     (so the job's own outgoing calls propagate that trace)."""
     from django_gator import tracing
     from django_gator.rows import ClaimedJob
+    from tests.factories import claimed_job
 
     assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
     trace_id, span_id = 0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331
     parent = {"traceparent": f"00-{trace_id:032x}-{span_id:016x}-01"}
 
     def job(trace_context: dict[str, str] | None) -> ClaimedJob:
-        return ClaimedJob(
-            id=1,
-            name=Noop.name,
-            args=[],
-            kwargs={},
-            queue="default",
-            priority=0,
-            attempts=1,
-            rescues=0,
-            chain_id=None,
-            chain_position=None,
-            chain=None,
-            trace_context=trace_context,
-        )
+        return claimed_job(1, name=Noop.name, trace_context=trace_context)
 
     def current() -> trace.SpanContext:
         return trace.get_current_span().get_span_context()
