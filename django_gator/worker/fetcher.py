@@ -2,11 +2,12 @@
 success marks of finished ones, in the same round trip.
 
 One round of its loop: wait until there is something to do (a free slot, a success to
-write, a NOTIFY, a timed-out job, a stop); write the timeouts; claim up to as many jobs as
-there are free slots, writing the finished successes with the first claim; hand the jobs
-to the executors. With nothing to claim it waits: on PostgreSQL for a NOTIFY (see
-:mod:`.listener`), elsewhere polling quickly after recent work and backing off to
-``GATOR_POLL_INTERVAL``.
+write, a NOTIFY, a timed-out job, a stop); while the jobs are shorter than a claim, wait a
+little longer for the other slots (:meth:`Fetcher.linger_locked`); write the timeouts;
+claim up to as many jobs as there are free slots, writing the finished successes with the
+first claim; hand the jobs to the executors. With nothing to claim it waits: on
+PostgreSQL for a NOTIFY (see :mod:`.listener`), elsewhere polling quickly after recent work
+and backing off to ``GATOR_POLL_INTERVAL``.
 
 A burst worker exits after a round that claimed nothing with nothing running, unless due
 jobs of its queues are held back by a limit that will let them run (a concurrency slot held
