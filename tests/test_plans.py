@@ -191,6 +191,10 @@ def test_the_generic_plans_of_the_prepared_statements_use_the_indexes(kind):
     running = _history()
     jobs = Noop.dispatch_many([[] for _ in range(50)])
     after = Position({0: (jobs[0].next_execution_at, jobs[0].id)}, 1.0)
+    with connection.cursor() as cursor:
+        # The statistics of this table as it is (autovacuum would keep them so): with those
+        # of an earlier, smaller table a scan of the whole table is the cheapest plan.
+        cursor.execute("ANALYZE django_gator_job")
     actions = {
         "full": lambda: engine.claim(WORKER, "default", 10),
         "keyset": lambda: engine.claim(WORKER, "default", 10, after=after),
@@ -216,8 +220,8 @@ def test_the_generic_plans_of_the_prepared_statements_use_the_indexes(kind):
         cursor.execute("DEALLOCATE gator_generic")
         cursor.execute("RESET plan_cache_mode")
     assert "Seq Scan on django_gator_job" not in plan, plan
+    assert "django_gator_job_pkey" in plan, plan  # the UPDATE finds its rows by primary key
     if kind == "mark":
-        assert "django_gator_job_pkey" in plan, plan
         assert "gator_job_running" not in plan, plan
     else:
         assert "gator_job_ready" in plan, plan
