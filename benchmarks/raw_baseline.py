@@ -20,7 +20,8 @@ with the jobs table's recommended settings, benchmarks/soak/cluster.py):
   without the wait for the WAL flush, which on a slow disk hides everything else.
 - *drain*: ``--drain`` due no-op jobs, taken and marked done. Raw: one connection, no
   threads, no Django, ``synchronous_commit = off``: the claim statement's shape
-  (``WITH picked AS (SELECT ... FOR UPDATE SKIP LOCKED LIMIT 100) UPDATE ... RETURNING``)
+  (``WITH picked AS (SELECT ... FOR UPDATE SKIP LOCKED LIMIT 100) UPDATE ... RETURNING``,
+  through the same partial ready index)
   then the success mark's (``UPDATE ... FROM unnest(...)`` with the compare-and-set), each
   committed, ``--batch`` (100) at a time. django-gator: one burst ``gator_worker`` in this
   process with ``--concurrency`` threads running the no-op job (``gator_bench``'s drain).
@@ -106,9 +107,14 @@ def raw_drain(dsn: str, count: int, batch: int) -> float:
     """Claim ``batch`` due jobs and mark them succeeded, until none is left."""
     import psycopg
 
+    # concurrency_key IS NULL, as in django-gator's ordinary claim: the ready index
+    # (gator_job_ready) is partial on it, and without it the claim cannot use that index;
+    # it then sorts every waiting row on each claim, and the "raw" rate falls with the
+    # backlog (that was this loop until 2026-11-24).
     claim = (
         f"WITH picked AS (SELECT id FROM {TABLE} WHERE queue = %s AND state IN "
-        "('waiting', 'failed') AND next_execution_at <= statement_timestamp() "
+        "('waiting', 'failed') AND concurrency_key IS NULL "
+        "AND next_execution_at <= statement_timestamp() "
         "ORDER BY priority DESC, next_execution_at, id LIMIT %s FOR UPDATE SKIP LOCKED) "
         f"UPDATE {TABLE} AS j SET state = 'running', attempts = j.attempts + 1, "
         "reserved_by = %s, locked_at = statement_timestamp(), isolated = FALSE, "

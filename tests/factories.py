@@ -10,6 +10,9 @@ that state implies (the ``gator_job_running_is_reserved`` constraint holds for e
     JobFactory(scheduled=True)               # waiting, due in an hour
     WorkerFactory(), WorkerFactory(stale=True)
 
+``claimed_job(7)`` is a ClaimedJob as a claim hands it to the worker, without a row, for
+tests of the worker's parts that need none.
+
 Rows are written through the ORM, so they are only as valid as the model's constraints.
 """
 
@@ -23,11 +26,28 @@ from django.utils import timezone
 from factory.django import DjangoModelFactory
 
 from django_gator.models import Job, JobState, Worker
+from django_gator.rows import ClaimedJob
 
 #: The worker id the ``running``/``succeeded``/``failed``/``dead`` traits claim with.
 FACTORY_WORKER = "factory-host:1:worker"
 #: The job name rows get by default: a registered job that does nothing.
 DEFAULT_JOB_NAME = "tests.testapp.jobs.Noop"
+
+
+def claimed_job(job_id: int = 1, **fields: Any) -> ClaimedJob:
+    """A claimed job (first attempt, queue ``default``, no arguments) with ``fields`` set."""
+    values: dict[str, Any] = {
+        "id": job_id,
+        "name": DEFAULT_JOB_NAME,
+        "args": [],
+        "kwargs": {},
+        "queue": "default",
+        "priority": 0,
+        "attempts": 1,
+        "rescues": 0,
+    }
+    values.update(fields)
+    return ClaimedJob(**values)
 
 
 def error_history(attempts: int, worker: str = FACTORY_WORKER) -> list[dict[str, Any]]:

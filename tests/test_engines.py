@@ -74,6 +74,82 @@ def test_postgres_claim_uses_the_partial_ready_index():
     assert "Sort" not in plan
 
 
+@pytest.mark.skipif("connection.vendor != 'postgresql'")
+def test_postgres_claim_and_batched_mark_are_prepared_once_per_connection(settings):
+    """The claim and the batched success mark are parsed and planned once per connection
+    (server-side prepared statements), and behave the same whether prepared or not; behind
+    a transaction pooler nothing is prepared."""
+    engine = get_engine("default")
+
+    def prepared() -> list[str]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT statement FROM pg_prepared_statements")
+            return [row[0] for row in cursor.fetchall()]
+
+    def drain() -> None:
+        Echo.dispatch_many([[i] for i in range(6)])
+        for _ in range(3):  # the same statements, run again on the same connection
+            claimed = engine.claim("worker-p", "echo", 2)
+            assert len(claimed) == 2
+            marks = [(j.id, j.attempts, '"ok"') for j in claimed]
+            assert sorted(engine.mark_succeeded("worker-p", marks)) == sorted(j.id for j in claimed)
+        assert engine.claim("worker-p", "echo", 2) == []
+
+    try:
+        connection.close()
+        settings.GATOR_POOLED_DATABASES = []
+        drain()
+        statements = prepared()
+        assert len(statements) == 2, statements  # one claim, one mark, each prepared once
+        assert any("FOR UPDATE SKIP LOCKED" in s for s in statements), statements
+        assert any("unnest" in s and "succeeded" in s for s in statements), statements
+        assert connection.connection.prepare_threshold is None  # left as Django set it
+        assert Job.objects.filter(queue="echo", state=JobState.SUCCEEDED, result="ok").count() == 6
+
+        connection.close()
+        settings.GATOR_POOLED_DATABASES = ["default"]
+        drain()
+        assert prepared() == []
+    finally:
+        connection.close()
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'")
+def test_postgres_writes_the_success_marks_in_the_claim_statement():
+    """claim_and_mark() is one statement: each mark is still a compare-and-set on its
+    claim, and the marks are written even when the claim finds nothing."""
+    from django.test.utils import CaptureQueriesContext
+
+    from django_gator.engines.core import Position
+
+    engine = get_engine("default")
+    Echo.dispatch_many([[i] for i in range(5)])
+    mine = engine.claim("worker-a", "echo", 2)
+    [theirs] = engine.claim("worker-b", "echo", 1)
+    marks = [(j.id, j.attempts, '"ok"') for j in mine]
+    stale = (theirs.id, theirs.attempts, None)  # not worker-a's claim
+
+    with CaptureQueriesContext(connection) as captured:
+        claimed, written = engine.claim_and_mark("worker-a", "echo", 5, [*marks, stale])
+
+    assert len(captured.captured_queries) == 1
+    assert sorted(written) == sorted(j.id for j in mine)
+    assert len(claimed) == 2
+    assert all(j.attempts == 1 and j.args in ([3], [4]) for j in claimed)
+    states = dict(Job.objects.values_list("id", "state"))
+    assert {states[j.id] for j in mine} == {JobState.SUCCEEDED}
+    assert states[theirs.id] == JobState.RUNNING
+    assert {states[j.id] for j in claimed} == {JobState.RUNNING}
+
+    after = Position({0: (claimed[-1].next_execution_at, claimed[-1].id)}, 1.0)
+    nothing, written = engine.claim_and_mark(
+        "worker-a", "echo", 5, [(j.id, j.attempts, None) for j in claimed], after=after
+    )
+    assert nothing == []
+    assert sorted(written) == sorted(j.id for j in claimed)
+    assert Job.objects.filter(state=JobState.SUCCEEDED).count() == 4
+
+
 @pytest.mark.skipif("connection.vendor != 'mysql'")
 def test_mysql_claim_walks_the_ready_index_in_order():
     Echo.dispatch_many([[i] for i in range(50)])

@@ -18,6 +18,7 @@ from django_gator.worker.executor import Executors
 from django_gator.worker.fetcher import Fetcher
 from django_gator.worker.outcomes import Outcomes
 from django_gator.worker.slots import Slots
+from tests.factories import claimed_job
 from tests.testapp.jobs import Boom, Echo, TooSlow
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -142,3 +143,65 @@ def test_the_watchdog_fails_a_job_past_its_deadline_and_replaces_its_thread():
     row.refresh_from_db()
     assert row.state in (JobState.FAILED, JobState.DEAD)
     assert row.last_error.startswith(f"{JobTimeout.__module__}.JobTimeout: ")
+
+
+def test_a_claim_for_short_jobs_waits_for_the_slots_still_running(monkeypatch):
+    """While the jobs run for less time than a claim takes, a claim for a freed slot waits
+    (up to MAX_LINGER) for the other slots, so that one claim serves them all; a stop or a
+    NOTIFY ends the wait, and jobs longer than a claim are not waited for."""
+    from django_gator.worker import fetcher as fetcher_module
+
+    monkeypatch.setattr(fetcher_module, "MAX_LINGER", 30.0)
+    parts = Parts(concurrency=2)
+    fetcher, slots = parts.fetcher, parts.slots
+    fetcher.claim_seconds, fetcher.job_seconds = 30.0, 0.001
+    me = threading.current_thread()
+
+    def linger() -> threading.Thread:
+        def run() -> None:
+            with slots.lock:
+                fetcher.linger_locked()
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    with slots.lock:
+        slots.hand_out_locked([claimed_job(1), claimed_job(2)])
+    slots.next_job(me, lambda j: None)
+    slots.finish(me, None)  # one slot free, the other still running
+
+    waiting = linger()
+    waiting.join(0.3)
+    assert waiting.is_alive()  # waits for the running job
+    slots.next_job(me, lambda j: None)
+    slots.finish(me, None)
+    waiting.join(10)
+    assert not waiting.is_alive()  # ... and claims as soon as its slot is free too
+
+    for end in (lambda: slots.notify_fetcher(notified=True), lambda: slots.stop()):
+        slots.notified = slots.stopping = False
+        with slots.lock:
+            slots.hand_out_locked([claimed_job(3), claimed_job(4)])
+        slots.next_job(me, lambda j: None)
+        slots.finish(me, None)
+        waiting = linger()
+        waiting.join(0.3)
+        assert waiting.is_alive()
+        end()
+        waiting.join(10)
+        assert not waiting.is_alive()
+        slots.next_job(me, lambda j: None)
+        slots.finish(me, None)
+
+    fetcher.job_seconds = 60.0  # jobs longer than a claim: no wait
+    slots.notified = slots.stopping = False
+    with slots.lock:
+        slots.hand_out_locked([claimed_job(5), claimed_job(6)])
+    slots.next_job(me, lambda j: None)
+    slots.finish(me, None)
+    with slots.lock:
+        assert slots.lingers_locked()
+        started = time.monotonic()
+        fetcher.linger_locked()
+    assert time.monotonic() - started < 5

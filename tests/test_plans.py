@@ -174,3 +174,55 @@ def test_a_claim_checks_its_queue_once_per_statement_by_primary_key(kind):
             assert all("const table" in line or "'PRIMARY'" in line for line in subquery), plan
             assert any("gator_job_ready_my" in line for line in plan.splitlines()), plan
             assert "DEPENDENT" not in plan, plan
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'")
+@pytest.mark.parametrize("kind", ["full", "keyset", "mark"])
+def test_the_generic_plans_of_the_prepared_statements_use_the_indexes(kind):
+    """The claims and the batched success mark run as prepared statements, and PostgreSQL
+    may plan a prepared statement once for any parameters (a generic plan) instead of for
+    the values at hand. That plan, too, reads the ready index (the claims) or finds the
+    rows by primary key (the mark), on a table with the history of _history()."""
+    import re
+
+    from django_gator.engines.core import Position
+
+    engine = get_engine("default")
+    running = _history()
+    jobs = Noop.dispatch_many([[] for _ in range(50)])
+    after = Position({0: (jobs[0].next_execution_at, jobs[0].id)}, 1.0)
+    with connection.cursor() as cursor:
+        # The statistics of this table as it is (autovacuum would keep them so): with those
+        # of an earlier, smaller table a scan of the whole table is the cheapest plan.
+        cursor.execute("ANALYZE django_gator_job")
+    actions = {
+        "full": lambda: engine.claim(WORKER, "default", 10),
+        "keyset": lambda: engine.claim(WORKER, "default", 10, after=after),
+        "mark": lambda: engine.mark_succeeded(WORKER, [(i, a, None) for i, a in running]),
+    }
+    sent: list[tuple[str, list[object]]] = []
+
+    def record(execute, sql, params, many, context):
+        sent.append((sql, list(params)))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        actions[kind]()
+    [(sql, params)] = [(s, p) for s, p in sent if "django_gator_job" in s]
+    numbers = iter(range(1, len(params) + 1))
+    prepared = re.sub("%s", lambda _: f"${next(numbers)}", sql)
+    with connection.cursor() as cursor:
+        cursor.execute("SET plan_cache_mode = force_generic_plan")
+        cursor.execute(f"PREPARE gator_generic AS {prepared}")
+        placeholders = ", ".join(["%s"] * len(params))
+        cursor.execute(f"EXPLAIN EXECUTE gator_generic({placeholders})", params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("DEALLOCATE gator_generic")
+        cursor.execute("RESET plan_cache_mode")
+    assert "Seq Scan on django_gator_job" not in plan, plan
+    assert "django_gator_job_pkey" in plan, plan  # the UPDATE finds its rows by primary key
+    if kind == "mark":
+        assert "gator_job_running" not in plan, plan
+    else:
+        assert "gator_job_ready" in plan, plan
+        assert "One-Time Filter" in plan, plan

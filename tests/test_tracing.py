@@ -229,3 +229,26 @@ def test_without_opentelemetry_installed_jobs_dispatch_and_run():
         """
     )
     assert run_python(code).split() == ["succeeded", "None"]
+
+
+def test_without_a_configured_sdk_a_run_still_continues_its_dispatch_trace():
+    """With no tracer provider configured, the run's span is skipped when it would carry
+    nothing, but a job whose row holds a dispatch's trace context still runs inside it
+    (so the job's own outgoing calls propagate that trace)."""
+    from django_gator import tracing
+    from django_gator.rows import ClaimedJob
+    from tests.factories import claimed_job
+
+    assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    trace_id, span_id = 0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331
+    parent = {"traceparent": f"00-{trace_id:032x}-{span_id:016x}-01"}
+
+    def job(trace_context: dict[str, str] | None) -> ClaimedJob:
+        return claimed_job(1, name=Noop.name, trace_context=trace_context)
+
+    def current() -> trace.SpanContext:
+        return trace.get_current_span().get_span_context()
+
+    inside = tracing.traced_run(job(parent), current)
+    assert (inside.trace_id, inside.span_id) == (trace_id, span_id)
+    assert not tracing.traced_run(job(None), current).is_valid

@@ -252,8 +252,11 @@ def middleware() -> list[Callable[..., Any]]:
     """``GATOR_MIDDLEWARE`` resolved: each path names a callable ``(job, call_next)``, or a
     class that is instantiated once without arguments to make one."""
     global _middleware_cache
-    key = tuple(value("GATOR_MIDDLEWARE"))
     cached_key, cached = _middleware_cache
+    raw = get("GATOR_MIDDLEWARE")
+    if isinstance(raw, list | tuple) and tuple(raw) == cached_key:
+        return cached  # validated when it was cached (read on every job: kept cheap)
+    key = tuple(value("GATOR_MIDDLEWARE"))
     if cached_key == key:
         return cached
     with _middleware_lock:

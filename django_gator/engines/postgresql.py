@@ -6,9 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
+from functools import cached_property
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
+import psycopg
 from django.db import transaction
 
 from django_gator import conf
@@ -385,33 +387,99 @@ class PostgresEngine(Engine):
 
     supports_keyset = True
 
+    @contextmanager
+    def prepared_cursor(self) -> Iterator[Any]:
+        """A cursor for the worker's hot statements (the claim, the batched success mark):
+        it binds the parameters on the server and has the statement prepared on its first
+        run, so PostgreSQL parses and plans each of them once per connection instead of on
+        every claim (Django's cursors bind on the client and never prepare). Django's cursor
+        wrapper goes around it, so execute wrappers and error translation apply as to any
+        cursor. After five runs PostgreSQL may keep one generic plan for any parameters,
+        when its estimated cost is no higher than that of the plans made for the values at
+        hand (``plan_cache_mode = auto``); tests/test_plans.py checks those plans.
+
+        The ordinary cursor instead: behind a transaction pooler (``pooled``: nothing may
+        stay in a server session), and while queries are logged (DEBUG, or a test capturing
+        them), as Django reads the text of a logged query from the client-side binding."""
+        connection = self.connection
+        if self.pooled or connection.queries_logged:
+            with connection.cursor() as cursor:
+                yield cursor
+            return
+        connection.close_if_health_check_failed()
+        connection.ensure_connection()
+        connection.validate_thread_sharing()
+        with connection.wrap_database_errors:
+            raw = _PreparedCursor(connection.connection)
+        with connection.make_cursor(raw) as cursor:
+            yield cursor
+
     def claim(
         self, worker_id: str, queue: str, limit: int, after: Position | None = None
     ) -> list[ClaimedJob]:
-        if after is None:
-            picked = (
-                f"SELECT id FROM {self.job_table}"
-                f" WHERE queue = %s AND {READY_SQL} AND {UNKEYED_SQL}"
-                f" AND next_execution_at <= {self.now_sql}"
-                f" AND {self.not_paused_sql}"
-                " ORDER BY priority DESC, next_execution_at, id"
-                " LIMIT %s FOR UPDATE SKIP LOCKED"
-            )
-            params: list[Any] = [queue, queue, limit]
-        else:
-            picked, params = self._keyset_picked(queue, limit, after)
-        sql = (
-            f"WITH picked AS ({picked})"
-            f" UPDATE {self.job_table} AS j SET {claim_set_sql(self.now_sql, 'j.')}"
-            " FROM picked WHERE j.id = picked.id"
-            " RETURNING " + ", ".join(f"j.{c.strip()}" for c in JOB_COLUMNS.split(","))
-        )
-        with self.connection.cursor() as cursor:
+        picked, params = self._picked(queue, limit, after)
+        sql = f"WITH picked AS ({picked}) {self._claim_update}"
+        with self.prepared_cursor() as cursor:
             cursor.execute(sql, [*params, worker_id])
             rows = cursor.fetchall()
         jobs = [self.claimed(row) for row in rows]
         jobs.sort(key=_dequeue_order)
         return jobs
+
+    def claim_and_mark(
+        self,
+        worker_id: str,
+        queue: str,
+        limit: int,
+        succeeded: Sequence[tuple[int, int, str | None]],
+        after: Position | None = None,
+    ) -> tuple[list[ClaimedJob], list[int]]:
+        """The success marks and the claim in one statement: one round trip and one commit
+        where two statements took two. The two touch different rows (the marks running
+        ones of this worker, the claim waiting ones), each with its own compare-and-set or
+        lock, so one statement changes nothing of what each does. Marks of batch members
+        settle their batches in the mark's transaction: those go the two-statement way."""
+        if not succeeded or not limit or member_batches(succeeded, MARK_WIDTH):
+            return super().claim_and_mark(worker_id, queue, limit, succeeded, after)
+        picked, params = self._picked(queue, limit, after)
+        marks, marks_params = self.marks_sql(worker_id, succeeded)
+        sql = (
+            f"WITH marked AS ({marks}), picked AS ({picked}),"
+            f" claimed AS ({self._claim_update})"
+            " SELECT m.ids, c.* FROM (SELECT array_agg(id) AS ids FROM marked) AS m"
+            " LEFT JOIN claimed AS c ON true"
+        )
+        with self.prepared_cursor() as cursor:
+            cursor.execute(sql, [*marks_params, *params, worker_id])
+            rows = cursor.fetchall()
+        written = rows[0][0] or []
+        jobs = [self.claimed(row[1:]) for row in rows if row[1] is not None]
+        jobs.sort(key=_dequeue_order)
+        return jobs, written
+
+    def _picked(self, queue: str, limit: int, after: Position | None) -> tuple[str, list[Any]]:
+        """The SELECT of the ids a claim takes, and its parameters."""
+        if after is not None:
+            return self._keyset_picked(queue, limit, after)
+        picked = (
+            f"SELECT id FROM {self.job_table}"
+            f" WHERE queue = %s AND {READY_SQL} AND {UNKEYED_SQL}"
+            f" AND next_execution_at <= {self.now_sql}"
+            f" AND {self.not_paused_sql}"
+            " ORDER BY priority DESC, next_execution_at, id"
+            " LIMIT %s FOR UPDATE SKIP LOCKED"
+        )
+        return picked, [queue, queue, limit]
+
+    @cached_property
+    def _claim_update(self) -> str:
+        """The UPDATE of a claim, of the rows of a ``picked`` CTE; one parameter, the
+        worker id."""
+        return (
+            f"UPDATE {self.job_table} AS j SET {claim_set_sql(self.now_sql, 'j.')}"
+            " FROM picked WHERE j.id = picked.id"
+            " RETURNING " + ", ".join(f"j.{c.strip()}" for c in JOB_COLUMNS.split(","))
+        )
 
     def _keyset_picked(self, queue: str, limit: int, after: Position) -> tuple[str, list[Any]]:
         """The ids a keyset claim takes: one index range scan per priority of ``after``,
@@ -506,7 +574,7 @@ class PostgresEngine(Engine):
             return super().mark_succeeded(worker_id, done)
         sql, params = self.marks_sql(worker_id, done)
         batches = member_batches(done, MARK_WIDTH)
-        with self.write_transaction() if batches else self.connection.cursor() as cursor:
+        with self.write_transaction() if batches else self.prepared_cursor() as cursor:
             cursor.execute(sql, params)
             written = [row[0] for row in cursor.fetchall()]
             self.settle_batches(cursor, batches)
@@ -547,6 +615,28 @@ def _copy_json(values: list[str]) -> list[str]:
 def _texts(null: str) -> Callable[[list[Any]], list[str]]:
     """A converter of values to COPY text, None written as ``null``."""
     return lambda values: [_copy_text(value, null) for value in values]
+
+
+class _PreparedCursor(psycopg.Cursor[Any]):
+    """psycopg's server-binding cursor, preparing every statement it runs (see
+    PostgresEngine.prepared_cursor). Django opens its connections with psycopg's prepared
+    statements off (``prepare_threshold`` None, which makes psycopg ignore even the
+    statements it has prepared), so the threshold is lifted for this cursor's statements
+    only: the connection's other cursors are left as configured."""
+
+    def execute(
+        self, query: Any, params: Any = None, *, prepare: bool | None = None, **kwargs: Any
+    ) -> _PreparedCursor:
+        connection = self.connection
+        threshold = connection.prepare_threshold
+        if threshold is None:
+            connection.prepare_threshold = 0
+        try:
+            super().execute(query, params, prepare=True if prepare is None else prepare, **kwargs)
+        finally:
+            if threshold is None:
+                connection.prepare_threshold = None
+        return self
 
 
 def _copy_text(value: Any, null: str) -> str:

@@ -7,7 +7,7 @@ import inspect
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -116,7 +116,7 @@ def run_claimed(
     worker_id: str,
     commit: Commit | None = None,
     *,
-    watch: bool = False,
+    watch: bool | Sequence[Any] = False,
     atomic: Callable[[], AbstractContextManager[Any]] | None = None,
 ) -> Outcome:
     """:func:`_run_claimed`, in a span that continues the dispatch's trace when
@@ -130,7 +130,7 @@ def _run_claimed(
     worker_id: str,
     commit: Commit | None = None,
     *,
-    watch: bool = False,
+    watch: bool | Sequence[Any] = False,
     atomic: Callable[[], AbstractContextManager[Any]] | None = None,
 ) -> Outcome:
     """Run ``job``'s handler; never raises (a BaseException from user code is an outcome).
@@ -148,12 +148,15 @@ def _run_claimed(
     With ``watch`` (worker threads, whose connections serve job after job), every
     connection the job used is checked afterwards and restored (see :mod:`.hygiene`): a
     transaction the job left open is rolled back and the attempt fails with
-    :class:`TransactionLeftOpen`, as its uncommitted writes are gone.
+    :class:`TransactionLeftOpen`, as its uncommitted writes are gone. ``watch`` may be the
+    thread's connections (``connections.all()``), if the caller has them already.
     """
     instance: Queueable | None = None
     started = time.perf_counter()
     result_json: str | None = None
-    watcher = ConnectionWatch() if watch else None
+    watcher = None
+    if watch:
+        watcher = ConnectionWatch(None if watch is True else watch)
     raised: BaseException | None = None
     outcome: Outcome
     try:

@@ -22,15 +22,15 @@ import threading
 import time
 from collections.abc import Callable
 
-from django.db import close_old_connections, reset_queries
+from django.db import connections
 
 from django_gator.engines import ClaimedJob
 from django_gator.engines.base import Engine
 from django_gator.exceptions import JobNotRegistered, JobTimeout
 from django_gator.queueable import get_job_class
 from django_gator.worker.execution import Outcome, Success, run_claimed
+from django_gator.worker.hygiene import after_job, before_job
 from django_gator.worker.outcomes import Outcomes
-from django_gator.worker.retrier import check_health_before_use
 from django_gator.worker.slots import Finished, Slots
 
 logger = logging.getLogger("django_gator.worker")
@@ -80,18 +80,21 @@ class Executors:
     def execute(self, job: ClaimedJob) -> tuple[Outcome, float]:
         """Run the job and record its outcome (a plain success is returned ``batched``,
         for the fetcher to write)."""
-        close_old_connections()
-        check_health_before_use()
+        thread_connections = connections.all()
+        before_job(thread_connections)
         started = time.perf_counter()
         commit = functools.partial(self.outcomes.commit, job)
         try:
             outcome = run_claimed(
-                job, self.outcomes.worker_id, commit, watch=True, atomic=self.engine.atomic_job
+                job,
+                self.outcomes.worker_id,
+                commit,
+                watch=thread_connections,
+                atomic=self.engine.atomic_job,
             )
         finally:
             elapsed_ms = (time.perf_counter() - started) * 1000
-            close_old_connections()
-            reset_queries()
+            after_job(thread_connections)
         if not self.slots.still_running(threading.current_thread()):
             # The watchdog took this job over and writes its JobTimeout outcome; whatever
             # this thread ended with (often the JobTimeout raised into it) is not written.

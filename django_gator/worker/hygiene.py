@@ -23,10 +23,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 logger = logging.getLogger("django_gator.worker")
 
@@ -36,6 +37,34 @@ _SESSION_CHANGE = re.compile(
     r"PRAGMA\s+\w+\s*=|USE\s)",
     re.IGNORECASE,
 )
+
+
+def before_job(thread_connections: Sequence[BaseDatabaseWrapper]) -> None:
+    """Before a job, on each of the thread's connections (``connections.all()``): Django's
+    ``close_old_connections()`` (a connection past its age or found broken is closed),
+    then the health check armed for the job's first use of the ones kept open.
+
+    An executor keeps its connections between jobs, and the server may have closed one
+    meanwhile (a restart, a killed backend, an idle timeout). Without the check, the job's
+    first query would fail and the job with it, for a fault that is not its own; with it,
+    Django reconnects first. It is Django's CONN_HEALTH_CHECKS, switched on for the
+    connections a worker keeps open; a job that never touches the database pays nothing.
+    One pass over the connections, on the path of every job."""
+    for connection in thread_connections:
+        connection.close_if_unusable_or_obsolete()
+        if connection.connection is not None:
+            # Attributes of Django's BaseDatabaseWrapper that django-stubs does not declare.
+            connection.health_check_enabled = True  # type: ignore[attr-defined]
+            connection.health_check_done = False  # type: ignore[attr-defined]
+
+
+def after_job(thread_connections: Sequence[BaseDatabaseWrapper]) -> None:
+    """After a job, on each of the thread's connections: Django's
+    ``close_old_connections()`` and ``reset_queries()`` (with DEBUG on, the log of the
+    job's queries would otherwise grow job after job), in one pass."""
+    for connection in thread_connections:
+        connection.close_if_unusable_or_obsolete()
+        connection.queries_log.clear()
 
 
 class _Used:
@@ -62,13 +91,16 @@ class ConnectionWatch:
     On the hot path of every job: entering and leaving cost one list append and removal
     per database alias, and a job that ran no query is passed over without a look."""
 
-    __slots__ = ("_watched",)
+    __slots__ = ("_connections", "_watched")
 
-    def __init__(self) -> None:
+    def __init__(self, watched: Sequence[BaseDatabaseWrapper] | None = None) -> None:
+        """``watched``: the thread's connections (``connections.all()``), if the caller
+        has the list already."""
+        self._connections = watched
         self._watched: list[tuple[Any, _Used]] = []
 
     def __enter__(self) -> ConnectionWatch:
-        for connection in connections.all():
+        for connection in connections.all() if self._connections is None else self._connections:
             used = _Used()
             # What connection.execute_wrapper() does, without a generator per job.
             connection.execute_wrappers.append(used)

@@ -83,19 +83,3 @@ def drop_connection(alias: str) -> None:
         connection.close()
     except Exception:
         logger.debug("closing a broken connection failed", exc_info=True)
-
-
-def check_health_before_use() -> None:
-    """Have this thread's open connections checked (one ``SELECT 1``) when the job first
-    uses them.
-
-    An executor keeps its connections between jobs, and the server may have closed one
-    meanwhile (a restart, a killed backend, an idle timeout). Without the check, the job's
-    first query would fail and the job with it, for a fault that is not its own; with it,
-    Django reconnects first. It is Django's CONN_HEALTH_CHECKS, switched on for the
-    connections a worker keeps open; a job that never touches the database pays nothing."""
-    for connection in connections.all(initialized_only=True):
-        if connection.connection is not None:
-            # Attributes of Django's BaseDatabaseWrapper that django-stubs does not declare.
-            connection.health_check_enabled = True  # type: ignore[attr-defined]
-            connection.health_check_done = False  # type: ignore[attr-defined]

@@ -77,6 +77,7 @@ class Slots:
         self.retired: set[threading.Thread] = set()  # executors whose job timed out
         self.in_flight = 0  # claimed and not finished: pending + suspects + running
         self.notified = False  # a NOTIFY came for one of our queues
+        self.lingering = False  # the fetcher waits for fuller slots (see lingers_locked)
         self.stopping = False  # no more claims
         self.closing = False  # executors exit once nothing is pending
         self.forced = False  # running jobs are not waited for
@@ -117,6 +118,20 @@ class Slots:
             suspect=self.suspects.popleft() if self.may_isolate_locked() else None,
         )
 
+    def lingers_locked(self) -> bool:
+        """Whether a claim now would leave executor slots empty that jobs still running here
+        are about to free, and nothing else asks for the fetcher: no stop, no NOTIFY of a
+        new job (claimed at once), no timed-out job, no suspect held or running."""
+        return (
+            self.in_flight > 0
+            and self.free_locked() > 0
+            and not self.stopping
+            and not self.notified
+            and not self.timed_out
+            and not self.suspects
+            and self.isolated is None
+        )
+
     def holding_locked(self) -> bool:
         """Whether claims wait for a suspect: one is held while other jobs still run, or
         one runs alone. False once a held suspect may start, so the fetcher wakes to
@@ -143,7 +158,10 @@ class Slots:
         held = [job for job in jobs if job.suspect]
         self.suspects.extend(held)
         self.pending.extend(ordinary)
-        self.work_ready.notify(len(ordinary))
+        if ordinary:
+            # One executor is woken; each that takes a job wakes the next while jobs are
+            # left (see next_job), so short jobs are run by the threads already awake.
+            self.work_ready.notify()
         return held
 
     def hold_again(self, suspect: ClaimedJob) -> None:
@@ -203,6 +221,8 @@ class Slots:
             if not self.pending:
                 return None
             job = self.pending.popleft()
+            if self.pending:
+                self.work_ready.notify()  # the next job for another executor
             self.running[thread] = Running(job, thread, deadline(job))
             return job
 
@@ -224,8 +244,14 @@ class Slots:
             self.processed += 1
             if finished is not None:
                 self.succeeded.append(finished)
-            self.fetch_needed.notify()
+            self.wake_fetcher_locked()
             return True
+
+    def wake_fetcher_locked(self) -> None:
+        """A job finished: wake the fetcher, unless it lingers for more slots and this one
+        does not end its wait (the last running job does; the wait has a timeout)."""
+        if not self.lingering or not self.lingers_locked():
+            self.fetch_needed.notify()
 
     def finish_async(self, job: ClaimedJob, finished: Finished | None) -> ClaimedJob | None:
         """The event loop is done with ``job`` (its outcome written, or ``finished``, a
@@ -239,7 +265,7 @@ class Slots:
             self.processed += 1
             if finished is not None:
                 self.succeeded.append(finished)
-            self.fetch_needed.notify()
+            self.wake_fetcher_locked()
             if not aio.waiting:
                 return None
             following = aio.waiting.popleft()
