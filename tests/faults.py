@@ -14,6 +14,7 @@ wraps public engine methods, in test processes that ask for it.
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import signal
 import sys
@@ -62,14 +63,26 @@ def install(fault: str) -> None:
         raise ValueError(f"unknown GATOR_TEST_FAULT {fault!r}; known: {', '.join(FAULTS)}")
     from django_gator.engines.base import Engine
 
+    for module in ("postgresql", "mysql", "sqlite"):
+        importlib.import_module(f"django_gator.engines.{module}")
+
+    def classes(cls: type) -> list[type]:
+        return [cls] + [c for sub in cls.__subclasses__() for c in classes(sub)]
+
     def wrap(name: str, around: Callable[..., Any]) -> None:
-        original = getattr(Engine, name)
+        # Engine (whatever base it inherits the method from), and every engine class that
+        # defines its own version (PostgreSQL's claim_and_mark), which must meet the fault
+        # too.
+        for cls in classes(Engine):
+            if cls is not Engine and name not in vars(cls):
+                continue
+            original = getattr(Engine, name) if cls is Engine else vars(cls)[name]
 
-        @functools.wraps(original)
-        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return around(original, self, *args, **kwargs)
+            @functools.wraps(original)
+            def wrapper(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+                return around(_original, self, *args, **kwargs)
 
-        setattr(Engine, name, wrapper)
+            setattr(cls, name, wrapper)
 
     def marks_in(name: str, args: tuple[Any, ...]) -> bool:
         # claim_and_mark(worker, queue, limit, succeeded) / mark_succeeded(worker, done) /
