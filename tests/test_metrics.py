@@ -364,8 +364,10 @@ def test_each_part_of_the_queue_figures_statement_reads_an_index():
     sql = get_engine("default").queue_gauges_sql()
     plan = explain(sql)
     if connection.vendor == "postgresql":
-        scans = _pg_job_scans(sql)
-        assert sorted(scan["Index Name"] for scan in scans) == sorted(GAUGE_INDEXES), plan
+        scans = _pg_job_scans(sql)  # none of them a Seq Scan
+        # One index read per part. Which index serves the dead part (its own partial one,
+        # or another entered by the state) is the planner's choice by the statistics.
+        assert len(scans) == len(GAUGE_INDEXES), plan
         for scan in scans:
             # A partial index holds only the rows of its states; another index must be
             # entered by a condition (on the state).

@@ -13,7 +13,7 @@ import pytest
 from django.db import transaction
 
 from django_gator import Chain, Workflow
-from django_gator.models import Job, JobState, WorkflowRun, WorkflowStep
+from django_gator.models import Job, JobState, Worker, WorkflowRun, WorkflowStep
 from django_gator.states import StepState
 from tests.conftest import run_worker, wait_for, worker_output
 from tests.testapp.jobs import DagStep, Noop, WorkflowFailed
@@ -297,8 +297,11 @@ def test_a_random_dag_of_50_steps_with_real_workers(spawn_worker):
         fail_until = 99 if node == dead else (1 if node in flaky else 0)
         after = [steps[p] for p in parents]
         steps.append(wf.add(DagStep, node, fail_until=fail_until, after=after))
-    run = wf.dispatch()
     workers = [spawn_worker("--concurrency", "4") for _ in range(3)]
+    # All three ready before the graph is: the first one up would otherwise take every
+    # step of this small graph on a loaded machine, where the others start seconds later.
+    wait_for(lambda: Worker.objects.count() == 3, timeout=60)
+    run = wf.dispatch()
 
     def settled() -> bool:
         states = WorkflowStep.objects.filter(workflow=run).values_list("state", flat=True)
