@@ -41,12 +41,16 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django_gator.engines.base import JOB_COLUMNS, KEYED_SQL, UNKEYED_SQL, ClaimedJob
-from django_gator.engines.postgresql import PostgresEngine
 from django_gator.models import FlowStart
 from django_gator.states import READY_SQL, RUNNING_SQL, claim_set_sql
+
+if TYPE_CHECKING:
+    # Only a type here: importing the PostgreSQL engine imports psycopg, which a project
+    # on SQLite or MariaDB need not have installed.
+    from django_gator.engines.postgresql import PostgresEngine
 
 #: No limit, as an SQL integer.
 NO_LIMIT = 2_147_483_647
