@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, cast
 
 from django_gator.engines.base import MARK_WIDTH, ClaimedJob, Engine
 from django_gator.engines.flow_postgresql import ClassRow, OneTripClaim, Request, usable
@@ -35,10 +36,12 @@ from django_gator.engines.flow_walk import (
     Policy,
     logger,
 )
-from django_gator.engines.postgresql import PostgresEngine
 from django_gator.limits import parse_rate
 from django_gator.models import Queue
 from django_gator.registry import registered_jobs
+
+if TYPE_CHECKING:
+    from django_gator.engines.postgresql import PostgresEngine
 
 __all__ = ["ClassLimits", "FlowClaims", "Policy"]
 
@@ -56,7 +59,10 @@ class FlowClaims(FlowWalk):
         super().__init__(engine)
         #: PostgreSQL: the claim in one round trip (engines/flow_postgresql.py).
         self.one_trip = (
-            OneTripClaim(engine, KEYSET_LOOKBACK) if isinstance(engine, PostgresEngine) else None
+            # By vendor, not by class: importing the PostgreSQL engine imports psycopg.
+            OneTripClaim(cast("PostgresEngine", engine), KEYSET_LOOKBACK)
+            if engine.vendor == "postgresql"
+            else None
         )
         self._usable: bool | None = None
         #: The registered classes with limits, with the registry's size and the policy
