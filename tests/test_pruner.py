@@ -12,12 +12,13 @@ from django.db import connections
 from django.utils import timezone
 
 from django_gator.engines import get_engine
-from django_gator.models import Job, Lease
+from django_gator.engines.flow import key_scope, queue_scope
+from django_gator.models import FlowStart, Job, Lease, Queue
 from django_gator.worker.pruner import Pruner
 from django_gator.worker.supervisor import WorkerProcess
 from tests.conftest import wait_for
 from tests.factories import JobFactory
-from tests.testapp.jobs import Noop
+from tests.testapp.jobs import Noop, RatedSpan
 
 
 def db_now():
@@ -88,6 +89,41 @@ def test_a_pass_deletes_old_succeeded_and_cancelled_jobs_in_batches_and_nothing_
     assert pruner.prune_once() == 0
     # Another worker gets no pass while the lease is held.
     assert Pruner(get_engine("default"), "pruner-2").prune_once() is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pass_empties_the_rate_ledger_of_scopes_no_claim_comes_back_to(settings):
+    # The limited claim deletes a scope's rows that left its window only when it starts
+    # another job of that scope: the rows of a key that went quiet stayed for ever, so the
+    # ledger grew with every key ever used (found by the soak, whose accounts come and go).
+    settings.GATOR_PRUNE_BATCH_SIZE = 2
+    settings.GATOR_PRUNE_PAUSE = 0
+    Queue.objects.set_limits("spans", concurrency=None, rate_limit="3/m", by="ops")
+    now = db_now()
+
+    def ledger(scope: str, *ages: float) -> list[FlowStart]:
+        return [
+            FlowStart.objects.create(scope=scope, started_at=now - timedelta(seconds=age))
+            for age in ages
+        ]
+
+    rated = key_scope(RatedSpan.name, "account-that-left")  # 5/s per key
+    gone = [
+        *ledger(rated, 30, 40, 50),
+        *ledger(queue_scope("spans"), 61, 120),
+        *ledger("job:a.class.no.longer.limited|k", 3601, 7200),
+    ]
+    kept = [
+        *ledger(rated, -30),  # a start the clock puts ahead (no window has passed it)
+        *ledger(queue_scope("spans"), 5),
+        *ledger("job:a.class.no.longer.limited|k", 1800),  # within the longest window
+        *ledger(queue_scope("a-queue-without-a-rate"), 600),
+    ]
+    pruner = Pruner(get_engine("default"), "pruner-1")
+    assert pruner.prune_once() == 0  # jobs deleted: none
+    assert pruner.ledger_deleted == len(gone)
+    assert set(FlowStart.objects.values_list("id", flat=True)) == {row.id for row in kept}
+    assert pruner.prune_flow_starts() == 0
 
 
 @pytest.mark.django_db(transaction=True)

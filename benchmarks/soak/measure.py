@@ -257,7 +257,11 @@ def finished_between(cursor: Any, start: Any, end: Any) -> dict[str, int]:
 
 
 def succeeded_total(cursor: Any) -> int:
-    cursor.execute("SELECT count(*) FROM django_gator_job WHERE state = 'succeeded'")
+    """Jobs succeeded so far: those in the table and those the pruner deleted."""
+    cursor.execute(
+        "SELECT (SELECT count(*) FROM django_gator_job WHERE state = 'succeeded') + "
+        "COALESCE((SELECT sum(count) FROM gator_soak_deletedjobs WHERE state = 'succeeded'), 0)"
+    )
     return int(cursor.fetchone()[0])
 
 

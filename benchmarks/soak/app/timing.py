@@ -41,6 +41,8 @@ def kind_of(sql: str) -> str | None:
         return "queues"
     if "SET heartbeat_at" in sql:
         return "heartbeat"
+    if sql.startswith("SELECT paused, concurrency, rate_limit"):
+        return "flow_lock"  # the limited claim's lock of its queue's row (waits included)
     return None
 
 
