@@ -11,14 +11,16 @@ import pytest
 from django.db import connections
 from django.utils import timezone
 
+from django_gator import Batch
 from django_gator.engines import get_engine
 from django_gator.engines.flow import key_scope, queue_scope
 from django_gator.models import FlowStart, Job, Lease, Queue
+from django_gator.testing import run_jobs
 from django_gator.worker.pruner import Pruner
 from django_gator.worker.supervisor import WorkerProcess
 from tests.conftest import wait_for
 from tests.factories import JobFactory
-from tests.testapp.jobs import Noop, RatedSpan
+from tests.testapp.jobs import BatchCompleted, BatchSucceeded, Noop, RatedSpan, Record
 
 
 def db_now():
@@ -124,6 +126,34 @@ def test_a_pass_empties_the_rate_ledger_of_scopes_no_claim_comes_back_to(setting
     assert pruner.ledger_deleted == len(gone)
     assert set(FlowStart.objects.values_list("id", flat=True)) == {row.id for row in kept}
     assert pruner.prune_flow_starts() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_members_of_a_batch_that_has_not_completed_are_kept_until_it_completes(settings):
+    # A cancelled member deleted before its batch completed let on_success run at the
+    # completion, as if every member had succeeded.
+    settings.GATOR_PRUNE_SUCCEEDED_AFTER = 0
+    settings.GATOR_PRUNE_CANCELLED_AFTER = 0
+    settings.GATOR_PRUNE_PAUSE = 0
+    with Batch(on_success=BatchSucceeded, on_complete=BatchCompleted) as batch:
+        cancelled = Record.dispatch("cancelled")
+        Record.dispatch("ran")
+        Record.dispatch("later", wait=3600)
+    assert cancelled.cancel()
+    run_jobs()  # "ran" succeeds; "later" is not due
+    outsider = finished("succeeded", 60)[0]
+    pruner = Pruner(get_engine("default"), "pruner-1")
+    assert pruner.prune_once() == 1  # the job outside the batch
+    assert not Job.objects.filter(pk=outsider.pk).exists()
+    assert Job.objects.filter(batch_id=batch.pk).count() == 3
+
+    run_jobs(advance=7200)  # the last member: the batch completes
+    callbacks = Job.objects.filter(name__in=[BatchSucceeded.name, BatchCompleted.name])
+    assert list(callbacks.values_list("name", flat=True)) == [BatchCompleted.name]
+    run_jobs()
+    # Completed: its members go as any finished job (and its callback, which ran).
+    assert pruner.prune_once() == 4
+    assert not Job.objects.exists()
 
 
 @pytest.mark.django_db(transaction=True)

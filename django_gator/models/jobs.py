@@ -82,6 +82,17 @@ def _reopen_batches(jobs: JobQuerySet) -> None:
 FINAL = tuple(state.value for state in FINAL_STATES)
 
 
+def _in_an_open_batch() -> models.Exists:
+    """The job is a member of a batch that has not completed (yet, or again)."""
+    from django_gator.models.batches import Batch  # that module imports this one
+
+    return models.Exists(
+        Batch.objects.filter(
+            pk=models.OuterRef("batch_id"), completed_generation__lt=models.F("generation")
+        )
+    )
+
+
 class JobQuerySet(models.QuerySet["Job"]):
     def ready(self) -> JobQuerySet:
         """Jobs a worker may claim now: due, and not in a paused queue."""
@@ -128,6 +139,11 @@ class JobQuerySet(models.QuerySet["Job"]):
             )
         )
 
+    def prunable(self) -> JobQuerySet:
+        """The jobs of this queryset that :meth:`prune` deletes: the finished ones, but
+        members of a batch that has not completed."""
+        return self.finished().filter(~_in_an_open_batch())
+
     def prune(
         self,
         *,
@@ -139,10 +155,14 @@ class JobQuerySet(models.QuerySet["Job"]):
         one), the oldest ``finished_at`` first, ``batch_size`` rows per short transaction so
         workers are never held up; a row that changed between the read of a batch and its
         delete (a retried job) stays. ``progress`` is called with each batch's count. Stops
-        when a batch comes back short (nothing left) or after ``max_batches`` batches."""
+        when a batch comes back short (nothing left) or after ``max_batches`` batches.
+
+        Members of a batch that has not completed are kept until it completes: whether
+        its ``on_success`` runs is decided then, from its members' rows (a cancelled or
+        dead member deleted before would let it run)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size!r}")
-        old = self.finished()
+        old = self.prunable()
         alias = old.db
         # SQLite limits the parameters of one statement; a few more go to the state filters.
         limit = connections[alias].features.max_query_params
