@@ -89,10 +89,14 @@ def draw(document: dict[str, Any], path: Path) -> None:
 
     ax = axes[2][1]
     ax.plot(x, [m["table"]["rows"] / 1000 for m in minutes], label="rows", color="tab:brown")
+    postgresql = "history_list_length" not in (minutes[0]["table"] if minutes else {})
     ax.plot(
         x,
-        [(m["table"].get("n_dead_tup") or 0) / 1000 for m in minutes],
-        label="dead tuples (n_dead_tup)",
+        [
+            (m["table"].get("n_dead_tup" if postgresql else "history_list_length") or 0) / 1000
+            for m in minutes
+        ],
+        label="dead tuples (n_dead_tup)" if postgresql else "InnoDB history list (purge backlog)",
         color="black",
     )
     vacuums = [

@@ -550,6 +550,8 @@ class Soak:
         due, age = measure.backlog(cursor)
         state["backlog"].append((due, age))
         state["horizon"].append(measure.horizon(cursor))
+        if connection.vendor != "postgresql":
+            return  # EXPLAIN (ANALYZE, BUFFERS) is PostgreSQL's
         results = {
             "claim": measure.probe_claim(connection, self.engine, "soak"),
             "mark": measure.probe_mark(connection, self.engine, 8),
@@ -622,7 +624,7 @@ class Soak:
             finished = measure.finished_between(cursor, start, end)
             table = measure.table_stats(cursor)
             pgss = measure.pgss_snapshot(cursor) if self.cluster else {}
-            extra = features.tables(cursor, self.stale_after())
+            extra = features.tables(cursor, self.stale_after(), self.engine.now_sql)
         scrapes = [features.scrape(port) for port in self.metrics_ports]
         cpu_now = self.cpu.seconds()
         cpu = {
@@ -670,7 +672,7 @@ class Soak:
             # Open database connections by role at the minute's end (a leak would show).
             "backends": dict(Counter(role for _, role in roles)),
             "worker_db_cpu_us_per_job": (
-                round(cpu.get("worker", 0.0) * 1e6 / jobs) if jobs else None
+                round(cpu.get("worker", 0.0) * 1e6 / jobs) if jobs and roles else None
             ),
             "host": {
                 "cpu_busy_pct": round(100 * (busy1 - busy0) / max(total1 - total0, 1), 1),

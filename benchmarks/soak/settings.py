@@ -23,6 +23,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 DATABASES = {"default": environ.Env().db_url_config(os.environ["DATABASE_URL"])}
 # Named connections, so that the harness can tell the workers' database backends (and
 # their CPU time) from its own in pg_stat_activity.
+if "mysql" in DATABASES["default"]["ENGINE"]:
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("charset", "utf8mb4")
 if "postgresql" in DATABASES["default"]["ENGINE"]:
     DATABASES["default"].setdefault("OPTIONS", {})["application_name"] = (
         f"gator-soak-{os.environ.get('GATOR_SOAK_ROLE', 'harness')}"

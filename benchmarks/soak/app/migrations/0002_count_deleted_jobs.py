@@ -44,8 +44,11 @@ def _run(schema_editor: Any, statements: dict[str, list[str]]) -> None:
     vendor = schema_editor.connection.vendor
     if vendor not in statements:
         raise RuntimeError(f"the soak's deleted-jobs trigger has no {vendor!r} version")
-    for sql in statements[vendor]:
-        schema_editor.execute(sql)
+    # A cursor of its own: MySQL's schema editor refuses DDL inside the migration's
+    # transaction (a CREATE TRIGGER there commits it).
+    with schema_editor.connection.cursor() as cursor:
+        for sql in statements[vendor]:
+            cursor.execute(sql)
 
 
 def create(apps: Any, schema_editor: Any) -> None:
