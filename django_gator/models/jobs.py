@@ -84,10 +84,10 @@ FINAL = tuple(state.value for state in FINAL_STATES)
 
 def _in_an_open_batch() -> models.Exists:
     """The job is a member of a batch that has not completed (yet, or again)."""
-    from django_gator.models.batches import Batch  # that module imports this one
-
+    # Batch through the app registry: its module imports this one.
+    batch = Job._meta.apps.get_model("django_gator", "Batch")
     return models.Exists(
-        Batch.objects.filter(
+        batch.objects.filter(
             pk=models.OuterRef("batch_id"), completed_generation__lt=models.F("generation")
         )
     )
