@@ -193,6 +193,14 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-metrics", action="store_true", help="workers without --metrics-port")
     p.add_argument(
+        "--census",
+        type=duration,
+        default=0.0,
+        metavar="SECONDS",
+        help="each worker counts its objects by type every SECONDS (app/census.py); the "
+        "report names the types that grew after the first ten minutes (default: off)",
+    )
+    p.add_argument(
         "--drain-timeout",
         type=duration,
         default=300.0,
@@ -252,6 +260,7 @@ class Soak:
             if self.prune_after is None
             else f"{self.prune_after:g}",
             "GATOR_SOAK_PRUNE_INTERVAL": f"{self.args.prune_interval:g}",
+            "GATOR_SOAK_CENSUS": f"{self.args.census:g}" if self.args.census else "",
         }
 
     def spawn(self, index: int) -> subprocess.Popen[bytes]:
@@ -805,6 +814,13 @@ class Soak:
         )
         if not self.long_tx:
             self.checks += features.check_minutes(self.minutes, summary, self.row_bound())
+        if self.args.census:
+            from benchmarks.soak.app.census import growth
+
+            summary["census"] = {
+                path.name: growth(path, after=600)
+                for path in sorted(self.timing_dir.glob("census-*.jsonl"))
+            }
         summary["checks"] = [c.as_dict() for c in self.checks]
         self.summary = summary
         self.write(partial=False)
@@ -912,6 +928,7 @@ def print_summary(summary: dict[str, Any]) -> None:
         "drained_after_stop_s",
         "worker_exit_codes",
         "window_ratio_last_first",
+        "census",
     ):
         if key in summary:
             print(f"  {key}: {summary[key]}")
