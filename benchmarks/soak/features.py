@@ -25,6 +25,7 @@ import re
 import time
 import urllib.request
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -271,11 +272,7 @@ def outcome_counts(cursor: Any) -> dict[str, dict[str, dict[str, int]]]:
 
 def check_outcomes(expected: Counter[str], counts: dict[str, Any]) -> list[Check]:
     checks = []
-    active = {
-        name: {s: n for s, n in c["live"].items() if s in ACTIVE_STATES}
-        for name, c in counts.items()
-    }
-    active = {name: states for name, states in active.items() if states}
+    active = _rows_in(counts, "live", lambda state: state in ACTIVE_STATES)
     checks.append(
         Check(
             "no job left waiting, failed or running",
@@ -283,11 +280,7 @@ def check_outcomes(expected: Counter[str], counts: dict[str, Any]) -> list[Check
             f"left: {active}" if active else "0 rows in waiting, failed or running",
         )
     )
-    deleted_active = {
-        name: {s: n for s, n in c["deleted"].items() if s not in FINISHED_STATES}
-        for name, c in counts.items()
-    }
-    deleted_active = {name: states for name, states in deleted_active.items() if states}
+    deleted_active = _rows_in(counts, "deleted", lambda state: state not in FINISHED_STATES)
     checks.append(
         Check(
             "no row deleted before it ended",
@@ -313,6 +306,19 @@ def check_outcomes(expected: Counter[str], counts: dict[str, Any]) -> list[Check
         )
     checks.append(Check("every dispatched job finished, once, as expected", ok, "\n".join(lines)))
     return checks
+
+
+def _rows_in(
+    counts: dict[str, Any], part: str, wanted: Callable[[str], bool]
+) -> dict[str, dict[str, int]]:
+    """job name -> {state: rows} of ``counts[name][part]`` in the ``wanted`` states (the
+    names with none left out)."""
+    out = {}
+    for name, c in counts.items():
+        states = {state: n for state, n in c[part].items() if wanted(state)}
+        if states:
+            out[name] = states
+    return out
 
 
 def check_metrics(

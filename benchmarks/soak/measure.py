@@ -212,9 +212,7 @@ def table_stats(cursor: Any) -> dict[str, Any]:
     stats: dict[str, Any] = dict(zip(names, row, strict=True)) if row else {}
     if stats.get("last_autovacuum") is not None:
         stats["last_autovacuum"] = stats["last_autovacuum"].isoformat()
-    cursor.execute("SELECT state, count(*) FROM django_gator_job GROUP BY state")
-    stats["by_state"] = dict(cursor.fetchall())
-    stats["rows"] = sum(stats["by_state"].values())
+    stats.update(_rows(cursor))
     cursor.execute(
         "SELECT c.relname, pg_relation_size(c.oid) FROM pg_class c WHERE c.oid = %s::regclass "
         "OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = %s::regclass)",
@@ -226,13 +224,17 @@ def table_stats(cursor: Any) -> dict[str, Any]:
     return stats
 
 
+def _rows(cursor: Any) -> dict[str, Any]:
+    """The jobs table's rows, by state and in all."""
+    cursor.execute("SELECT state, count(*) FROM django_gator_job GROUP BY state")
+    by_state = dict(cursor.fetchall())
+    return {"by_state": by_state, "rows": sum(by_state.values())}
+
+
 def _table_stats_mysql(cursor: Any) -> dict[str, Any]:
     """Rows by state, sizes, and InnoDB's history list length: the undo records purge has
     not removed yet (MariaDB's counterpart of dead tuples), in ``n_dead_tup``'s place."""
-    stats: dict[str, Any] = {}
-    cursor.execute("SELECT state, count(*) FROM django_gator_job GROUP BY state")
-    stats["by_state"] = dict(cursor.fetchall())
-    stats["rows"] = sum(stats["by_state"].values())
+    stats: dict[str, Any] = _rows(cursor)
     cursor.execute(
         "SELECT data_length, index_length FROM information_schema.TABLES "
         "WHERE table_schema = DATABASE() AND table_name = %s",
@@ -252,18 +254,15 @@ def _table_stats_mysql(cursor: Any) -> dict[str, Any]:
 
 def backlog(cursor: Any) -> tuple[int, float]:
     """(jobs due and waiting, age in seconds of the oldest of them)."""
-    if not postgresql(cursor):
-        cursor.execute(
-            "SELECT count(*), TIMESTAMPDIFF(MICROSECOND, min(next_execution_at), "
-            "UTC_TIMESTAMP(6)) / 1e6 FROM django_gator_job WHERE state IN ('waiting', 'failed') "
-            "AND next_execution_at <= UTC_TIMESTAMP(6)"
-        )
-        count, age = cursor.fetchone()
-        return int(count), float(age or 0.0)
+    if postgresql(cursor):
+        now = "statement_timestamp()"
+        age = f"EXTRACT(EPOCH FROM {now} - min(next_execution_at))"
+    else:
+        now = "UTC_TIMESTAMP(6)"
+        age = f"TIMESTAMPDIFF(MICROSECOND, min(next_execution_at), {now}) / 1e6"
     cursor.execute(
-        "SELECT count(*), EXTRACT(EPOCH FROM statement_timestamp() - min(next_execution_at)) "
-        "FROM django_gator_job WHERE state IN ('waiting', 'failed') "
-        "AND next_execution_at <= statement_timestamp()"
+        f"SELECT count(*), {age} FROM django_gator_job WHERE state IN ('waiting', 'failed') "
+        f"AND next_execution_at <= {now}"
     )
     count, age = cursor.fetchone()
     return int(count), float(age or 0.0)

@@ -147,41 +147,33 @@ class SoakSnooze(Queueable):
             raise Snooze(1.0)
 
 
-class SoakMember(Queueable):
+class SoakMember(SoakOk):
     """A member of a batch (a short job that succeeds)."""
 
     name = "soak.member"
+
+
+class SoakBatchCallback(Queueable, abstract=True):
+    """A batch's callback: its ledger row commits with its success mark."""
+
     queue = QUEUE
+    atomic = True
+    callback = ""
 
-    def handle(self, ms: float = 0.0) -> None:
-        if ms:
-            time.sleep(ms / 1000)
+    def handle(self, batch_id: int) -> None:
+        CallbackRun.objects.create(
+            batch_id=batch_id, callback=self.callback, job_id=self.job_id or 0, ran_at=time.time()
+        )
 
 
-class SoakBatchComplete(Queueable):
-    """A batch's on_complete: its ledger row commits with its success mark."""
-
+class SoakBatchComplete(SoakBatchCallback):
     name = "soak.batch_complete"
-    queue = QUEUE
-    atomic = True
-
-    def handle(self, batch_id: int) -> None:
-        CallbackRun.objects.create(
-            batch_id=batch_id, callback="complete", job_id=self.job_id or 0, ran_at=time.time()
-        )
+    callback = "complete"
 
 
-class SoakBatchSuccess(Queueable):
-    """A batch's on_success: its ledger row commits with its success mark."""
-
+class SoakBatchSuccess(SoakBatchCallback):
     name = "soak.batch_success"
-    queue = QUEUE
-    atomic = True
-
-    def handle(self, batch_id: int) -> None:
-        CallbackRun.objects.create(
-            batch_id=batch_id, callback="success", job_id=self.job_id or 0, ran_at=time.time()
-        )
+    callback = "success"
 
 
 class SoakStep(Queueable):
