@@ -201,6 +201,12 @@ def parser() -> argparse.ArgumentParser:
         "report names the types that grew after the first ten minutes (default: off)",
     )
     p.add_argument(
+        "--census-trace",
+        action="store_true",
+        help="with --census: tracemalloc in the workers, and the source lines whose "
+        "allocations grew (slows the workers)",
+    )
+    p.add_argument(
         "--drain-timeout",
         type=duration,
         default=300.0,
@@ -261,6 +267,7 @@ class Soak:
             else f"{self.prune_after:g}",
             "GATOR_SOAK_PRUNE_INTERVAL": f"{self.args.prune_interval:g}",
             "GATOR_SOAK_CENSUS": f"{self.args.census:g}" if self.args.census else "",
+            "GATOR_SOAK_CENSUS_TRACE": "1" if self.args.census_trace else "",
         }
 
     def spawn(self, index: int) -> subprocess.Popen[bytes]:

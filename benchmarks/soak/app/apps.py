@@ -21,4 +21,5 @@ class SoakConfig(AppConfig):
         if directory and census:
             from benchmarks.soak.app import census as census_module
 
-            census_module.install(directory, float(census))
+            trace = os.environ.get("GATOR_SOAK_CENSUS_TRACE") == "1"
+            census_module.install(directory, float(census), trace)
