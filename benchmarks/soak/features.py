@@ -27,6 +27,7 @@ import urllib.request
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 #: The state every job of a kind ends in (the mix is deterministic about that).
@@ -512,12 +513,17 @@ def check_limits(key_limit: int, queue_limit: int, rate: tuple[int, int]) -> lis
         )
     )
     starts, window = rate
-    exceeded, reached = [], 0
+    exceeded: list[str] = []
+    reached = 0
     for scope in key_scopes:
         times = sorted(claims[scope])
         for i in range(len(times) - starts):
             if times[i + starts] - times[i] < window:
-                exceeded.append(scope)
+                first = datetime.fromtimestamp(times[i], UTC).isoformat(timespec="milliseconds")
+                exceeded.append(
+                    f"{scope}: {starts + 1} claims from {first} in "
+                    f"{times[i + starts] - times[i]:.3f} s"
+                )
                 break
         reached += sum(
             1 for i in range(len(times) - starts + 1) if times[i + starts - 1] - times[i] < window
