@@ -485,8 +485,21 @@ def check_limits(key_limit: int, queue_limit: int, rate: tuple[int, int]) -> lis
         by_scope[scope].append((started, ended))
         if claimed_at is not None:
             claims[scope].append(claimed_at.timestamp())
-    checks = []
+    checks: list[Check] = []
     key_scopes = [s for s in by_scope if s.startswith("key:")]
+    queue_scopes = [s for s in by_scope if s.startswith("queue:")]
+    if queue_scopes:
+        qmost, qseconds = _max_overlap([i for s in queue_scopes for i in by_scope[s]])
+        checks.append(
+            Check(
+                f"limited queue's concurrency <= {queue_limit}",
+                qmost <= queue_limit,
+                f"{sum(len(by_scope[s]) for s in queue_scopes)} runs: most at once {qmost} "
+                f"({qseconds:.0f} s at that)",
+            )
+        )
+    if not key_scopes:
+        return checks
     worst = {s: _max_overlap(by_scope[s]) for s in key_scopes}
     most = max((w[0] for w in worst.values()), default=0)
     at_limit = sum(1 for w in worst.values() if w[0] == key_limit)
@@ -495,21 +508,11 @@ def check_limits(key_limit: int, queue_limit: int, rate: tuple[int, int]) -> lis
     checks.append(
         Check(
             f"per-key concurrency <= {key_limit}",
-            bool(key_scopes) and not over,
+            not over,
             f"{sum(len(by_scope[s]) for s in key_scopes)} keyed runs over {len(key_scopes)} "
             f"accounts: most at once for one account {most}; {at_limit} accounts reached "
             f"{key_limit} ({seconds_at_limit:.0f} s in all)"
             + (f"; over the limit: {over[:10]}" if over else ""),
-        )
-    )
-    queue_scopes = [s for s in by_scope if s.startswith("queue:")]
-    qmost, qseconds = _max_overlap([i for s in queue_scopes for i in by_scope[s]])
-    checks.append(
-        Check(
-            f"limited queue's concurrency <= {queue_limit}",
-            bool(queue_scopes) and qmost <= queue_limit,
-            f"{sum(len(by_scope[s]) for s in queue_scopes)} runs: most at once {qmost} "
-            f"({qseconds:.0f} s at that)",
         )
     )
     starts, window = rate
@@ -532,7 +535,7 @@ def check_limits(key_limit: int, queue_limit: int, rate: tuple[int, int]) -> lis
     checks.append(
         Check(
             f"per-key rate <= {starts} starts per {window} s",
-            bool(key_scopes) and not exceeded and not missing,
+            not exceeded and not missing,
             f"windows in which an account had {starts} starts (the limit reached): {reached}; "
             f"accounts over it: {len(exceeded)}"
             + (f" {exceeded[:10]}" if exceeded else "")
@@ -575,7 +578,8 @@ def check_minutes(
             Check(
                 "rate-limit ledger (FlowStart) pruned as its windows pass",
                 max(stale) == 0,
-                f"rows older than {stale_after:g} s (window + 1.5 x prune interval + 30 s): "
+                f"rows older than {stale_after:g} s (window + the pruner's margin for quiet "
+                f"scopes + 1.5 x prune interval + 30 s): "
                 f"max {max(stale, default=0)}, at the end {stale[-1] if stale else '-'}; "
                 f"ledger rows max {max(f['rows'] for f in flows)}, at the end "
                 f"{flows[-1]['rows']} over {flows[-1]['scopes']} scopes",

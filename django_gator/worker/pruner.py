@@ -14,11 +14,16 @@ The same pass prunes the rate-limit ledger (``django_gator_flow_start``, see
 ``engines/flow.py``): the limited claim deletes a scope's rows that left its window only
 when it starts another job of that scope, so the rows of a key that stops getting jobs (an
 account that went quiet, a user who left) would stay for ever, and the table would grow
-with every key ever used. The pass deletes the rows no window counts any more: those of
-each limited job class and each rate-limited queue older than its window, and any other
-row older than the longest window a rate can have (an hour). A claim of the scope would
-delete the same rows (it deletes those older than its window): the pass only does it for
-the scopes no claim comes back to.
+with every key ever used. The pass deletes the rows of the scopes that went quiet: those
+whose newest row is older than the scope's window (the job class's or the queue's rate;
+an hour, the longest a rate can have, for a scope this worker knows no rate of) by
+IDLE_MARGIN more. It leaves the scopes in use to their claims, which delete their old rows
+under the lock of their queue's row, in the order they count them: a claim reads its time
+when its statement starts, before it waits for that lock, so a row the pass deleted on its
+own clock just as it left the window could still be one the waiting claim would count,
+and the claim would start one job too many (a soak run found one). A scope's rows are
+deleted only once it has been quiet for its window and the margin, so a claim would have
+to wait for its queue's lock longer than the margin to miss one.
 
 The pruner is a thread of its own, not a step of the heartbeat: a long pass must never
 delay a heartbeat (a late heartbeat gets a worker's jobs rescued). ``GATOR_AUTO_PRUNE =
@@ -32,7 +37,7 @@ import random
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from django.db import close_old_connections
+from django.db import close_old_connections, models
 
 from django_gator import conf
 from django_gator.engines.base import Engine
@@ -54,6 +59,9 @@ RETENTIONS: tuple[tuple[JobState, Callable[[], float]], ...] = (
 MIN_LEASE_SECONDS = 60.0
 #: The longest window of a rate limit ("N/h"): no claim counts a ledger row older than it.
 LONGEST_WINDOW = max(UNITS.values())
+#: Seconds a scope of the rate-limit ledger must have been quiet beyond its window before
+#: the pass deletes its rows (see the module's docstring).
+IDLE_MARGIN = 300.0
 
 
 class Pruner:
@@ -139,30 +147,46 @@ class Pruner:
         return windows
 
     def prune_flow_starts(self, stopped: Callable[[float], bool] = lambda _: False) -> int:
-        """Delete the rate-limit ledger's rows that no claim counts any more; returns how
-        many. The ids are read first and deleted by primary key, so the delete locks only
-        those rows (a claim that counts or inserts the ledger's rows meanwhile is never
-        held up), at most ``GATOR_PRUNE_BATCH_SIZE`` per transaction."""
+        """Delete the rows of the rate-limit ledger's quiet scopes; returns how many. The
+        ids are read first and deleted by primary key, so the delete locks only those rows
+        (a claim that counts or inserts the ledger's rows meanwhile is never held up), at
+        most ``GATOR_PRUNE_BATCH_SIZE`` per transaction."""
         now = self.engine.db_now()
         deleted = 0
         for scope, seconds in [*self.flow_windows(), ({}, LONGEST_WINDOW)]:
-            deleted += self._delete_older(scope, now - timedelta(seconds=seconds), stopped)
+            before = now - timedelta(seconds=seconds + IDLE_MARGIN)
+            deleted += self._delete_quiet(scope, before, stopped)
         return deleted
 
-    def _delete_older(
+    def _delete_quiet(
         self, scope: dict[str, str], before: datetime, stopped: Callable[[float], bool]
     ) -> int:
+        """Delete the rows of the scopes (among ``scope``) whose newest row is no newer
+        than ``before``."""
         ledger = FlowStart.objects.using(self.engine.alias)
         batch_size = conf.prune_batch_size()
+        quiet = list(
+            ledger.filter(**scope)
+            .values("scope")
+            .annotate(newest=models.Max("started_at"))
+            .filter(newest__lte=before)
+            .values_list("scope", flat=True)[: 10 * batch_size]  # the next pass goes on
+        )
         deleted = 0
-        while True:
-            old = ledger.filter(started_at__lte=before, **scope)
-            ids = list(old.order_by("id").values_list("id", flat=True)[:batch_size])
-            if ids:
-                count, _ = ledger.filter(id__in=ids, started_at__lte=before).delete()
-                deleted += count
-            if len(ids) < batch_size or stopped(conf.prune_pause()):
-                return deleted
+        for start in range(0, len(quiet), batch_size):
+            scopes = quiet[start : start + batch_size]
+            while True:
+                # started_at again: a claim may have started a job of one of them since.
+                old = ledger.filter(scope__in=scopes, started_at__lte=before)
+                ids = list(old.order_by("id").values_list("id", flat=True)[:batch_size])
+                if ids:
+                    count, _ = ledger.filter(id__in=ids, started_at__lte=before).delete()
+                    deleted += count
+                if stopped(conf.prune_pause()):
+                    return deleted
+                if len(ids) < batch_size:
+                    break
+        return deleted
 
     def _done(self, deleted: int) -> None:
         self.deleted += deleted
