@@ -297,6 +297,9 @@ check-dbs: install
 #                           runs the server as the postgres user
 # Empty SOAK_DURATION / SOAK_RATE take the harness's defaults: 30m and 200 jobs/s (50 jobs/s
 # with SOAK_ARGS=--long-transaction, which runs until 5 windows of 6,000 jobs are done).
+# The mix has this round's features (limits, async, snooze, batches, workflows), automatic
+# pruning after 5 minutes and /metrics on each worker; the run ends with checks and exits 1
+# if one fails. MariaDB: SOAK_URL=mysql://root@127.0.0.1:3306/gator_soak (shared only).
 SOAK_DURATION    ?=
 SOAK_RATE        ?=
 SOAK_WORKERS     ?= 2

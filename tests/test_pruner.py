@@ -10,16 +10,29 @@ from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
-from django.db import connections
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from django_gator.engines import get_engine
-from django_gator.models import Batch, Job, JobState, Lease, WorkflowRun, WorkflowStep
-from django_gator.worker.pruner import Pruner
+from django_gator.engines.base import ClaimedJob
+from django_gator.engines.flow import FlowClaims, key_scope, queue_scope
+from django_gator.models import (
+    Batch,
+    FlowStart,
+    Job,
+    JobState,
+    Lease,
+    Queue,
+    WorkflowRun,
+    WorkflowStep,
+)
+from django_gator.testing import run_jobs
+from django_gator.worker.flow import class_limits
+from django_gator.worker.pruner import IDLE_MARGIN, Pruner
 from django_gator.worker.supervisor import WorkerProcess
 from tests.conftest import wait_for
 from tests.factories import JobFactory
-from tests.testapp.jobs import Noop
+from tests.testapp.jobs import BatchCompleted, BatchSucceeded, Noop, RatedSpan, Record
 
 
 @contextmanager
@@ -112,6 +125,133 @@ def test_a_pass_deletes_old_succeeded_and_cancelled_jobs_in_batches_and_nothing_
     assert pruner.prune_once() == 0
     # Another worker gets no pass while the lease is held.
     assert Pruner(get_engine("default"), "pruner-2").prune_once() is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pass_empties_the_rate_ledger_of_the_scopes_that_went_quiet(settings):
+    # The limited claim deletes a scope's rows that left its window only when it starts
+    # another job of that scope: the rows of a key that went quiet stayed for ever, so the
+    # ledger grew with every key ever used (found by the soak, whose accounts come and go).
+    # A scope in use is left to its claims (deleting its rows on the pass's own clock let
+    # a claim waiting for its queue's lock start one job too many: a soak run found that).
+    settings.GATOR_PRUNE_BATCH_SIZE = 2
+    settings.GATOR_PRUNE_PAUSE = 0
+    Queue.objects.set_limits("spans", concurrency=None, rate_limit="3/m", by="ops")
+    now = db_now()
+    margin = IDLE_MARGIN
+
+    def ledger(scope: str, *ages: float) -> list[FlowStart]:
+        return [
+            FlowStart.objects.create(scope=scope, started_at=now - timedelta(seconds=age))
+            for age in ages
+        ]
+
+    quiet = key_scope(RatedSpan.name, "account-that-left")  # 5/s per key
+    in_use = key_scope(RatedSpan.name, "account-still-here")
+    gone = [
+        *ledger(quiet, 1 + margin + 1, 1 + margin + 20, 1 + margin + 50),
+        *ledger(queue_scope("spans"), 60 + margin + 1, 60 + margin + 600),
+        *ledger("job:a.class.no.longer.limited|k", 3600 + margin + 1, 7200 + margin),
+    ]
+    kept = [
+        *ledger(in_use, 2 * margin, 30, 0.5),  # its claims delete its old rows
+        *ledger(key_scope(RatedSpan.name, "quiet-not-long-enough"), 1 + margin - 5),
+        *ledger(queue_scope("other-queue-without-a-rate"), 60 + margin + 1),  # an hour
+        *ledger("job:a.class.no.longer.limited|k2", 1800),  # within the longest window
+    ]
+    pruner = Pruner(get_engine("default"), "pruner-1")
+    assert pruner.prune_once() == 0  # jobs deleted: none
+    assert pruner.ledger_deleted == len(gone)
+    assert set(FlowStart.objects.values_list("id", flat=True)) == {row.id for row in kept}
+    assert pruner.prune_flow_starts() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pass_never_deletes_a_row_a_claim_waiting_for_its_queue_lock_still_counts(settings):
+    # A limited claim reads its time when its statement starts (PostgreSQL's
+    # statement_timestamp()), then waits for its queue's lock, then counts the starts in its
+    # window. A pass that deleted the rows just past the window on its own, later, clock
+    # took starts the claim would have counted, and the claim started jobs over the limit
+    # (a soak run saw 31 starts of one key within a "30/m" window).
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite: the pass's delete waits for the claim's write lock")
+    settings.GATOR_PRUNE_PAUSE = 0
+    waiting = RatedSpan.dispatch_many([["/dev/null", "k", 0] for _ in range(5)])  # 5/s per key
+    Queue.objects.get_or_create(name=RatedSpan.queue)
+    locked, release = threading.Event(), threading.Event()
+    claimed: list[ClaimedJob] = []
+
+    def hold_the_queue_lock() -> None:
+        try:
+            with transaction.atomic():
+                Queue.objects.select_for_update().get(name=RatedSpan.queue)
+                locked.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    def claim() -> None:
+        try:
+            jobs, _ = FlowClaims(get_engine("default")).claim(
+                "w1", RatedSpan.queue, 5, class_limits
+            )
+            claimed.extend(jobs)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold_the_queue_lock)
+    holder.start()
+    assert locked.wait(30)
+    now = db_now()
+    # Five starts of the key in the last second: the key is at its limit.
+    starts = [now - timedelta(seconds=0.85 - 0.05 * i) for i in range(5)]
+    for at in starts:
+        FlowStart.objects.create(scope=key_scope(RatedSpan.name, "k"), started_at=at)
+    claimer = threading.Thread(target=claim)
+    claimer.start()  # its statement starts now, and waits for the lock
+    time.sleep(0.35)
+    Pruner(get_engine("default"), "pruner-1").prune_once()  # a second after the first start
+    release.set()
+    holder.join(30)
+    claimer.join(30)
+    assert not claimer.is_alive()
+    if claimed:
+        claimed_at = Job.objects.get(pk=claimed[0].id).locked_at
+        window = [at for at in starts if at > claimed_at - timedelta(seconds=1)]
+        assert len(window) + len(claimed) <= 5, (len(window), len(claimed))
+    else:
+        assert all(
+            job.state == JobState.WAITING
+            for job in Job.objects.filter(pk__in=[j.pk for j in waiting])
+        )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_members_of_a_batch_that_has_not_completed_are_kept_until_it_completes(settings):
+    # A cancelled member deleted before its batch completed let on_success run at the
+    # completion, as if every member had succeeded.
+    settings.GATOR_PRUNE_SUCCEEDED_AFTER = 0
+    settings.GATOR_PRUNE_CANCELLED_AFTER = 0
+    settings.GATOR_PRUNE_PAUSE = 0
+    with Batch(on_success=BatchSucceeded, on_complete=BatchCompleted) as batch:
+        cancelled = Record.dispatch("cancelled")
+        Record.dispatch("ran")
+        Record.dispatch("later", wait=3600)
+    assert cancelled.cancel()
+    run_jobs()  # "ran" succeeds; "later" is not due
+    outsider = finished("succeeded", 60)[0]
+    pruner = Pruner(get_engine("default"), "pruner-1")
+    assert pruner.prune_once() == 1  # the job outside the batch
+    assert not Job.objects.filter(pk=outsider.pk).exists()
+    assert Job.objects.filter(batch_id=batch.pk).count() == 3
+
+    run_jobs(advance=7200)  # the last member: the batch completes
+    callbacks = Job.objects.filter(name__in=[BatchSucceeded.name, BatchCompleted.name])
+    assert list(callbacks.values_list("name", flat=True)) == [BatchCompleted.name]
+    run_jobs()
+    # Completed: its members go as any finished job (and its callback, which ran).
+    assert pruner.prune_once() == 4
+    assert not Job.objects.exists()
 
 
 @pytest.mark.django_db(transaction=True)

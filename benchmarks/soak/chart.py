@@ -17,7 +17,9 @@ def draw(document: dict[str, Any], path: Path) -> None:
     meta = document["meta"]
     minutes = [m for m in document["minutes"] if not m.get("partial")]
     x = [m["minute"] for m in minutes]
-    fig, axes = plt.subplots(4, 2, figsize=(14, 15), sharex=True)
+    extra = any(m.get("features") for m in minutes)  # this round's features (2026-11-24)
+    rows = 5 if extra else 4
+    fig, axes = plt.subplots(rows, 2, figsize=(14, 3.75 * rows), sharex=True)
     server = meta["server"]["version"].split(" on ")[0]
     autovacuum = meta["server"]["settings"].get("autovacuum", "?")
     title = (
@@ -87,10 +89,14 @@ def draw(document: dict[str, Any], path: Path) -> None:
 
     ax = axes[2][1]
     ax.plot(x, [m["table"]["rows"] / 1000 for m in minutes], label="rows", color="tab:brown")
+    postgresql = "history_list_length" not in (minutes[0]["table"] if minutes else {})
     ax.plot(
         x,
-        [(m["table"].get("n_dead_tup") or 0) / 1000 for m in minutes],
-        label="dead tuples (n_dead_tup)",
+        [
+            (m["table"].get("n_dead_tup" if postgresql else "history_list_length") or 0) / 1000
+            for m in minutes
+        ],
+        label="dead tuples (n_dead_tup)" if postgresql else "InnoDB history list (purge backlog)",
         color="black",
     )
     vacuums = [
@@ -149,12 +155,95 @@ def draw(document: dict[str, Any], path: Path) -> None:
     twin.set_ylim(0, 100)
     _merge_legends(ax, twin)
 
+    if extra:
+        _draw_features(axes[4], x, minutes)
+
     for ax in axes[-1]:
         ax.set_xlabel("minute of the run")
     fig.tight_layout(rect=(0, 0, 1, 0.96))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=80)
     plt.close(fig)
+
+
+def _draw_features(axes: Any, x: list[int], minutes: list[dict[str, Any]]) -> None:
+    """The bottom row: what pruning leaves in the tables, and the limited claim and the
+    workers' /metrics."""
+    ax = axes[0]
+    features = [m.get("features") or {} for m in minutes]
+    ax.plot(
+        x,
+        [(m["table"]["rows"] - m["table"]["by_state"].get("dead", 0)) / 1000 for m in minutes],
+        label="jobs not dead (pruned after the retention)",
+        color="tab:brown",
+    )
+    ax.plot(
+        x,
+        [m["table"]["by_state"].get("dead", 0) / 1000 for m in minutes],
+        label="dead jobs (never pruned automatically)",
+        color="tab:red",
+    )
+    ax.plot(
+        x,
+        [f.get("django_gator_workflow_step", 0) / 1000 for f in features],
+        label="workflow steps",
+        color="tab:purple",
+        linestyle="--",
+    )
+    ax.plot(
+        x,
+        [f.get("django_gator_batch", 0) / 1000 for f in features],
+        label="batches",
+        color="tab:olive",
+        linestyle="--",
+    )
+    _finish(ax, "Rows left by pruning", "thousands", bottom=0)
+    twin = ax.twinx()
+    twin.plot(
+        x,
+        [(f.get("flow_start") or {}).get("rows") for f in features],
+        color="tab:cyan",
+        label="rate-limit ledger rows",
+    )
+    twin.plot(
+        x,
+        [(f.get("flow_start") or {}).get("stale_rows") for f in features],
+        color="tab:blue",
+        linestyle=":",
+        label="ledger rows past their window",
+    )
+    twin.set_ylabel("ledger rows")
+    twin.set_ylim(bottom=0)
+    _merge_legends(ax, twin)
+
+    ax = axes[1]
+    ax.plot(
+        x,
+        [m["flow_lock"]["p50"] if m.get("flow_lock") else None for m in minutes],
+        label="limited claim: queue-row lock p50",
+        color="tab:blue",
+    )
+    ax.plot(
+        x,
+        [m["flow_lock"]["p99"] if m.get("flow_lock") else None for m in minutes],
+        label="p99",
+        color="tab:blue",
+        linestyle="--",
+    )
+    _finish(ax, "Limited claim, and the workers' /metrics", "ms", log=True)
+    twin = ax.twinx()
+    totals = [sum(s.get("finished_total", 0) for s in m.get("metrics") or []) for m in minutes]
+    growth = [b - a for a, b in itertools.pairwise([0, *totals])]
+    twin.plot(
+        x,
+        [g / 60 for g in growth],
+        color="tab:green",
+        alpha=0.7,
+        label="gator_jobs_finished_total, increase per s",
+    )
+    twin.set_ylabel("finished attempts/s (/metrics)")
+    twin.set_ylim(bottom=0)
+    _merge_legends(ax, twin)
 
 
 def _finish(

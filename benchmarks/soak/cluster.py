@@ -147,8 +147,6 @@ class ThrowawayCluster:
 def recreate_database(url: str) -> None:
     """Drop and create the database named by ``url``. Refused unless its name says soak: the
     harness empties what it is pointed at, so it must never be pointed at real data."""
-    import psycopg
-
     parts = urlsplit(url)
     name = parts.path.lstrip("/")
     if "soak" not in name:
@@ -156,6 +154,26 @@ def recreate_database(url: str) -> None:
             f"the soak drops and re-creates its database; {name!r} does not have 'soak' in its "
             "name, so it is refused (use e.g. .../gator_soak)"
         )
+    if parts.scheme in ("mysql", "mariadb"):
+        import MySQLdb
+
+        server = MySQLdb.connect(
+            host=parts.hostname or "127.0.0.1",
+            port=parts.port or 3306,
+            user=parts.username or "root",
+            password=parts.password or "",
+        )
+        try:
+            with server.cursor() as cursor:
+                cursor.execute(f"DROP DATABASE IF EXISTS `{name}`")
+                cursor.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+        finally:
+            server.close()
+        return
+    if parts.scheme not in ("postgres", "postgresql", "pgsql"):
+        raise SystemExit(f"the soak runs on PostgreSQL or MariaDB/MySQL, not {parts.scheme!r}")
+    import psycopg
+
     maintenance = urlunsplit(parts._replace(path="/postgres"))
     with psycopg.connect(maintenance, autocommit=True) as connection:
         connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -166,6 +184,15 @@ def server_facts(cursor: Any) -> dict[str, Any]:
     """Version and the settings that matter for the soak, as the server reports them."""
     cursor.execute("SELECT version()")
     facts: dict[str, Any] = {"version": cursor.fetchone()[0]}
+    if cursor.db.vendor != "postgresql":
+        cursor.execute(
+            "SHOW GLOBAL VARIABLES WHERE Variable_name IN ('innodb_buffer_pool_size', "
+            "'innodb_flush_log_at_trx_commit', 'transaction_isolation', 'tx_isolation', "
+            "'max_connections', 'innodb_purge_threads')"
+        )
+        facts["settings"] = dict(cursor.fetchall())
+        facts["version"] = f"MariaDB/MySQL {facts['version']}"
+        return facts
     cursor.execute(
         "SELECT name, setting, unit FROM pg_settings WHERE name IN ('autovacuum', "
         "'autovacuum_naptime', 'autovacuum_vacuum_cost_delay', 'shared_buffers', 'fsync', "

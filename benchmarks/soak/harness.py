@@ -2,8 +2,11 @@
 and a report per minute of what the issue-15 operator watched.
 
 The harness dispatches jobs at a fixed rate (a mix that mostly succeeds; some fail and
-retry, some end dead, some time out, a few are slow) to 1 to 3 ``manage.py gator_worker``
-processes, and every minute records:
+retry, some end dead, some time out, a few are slow; and this round's features: a keyed
+class with a concurrency and a rate limit, a queue with a concurrency limit, async jobs,
+jobs that snooze once, batches with on_complete and on_success callbacks, workflows; see
+features.py) to 1 to 3 ``manage.py gator_worker`` processes, each serving ``/metrics``,
+with automatic pruning on (a short retention, ``--prune-after``), and every minute records:
 
 - claim and success-mark latency, p50/p99: each worker statement timed in the worker
   process by a Django execute wrapper that the soak's settings install (nothing in
@@ -14,7 +17,17 @@ processes, and every minute records:
 - the jobs table: rows by state, live and dead tuples (pg_stat_user_tables), vacuums, sizes;
 - each worker's RSS and thread count (/proc/PID/status);
 - CPU time of the workers' database backends (/proc/PID/stat of the PostgreSQL backends,
-  told apart by application_name), per minute and per finished job.
+  told apart by application_name), per minute and per finished job;
+- each worker's /metrics (answered? finished-jobs counters), the rows of the tables this
+  round added (batches, workflows, the rate-limit ledger) and the rows pruned so far.
+
+At the end it waits for every job to end, then checks (exit status 1 if one fails): every
+job dispatched ended, once, in the state its kind ends in (counting the rows the pruner
+deleted); each batch's callbacks ran exactly once; each workflow's steps ran once, in
+dependency order; no concurrency or rate limit was exceeded; the jobs table stayed bounded
+and the rate-limit ledger within its windows; /metrics answered and its counts match the
+database; worker RSS and threads, claim and mark latency, flat (first against last ten
+minutes).
 
 ``--long-transaction`` holds a REPEATABLE READ transaction open on the jobs table for the
 whole run and reports the workers' backend CPU per job over consecutive windows of
@@ -34,6 +47,7 @@ import platform
 import random
 import shlex
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -45,7 +59,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.soak import measure
+from benchmarks.soak import features, measure
 from benchmarks.soak.cluster import (
     TABLE_AUTOVACUUM,
     ThrowawayCluster,
@@ -55,7 +69,10 @@ from benchmarks.soak.cluster import (
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/gator_soak"
-DEFAULT_MIX = "ok=95,retry=3,dead=0.5,timeout=0.5,slow=1"
+DEFAULT_MIX = (
+    "ok=65,retry=3,dead=0.5,timeout=0.5,slow=1,keyed=8,limited=3,async=6,snooze=3,batch=8,"
+    "workflow=2"
+)
 #: Seconds between two dispatches of the jobs due by the rate.
 TICK = 0.05
 CLAIM_KINDS = ("claim", "claim_keyset")
@@ -75,7 +92,19 @@ def duration(text: str) -> float:
 
 
 #: The job kinds of a mix (app/jobs.py KINDS).
-KINDS = ("ok", "retry", "dead", "timeout", "slow")
+KINDS = (
+    "ok",
+    "retry",
+    "dead",
+    "timeout",
+    "slow",
+    "keyed",
+    "limited",
+    "async",
+    "snooze",
+    "batch",
+    "workflow",
+)
 
 
 def mix(text: str) -> dict[str, float]:
@@ -92,6 +121,11 @@ def mix(text: str) -> dict[str, float]:
     if not weights or sum(weights.values()) <= 0:
         raise argparse.ArgumentTypeError(f"empty mix: {text!r}")
     return weights
+
+
+def retention(text: str) -> float | None:
+    """A duration, or 'off' (None)."""
+    return None if text == "off" else duration(text)
 
 
 def workers(text: str) -> int:
@@ -144,6 +178,40 @@ def parser() -> argparse.ArgumentParser:
         "--markdown", type=Path, metavar="JSON", help="print a report's table for the docs"
     )
     p.add_argument("--probe-interval", type=float, default=10.0, help="seconds between probes")
+    p.add_argument(
+        "--prune-after",
+        type=retention,
+        default=None,
+        help="automatic pruning's retention of succeeded and cancelled jobs, or 'off' "
+        "(default 5m; off with -L)",
+    )
+    p.add_argument(
+        "--prune-interval", type=duration, default=60.0, help="between pruning passes (60s)"
+    )
+    p.add_argument(
+        "--accounts", type=int, default=50, help="accounts active at a time (keyed jobs)"
+    )
+    p.add_argument("--no-metrics", action="store_true", help="workers without --metrics-port")
+    p.add_argument(
+        "--census",
+        type=duration,
+        default=0.0,
+        metavar="SECONDS",
+        help="each worker counts its objects by type every SECONDS (app/census.py); the "
+        "report names the types that grew after the first ten minutes (default: off)",
+    )
+    p.add_argument(
+        "--census-trace",
+        action="store_true",
+        help="with --census: tracemalloc in the workers, and the source lines whose "
+        "allocations grew (slows the workers)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=duration,
+        default=300.0,
+        help="after the dispatching stops, how long every job has to end (300s)",
+    )
     p.add_argument("--seed", type=int, default=15)
     return p
 
@@ -176,6 +244,13 @@ class Soak:
         self.reader = measure.TimingReader(self.timing_dir, 0.0, keep_raw=self.long_tx)
         self.cpu = measure.BackendCpu()
         self.windows_done = threading.Event()
+        if args.prune_after is not None:
+            self.prune_after: float | None = args.prune_after
+        else:
+            self.prune_after = None if self.long_tx else 300.0
+        self.metrics_ports: list[int] = []
+        self.mixer = features.Mixer(random.Random(args.seed), accounts=args.accounts)
+        self.checks: list[features.Check] = []
 
     # -- processes -------------------------------------------------------------------------
     def worker_env(self) -> dict[str, str]:
@@ -187,11 +262,21 @@ class Soak:
             "PYTHONUNBUFFERED": "1",
             "GATOR_SOAK_ROLE": "worker",
             "GATOR_SOAK_TIMINGS": str(self.timing_dir),
+            "GATOR_SOAK_PRUNE_AFTER": "off"
+            if self.prune_after is None
+            else f"{self.prune_after:g}",
+            "GATOR_SOAK_PRUNE_INTERVAL": f"{self.args.prune_interval:g}",
+            "GATOR_SOAK_CENSUS": f"{self.args.census:g}" if self.args.census else "",
+            "GATOR_SOAK_CENSUS_TRACE": "1" if self.args.census_trace else "",
         }
 
     def spawn(self, index: int) -> subprocess.Popen[bytes]:
         command = [sys.executable, "-m", "django", "gator_worker"]
         command += ["--concurrency", str(self.args.concurrency)]
+        if not self.args.no_metrics:
+            port = _free_port()
+            self.metrics_ports.append(port)
+            command += ["--metrics-port", str(port)]
         with (self.log_dir / f"worker-{index}.log").open("wb") as out:
             return subprocess.Popen(
                 command, cwd=ROOT, env=self.worker_env(), stdout=out, stderr=subprocess.STDOUT
@@ -259,7 +344,10 @@ class Soak:
                 sampler.join()
             if self.sampler_error is not None:
                 raise self.sampler_error
-            drain_s = self.wait_drained(timeout=180)
+            drain_s = self.wait_drained(timeout=self.args.drain_timeout)
+            ended_s = self.wait_ended(timeout=self.args.drain_timeout)
+            time.sleep(3.0)  # the workers count an outcome just after writing it
+            final_metrics = [features.scrape(port) for port in self.metrics_ports]
             codes = self.stop_workers()
         finally:
             for proc in self.procs:
@@ -273,7 +361,27 @@ class Soak:
                 "SELECT state, count(*) FROM django_gator_job GROUP BY state ORDER BY state"
             )
             final_states = dict(cursor.fetchall())
-        return self.report(codes, drain_s, final_states)
+            counts = features.outcome_counts(cursor)
+        self.checks = features.check_outcomes(self.mixer.expected, counts)
+        if self.metrics_ports:
+            self.checks += features.check_metrics(final_metrics, counts, self.minutes)
+        if self.mixer.batches:
+            self.checks += features.check_batches(self.mixer.batches)
+        if self.mixer.workflows:
+            self.checks += features.check_workflows(self.mixer.workflows)
+        if self.mixer.expected["soak.keyed"] or self.mixer.expected["soak.limited"]:
+            from benchmarks.soak.app import jobs
+            from django_gator.limits import parse_rate
+
+            rate = parse_rate(jobs.KEY_RATE)
+            assert rate is not None
+            self.checks += features.check_limits(
+                jobs.KEY_CONCURRENCY, jobs.LIMITED_CONCURRENCY, (rate.starts, rate.seconds)
+            )
+        self.meta["final_metrics"] = final_metrics
+        self.meta["expected"] = dict(self.mixer.expected)
+        self.meta["outcomes"] = counts
+        return self.report(codes, drain_s, final_states, ended_s)
 
     def describe(self, cursor: Any) -> dict[str, Any]:
         import django
@@ -307,6 +415,10 @@ class Soak:
                 else None
             ),
             "prefill": self.args.prefill,
+            "prune_after_s": self.prune_after,
+            "prune_interval_s": self.args.prune_interval,
+            "accounts": self.args.accounts,
+            "metrics_ports": self.metrics_ports,
             "latency_source": (
                 "worker-side: each claim and success-mark statement timed in the worker "
                 "process by a Django execute wrapper (round trip + server + GIL wait)"
@@ -331,28 +443,47 @@ class Soak:
         return held
 
     def dispatch_loop(self) -> None:
-        from benchmarks.soak.app.jobs import KINDS as JOBS
-
+        """Dispatch the mix at the rate (see features.Mixer for the kinds gathered into
+        bursts, batches and workflows)."""
         rng = random.Random(self.args.seed)
         names = list(self.mix)
         weights = [self.mix[n] for n in names]
         start = time.monotonic()
+        self.mixer.started = start
         end = start + self.duration
+        units = 0
         while not self.windows_done.is_set():
             now = time.monotonic()
             if now >= end:
                 break
-            due = int(self.rate * (now - start)) - self.dispatched
+            due = int(self.rate * (now - start)) - units
             if due > 0:
-                groups: dict[str, list[Any]] = defaultdict(list)
-                for name in rng.choices(names, weights, k=due):
-                    groups[name].append(_arguments(name, rng))
-                for name, items in groups.items():
-                    JOBS[name].dispatch_many(items)
-                self.dispatched += due
+                self.mixer.add(rng.choices(names, weights, k=due))
+                units += due
+                self.dispatched = self.mixer.dispatched
             if self.sampler_error is not None:
                 return
             time.sleep(max(TICK - (time.monotonic() - now), 0.0))
+        self.mixer.flush()
+        self.dispatched = self.mixer.dispatched
+
+    def wait_ended(self, timeout: float) -> float | None:
+        """Seconds until no job is waiting, failed or running (None: not within timeout):
+        retries and snoozes due later, and the callbacks and workflow steps the last jobs
+        dispatch."""
+        from django.db import connection
+
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(*) FROM django_gator_job WHERE state IN "
+                    "('waiting', 'failed', 'running')"
+                )
+                if cursor.fetchone()[0] == 0:
+                    return round(time.monotonic() - started, 1)
+            time.sleep(1.0)
+        return None
 
     def wait_drained(self, timeout: float) -> float | None:
         """Seconds until nothing due is waiting and nothing runs (None: not within timeout)."""
@@ -435,6 +566,8 @@ class Soak:
         due, age = measure.backlog(cursor)
         state["backlog"].append((due, age))
         state["horizon"].append(measure.horizon(cursor))
+        if connection.vendor != "postgresql":
+            return  # EXPLAIN (ANALYZE, BUFFERS) is PostgreSQL's
         results = {
             "claim": measure.probe_claim(connection, self.engine, "soak"),
             "mark": measure.probe_mark(connection, self.engine, 8),
@@ -507,6 +640,8 @@ class Soak:
             finished = measure.finished_between(cursor, start, end)
             table = measure.table_stats(cursor)
             pgss = measure.pgss_snapshot(cursor) if self.cluster else {}
+            extra = features.tables(cursor, self.stale_after(), self.engine.now_sql)
+        scrapes = [features.scrape(port) for port in self.metrics_ports]
         cpu_now = self.cpu.seconds()
         cpu = {
             role: round(seconds - state["cpu"].get(role, 0.0), 2)
@@ -548,10 +683,12 @@ class Soak:
                 for i, samples in sorted(state["workers"].items())
             ],
             "db_cpu_s": cpu,
+            "features": extra,
+            "metrics": [{k: v for k, v in s.items() if k != "finished"} for s in scrapes],
             # Open database connections by role at the minute's end (a leak would show).
             "backends": dict(Counter(role for _, role in roles)),
             "worker_db_cpu_us_per_job": (
-                round(cpu.get("worker", 0.0) * 1e6 / jobs) if jobs else None
+                round(cpu.get("worker", 0.0) * 1e6 / jobs) if jobs and roles else None
             ),
             "host": {
                 "cpu_busy_pct": round(100 * (busy1 - busy0) / max(total1 - total0, 1), 1),
@@ -572,10 +709,43 @@ class Soak:
             + f" MiB, worker DB CPU {record['worker_db_cpu_us_per_job']} us/job",
             flush=True,
         )
+        flow = extra["flow_start"]
+        print(
+            f"             rows {table.get('rows')} (pruned so far "
+            f"{sum(extra['deleted_by_state'].values())}), flow ledger {flow['rows']} "
+            f"({flow['stale_rows']} older than {flow['stale_after_s']:g} s), batches "
+            f"{extra['django_gator_batch']}, workflows {extra['django_gator_workflow']}, "
+            f"metrics finished "
+            + "/".join(str(s.get("finished_total", "DOWN")) for s in scrapes)
+            + f", flow lock p50/p99 {record['flow_lock']['p50']}/{record['flow_lock']['p99']} ms",
+            flush=True,
+        )
+
+    def stale_after(self) -> float:
+        """Rate-limit ledger rows older than this should be gone: past their window (the
+        soak's longest, the keyed class's) and the pruner's margin for quiet scopes by
+        more than a pruning interval and a half, plus 30 s."""
+        from benchmarks.soak.app import jobs
+        from django_gator.limits import parse_rate
+        from django_gator.worker.pruner import IDLE_MARGIN
+
+        rate = parse_rate(jobs.KEY_RATE)
+        window = rate.seconds if rate is not None else 0
+        return window + IDLE_MARGIN + 1.5 * self.args.prune_interval + 30
+
+    def row_bound(self) -> float | None:
+        """Most rows (not dead) the jobs table should hold with pruning on."""
+        if self.prune_after is None:
+            return None
+        return self.rate * (self.prune_after + 1.5 * self.args.prune_interval + 120)
 
     # -- the report ------------------------------------------------------------------------
     def report(
-        self, codes: list[int | None], drain_s: float | None, final_states: dict[str, int]
+        self,
+        codes: list[int | None],
+        drain_s: float | None,
+        final_states: dict[str, int],
+        ended_s: float | None = None,
     ) -> dict[str, Any]:
         self.reader.read()
         for record in self.minutes:
@@ -590,6 +760,7 @@ class Soak:
             "dispatched": self.dispatched,
             "final_states": final_states,
             "drained_after_stop_s": drain_s,
+            "ended_after_stop_s": ended_s,
             "worker_exit_codes": codes,
         }
         for name, kinds in (
@@ -642,6 +813,24 @@ class Soak:
                     self.windows[-1]["worker_db_cpu_us_per_job"],
                     self.windows[0]["worker_db_cpu_us_per_job"],
                 )
+        self.checks.append(
+            features.Check(
+                "workers drained and exited 0",
+                drain_s is not None and ended_s is not None and all(c == 0 for c in codes),
+                f"nothing due or running {drain_s} s after the dispatching stopped, nothing "
+                f"waiting {ended_s} s after that; exit codes {codes}",
+            )
+        )
+        if not self.long_tx:
+            self.checks += features.check_minutes(self.minutes, summary, self.row_bound())
+        if self.args.census:
+            from benchmarks.soak.app.census import growth
+
+            summary["census"] = {
+                path.name: growth(path, after=600)
+                for path in sorted(self.timing_dir.glob("census-*.jsonl"))
+            }
+        summary["checks"] = [c.as_dict() for c in self.checks]
         self.summary = summary
         self.write(partial=False)
         return summary
@@ -665,16 +854,11 @@ class Soak:
         tmp.replace(path)
 
 
-def _arguments(kind: str, rng: random.Random) -> Any:
-    if kind == "ok":
-        return {"ms": round(rng.uniform(0, 4), 2)}
-    if kind == "retry":
-        return {"fails": rng.choice((1, 2))}
-    if kind == "timeout":
-        return {"seconds": 5.0}
-    if kind == "slow":
-        return {"ms": round(rng.uniform(500, 2000))}
-    return []
+def _free_port() -> int:
+    """A TCP port free now on 127.0.0.1 (for a worker's /metrics)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _timing_fields(bucket: dict[str, list[tuple[float, int]]]) -> dict[str, Any]:
@@ -689,6 +873,7 @@ def _timing_fields(bucket: dict[str, list[tuple[float, int]]]) -> dict[str, Any]
         ("fail", "fail"),
         ("queues", "queues"),
         ("heartbeat", "heartbeat"),
+        ("flow_lock", "flow_lock"),
     ):
         fields[name] = measure.summarize(bucket.get(kind, []))
     fields["rescues"] = len(bucket.get("rescue", []))
@@ -752,9 +937,15 @@ def print_summary(summary: dict[str, Any]) -> None:
         "drained_after_stop_s",
         "worker_exit_codes",
         "window_ratio_last_first",
+        "census",
     ):
         if key in summary:
             print(f"  {key}: {summary[key]}")
+    print("\nchecks:")
+    for check in summary.get("checks", []):
+        print(f"  [{'PASS' if check['ok'] else 'FAIL'}] {check['name']}")
+        for line in check["detail"].splitlines():
+            print(f"         {line}")
 
 
 def prefill(cursor: Any, count: int) -> None:
@@ -838,6 +1029,10 @@ def main(argv: list[str] | None = None) -> int:
         target = args.chart or ROOT / "docs" / f"soak-{args.cluster}{suffix}.png"
         draw(json.loads(soak.out_path().read_text()), target)
         print(f"chart: {target}")
+    failed = [c["name"] for c in summary.get("checks", []) if not c["ok"]]
+    if failed:
+        print(f"FAILED: {', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 

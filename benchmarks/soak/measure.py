@@ -1,5 +1,10 @@
 """What the soak measures, from outside the workers: /proc, the server's statistics views,
-EXPLAIN probes, and the statement timings the workers write (see app/timing.py)."""
+EXPLAIN probes, and the statement timings the workers write (see app/timing.py).
+
+PostgreSQL has it all. On MariaDB/MySQL (``--database-url mysql://...``) the jobs table's
+rows, sizes and InnoDB's purge backlog (the history list, its counterpart of dead tuples),
+the backlog and the oldest other transaction are read; the backends' CPU (one server
+process, not one per connection), the EXPLAIN probes and pg_stat_statements are not."""
 
 from __future__ import annotations
 
@@ -87,8 +92,14 @@ class BackendCpu:
         return {role: ticks / CLK_TCK for role, ticks in self.totals.items()}
 
 
+def postgresql(cursor: Any) -> bool:
+    return bool(cursor.db.vendor == "postgresql")
+
+
 def backend_roles(cursor: Any) -> list[tuple[int, str]]:
-    """(pid, role) of every backend of the current database."""
+    """(pid, role) of every backend of the current database (PostgreSQL; [] elsewhere)."""
+    if not postgresql(cursor):
+        return []
     cursor.execute(
         "SELECT pid, application_name, backend_type FROM pg_stat_activity "
         "WHERE datname = current_database()"
@@ -179,6 +190,8 @@ def pooled(reader: TimingReader, minutes: Iterable[int], kinds: Iterable[str]) -
 
 # -- the database ---------------------------------------------------------------------------
 def table_stats(cursor: Any) -> dict[str, Any]:
+    if not postgresql(cursor):
+        return _table_stats_mysql(cursor)
     cursor.execute(
         "SELECT n_live_tup, n_dead_tup, n_tup_upd, n_tup_hot_upd, vacuum_count, "
         "autovacuum_count, last_autovacuum, autoanalyze_count FROM pg_stat_user_tables "
@@ -199,9 +212,7 @@ def table_stats(cursor: Any) -> dict[str, Any]:
     stats: dict[str, Any] = dict(zip(names, row, strict=True)) if row else {}
     if stats.get("last_autovacuum") is not None:
         stats["last_autovacuum"] = stats["last_autovacuum"].isoformat()
-    cursor.execute("SELECT state, count(*) FROM django_gator_job GROUP BY state")
-    stats["by_state"] = dict(cursor.fetchall())
-    stats["rows"] = sum(stats["by_state"].values())
+    stats.update(_rows(cursor))
     cursor.execute(
         "SELECT c.relname, pg_relation_size(c.oid) FROM pg_class c WHERE c.oid = %s::regclass "
         "OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = %s::regclass)",
@@ -213,12 +224,45 @@ def table_stats(cursor: Any) -> dict[str, Any]:
     return stats
 
 
+def _rows(cursor: Any) -> dict[str, Any]:
+    """The jobs table's rows, by state and in all."""
+    cursor.execute("SELECT state, count(*) FROM django_gator_job GROUP BY state")
+    by_state = dict(cursor.fetchall())
+    return {"by_state": by_state, "rows": sum(by_state.values())}
+
+
+def _table_stats_mysql(cursor: Any) -> dict[str, Any]:
+    """Rows by state, sizes, and InnoDB's history list length: the undo records purge has
+    not removed yet (MariaDB's counterpart of dead tuples), in ``n_dead_tup``'s place."""
+    stats: dict[str, Any] = _rows(cursor)
+    cursor.execute(
+        "SELECT data_length, index_length FROM information_schema.TABLES "
+        "WHERE table_schema = DATABASE() AND table_name = %s",
+        [TABLE],
+    )
+    row = cursor.fetchone()
+    if row:
+        stats["table_mb"] = round(row[0] / 2**20, 2)
+        stats["index_mb"] = {"all": round(row[1] / 2**20, 2)}
+    cursor.execute(
+        "SELECT count FROM information_schema.INNODB_METRICS WHERE name = 'trx_rseg_history_len'"
+    )
+    row = cursor.fetchone()
+    stats["history_list_length"] = int(row[0]) if row else None
+    return stats
+
+
 def backlog(cursor: Any) -> tuple[int, float]:
     """(jobs due and waiting, age in seconds of the oldest of them)."""
+    if postgresql(cursor):
+        now = "statement_timestamp()"
+        age = f"EXTRACT(EPOCH FROM {now} - min(next_execution_at))"
+    else:
+        now = "UTC_TIMESTAMP(6)"
+        age = f"TIMESTAMPDIFF(MICROSECOND, min(next_execution_at), {now}) / 1e6"
     cursor.execute(
-        "SELECT count(*), EXTRACT(EPOCH FROM statement_timestamp() - min(next_execution_at)) "
-        "FROM django_gator_job WHERE state IN ('waiting', 'failed') "
-        "AND next_execution_at <= statement_timestamp()"
+        f"SELECT count(*), {age} FROM django_gator_job WHERE state IN ('waiting', 'failed') "
+        f"AND next_execution_at <= {now}"
     )
     count, age = cursor.fetchone()
     return int(count), float(age or 0.0)
@@ -227,7 +271,15 @@ def backlog(cursor: Any) -> tuple[int, float]:
 def horizon(cursor: Any) -> dict[str, Any]:
     """The oldest transaction on the whole server that holds back cleanup (an xid or a
     snapshot), other than the soak's own short ones: while it is open, no dead row or
-    index entry newer than it can be removed, in any database."""
+    index entry newer than it can be removed, in any database. (MariaDB: the oldest InnoDB
+    transaction, which holds back purge the same way.)"""
+    if not postgresql(cursor):
+        cursor.execute(
+            "SELECT TIMESTAMPDIFF(MICROSECOND, min(trx_started), NOW(6)) / 1e6 "
+            "FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id <> CONNECTION_ID()"
+        )
+        row = cursor.fetchone()
+        return {"oldest_xact_s": round(float(row[0] or 0.0), 1) if row else 0.0}
     cursor.execute(
         "SELECT datname, state, EXTRACT(EPOCH FROM now() - xact_start), "
         "greatest(age(backend_xid), age(backend_xmin)) FROM pg_stat_activity "
@@ -257,7 +309,11 @@ def finished_between(cursor: Any, start: Any, end: Any) -> dict[str, int]:
 
 
 def succeeded_total(cursor: Any) -> int:
-    cursor.execute("SELECT count(*) FROM django_gator_job WHERE state = 'succeeded'")
+    """Jobs succeeded so far: those in the table and those the pruner deleted."""
+    cursor.execute(
+        "SELECT (SELECT count(*) FROM django_gator_job WHERE state = 'succeeded') + "
+        "COALESCE((SELECT sum(count) FROM gator_soak_deletedjobs WHERE state = 'succeeded'), 0)"
+    )
     return int(cursor.fetchone()[0])
 
 

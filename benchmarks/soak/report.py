@@ -114,12 +114,65 @@ def comparison(document: dict[str, Any]) -> str:
                 0,
             )
         )
+    if first[0].get("flow_lock"):
+        for q in ("p50", "p99"):
+            rows.append(
+                (
+                    f"limited claim, lock of the queue's row {q}, ms (median of minutes)",
+                    _median([m["flow_lock"][q] for m in first]),
+                    _median([m["flow_lock"][q] for m in last]),
+                    2,
+                )
+            )
+    rows.append(
+        (
+            "load average (1 min), median of minutes",
+            _median([m["host"]["loadavg"] for m in first]),
+            _median([m["host"]["loadavg"] for m in last]),
+            1,
+        )
+    )
     out = [
         f"| | first {span} min | last {span} min | last / first |",
         "|---|---:|---:|---:|",
     ]
     for label, a, b, digits in rows:
         out.append(f"| {label} | {_fmt(a, digits)} | {_fmt(b, digits)} | {_ratio(a, b)} |")
+    if any(m.get("features") for m in minutes):
+        out += ["", over_time(document)]
+    if summary.get("checks"):
+        out += ["", checks(document)]
+    return "\n".join(out)
+
+
+def over_time(document: dict[str, Any], every: int = 10) -> str:
+    """Markdown rows, every ``every`` minutes: what pruning leaves in the tables."""
+    out = [
+        "| minute | jobs (not dead) | dead jobs | pruned so far | rate-limit ledger rows "
+        "(past window) | batches | workflows (steps) | load average |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    minutes = [m for m in document["minutes"] if not m.get("partial") and m.get("features")]
+    for m in minutes[every - 1 :: every]:
+        table, extra = m["table"], m["features"]
+        dead = table["by_state"].get("dead", 0)
+        flow = extra["flow_start"]
+        out.append(
+            f"| {m['minute']} | {table['rows'] - dead:,} | {dead:,} | "
+            f"{sum(extra['deleted_by_state'].values()):,} | {flow['rows']:,} "
+            f"({flow['stale_rows']:,}) | {extra['django_gator_batch']:,} | "
+            f"{extra['django_gator_workflow']:,} ({extra['django_gator_workflow_step']:,}) | "
+            f"{m['host']['loadavg']:.1f} |"
+        )
+    return "\n".join(out)
+
+
+def checks(document: dict[str, Any]) -> str:
+    """The report's checks as a Markdown list."""
+    out = []
+    for check in document["summary"]["checks"]:
+        detail = check["detail"].replace("\n", "; ")
+        out.append(f"- **{'PASS' if check['ok'] else 'FAIL'}: {check['name']}.** {detail}")
     return "\n".join(out)
 
 

@@ -74,6 +74,17 @@ def _reopen_batches(jobs: JobQuerySet) -> None:
 FINAL = tuple(state.value for state in FINAL_STATES)
 
 
+def _in_an_open_batch() -> models.Exists:
+    """The job is a member of a batch that has not completed (yet, or again)."""
+    # Batch through the app registry: its module imports this one.
+    batch = Job._meta.apps.get_model("django_gator", "Batch")
+    return models.Exists(
+        batch.objects.filter(
+            pk=models.OuterRef("batch_id"), completed_generation__lt=models.F("generation")
+        )
+    )
+
+
 class JobQuerySet(models.QuerySet["Job"]):
     def ready(self) -> JobQuerySet:
         """Jobs a worker may claim now: due, and not in a paused queue."""
@@ -120,6 +131,11 @@ class JobQuerySet(models.QuerySet["Job"]):
             )
         )
 
+    def prunable(self) -> JobQuerySet:
+        """The jobs of this queryset that :meth:`prune` deletes: the finished ones, but
+        members of a batch that has not completed."""
+        return self.finished().filter(~_in_an_open_batch())
+
     def prune(
         self,
         *,
@@ -131,11 +147,15 @@ class JobQuerySet(models.QuerySet["Job"]):
         one), the oldest ``finished_at`` first, ``batch_size`` rows per short transaction so
         workers are never held up; a row that changed between the read of a batch and its
         delete (a retried job) stays. ``progress`` is called with each batch's count. Stops
-        when a batch comes back short (nothing left) or after ``max_batches`` batches."""
+        when a batch comes back short (nothing left) or after ``max_batches`` batches.
+
+        Members of a batch that has not completed are kept until it completes: whether
+        its ``on_success`` runs is decided then, from its members' rows (a cancelled or
+        dead member deleted before would let it run)."""
         # The (state, finished_at) index in its own order: each batch reads only its rows,
         # however many are left.
         return delete_in_batches(
-            self.finished(),
+            self.prunable(),
             ("finished_at", "id"),
             batch_size=batch_size,
             max_batches=max_batches,

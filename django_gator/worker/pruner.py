@@ -16,6 +16,21 @@ left, completed (a batch) or created (a workflow) more than
 :meth:`BatchQuerySet.finished` and :meth:`WorkflowRunQuerySet.finished`): one with a dead
 member or step keeps that job, so it stays until an operator retries or prunes it.
 
+The same pass prunes the rate-limit ledger (``django_gator_flow_start``, see
+``engines/flow.py``): the limited claim deletes a scope's rows that left its window only
+when it starts another job of that scope, so the rows of a key that stops getting jobs (an
+account that went quiet, a user who left) would stay for ever, and the table would grow
+with every key ever used. The pass deletes the rows of the scopes that went quiet: those
+whose newest row is older than the scope's window (the job class's or the queue's rate;
+an hour, the longest a rate can have, for a scope this worker knows no rate of) by
+IDLE_MARGIN more. It leaves the scopes in use to their claims, which delete their old rows
+under the lock of their queue's row, in the order they count them: a claim reads its time
+when its statement starts, before it waits for that lock, so a row the pass deleted on its
+own clock just as it left the window could still be one the waiting claim would count,
+and the claim would start one job too many (a soak run found one). A scope's rows are
+deleted only once it has been quiet for its window and the margin, so a claim would have
+to wait for its queue's lock longer than the margin to miss one.
+
 The pruner is a thread of its own, not a step of the heartbeat: a long pass must never
 delay a heartbeat (a late heartbeat gets a worker's jobs rescued). ``GATOR_AUTO_PRUNE =
 False`` turns it off; burst workers never prune.
@@ -26,13 +41,16 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
-from django.db import close_old_connections
+from django.db import close_old_connections, models
 
 from django_gator import conf
 from django_gator.engines.base import Engine
-from django_gator.models import Batch, Job, JobState, Lease, WorkflowRun
+from django_gator.engines.flow import key_scope, queue_scope
+from django_gator.limits import UNITS, parse_rate
+from django_gator.models import Batch, FlowStart, Job, JobState, Lease, Queue, WorkflowRun
+from django_gator.registry import registered_jobs
 from django_gator.worker.retrier import drop_connection
 
 logger = logging.getLogger("django_gator.worker")
@@ -45,6 +63,11 @@ RETENTIONS: tuple[tuple[JobState, Callable[[], float]], ...] = (
 #: A holder that stopped renewing (it died, or its database connection did) loses the lease
 #: after this many seconds at least, or after two intervals if that is longer.
 MIN_LEASE_SECONDS = 60.0
+#: The longest window of a rate limit ("N/h"): no claim counts a ledger row older than it.
+LONGEST_WINDOW = max(UNITS.values())
+#: Seconds a scope of the rate-limit ledger must have been quiet beyond its window before
+#: the pass deletes its rows (see the module's docstring).
+IDLE_MARGIN = 300.0
 
 
 class Pruner:
@@ -59,6 +82,7 @@ class Pruner:
         #: Batches and workflows (their steps with them) those passes deleted.
         self.deleted_batches = 0
         self.deleted_workflows = 0
+        self.ledger_deleted = 0  # rate-limit ledger rows they deleted
 
     def lease_seconds(self) -> float:
         return max(MIN_LEASE_SECONDS, 2 * conf.prune_interval())
@@ -89,6 +113,12 @@ class Pruner:
         alias = self.engine.alias
         batch_size = conf.prune_batch_size()
         deleted = 0
+        ledger = self.prune_flow_starts(stopped)
+        self.ledger_deleted += ledger
+        if ledger:
+            logger.info(
+                "Pruned rate-limit ledger rows deleted=%s worker=%s", ledger, self.worker_id
+            )
         for state, retention in RETENTIONS:
             while True:
                 try:
@@ -132,6 +162,69 @@ class Pruner:
                     break
                 if stopped(conf.prune_pause()) or not self.take_lease():
                     return
+
+    def flow_windows(self) -> list[tuple[dict[str, str], int]]:
+        """(filter on the ledger's scope, window in seconds) of every scope whose window
+        is shorter than the longest: the rate-limited job classes this worker knows, and
+        the queues whose row has a rate limit."""
+        windows: list[tuple[dict[str, str], int]] = []
+        for name, job_class in sorted(registered_jobs().items()):
+            if not job_class._gator_limited:
+                continue
+            rate = parse_rate(job_class.rate_limit)
+            if rate is not None and rate.seconds < LONGEST_WINDOW:
+                windows.append(({"scope__startswith": key_scope(name, "")}, rate.seconds))
+        limited = Queue.objects.using(self.engine.alias).exclude(rate_limit="")
+        for queue, rate_text in limited.values_list("name", "rate_limit"):
+            try:
+                rate = parse_rate(rate_text)
+            except ValueError:
+                continue  # the claim refuses it too, and logs it
+            if rate is not None and rate.seconds < LONGEST_WINDOW:
+                windows.append(({"scope": queue_scope(queue)}, rate.seconds))
+        return windows
+
+    def prune_flow_starts(self, stopped: Callable[[float], bool] = lambda _: False) -> int:
+        """Delete the rows of the rate-limit ledger's quiet scopes; returns how many. The
+        ids are read first and deleted by primary key, so the delete locks only those rows
+        (a claim that counts or inserts the ledger's rows meanwhile is never held up), at
+        most ``GATOR_PRUNE_BATCH_SIZE`` per transaction."""
+        now = self.engine.db_now()
+        deleted = 0
+        for scope, seconds in [*self.flow_windows(), ({}, LONGEST_WINDOW)]:
+            before = now - timedelta(seconds=seconds + IDLE_MARGIN)
+            deleted += self._delete_quiet(scope, before, stopped)
+        return deleted
+
+    def _delete_quiet(
+        self, scope: dict[str, str], before: datetime, stopped: Callable[[float], bool]
+    ) -> int:
+        """Delete the rows of the scopes (among ``scope``) whose newest row is no newer
+        than ``before``."""
+        ledger = FlowStart.objects.using(self.engine.alias)
+        batch_size = conf.prune_batch_size()
+        quiet = list(
+            ledger.filter(**scope)
+            .values("scope")
+            .annotate(newest=models.Max("started_at"))
+            .filter(newest__lte=before)
+            .values_list("scope", flat=True)[: 10 * batch_size]  # the next pass goes on
+        )
+        deleted = 0
+        for start in range(0, len(quiet), batch_size):
+            scopes = quiet[start : start + batch_size]
+            while True:
+                # started_at again: a claim may have started a job of one of them since.
+                old = ledger.filter(scope__in=scopes, started_at__lte=before)
+                ids = list(old.order_by("id").values_list("id", flat=True)[:batch_size])
+                if ids:
+                    count, _ = ledger.filter(id__in=ids, started_at__lte=before).delete()
+                    deleted += count
+                if stopped(conf.prune_pause()):
+                    return deleted
+                if len(ids) < batch_size:
+                    break
+        return deleted
 
     def _done(self, deleted: int) -> None:
         self.deleted += deleted

@@ -17,3 +17,9 @@ class SoakConfig(AppConfig):
             from benchmarks.soak.app import timing
 
             timing.install(directory)
+        census = os.environ.get("GATOR_SOAK_CENSUS")
+        if directory and census:
+            from benchmarks.soak.app import census as census_module
+
+            trace = os.environ.get("GATOR_SOAK_CENSUS_TRACE") == "1"
+            census_module.install(directory, float(census), trace)

@@ -1,15 +1,27 @@
 """The soak's job mix (found by the workers' autodiscovery of ``jobs`` modules).
 
-Every job is in the queue ``soak``; the harness chooses the mix (``--mix``).
+Every job is in the queue ``soak`` but those of the limited queue ``soak-limited`` (its
+limit is in settings.GATOR_QUEUES); the harness chooses the mix (``--mix``). The kinds of
+this round's features (a keyed class with limits, a limited queue, async jobs, snoozes,
+batches with callbacks, workflows) write what the report checks into the ledger tables of
+models.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 
-from django_gator import Queueable, Retry
+from benchmarks.soak.app.models import CallbackRun, LimitedRun, StepRun
+from django_gator import Queueable, Retry, Snooze
+from django_gator.models import Job
 
 QUEUE = "soak"
+LIMITED_QUEUE = "soak-limited"
+#: The limits the report checks (settings.GATOR_QUEUES carries LIMITED_CONCURRENCY).
+KEY_CONCURRENCY = 2
+KEY_RATE = "30/m"
+LIMITED_CONCURRENCY = 3
 
 
 class SoakOk(Queueable):
@@ -70,11 +82,134 @@ class SoakSlow(Queueable):
         time.sleep(ms / 1000)
 
 
-#: Mix names (``--mix ok=95,retry=3,...``) and the job class of each.
+def _record_limited(job: Queueable, scope: str, started: float) -> None:
+    claimed_at = Job.objects.filter(pk=job.job_id).values_list("locked_at", flat=True).first()
+    LimitedRun.objects.create(
+        scope=scope,
+        job_id=job.job_id or 0,
+        attempt=job.attempt,
+        claimed_at=claimed_at,
+        started=started,
+        ended=time.time(),
+    )
+
+
+class SoakKeyed(Queueable):
+    """A call to an account's API: at most KEY_CONCURRENCY at once and KEY_RATE starts per
+    account, across every worker."""
+
+    name = "soak.keyed"
+    queue = QUEUE
+    concurrency_limit = KEY_CONCURRENCY
+    rate_limit = KEY_RATE
+
+    def concurrency_key(self, account: int, ms: float = 0.0) -> str:
+        return f"account:{account}"
+
+    def handle(self, account: int, ms: float = 0.0) -> None:
+        started = time.time()
+        time.sleep(ms / 1000)
+        _record_limited(self, f"key:{account}", started)
+
+
+class SoakLimited(Queueable):
+    """A job of a queue whose concurrency is limited in GATOR_QUEUES (an export service
+    that takes LIMITED_CONCURRENCY at a time)."""
+
+    name = "soak.limited"
+    queue = LIMITED_QUEUE
+
+    def handle(self, ms: float = 0.0) -> None:
+        started = time.time()
+        time.sleep(ms / 1000)
+        _record_limited(self, f"queue:{LIMITED_QUEUE}", started)
+
+
+class SoakAsync(Queueable):
+    """An I/O-bound job on the worker's event loop."""
+
+    name = "soak.async"
+    queue = QUEUE
+
+    async def handle(self, ms: float = 0.0) -> None:
+        await asyncio.sleep(ms / 1000)
+
+
+class SoakSnooze(Queueable):
+    """Not ready at its first run: snoozes once for a second, then succeeds."""
+
+    name = "soak.snooze"
+    queue = QUEUE
+
+    def handle(self) -> None:
+        snoozes = Job.objects.filter(pk=self.job_id).values_list("snoozes", flat=True).first()
+        if not snoozes:
+            raise Snooze(1.0)
+
+
+class SoakMember(SoakOk):
+    """A member of a batch (a short job that succeeds)."""
+
+    name = "soak.member"
+
+
+class SoakBatchCallback(Queueable, abstract=True):
+    """A batch's callback: its ledger row commits with its success mark."""
+
+    queue = QUEUE
+    atomic = True
+    callback = ""
+
+    def handle(self, batch_id: int) -> None:
+        CallbackRun.objects.create(
+            batch_id=batch_id, callback=self.callback, job_id=self.job_id or 0, ran_at=time.time()
+        )
+
+
+class SoakBatchComplete(SoakBatchCallback):
+    name = "soak.batch_complete"
+    callback = "complete"
+
+
+class SoakBatchSuccess(SoakBatchCallback):
+    name = "soak.batch_success"
+    callback = "success"
+
+
+class SoakStep(Queueable):
+    """A step of a workflow (the harness dispatches diamonds: a, then b and c, then d); its
+    ledger row commits with its success mark."""
+
+    name = "soak.step"
+    queue = QUEUE
+    atomic = True
+
+    def handle(self, workflow: str, step: str, ms: float = 0.0) -> None:
+        started = time.time()
+        if ms:
+            time.sleep(ms / 1000)
+        StepRun.objects.create(
+            workflow=workflow,
+            step=step,
+            job_id=self.job_id or 0,
+            started=started,
+            ended=time.time(),
+        )
+
+
+#: Mix names (``--mix ok=95,retry=3,...``) and the job class of each. "batch" and
+#: "workflow" are dispatched as batches of SoakMember and workflows of SoakStep (see
+#: harness.Soak.dispatch_loop); their weight is in jobs, as every other kind's.
 KINDS: dict[str, type[Queueable]] = {
     "ok": SoakOk,
     "retry": SoakRetry,
     "dead": SoakDead,
     "timeout": SoakTimeout,
     "slow": SoakSlow,
+    "keyed": SoakKeyed,
+    "limited": SoakLimited,
+    "async": SoakAsync,
+    "snooze": SoakSnooze,
+    "batch": SoakMember,
+    "workflow": SoakStep,
 }

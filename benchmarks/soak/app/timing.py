@@ -31,6 +31,8 @@ def kind_of(sql: str) -> str | None:
     """The kind of a worker statement, from the SQL the engine builds (None: not timed)."""
     if sql.startswith("WITH picked AS"):
         return "claim_keyset" if "(next_execution_at, id) >" in sql else "claim"
+    if sql.startswith("SELECT") and "ready_rank IS NOT NULL" in sql and "SKIP LOCKED" in sql:
+        return "claim"  # MariaDB/MySQL: the claim's locking read (its UPDATE follows)
     if sql.startswith("UPDATE") and "SET state = 'succeeded'" in sql:
         return "mark"
     if sql.startswith("UPDATE") and "errors = " in sql and "rescues = rescues + 1" not in sql:
@@ -41,6 +43,8 @@ def kind_of(sql: str) -> str | None:
         return "queues"
     if "SET heartbeat_at" in sql:
         return "heartbeat"
+    if sql.startswith("SELECT paused, concurrency, rate_limit"):
+        return "flow_lock"  # the limited claim's lock of its queue's row (waits included)
     return None
 
 
@@ -51,7 +55,10 @@ def _rows(kind: str, params: Any) -> int:
             first = params[0]
             return len(first) if isinstance(first, list) else 1
         if kind.startswith("claim"):
-            return int(params[-2])
+            try:
+                return int(params[-2])
+            except ValueError:
+                return int(params[-1])  # MariaDB/MySQL: LIMIT is the last parameter
     except (IndexError, TypeError, ValueError):
         pass
     return 1

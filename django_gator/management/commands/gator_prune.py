@@ -135,7 +135,7 @@ class Command(BaseCommand):
     ) -> None:
         total = 0
         for state, before in cutoffs.items():
-            count = 0 if before is None else _old(alias, state, before).count()
+            count = 0 if before is None else _old(alias, state, before).prunable().count()
             total += count
             when = "(retention too long: none)" if before is None else before.isoformat()
             self._say(f"would delete {wording.count(count, state + ' job')} finished before {when}")
