@@ -344,8 +344,11 @@ def test_many_parents_finishing_at_once_release_each_child_exactly_once(spawn_wo
         wf.add(DagStep, node, after=[roots[p] for p in parents])
     graph[60] = list(range(40))
     wf.add(DagStep, 60, after=roots)
-    run = wf.dispatch()
     workers = [spawn_worker("--concurrency", "4") for _ in range(2)]
+    # Both up (their signal handlers installed) before the graph is: on a loaded machine
+    # the first could finish it while the second still starts, and SIGTERM kill that one.
+    wait_for(lambda: Worker.objects.count() == 2, timeout=60)
+    run = wf.dispatch()
 
     wait_for(
         lambda: WorkflowStep.objects.filter(workflow=run, state=StepState.SUCCEEDED).count() == 61,
