@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -110,7 +111,29 @@ def _rows(
     with collector.paused(len(items)):
         args_col = [list(args) for args, _ in items]
         kwargs_col = [dict(kwargs) if kwargs else {} for _, kwargs in items]
-        args_json, kwargs_json = _payloads(job_class, args_col, kwargs_col, limit, many)
+        encode = None
+        if (
+            many
+            and len(items) >= STREAM_MIN_ROWS
+            and not (job_class._gator_limited or job_class._gator_unique)
+            and not job_class.misfits(args_col, kwargs_col)
+        ):
+            # Checked and encoded as an engine that streams the rows sends them (see
+            # JobRows.encode): the checks overlap the database's work on the rows sent.
+            # "" (never JSON) until encoded; without keyword arguments, every row's "{}".
+            args_json: list[str] = [""] * len(items)
+            keywords = any(kwargs_col)
+            kwargs_json = [""] * len(items) if keywords else ["{}"] * len(items)
+            encode = functools.partial(
+                _encode_range,
+                args_col,
+                kwargs_col,
+                limit,
+                args_json,
+                kwargs_json if keywords else None,
+            )
+        else:
+            args_json, kwargs_json = _payloads(job_class, args_col, kwargs_col, limit, many)
         rows = JobRows(
             name=job_class.name,
             queue=queue,
@@ -121,10 +144,48 @@ def _rows(
             chain_id=chain_id,
             chain_position=chain_position,
             chain=chain_json,
+            encode=encode,
         )
         if job_class._gator_limited or job_class._gator_unique:
             _keys(job_class, queue, rows, args_col, kwargs_col, many)
     return rows, (args_col, kwargs_col)
+
+
+#: A dispatch_many of at least this many items whose arguments all fit handle() has their
+#: JSON checked and encoded while the rows are sent, on engines that stream them
+#: (PostgreSQL's COPY), instead of before (see JobRows.encode).
+STREAM_MIN_ROWS = 2000
+
+
+def _encode_range(
+    args_col: list[list[Any]],
+    kwargs_col: list[dict[str, Any]],
+    limit: int,
+    args_json: list[str],
+    kwargs_json: list[str] | None,
+    start: int,
+    stop: int,
+) -> None:
+    """Check and encode the arguments of items ``start`` to ``stop`` (whose shapes fit
+    handle(): see _rows) into ``args_json`` and ``kwargs_json`` (None: no item has keyword
+    arguments); raises for the first bad one, its message naming its index in the whole
+    dispatch_many."""
+    with collector.paused(stop - start):
+        chunk_args, chunk_kwargs = args_col[start:stop], kwargs_col[start:stop]
+        encoded_args, encoded_kwargs, doubtful = validation.encode_columns(
+            chunk_args, chunk_kwargs, limit
+        )
+        for index in doubtful:
+            try:
+                encoded_args[index], encoded_kwargs[index] = validation.encode_payload(
+                    chunk_args[index], chunk_kwargs[index], limit
+                )
+            except (TypeError, ValueError) as exc:
+                _name_item(exc, start + index, True)
+                raise
+        args_json[start:stop] = encoded_args
+        if kwargs_json is not None:
+            kwargs_json[start:stop] = encoded_kwargs
 
 
 def _payloads(
@@ -228,6 +289,7 @@ def _store(
     if on_commit:
         commit_alias = DEFAULT_DB_ALIAS if on_commit is True else str(on_commit)
         if connections[commit_alias].in_atomic_block:
+            rows.settle()  # a bad item is refused now, not at the commit
             prepare()  # the jobs are returned now, and filled in on commit
             if member_of is not None:
                 member_of.deferred_to(commit_alias)
@@ -431,6 +493,8 @@ def _write_rows(
     the ids from the sequence, and while it reads the last lines)."""
     due_now = {rows.queue} if rows.run_at is None else set()
     engine = get_engine(alias)
+    if job_class._gator_unique or not engine.streams_rows(len(rows)):
+        rows.settle()
     if not job_class._gator_unique:
 
         def fill(inserted: Inserted) -> None:

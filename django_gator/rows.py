@@ -6,6 +6,7 @@ django_gator, so job classes and chains can build rows without loading the engin
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -88,9 +89,21 @@ class JobRows:
     #: One per row, or None for a class without limits (see limits.flow_key).
     concurrency_keys: list[str | None] | None = None
     batch_id: int | None = None
+    #: Arguments checked and encoded as they are sent (a large dispatch_many; see
+    #: dispatch._rows): until then ``args`` and ``kwargs`` hold placeholders, and
+    #: ``encode(start, stop)`` fills in those rows, raising for the first bad item among
+    #: them. Whatever reads the columns other than an engine that streams them calls
+    #: :meth:`settle` first.
+    encode: Callable[[int, int], None] | None = None
 
     def __len__(self) -> int:
         return len(self.args)
+
+    def settle(self) -> None:
+        """Check and encode every row's arguments now, if that was left for later."""
+        encode, self.encode = self.encode, None
+        if encode is not None:
+            encode(0, len(self.args))
 
     def columns(self) -> dict[str, Any]:
         """Each InsertRow attribute's value: a list (one per row) where rows may differ,

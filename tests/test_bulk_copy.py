@@ -10,7 +10,7 @@ import pytest
 from django.db import DataError, OperationalError, connection, transaction
 from django.utils import timezone
 
-from django_gator import Queueable
+from django_gator import Queueable, dispatch
 from django_gator.engines import postgresql
 from django_gator.models import Job, JobState
 
@@ -170,3 +170,68 @@ def test_unique_jobs_keep_their_own_insert():
     again = CopyUnique.dispatch_many([[i] for i in range(ROWS)])
     assert [j.pk for j in again] == [j.pk for j in first]
     assert Job.objects.filter(queue="copy-unique").count() == ROWS
+
+
+# -- arguments checked and encoded while the COPY streams (dispatch.STREAM_MIN_ROWS) --------
+STREAMED = dispatch.STREAM_MIN_ROWS + 1500
+
+
+def test_a_streamed_dispatch_many_stores_what_the_eager_one_would(monkeypatch):
+    """Above STREAM_MIN_ROWS the arguments are encoded chunk by chunk as the COPY sends
+    them: the same rows as when they are encoded first (the awkward values, nested ones and
+    keyword arguments included)."""
+    monkeypatch.setattr(postgresql, "COPY_CHUNK", 700)  # several chunks
+    items: list[Any] = [[i, AWKWARD[i % len(AWKWARD)]] for i in range(STREAMED)]
+    items[3000] = {"kw": "tab\tand\\slash", "n": 3000}
+    encoded: list[tuple[int, int]] = []
+    original = dispatch._encode_range
+
+    def spy(*args: Any) -> None:
+        encoded.append(args[-2:])
+        original(*args)
+
+    monkeypatch.setattr(dispatch, "_encode_range", spy)
+    jobs = CopyProbe.dispatch_many(items)
+    assert encoded == [(start, min(start + 700, STREAMED)) for start in range(0, STREAMED, 700)]
+    stored = dict(Job.objects.filter(queue="copy-probe").values_list("id", "args"))
+    kwargs = dict(Job.objects.filter(queue="copy-probe").values_list("id", "kwargs"))
+    assert len(stored) == STREAMED
+    for job, item in zip(jobs, items, strict=True):
+        if isinstance(item, dict):
+            assert (stored[job.pk], kwargs[job.pk]) == ([], item)
+        else:
+            assert (stored[job.pk], kwargs[job.pk]) == (item, {})
+
+
+def test_a_bad_item_found_while_streaming_is_refused_with_nothing_inserted(monkeypatch):
+    """The bad item is in the last chunk, after the others were sent: the error names it as
+    the eager check would, the COPY ends with nothing stored, the caller's transaction and
+    the connection go on."""
+    monkeypatch.setattr(postgresql, "COPY_CHUNK", 700)
+    items: list[Any] = [[i] for i in range(STREAMED)]
+    items[-3] = [{1, 2}]  # a set: not JSON
+    with pytest.raises(TypeError) as streamed:
+        CopyProbe.dispatch_many(items)
+    assert not Job.objects.exists()
+    # The same refusal, item for item, as a call small enough to be checked first.
+    with pytest.raises(TypeError) as eager:
+        CopyProbe.dispatch_many(items[-100:])
+    index = STREAMED - 3
+    assert str(streamed.value) == str(eager.value).replace("item 97:", f"item {index}:")
+    assert str(streamed.value).startswith(f"dispatch_many() item {index}: ")
+    with transaction.atomic():
+        kept = CopyProbe.dispatch(-1)
+        with pytest.raises(TypeError, match=rf"item {index}: args\[0\] is nan"):
+            CopyProbe.dispatch_many([[i] for i in range(index)] + [[float("nan")]], on_commit=False)
+        after = CopyProbe.dispatch(-2)
+    assert list(Job.objects.order_by("id").values_list("id", flat=True)) == [kept.pk, after.pk]
+
+
+def test_a_streamed_dispatch_deferred_to_the_commit_is_checked_at_the_call():
+    items: list[Any] = [[i] for i in range(STREAMED)]
+    items[-1] = [object()]
+    with transaction.atomic():
+        with pytest.raises(TypeError, match=f"item {STREAMED - 1}:"):
+            CopyProbe.dispatch_many(items, on_commit=True)
+        CopyProbe.dispatch(-1, on_commit=True)
+    assert Job.objects.count() == 1

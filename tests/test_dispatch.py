@@ -811,3 +811,25 @@ def test_the_deepest_nesting_accepted_is_stored_by_every_database():
     with pytest.raises(TypeError, match=rf"^args\[0\]\[0\].* is nested deeper than {MAX_DEPTH}"):
         add.dispatch([deepest], 0)
     assert Job.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("on_commit", [False, True])
+def test_a_large_dispatch_many_refuses_a_late_bad_item_with_nothing_inserted(on_commit):
+    """Above dispatch.STREAM_MIN_ROWS the arguments may be checked while the rows are sent
+    (PostgreSQL's COPY); wherever they are checked, a bad last item is refused by the call,
+    with nothing inserted, and named by its index."""
+    from django_gator.dispatch import STREAM_MIN_ROWS
+
+    count = STREAM_MIN_ROWS + 10
+    items: list[Any] = [[i, i] for i in range(count)]
+    items[-1] = [{"when": date(2026, 1, 1)}, 1]  # fits add(a, b); not JSON
+    with pytest.raises(TypeError, match=rf"dispatch_many\(\) item {count - 1}: "):
+        add.dispatch_many(items, on_commit=on_commit)
+    with (
+        transaction.atomic(),
+        pytest.raises(TypeError, match=rf"dispatch_many\(\) item {count - 1}: "),
+    ):
+        add.dispatch_many(items, on_commit=on_commit)
+    assert not Job.objects.exists()
+    assert len(add.dispatch_many([[i, 1] for i in range(count)])) == count

@@ -275,6 +275,7 @@ def test_a_pooled_alias_gets_no_session_settings_and_no_server_side_prepares(set
         settings.GATOR_POOLED_DATABASES = ["default"]
         engine.prepare_bookkeeping()
         assert show("synchronous_commit") == "on"
+        assert show("plan_cache_mode") == "auto"
         assert connection.connection.prepare_threshold is None
         idle = show("tcp_keepalives_idle")
         engine.prepare_worker_session(connection.connection, NetworkBounds.for_timeout(30))
@@ -284,6 +285,7 @@ def test_a_pooled_alias_gets_no_session_settings_and_no_server_side_prepares(set
         settings.GATOR_POOLED_DATABASES = []
         engine.prepare_bookkeeping()
         assert show("synchronous_commit") == "off"
+        assert show("plan_cache_mode") == "force_generic_plan"  # the prepared claims
         engine.prepare_worker_session(connection.connection, NetworkBounds.for_timeout(30))
         assert show("tcp_keepalives_idle") == "10"
     finally:

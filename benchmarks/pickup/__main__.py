@@ -14,6 +14,12 @@ change; on PostgreSQL the same as ``on``). The worker counts its own SQL stateme
 Django execute wrapper installed by this benchmark's app), which gives its database load
 while idle (10 s without jobs) and during the samples.
 
+``--finished N``: before each run the jobs table is vacuumed (PostgreSQL), then ``N`` jobs
+of the queue are dispatched and marked succeeded with no vacuum after them: the index
+entries of rows that left the ready state, which a claim steps over until vacuum removes
+them (on the shared server of these machines, autovacuum is off). The rows are made with
+``dispatch_many`` and one UPDATE, not run: what a claim meets is the same.
+
 The database named by ``--database-url`` must have ``pickup`` in its name (its jobs are
 deleted); PostgreSQL and MariaDB databases are created if missing. Without a URL, SQLite in
 a temporary file.
@@ -22,6 +28,7 @@ a temporary file.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -175,13 +182,46 @@ def xact_commits(vendor: str) -> int | None:
         return int(cursor.fetchone()[0])
 
 
-def measure(url: str, mode: str, concurrency: int, samples: int, workdir: Path) -> dict[str, Any]:
+def finish_jobs(count: int) -> None:
+    """Vacuum the jobs table (PostgreSQL), then leave ``count`` jobs of the queue finished
+    since: dispatched, then marked succeeded in one UPDATE per 100,000."""
+    from django.db import connection
+
+    from benchmarks.pickup.app.jobs import QUEUE, Noop
+    from django_gator.models import Job, JobState
+
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(f"VACUUM ANALYZE {Job._meta.db_table}")
+    chunk = 100_000
+    for start in range(0, count, chunk):
+        jobs = Noop.dispatch_many([[] for _ in range(min(chunk, count - start))])
+        Job.objects.filter(pk__gte=jobs[0].pk, pk__lte=jobs[-1].pk, queue=QUEUE).update(
+            state=JobState.SUCCEEDED.value, attempts=1
+        )
+
+
+def ready_index_pages() -> int | None:
+    """PostgreSQL: the pages of the claim's index (live and dead entries)."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_relation_size('gator_job_ready') / 8192")
+        return int(cursor.fetchone()[0])
+
+
+def measure(
+    url: str, mode: str, concurrency: int, samples: int, workdir: Path, finished: int = 0
+) -> dict[str, Any]:
     from django.db import connection
 
     from benchmarks.pickup.app.jobs import QUEUE, Stamp
     from django_gator.models import Job
 
     Job.objects.filter(queue=QUEUE).delete()
+    finish_jobs(finished)
     run = Run(url, mode, concurrency, workdir)
     try:
         run.wait_started()
@@ -209,6 +249,8 @@ def measure(url: str, mode: str, concurrency: int, samples: int, workdir: Path) 
         "mode": mode,
         "concurrency": concurrency,
         "samples": samples,
+        "finished_since_vacuum": finished,
+        "ready_index_pages": ready_index_pages(),
         "p50_ms": statistics.median(latencies),
         "p90_ms": percentile(latencies, 90),
         "p99_ms": percentile(latencies, 99),
@@ -230,6 +272,13 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["on", "off"], choices=["on", "off"])
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=1, help="repeat the whole A/B set")
+    parser.add_argument(
+        "--finished",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="jobs finished since the last vacuum before each run (see above)",
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
 
@@ -257,28 +306,29 @@ def main() -> None:
         f"{args.samples} samples per run"
     )
     print(
-        f"{'mode':>4} {'threads':>7} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} {'max ms':>7}"
-        f" {'SQL/s idle':>10} {'SQL/s sparse':>15}"
+        f"{'finished':>9} {'mode':>4} {'threads':>7} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7}"
+        f" {'max ms':>7} {'SQL/s idle':>10} {'SQL/s sparse':>15}"
     )
     results = []
     for _ in range(args.rounds):
-        for concurrency in args.concurrency:
-            for mode in args.modes:
-                r = measure(url, mode, concurrency, args.samples, workdir)
-                r["database"] = f"{connection.vendor} {version}"
-                results.append(r)
-                extra = (
-                    f" (xact_commit/s idle {r['xact_commit_per_s_idle']:.1f})"
-                    if "xact_commit_per_s_idle" in r
-                    else ""
-                )
-                print(
-                    f"{mode:>4} {concurrency:>7} {r['p50_ms']:>7.2f} {r['p90_ms']:>7.2f}"
-                    f" {r['p99_ms']:>7.2f} {r['max_ms']:>7.1f}"
-                    f" {r['statements_per_s_idle']:>10.1f}"
-                    f" {r['statements_per_s_during']:>15.1f}{extra}",
-                    flush=True,
-                )
+        for finished, concurrency, mode in itertools.product(
+            args.finished, args.concurrency, args.modes
+        ):
+            r = measure(url, mode, concurrency, args.samples, workdir, finished)
+            r["database"] = f"{connection.vendor} {version}"
+            results.append(r)
+            extra = (
+                f" (xact_commit/s idle {r['xact_commit_per_s_idle']:.1f})"
+                if "xact_commit_per_s_idle" in r
+                else ""
+            )
+            print(
+                f"{finished:>9,} {mode:>4} {concurrency:>7} {r['p50_ms']:>7.2f}"
+                f" {r['p90_ms']:>7.2f} {r['p99_ms']:>7.2f} {r['max_ms']:>7.1f}"
+                f" {r['statements_per_s_idle']:>10.1f}"
+                f" {r['statements_per_s_during']:>15.1f}{extra}",
+                flush=True,
+            )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

@@ -65,6 +65,11 @@ class DispatchStatements(EngineCore):
         """
         return self._insert_documents(self._row_documents(rows))
 
+    def streams_rows(self, count: int) -> bool:
+        """Whether :meth:`insert_rows` of ``count`` rows checks and encodes their arguments
+        itself as it sends them (``JobRows.encode``), instead of being handed them settled."""
+        return False
+
     def insert_rows(
         self,
         rows: JobRows,

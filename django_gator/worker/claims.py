@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from django_gator.engines import ClaimedJob
@@ -117,13 +117,32 @@ class Claimer:
         self.flow = FlowRouter(engine, worker_id, clock)
         #: Per queue served by both claims: until when (clock()) its ordinary claim rests.
         self._plain_rest: dict[str, float] = {}
+        #: Queues whose last claim took as many jobs as it asked for: they may have more.
+        self._full: set[str] = set()
 
-    def claim(self, limit: int, marks: Sequence[Mark] = ()) -> tuple[list[ClaimedJob], list[int]]:
+    def claim(
+        self, limit: int, marks: Sequence[Mark] = (), woken: Collection[str] = ()
+    ) -> tuple[list[ClaimedJob], list[int]]:
         """Claim up to ``limit`` jobs across the queues, writing the success ``marks`` in
         the same round trip as the first claim (one commit where commits are costly).
-        Returns the jobs claimed and the ids whose mark was written."""
+        Returns the jobs claimed and the ids whose mark was written.
+
+        ``woken``: queues a wakeup named since the last claim. Those not known to have a
+        backlog (their last claim took fewer jobs than it asked for, or none was made) are
+        claimed first, in their weighted order: their new job would otherwise wait behind
+        a backlog elsewhere until the order put its queue first (a job on an idle "emails"
+        queue while the worker drains "reports"). A queue whose last claim was filled keeps
+        its place in the weighted order, so a busy queue gains nothing from its wakeups."""
         pending = list(marks)
         names = self.queue_order() if limit else []
+        if woken and limit and not self.specs:
+            # All queues: a queue named by a wakeup has work, listed or not (the list of
+            # queues with work is read every QUEUE_LIST_TTL seconds).
+            names += sorted(set(woken).difference(names))
+        if woken and names:
+            first = [name for name in names if name in woken and name not in self._full]
+            if first:
+                names = first + [name for name in names if name not in first]
         if not names:
             written = self.engine.mark_succeeded(self.worker_id, pending) if pending else []
             return [], written
@@ -158,6 +177,10 @@ class Claimer:
                 pending = []
                 jobs = jobs + more
             claimed += jobs
+            if len(jobs) < want:
+                self._full.discard(name)
+            else:
+                self._full.add(name)
             if len(claimed) >= limit:
                 break
         if not claimed:

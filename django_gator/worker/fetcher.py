@@ -107,7 +107,7 @@ class Fetcher:
                 if failures:
                     self.release_orphans(batch)
                 started = time.perf_counter()
-                jobs, written = self.claimer.claim(turn.free, Outcomes.marks(batch))
+                jobs, written = self.claimer.claim(turn.free, Outcomes.marks(batch), turn.woken)
                 self.measure(time.perf_counter() - started, batch)
                 failures = 0
             except Exception:

@@ -36,8 +36,9 @@ def listen(
                 failures = 0
                 while not stopped.is_set():
                     notified = listener.wait(1.0)
-                    if notified and (not wanted or wanted & notified):
-                        slots.notify_fetcher(notified=True)
+                    ours = notified & wanted if wanted else notified
+                    if ours:
+                        slots.notify_fetcher(notified=True, queues=ours)
         except Exception:
             failures += 1
             logger.warning(
@@ -94,7 +95,8 @@ def receive_wakeups(
             except OSError:
                 pass
             sock.settimeout(0.5)
-            if named is not None and (not wanted or wanted & named):
-                slots.notify_fetcher(notified=True)
+            ours = (named & wanted if wanted else named) if named is not None else None
+            if ours:
+                slots.notify_fetcher(notified=True, queues=ours)
     finally:
         sock.close()

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from django_gator.engines import ClaimedJob
@@ -46,6 +46,8 @@ class Round:
     free: int  # executor slots to claim for (0 while a suspect is held or runs alone)
     idle: bool  # nothing was claimed or running when the round began
     suspect: ClaimedJob | None  # a held suspect that may start now, alone
+    #: Queues a wakeup named since the last round that claimed (see Claimer.claim).
+    woken: frozenset[str] = frozenset()
 
 
 class Slots:
@@ -77,6 +79,7 @@ class Slots:
         self.retired: set[threading.Thread] = set()  # executors whose job timed out
         self.in_flight = 0  # claimed and not finished: pending + suspects + running
         self.notified = False  # a NOTIFY came for one of our queues
+        self.woken: set[str] = set()  # the queues it named, until a round claims
         self.lingering = False  # the fetcher waits for fuller slots (see lingers_locked)
         self.stopping = False  # no more claims
         self.closing = False  # executors exit once nothing is pending
@@ -111,22 +114,29 @@ class Slots:
         free = 0 if held else self.free_locked()
         if self.budget is not None:
             free = min(free, self.budget)
+        woken: frozenset[str] = frozenset()
+        if free > 0 and self.woken:
+            woken = frozenset(self.woken)
+            self.woken.clear()
         return Round(
             stopping=self.stopping,
             free=free,
             idle=self.in_flight == 0,
             suspect=self.suspects.popleft() if self.may_isolate_locked() else None,
+            woken=woken,
         )
 
     def lingers_locked(self) -> bool:
         """Whether a claim now would leave executor slots empty that jobs still running here
         are about to free, and nothing else asks for the fetcher: no stop, no NOTIFY of a
-        new job (claimed at once), no timed-out job, no suspect held or running."""
+        new job (claimed at once, even one that came while every slot was busy), no
+        timed-out job, no suspect held or running."""
         return (
             self.in_flight > 0
             and self.free_locked() > 0
             and not self.stopping
             and not self.notified
+            and not self.woken
             and not self.timed_out
             and not self.suspects
             and self.isolated is None
@@ -204,9 +214,12 @@ class Slots:
             known |= {job.id for job in self.async_slots.waiting}
         return known
 
-    def notify_fetcher(self, *, notified: bool = False) -> None:
+    def notify_fetcher(self, *, notified: bool = False, queues: Collection[str] = ()) -> None:
+        """Wake the fetcher; ``notified``: a wakeup came for one of our queues, ``queues``
+        the queues it named (claimed first, if they had run dry: see Claimer.claim)."""
         with self.lock:
             self.notified = self.notified or notified
+            self.woken.update(queues)
             self.fetch_needed.notify()
 
     # -- executors -------------------------------------------------------------------------
