@@ -575,7 +575,9 @@ def _insert_unique(
     """engine.insert_unique(), run again after a deadlock when the transaction is ours.
 
     Inside the caller's atomic() block it is not: InnoDB rolled back the caller's whole
-    transaction, which only the caller can run again, so the error says that instead."""
+    transaction, and on PostgreSQL the caller's transaction still holds the locks that
+    made the cycle (only our savepoint was rolled back), so trying again would deadlock
+    again. Only the caller can run its block again, and the error says so."""
     attempt = 1
     while True:
         in_callers_transaction = engine.connection.in_atomic_block
@@ -587,7 +589,7 @@ def _insert_unique(
             if in_callers_transaction:
                 raise DispatchDeadlock(
                     f"dispatch of {job_class.name!r} inside transaction.atomic() lost a "
-                    f"deadlock ({exc}); InnoDB ends the whole transaction to break one, so "
+                    f"deadlock ({exc}); the database ends the whole transaction to break one, so "
                     "run the atomic block again (dispatch retries deadlocks by itself only "
                     "outside one)"
                 ) from exc

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
-from django.db import connection
+from django.db import connection, connections
 
 from django_gator.engines import get_engine
 from django_gator.models import Job, JobState
 from tests.testapp.jobs import (
     Echo,
 )
+from tests.testapp.models import Execution
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -178,3 +181,49 @@ def test_sqlite_claim_uses_the_partial_ready_index():
         plan = " ".join(str(row[-1]) for row in cursor.fetchall())
     assert "gator_job_ready" in plan
     assert "TEMP B-TREE" not in plan
+
+
+@pytest.mark.skipif("connection.vendor == 'sqlite'")
+def test_a_settling_write_that_loses_a_deadlock_runs_again_by_itself():
+    # The worker's writes that may end a workflow step run through with_steps() in a
+    # transaction of their own. Two of them lock two rows in opposite orders: the database
+    # ends one to break the deadlock (InnoDB error 1213, PostgreSQL 40P01), and with_steps
+    # runs that one again from the start (its write is a compare-and-set), so neither
+    # caller sees the error.
+    rows = [
+        Execution.objects.create(job_id=-n, attempt=0, pid=0, label=f"row {n}").pk for n in range(2)
+    ]
+    job = Echo.dispatch("deadlock")  # not a step: settling it changes nothing
+    engine = get_engine("default")
+    both_hold_one = threading.Barrier(2, timeout=30)
+    calls = [0, 0]
+    errors: list[BaseException] = []
+
+    def write(me: int) -> int:
+        calls[me] += 1
+        first, second = rows if me == 0 else rows[::-1]
+        Execution.objects.filter(pk=first).update(label=f"locked by {me}")
+        if calls[me] == 1:
+            both_hold_one.wait()
+        Execution.objects.filter(pk=second).update(label=f"written by {me}")
+        return 1
+
+    def run(me: int) -> None:
+        try:
+            assert engine.with_steps([job.pk], None, lambda: write(me)) == 1
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()  # this thread's
+
+    threads = [threading.Thread(target=run, args=(me,)) for me in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    assert not errors, errors
+    assert sorted(calls) == [1, 2], calls  # one lost the deadlock and ran again
+    labels = set(Execution.objects.filter(pk__in=rows).values_list("label", flat=True))
+    loser = calls.index(2)
+    assert labels == {f"written by {loser}", f"locked by {loser}"}  # the rerun wrote last

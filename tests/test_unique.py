@@ -283,15 +283,30 @@ def test_unique_dispatch_next_to_a_worker_marking_the_same_keys_never_deadlocks(
     assert active.count() <= 8
 
 
-@pytest.mark.skipif(connection.vendor != "mysql", reason="needs MariaDB or MySQL")
+#: Whether the caller's connection is at its INSERT (where it waits for the holder).
+#: PostgreSQL: a lock it waits for (pg_stat_activity would be read once per transaction).
+_CALLER_INSERTING = {
+    "mysql": (
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST "
+        "WHERE id = %s AND info LIKE 'INSERT INTO%%'"
+    ),
+    "postgresql": "SELECT COUNT(*) FROM pg_locks WHERE pid = %s AND NOT granted",
+}
+
+
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite has one writer: no deadlock")
 def test_a_deadlock_inside_the_callers_transaction_says_to_run_the_block_again():
-    # InnoDB breaks a deadlock by rolling back a whole transaction. Inside the caller's
-    # atomic() block that is the caller's transaction: dispatch cannot retry it alone, and
-    # says so. The deadlock is made for real: another transaction holds the key (not yet
-    # committed, so our insert waits for it) and then waits for a row the caller updated.
+    # A deadlock is broken by rolling back the caller's whole transaction (InnoDB) or the
+    # dispatch's savepoint while the caller's transaction keeps the locks of the cycle
+    # (PostgreSQL). Either way only the caller can run its atomic() block again, and
+    # dispatch says so. The deadlock is made for real: another transaction holds the key
+    # (not yet committed, so our insert waits for it) and then waits for a row the caller
+    # updated.
     target = Execution.objects.create(job_id=0, attempt=0, pid=0, label="before")
     with connection.cursor() as cursor:
-        cursor.execute("SELECT CONNECTION_ID()")
+        cursor.execute(
+            "SELECT CONNECTION_ID()" if connection.vendor == "mysql" else "SELECT pg_backend_pid()"
+        )
         [caller_id] = cursor.fetchone()
     holding = threading.Event()
     holder_errors: list[BaseException] = []
@@ -300,6 +315,11 @@ def test_a_deadlock_inside_the_callers_transaction_says_to_run_the_block_again()
         try:
             with transaction.atomic():
                 # Heavier than the caller's transaction, so InnoDB picks the caller as victim.
+                # PostgreSQL ends the transaction whose deadlock_timeout runs out first: the
+                # holder's is made longer than the caller's.
+                if connection.vendor == "postgresql":
+                    with connections["default"].cursor() as cursor:
+                        cursor.execute("SET LOCAL deadlock_timeout = '20s'")
                 for n in range(1, 30):
                     Execution.objects.create(job_id=-n, attempt=0, pid=0)
                 QuickUnique.dispatch(99)
@@ -308,11 +328,7 @@ def test_a_deadlock_inside_the_callers_transaction_says_to_run_the_block_again()
                     # Once the caller runs its INSERT, it has updated the target row: then
                     # each of us waits for the other, whichever asks first.
                     for _ in range(600):
-                        cursor.execute(
-                            "SELECT COUNT(*) FROM information_schema.PROCESSLIST "
-                            "WHERE id = %s AND info LIKE 'INSERT INTO%%'",
-                            [caller_id],
-                        )
+                        cursor.execute(_CALLER_INSERTING[connection.vendor], [caller_id])
                         if cursor.fetchone()[0]:
                             break
                         time.sleep(0.01)

@@ -323,6 +323,13 @@ class PostgresEngine(Engine):
             f"RETURNING {returning}"
         )
 
+    def is_deadlock(self, exc: BaseException) -> bool:
+        """PostgreSQL's deadlock detector ended the transaction (SQLSTATE 40P01); Django
+        wraps psycopg's error, which it keeps as the cause."""
+        return isinstance(exc, psycopg.errors.DeadlockDetected) or isinstance(
+            exc.__cause__, psycopg.errors.DeadlockDetected
+        )
+
     def wake(self, queues: Collection[str]) -> None:
         """A NOTIFY per queue, as dispatch sends: listening workers claim at once (delivered
         when the caller's transaction commits, if there is one)."""
