@@ -97,9 +97,12 @@ def install(fault: str) -> None:
             if writing and fault == "kill_before_success_commit" and _once(fault):
                 _die()
             result = original(self, *args, **kwargs)
-            if writing and fault == "kill_after_success_commit" and _once(fault):
+            # Inside with_steps() (a workflow step's batched mark) nothing has committed
+            # yet: the after-commit faults fire when with_steps() returns (workflow_write).
+            committed = writing and not self.connection.in_atomic_block
+            if committed and fault == "kill_after_success_commit" and _once(fault):
                 _die()
-            if writing and fault == "lose_success_answer" and _once(fault):
+            if committed and fault == "lose_success_answer" and _once(fault):
                 _lose(fault)
             if name == "claim_and_mark" and result[0]:
                 if fault == "kill_after_claim" and _once(fault):

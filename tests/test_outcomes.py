@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from django_gator import Workflow
 from django_gator.engines import get_engine
 from django_gator.exceptions import JobTimeout
-from django_gator.models import Job, JobState
+from django_gator.models import Job, JobState, WorkflowStep
+from django_gator.states import StepState
 from django_gator.worker.execution import Success, failure_for
 from django_gator.worker.outcomes import DEFERRED, Outcomes
-from tests.testapp.jobs import Boom, Echo
+from tests.testapp.jobs import Boom, DagStep, Echo
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -86,3 +90,54 @@ def test_release_gives_a_claim_back_uncharged(outcomes):
     row.refresh_from_db()
     assert row.state == JobState.WAITING
     assert row.attempts == 0
+
+
+def _batch_step_claimed(outcomes: Outcomes) -> tuple[Any, list[Any]]:
+    """A workflow whose first step is a batch of two members and whose second step waits
+    for it; the members claimed."""
+    wf = Workflow(name="batched marks")
+    wf.add(DagStep, 1, after=[wf.add_batch(DagStep, [[0], [0]])])
+    run = wf.dispatch()
+    claimed = outcomes.engine.claim(WORKER, "default", 10)
+    assert len(claimed) == 2
+    return run, claimed
+
+
+def _step_states(run: Any) -> dict[int, str]:
+    return dict(WorkflowStep.objects.filter(workflow=run).values_list("position", "state"))
+
+
+def test_workflow_steps_successes_are_batched_and_settle_their_workflow_together(outcomes):
+    # A step's success is left for the fetcher's batched mark like any other; written
+    # together, the members' marks complete the batch step and release the next step in
+    # the same transaction.
+    run, claimed = _batch_step_claimed(outcomes)
+    batch = [(job, Success(None), 1.0) for job in claimed]
+    for job, success, elapsed in batch:
+        assert outcomes.record(job, success, elapsed, batch=True) == DEFERRED
+    assert _step_states(run) == {0: StepState.RELEASED, 1: StepState.BLOCKED}
+
+    outcomes.write_batch(batch)
+
+    assert _step_states(run) == {0: StepState.SUCCEEDED, 1: StepState.RELEASED}
+    assert Job.objects.filter(chain_id=run.id, chain_position=1).count() == 1
+
+
+def test_a_batched_step_mark_sent_again_after_a_lost_answer_still_settles(outcomes):
+    # The first member's mark committed (settling nothing: the other member was running)
+    # and its answer was lost; the fetcher sends it again with the second member's. The
+    # engine may not tell which of the two landed (MariaDB answers all or none, here
+    # none): the batch step is settled anyway, and the next step released once.
+    run, claimed = _batch_step_claimed(outcomes)
+    first, second = claimed
+    outcomes.write_steps([(first, Success(None), 1.0)])
+    assert _step_states(run) == {0: StepState.RELEASED, 1: StepState.BLOCKED}
+
+    marks, written = outcomes.write_steps([(job, Success(None), 1.0) for job in claimed])
+
+    assert marks == []
+    assert set(written) <= {second.id}
+    assert _step_states(run) == {0: StepState.SUCCEEDED, 1: StepState.RELEASED}
+    assert Job.objects.filter(chain_id=run.id, chain_position=1).count() == 1
+    assert outcomes.landed(first, JobState.SUCCEEDED)
+    assert outcomes.landed(second, JobState.SUCCEEDED)

@@ -106,8 +106,10 @@ class Fetcher:
                 self.engine.prepare_bookkeeping()
                 if failures:
                     self.release_orphans(batch)
+                marks, written = self.outcomes.write_steps(batch)  # with their workflows
                 started = time.perf_counter()
-                jobs, written = self.claimer.claim(turn.free, Outcomes.marks(batch), turn.woken)
+                jobs, marked = self.claimer.claim(turn.free, marks, turn.woken)
+                written += marked
                 self.measure(time.perf_counter() - started, batch)
                 failures = 0
             except Exception:

@@ -89,7 +89,7 @@ class Outcomes:
             return self._snoozed(job, outcome, elapsed_ms)
         if outcome.written is not None:
             return self._atomic(job, outcome, elapsed_ms)
-        if batch and job.chain_id is None:
+        if batch:
             outcome.batched = True
             return DEFERRED
         return self._success(job, outcome, elapsed_ms)
@@ -128,16 +128,44 @@ class Outcomes:
     ) -> list[tuple[int, int, str | None]]:
         return [_member((job.id, job.attempts, success.result), job) for job, success, _ in batch]
 
+    def write_steps(
+        self, batch: Sequence[tuple[ClaimedJob, Success, float]]
+    ) -> tuple[list[tuple[int, int, str | None]], list[int]]:
+        """Write the batched successes of workflow steps among ``batch`` in one transaction
+        that also settles their workflows (releases the steps that waited for them, and a
+        batch step whose last member this was). Returns the marks of the other successes,
+        still to write, and the ids of the steps written. Raises what the write raised.
+
+        A step's success was once written on its own by its executor: a batch step of
+        5,000 members then took 5,000 transactions, one after another on its batch's row
+        lock (about 70 members a second on PostgreSQL, a tenth of a Batch's drain)."""
+        steps = [item for item in batch if item[0].chain_id is not None]
+        if not steps:
+            return self.marks(batch), []
+        marks = self.marks(steps)
+        # The write answers a 1-tuple, never false, so the steps are settled even when the
+        # engine cannot tell which marks landed (MariaDB's answer is all or none: a batch
+        # holding a mark already written before a lost answer says none). Settling is
+        # idempotent: a step already settled, or not final, is left alone.
+        [written] = self.engine.with_steps(
+            [job.id for job, _, _ in steps],
+            self.follow_ups,
+            lambda: (self.engine.mark_succeeded(self.worker_id, marks),),
+        )
+        return self.marks([item for item in batch if item[0].chain_id is None]), written
+
     def write_batch(self, batch: Sequence[tuple[ClaimedJob, Success, float]]) -> None:
-        """Write batched success marks in one statement (those the fetcher did not write
-        with a claim)."""
+        """Write batched success marks (those the fetcher did not write with a claim): the
+        workflow steps' with the settling of their workflows, the others in one
+        statement."""
         if not batch:
             return
-        marks = self.marks(batch)
-        written = self.retrying(
-            f"record {len(batch)} successes",
-            lambda: self.engine.mark_succeeded(self.worker_id, marks),
-        )
+
+        def write() -> list[int]:
+            plain, written = self.write_steps(batch)
+            return written + (self.engine.mark_succeeded(self.worker_id, plain) if plain else [])
+
+        written = self.retrying(f"record {len(batch)} successes", write)
         if written is not None:
             self.settle_batch(batch, written)
 
@@ -151,7 +179,7 @@ class Outcomes:
                 log_lost(job, JobState.SUCCEEDED)
                 continue
             if logger.isEnabledFor(logging.INFO):
-                _log_success(job, elapsed_ms)
+                _log_success(job, elapsed_ms, _workflow(job))
 
     # -- giving back -----------------------------------------------------------------------
     def release(self, jobs: Sequence[ClaimedJob]) -> list[int]:
@@ -206,7 +234,7 @@ class Outcomes:
             log_lost(job, JobState.SUCCEEDED)
             return None
         if logger.isEnabledFor(logging.INFO):
-            _log_success(job, elapsed_ms, f" workflow={job.chain_id}" if job.chain_id else "")
+            _log_success(job, elapsed_ms, _workflow(job))
         return JobState.SUCCEEDED.value
 
     def _atomic(self, job: ClaimedJob, outcome: Success, elapsed_ms: float) -> str | None:
@@ -314,6 +342,11 @@ def _member(item: tuple[Any, ...], job: ClaimedJob) -> Any:
     """An outcome item for the engine, with the job's batch id appended if it has one (the
     engine settles the batch in the same transaction)."""
     return item if job.batch_id is None else (*item, job.batch_id)
+
+
+def _workflow(job: ClaimedJob) -> str:
+    """The workflow part of a step's log line."""
+    return f" workflow={job.chain_id}" if job.chain_id else ""
 
 
 def _log_success(job: ClaimedJob, elapsed_ms: float, extra: str = "") -> None:
