@@ -73,12 +73,21 @@ class Report:
         self.lines.append((label, value))
 
 
+#: Descriptions of the benchmark's batches: its Batch, and a batch step's batch.
+BENCH_BATCHES = ("bench", f"bench: step 0 ({BenchNoop.name})")
+
+
 def clean() -> int:
     """Delete the benchmark's rows. On PostgreSQL also VACUUM the jobs table, so that each
     measurement starts without the dead rows of the previous one (docs/benchmarks.md shows
     what those cost)."""
+    from django_gator.models import Batch, WorkflowRun
+
     alias = conf.database()
     deleted, _ = Job.objects.using(alias).filter(queue=QUEUE).delete()
+    # The benchmark's own batches and workflows (those of bench_drain's batch step too).
+    Batch.objects.using(alias).filter(description__in=BENCH_BATCHES).delete()
+    WorkflowRun.objects.using(alias).filter(name="bench").delete()
     Queue.objects.using(alias).filter(name=QUEUE).delete()
     FlowStart.objects.using(alias).filter(scope__startswith=f"job:{BenchKeyed.name}|").delete()
     connection = connections[alias]
@@ -125,10 +134,8 @@ def bench_batch_dispatch(count: int, rounds: int) -> list[tuple[float, float]]:
         clean()
         plain_s = timed(lambda: BenchNoop.dispatch_many(items))
         clean()
-        Batch.objects.using(conf.database()).filter(description="bench").delete()
         out.append((plain_s, timed(batched)))
     clean()
-    Batch.objects.using(conf.database()).filter(description="bench").delete()
     return out
 
 
@@ -137,10 +144,9 @@ def bench_batch_step_dispatch(count: int, rounds: int) -> list[tuple[float, floa
     ``dispatch_many`` inside ``with Batch(...)``, and a one-step Workflow whose step is
     ``add_batch()`` of the same items, alternately ``rounds`` times, each on an emptied
     table (what a batch step costs at dispatch over the batch it is made of)."""
-    from django_gator.models import Batch, WorkflowRun
+    from django_gator.models import Batch
     from django_gator.workflows import Workflow
 
-    alias = conf.database()
     items = [[i] for i in range(count)]
     out = []
 
@@ -153,17 +159,12 @@ def bench_batch_step_dispatch(count: int, rounds: int) -> list[tuple[float, floa
         workflow.add_batch(BenchNoop, items)
         workflow.dispatch()
 
-    def empty() -> None:
-        clean()
-        Batch.objects.using(alias).filter(description__startswith="bench").delete()
-        WorkflowRun.objects.using(alias).filter(name="bench").delete()
-
     for _ in range(rounds):
-        empty()
+        clean()
         batch_s = timed(batched)
-        empty()
+        clean()
         out.append((batch_s, timed(step)))
-    empty()
+    clean()
     return out
 
 
@@ -183,25 +184,32 @@ def bench_drain(
     batch: int = 10_000,
     *,
     in_batch: bool = False,
+    in_step: bool = False,
     flow: str = "none",
 ) -> tuple[float, float, float]:
     """(jobs per second, RSS MiB before, RSS MiB after) for one burst worker draining
-    ``count`` no-op jobs (``in_batch``: members of one Batch). ``flow``: ``queue`` gives
+    ``count`` no-op jobs (``in_batch``: members of one Batch; ``in_step``: members of a
+    one-step workflow's batch step, ``add_batch()``). ``flow``: ``queue`` gives
     the queue a concurrency limit of FLOW_QUEUE_LIMIT (which never binds), ``keys`` drains
     a class limited to one running job per key over FLOW_KEYS keys (the limited claim, for
     the cost of flow control)."""
     from django_gator.models import Batch
+    from django_gator.workflows import Workflow
 
     clean()
-    Batch.objects.using(conf.database()).filter(description="bench").delete()
     job_class: type[Queueable] = BenchKeyed if flow == "keys" else BenchNoop
     if flow == "queue":
         Queue.objects.using(conf.database()).set_limits(
             QUEUE, concurrency=FLOW_QUEUE_LIMIT, rate_limit=None, by="gator_bench"
         )
-    with Batch(on_complete=BenchNoop.name, description="bench") if in_batch else nullcontext():
-        for start in range(0, count, batch):
-            job_class.dispatch_many([[i] for i in range(start, min(start + batch, count))])
+    if in_step:
+        workflow = Workflow(name="bench")
+        workflow.add_batch(BenchNoop, [[i] for i in range(count)])
+        workflow.dispatch()
+    else:
+        with Batch(on_complete=BenchNoop.name, description="bench") if in_batch else nullcontext():
+            for start in range(0, count, batch):
+                job_class.dispatch_many([[i] for i in range(start, min(start + batch, count))])
     worker = WorkerProcess(
         [QueueSpec(QUEUE)], concurrency=concurrency, burst=True, install_signal_handlers=False
     )
@@ -210,7 +218,7 @@ def bench_drain(
     after = rss_mb()
     done = (
         Job.objects.using(conf.database())
-        .filter(queue=QUEUE, state=JobState.SUCCEEDED, batch_id__isnull=not in_batch)
+        .filter(queue=QUEUE, state=JobState.SUCCEEDED, batch_id__isnull=not (in_batch or in_step))
         .count()
     )
     if done != count:

@@ -44,11 +44,22 @@ def test_gator_bench_compares_a_batch_step_with_a_batch_and_leaves_no_rows():
     from django_gator.models import Batch, WorkflowRun
 
     out = StringIO()
-    call_command("gator_bench", "--only=batch_step", "--batch=20", "--rounds=2", stdout=out)
+    call_command(
+        "gator_bench",
+        "--only=batch_step",
+        "--batch=20",
+        "--rounds=3",
+        "--drain=30",
+        "--concurrency=2",
+        stdout=out,
+    )
 
     text = out.getvalue()
-    assert text.count("20 jobs: in a Batch / as a batch step") == 2, text
+    assert text.count("20 jobs: in a Batch / as a batch step") == 3, text
     assert "batch step / Batch, median" in text
+    # Draining the members of each (every one of them checked succeeded by bench_drain).
+    assert text.count("drain 30: members of a Batch / of a batch step") == 1, text
+    assert "drain, batch step / Batch, median" in text
     assert not Job.objects.exists()
     assert not Batch.objects.exists()
     assert not WorkflowRun.objects.exists()

@@ -133,6 +133,21 @@ class Command(BaseCommand):
                     )
                 ratios = sorted(s / b for b, s in rounds)
                 self._line("batch step / Batch, median", f"x{ratios[len(ratios) // 2]:.2f}")
+                drains = []
+                for _ in range(max(1, options["rounds"] // 3)):
+                    member = bench.bench_drain(
+                        options["drain"], options["concurrency"], in_batch=True
+                    )[0]
+                    step = bench.bench_drain(
+                        options["drain"], options["concurrency"], in_step=True
+                    )[0]
+                    drains.append(step / member)
+                    self._line(
+                        f"drain {options['drain']:,}: members of a Batch / of a batch step",
+                        f"{member:,.0f} / {step:,.0f} jobs/s (x{step / member:.2f})",
+                    )
+                drains.sort()
+                self._line("drain, batch step / Batch, median", f"x{drains[len(drains) // 2]:.2f}")
             if "latency" in only:
                 p50, p90 = bench.bench_latency(options["latency"], options["concurrency"])
                 samples = wording.count(options["latency"], "sample")
