@@ -58,7 +58,7 @@ def test_gator_bench_compares_a_batch_step_with_a_batch_and_leaves_no_rows():
     assert text.count("20 jobs: in a Batch / as a batch step") == 3, text
     assert "batch step / Batch, median" in text
     # Draining the members of each (every one of them checked succeeded by bench_drain).
-    assert text.count("drain 30: members of a Batch / of a batch step") == 1, text
+    assert text.count("drain 30: Batch / batch step") == 1, text
     assert "drain, batch step / Batch, median" in text
     assert not Job.objects.exists()
     assert not Batch.objects.exists()

@@ -111,19 +111,7 @@ class Command(BaseCommand):
                     )
                 ratios = sorted(b / p for p, b in rounds)
                 self._line("in a Batch / plain, median", f"x{ratios[len(ratios) // 2]:.2f}")
-                drains = []
-                for _ in range(max(1, options["rounds"] // 3)):
-                    plain = bench.bench_drain(options["drain"], options["concurrency"])[0]
-                    member = bench.bench_drain(
-                        options["drain"], options["concurrency"], in_batch=True
-                    )[0]
-                    drains.append(member / plain)
-                    self._line(
-                        f"drain {options['drain']:,}: plain / members of a Batch",
-                        f"{plain:,.0f} / {member:,.0f} jobs/s (x{member / plain:.2f})",
-                    )
-                drains.sort()
-                self._line("drain, Batch / plain, median", f"x{drains[len(drains) // 2]:.2f}")
+                self._drains(options, ("plain", {}), ("Batch", {"in_batch": True}))
             if "batch_step" in only:
                 rounds = bench.bench_batch_step_dispatch(options["batch"], options["rounds"])
                 for batch_s, step_s in rounds:
@@ -133,21 +121,9 @@ class Command(BaseCommand):
                     )
                 ratios = sorted(s / b for b, s in rounds)
                 self._line("batch step / Batch, median", f"x{ratios[len(ratios) // 2]:.2f}")
-                drains = []
-                for _ in range(max(1, options["rounds"] // 3)):
-                    member = bench.bench_drain(
-                        options["drain"], options["concurrency"], in_batch=True
-                    )[0]
-                    step = bench.bench_drain(
-                        options["drain"], options["concurrency"], in_step=True
-                    )[0]
-                    drains.append(step / member)
-                    self._line(
-                        f"drain {options['drain']:,}: members of a Batch / of a batch step",
-                        f"{member:,.0f} / {step:,.0f} jobs/s (x{step / member:.2f})",
-                    )
-                drains.sort()
-                self._line("drain, batch step / Batch, median", f"x{drains[len(drains) // 2]:.2f}")
+                self._drains(
+                    options, ("Batch", {"in_batch": True}), ("batch step", {"in_step": True})
+                )
             if "latency" in only:
                 p50, p90 = bench.bench_latency(options["latency"], options["concurrency"])
                 samples = wording.count(options["latency"], "sample")
@@ -157,6 +133,31 @@ class Command(BaseCommand):
                 )
         finally:
             bench.clean()
+
+    def _drains(
+        self,
+        options: dict[str, Any],
+        first: tuple[str, dict[str, bool]],
+        second: tuple[str, dict[str, bool]],
+    ) -> None:
+        """Drain ``--drain`` jobs dispatched two ways (a name and bench_drain's keywords
+        each), alternately, ``max(1, rounds / 3)`` times; each pair's rates, and the
+        median ratio of the second to the first."""
+        from django_gator import bench
+
+        ratios = []
+        for _ in range(max(1, options["rounds"] // 3)):
+            rates = [
+                bench.bench_drain(options["drain"], options["concurrency"], **how)[0]
+                for _, how in (first, second)
+            ]
+            ratios.append(rates[1] / rates[0])
+            self._line(
+                f"drain {options['drain']:,}: {first[0]} / {second[0]}",
+                f"{rates[0]:,.0f} / {rates[1]:,.0f} jobs/s (x{ratios[-1]:.2f})",
+            )
+        ratios.sort()
+        self._line(f"drain, {second[0]} / {first[0]}, median", f"x{ratios[len(ratios) // 2]:.2f}")
 
     def _line(self, label: str, value: str) -> None:
         self.stdout.write(f"  {label:<55} {value}")
