@@ -111,7 +111,7 @@ class Command(BaseCommand):
                     )
                 ratios = sorted(b / p for p, b in rounds)
                 self._line("in a Batch / plain, median", f"x{ratios[len(ratios) // 2]:.2f}")
-                self._drains(options, ("plain", {}), ("Batch", {"in_batch": True}))
+                self._drains(options, "plain", "Batch")
             if "batch_step" in only:
                 rounds = bench.bench_batch_step_dispatch(options["batch"], options["rounds"])
                 for batch_s, step_s in rounds:
@@ -121,9 +121,7 @@ class Command(BaseCommand):
                     )
                 ratios = sorted(s / b for b, s in rounds)
                 self._line("batch step / Batch, median", f"x{ratios[len(ratios) // 2]:.2f}")
-                self._drains(
-                    options, ("Batch", {"in_batch": True}), ("batch step", {"in_step": True})
-                )
+                self._drains(options, "Batch", "batch step")
             if "latency" in only:
                 p50, p90 = bench.bench_latency(options["latency"], options["concurrency"])
                 samples = wording.count(options["latency"], "sample")
@@ -134,30 +132,30 @@ class Command(BaseCommand):
         finally:
             bench.clean()
 
-    def _drains(
-        self,
-        options: dict[str, Any],
-        first: tuple[str, dict[str, bool]],
-        second: tuple[str, dict[str, bool]],
-    ) -> None:
-        """Drain ``--drain`` jobs dispatched two ways (a name and bench_drain's keywords
-        each), alternately, ``max(1, rounds / 3)`` times; each pair's rates, and the
-        median ratio of the second to the first."""
+    def _drains(self, options: dict[str, Any], first: str, second: str) -> None:
+        """Drain ``--drain`` jobs dispatched two ways ("plain", "Batch": its members, "batch
+        step": a workflow's batch step's members), alternately, ``max(1, rounds / 3)``
+        times; each pair's rates, and the median ratio of the second to the first."""
         from django_gator import bench
 
         ratios = []
         for _ in range(max(1, options["rounds"] // 3)):
             rates = [
-                bench.bench_drain(options["drain"], options["concurrency"], **how)[0]
-                for _, how in (first, second)
+                bench.bench_drain(
+                    options["drain"],
+                    options["concurrency"],
+                    in_batch=how == "Batch",
+                    in_step=how == "batch step",
+                )[0]
+                for how in (first, second)
             ]
             ratios.append(rates[1] / rates[0])
             self._line(
-                f"drain {options['drain']:,}: {first[0]} / {second[0]}",
+                f"drain {options['drain']:,}: {first} / {second}",
                 f"{rates[0]:,.0f} / {rates[1]:,.0f} jobs/s (x{ratios[-1]:.2f})",
             )
         ratios.sort()
-        self._line(f"drain, {second[0]} / {first[0]}, median", f"x{ratios[len(ratios) // 2]:.2f}")
+        self._line(f"drain, {second} / {first}, median", f"x{ratios[len(ratios) // 2]:.2f}")
 
     def _line(self, label: str, value: str) -> None:
         self.stdout.write(f"  {label:<55} {value}")
