@@ -153,12 +153,20 @@ class BatchStatements(DispatchStatements):
             row = cursor.fetchone()
             if row is None:
                 return None
-            return Probe(
-                closed=bool(row[0]),
-                active=self.has_active_members(cursor, batch_id),
-                dead=self.member_in(cursor, batch_id, DEAD),
-                cancelled=self.member_in(cursor, batch_id, f"= {SQL_CANCELLED}"),
-            )
+            active, dead, cancelled = self.probe_members(cursor, batch_id)
+            return Probe(closed=bool(row[0]), active=active, dead=dead, cancelled=cancelled)
+
+    def probe_members(self, cursor: Any, batch_id: int) -> tuple[bool, int | None, int | None]:
+        """(a member is active, a dead member's id, a cancelled member's id) of the locked
+        batch ``batch_id``, as of the newest commit: one statement, run after the one that
+        took the lock (so its snapshot sees the commit of the lock's previous holder)."""
+        looks = [
+            f"(SELECT id FROM {self.job_table} WHERE batch_id = %s AND state {state} LIMIT 1)"
+            for state in (ACTIVE, DEAD, f"= {SQL_CANCELLED}")
+        ]
+        cursor.execute(f"SELECT {', '.join(looks)}", [batch_id] * len(looks))
+        active, dead, cancelled = cursor.fetchone()
+        return active is not None, dead, cancelled
 
     def after_rescue(self, cursor: Any, job_id: int) -> None:
         """Settle the batch of job ``job_id`` (a rescue knows only the job)."""

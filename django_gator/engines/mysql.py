@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 from django.db import OperationalError
 
 from django_gator.engines.base import JOB_COLUMNS, ClaimedJob, Engine, InsertRow, Position
+from django_gator.engines.batching import DEAD
 from django_gator.engines.dispatching import answered
 from django_gator.models.membership import LOCKED
 from django_gator.rows import Inserted, JobRows
-from django_gator.states import READY_SQL, SQL_WAITING, claim_set_sql
+from django_gator.states import READY_SQL, SQL_CANCELLED, SQL_WAITING, claim_set_sql
 
 if TYPE_CHECKING:
     from django_gator.worker.connections import NetworkBounds
@@ -130,6 +131,14 @@ class MySQLEngine(Engine):
             raise
         row = cursor.fetchone()
         return None if row is None else int(row[0])
+
+    def probe_members(self, cursor: Any, batch_id: int) -> tuple[bool, int | None, int | None]:
+        # Three locking reads (see member_in); a scalar subquery cannot lock NOWAIT.
+        return (
+            self.has_active_members(cursor, batch_id),
+            self.member_in(cursor, batch_id, DEAD),
+            self.member_in(cursor, batch_id, f"= {SQL_CANCELLED}"),
+        )
 
     def insert_rows(
         self,
