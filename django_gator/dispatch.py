@@ -589,9 +589,9 @@ def _insert_unique(
             if in_callers_transaction:
                 raise DispatchDeadlock(
                     f"dispatch of {job_class.name!r} inside transaction.atomic() lost a "
-                    f"deadlock ({exc}); the database ends the whole transaction to break one, so "
-                    "run the atomic block again (dispatch retries deadlocks by itself only "
-                    "outside one)"
+                    f"deadlock ({exc}); the database broke it by rolling back the dispatch "
+                    "(InnoDB: the whole transaction), so run the atomic block again (dispatch "
+                    "retries deadlocks by itself only outside one)"
                 ) from exc
             if attempt >= DEADLOCK_TRIES:
                 raise
