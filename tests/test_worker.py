@@ -10,7 +10,7 @@ from django.db import connections
 from django.utils import timezone
 
 from django_gator.models import Job, JobState
-from tests.conftest import run_worker
+from tests.conftest import run_worker, wait_for
 from tests.testapp.jobs import (
     Boom,
     BoomWithRetry,
@@ -214,6 +214,23 @@ def test_a_job_past_its_timeout_fails_and_its_slot_is_freed():
     # The interrupted runs never reached their last line.
     time.sleep(0.2)
     assert not Execution.objects.filter(job_id__in=[slow.pk, retried.pk]).exists()
+
+
+def test_a_worker_keeps_no_thread_that_a_timeout_replaced():
+    """Every timeout gives the slot a fresh executor thread. The worker once kept each
+    replaced thread (its list of threads and its set of retired executors only grew):
+    about 3 KiB per timed-out job, which a 2-hour soak showed as RSS growing without end."""
+    from tests.testapp.jobs import TooSlow
+
+    TooSlow.dispatch_many([[30]] * 4)
+
+    worker = run_worker("default", concurrency=1)
+
+    assert Job.objects.filter(state=JobState.DEAD).count() == 4
+    assert worker.executors.started == 5  # the first executor and one per timeout
+
+    # The last replaced thread may still be on its way out.
+    wait_for(lambda: not worker._threads and not worker.slots.retired, timeout=10)
 
 
 def test_a_burst_worker_also_runs_jobs_that_its_jobs_dispatch():

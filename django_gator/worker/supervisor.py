@@ -107,7 +107,10 @@ class WorkerProcess:
         self._wake = threading.Event()  # the main thread has something to look at
         self._done = threading.Event()  # a burst worker drained its queues
         self._stop_background = threading.Event()  # fetcher, heartbeat, listener, scheduler
-        self._threads: list[threading.Thread] = []
+        # The threads running now (each removes itself as it ends: a long-running worker
+        # replaces an executor at every timeout, and kept every one it had replaced).
+        self._threads: set[threading.Thread] = set()
+        self._threads_lock = threading.Lock()
         self.forced_exit = False
         # Recycling (--max-jobs, --max-memory) and the --processes supervisor, if any.
         self.limits = limits or Limits()
@@ -277,11 +280,21 @@ class WorkerProcess:
                 self.force_stop()
             finally:
                 connections.close_all()  # this thread's connections
+                me = threading.current_thread()
+                with self._threads_lock:
+                    self._threads.discard(me)
+                with self.slots.lock:
+                    self.slots.retired.discard(me)
 
         thread = threading.Thread(target=main, name=name, daemon=True)
+        with self._threads_lock:
+            self._threads.add(thread)  # before it starts, so that it is there to remove
         thread.start()
-        self._threads.append(thread)
         return thread
+
+    def _running_threads(self) -> list[threading.Thread]:
+        with self._threads_lock:
+            return list(self._threads)
 
     def _drained(self) -> None:
         self._done.set()
@@ -365,7 +378,7 @@ class WorkerProcess:
         if self.aio is not None:
             self.aio.close(cancel=bool(interrupted))  # interrupted async jobs are given back
         self._stop_background.set()
-        for thread in self._threads:
+        for thread in self._running_threads():
             if thread.name in ("gator-fetcher", "gator-heartbeat"):
                 thread.join(timeout=10)
         # Successes the fetcher had not written yet.
@@ -381,7 +394,7 @@ class WorkerProcess:
                 "release interrupted jobs", functools.partial(self.outcomes.release, interrupted)
             )
         else:
-            for thread in self._threads:
+            for thread in self._running_threads():
                 thread.join(timeout=5)
         try:
             self.engine.unregister_worker(self.worker_id)

@@ -6,9 +6,11 @@ RSS points at the allocator instead. It reads ``gc.get_objects()`` (the containe
 collector tracks: no str or int, nor a dict or tuple holding only such values) without
 collecting, a few hundred milliseconds each time.
 
-With ``trace`` (``--census-trace``) the worker also runs tracemalloc (one frame per
-allocation: slower, and more memory) and each census after the first ten minutes adds the
-source lines whose allocations grew most since the census at ten minutes.
+With ``trace`` (``--census-trace``) the worker also runs tracemalloc (slower, and more
+memory) and each census after the warm-up adds the allocation sites whose memory grew most
+since the first census after it. The warm-up (600 s) and the frames kept per allocation (1:
+the source line) can be changed with the environment variables GATOR_SOAK_CENSUS_WARM_UP
+and GATOR_SOAK_CENSUS_FRAMES; with more than one frame the sites are whole tracebacks.
 """
 
 from __future__ import annotations
@@ -33,24 +35,31 @@ WARM_UP = 600.0
 
 def _loop(path: Path, interval: float, trace: bool) -> None:
     started = time.time()
+    warm_up = float(os.environ.get("GATOR_SOAK_CENSUS_WARM_UP") or WARM_UP)
+    group = "traceback" if tracemalloc.get_traceback_limit() > 1 else "lineno"
     baseline: tracemalloc.Snapshot | None = None
     while True:
         time.sleep(interval)
         line: dict[str, object] = {"at": time.time(), "types": _census()}
-        if trace and time.time() - started >= WARM_UP:
-            snapshot = tracemalloc.take_snapshot()
+        if trace and time.time() - started >= warm_up:
+            snapshot = tracemalloc.take_snapshot().filter_traces(
+                [tracemalloc.Filter(False, tracemalloc.__file__)]
+            )
             if baseline is None:
                 baseline = snapshot
             else:
-                top = snapshot.compare_to(baseline, "lineno")[:15]
-                line["lines"] = [[str(s.traceback[0]), s.size_diff, s.count_diff] for s in top]
+                top = snapshot.compare_to(baseline, group)[:15]
+                line["lines"] = [
+                    [" <- ".join(str(frame) for frame in s.traceback), s.size_diff, s.count_diff]
+                    for s in top
+                ]
         with path.open("a") as out:
             out.write(json.dumps(line) + "\n")
 
 
 def install(directory: str, interval: float, trace: bool = False) -> None:
     if trace:
-        tracemalloc.start(1)
+        tracemalloc.start(int(os.environ.get("GATOR_SOAK_CENSUS_FRAMES") or 1))
     path = Path(directory) / f"census-{os.getpid()}.jsonl"
     threading.Thread(
         target=_loop, args=(path, interval, trace), name="gator-soak-census", daemon=True
