@@ -279,18 +279,23 @@ class WorkerProcess:
                 logger.exception("Worker thread crashed thread=%s worker=%s", name, self.worker_id)
                 self.force_stop()
             finally:
-                connections.close_all()  # this thread's connections
-                me = threading.current_thread()
-                with self._threads_lock:
-                    self._threads.discard(me)
-                with self.slots.lock:
-                    self.slots.retired.discard(me)
+                try:
+                    connections.close_all()  # this thread's connections
+                finally:  # even if a late JobTimeout lands in close_all()
+                    self._forget(threading.current_thread())
 
         thread = threading.Thread(target=main, name=name, daemon=True)
         with self._threads_lock:
             self._threads.add(thread)  # before it starts, so that it is there to remove
         thread.start()
         return thread
+
+    def _forget(self, thread: threading.Thread) -> None:
+        """A thread of this worker ends: nothing keeps it."""
+        with self._threads_lock:
+            self._threads.discard(thread)
+        with self.slots.lock:
+            self.slots.retired.discard(thread)
 
     def _running_threads(self) -> list[threading.Thread]:
         with self._threads_lock:
