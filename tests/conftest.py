@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -12,7 +13,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 
 from django_gator.worker.queues import parse_queue_specs
 from django_gator.worker.supervisor import WorkerProcess
@@ -116,6 +117,21 @@ def run_worker(*queues: str, concurrency: int = 2, **kwargs: object) -> WorkerPr
     )
     worker.run()
     return worker
+
+
+def start_worker_thread(worker: WorkerProcess) -> threading.Thread:
+    """Start ``worker.run()`` in a daemon thread of this process (so that a test can bound
+    the wait for it), the thread's own connections closed when it ends."""
+
+    def run() -> None:
+        try:
+            worker.run()
+        finally:
+            connections.close_all()  # this thread's (registering the worker)
+
+    thread = threading.Thread(target=run, name="test-worker", daemon=True)
+    thread.start()
+    return thread
 
 
 def wait_for(

@@ -141,3 +141,31 @@ def test_a_batched_step_mark_sent_again_after_a_lost_answer_still_settles(outcom
     assert Job.objects.filter(chain_id=run.id, chain_position=1).count() == 1
     assert outcomes.landed(first, JobState.SUCCEEDED)
     assert outcomes.landed(second, JobState.SUCCEEDED)
+
+
+def test_steps_whose_batched_write_is_refused_are_written_one_at_a_time(outcomes, monkeypatch):
+    # A batched write that fails with an error a retry would meet again (here injected:
+    # the database refusing it) must not leave the steps unwritten: each step's success
+    # is written in a transaction of its own, which settles the workflow as the batched
+    # write would have.
+    from django.db import IntegrityError
+
+    run, claimed = _batch_step_claimed(outcomes)
+    batch = [(job, Success(None), 1.0) for job in claimed]
+    plain = Echo.dispatch("plain")
+    [claimed_plain] = outcomes.engine.claim(WORKER, "echo", 1)
+    batch.append((claimed_plain, Success(None), 1.0))
+
+    def refuse(*args: Any) -> Any:
+        raise IntegrityError("refused by the test")
+
+    monkeypatch.setattr(Outcomes, "write_steps", refuse)
+    outcomes.write_batch(batch)
+
+    assert _step_states(run) == {0: StepState.SUCCEEDED, 1: StepState.RELEASED}
+    assert Job.objects.filter(chain_id=run.id, chain_position=1).count() == 1
+    assert set(
+        Job.objects.filter(pk__in=[j.id for j in claimed] + [plain.pk]).values_list(
+            "state", flat=True
+        )
+    ) == {JobState.SUCCEEDED}

@@ -31,7 +31,7 @@ from django_gator.testing import run_jobs
 from django_gator.worker.flow import class_limits
 from django_gator.worker.pruner import IDLE_MARGIN, Pruner
 from django_gator.worker.supervisor import WorkerProcess
-from tests.conftest import wait_for
+from tests.conftest import start_worker_thread, wait_for
 from tests.factories import JobFactory
 from tests.testapp.jobs import BatchCompleted, BatchSucceeded, Noop, RatedSpan, Record
 
@@ -41,15 +41,7 @@ def live_worker() -> Iterator[WorkerProcess]:
     """A worker (its pruner included) running in a thread of this process until the block
     ends; then it is stopped and its thread must end."""
     worker = WorkerProcess(concurrency=2, install_signal_handlers=False)
-
-    def run() -> None:
-        try:
-            worker.run()
-        finally:
-            connections.close_all()  # this thread's own (registering the worker)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
+    thread = start_worker_thread(worker)
     try:
         yield worker
     finally:

@@ -21,7 +21,7 @@ from django.db import (
 from django_gator import Queueable, conf
 from django_gator.exceptions import DispatchDeadlock
 from django_gator.models import Job, JobState
-from tests.conftest import run_worker
+from tests.conftest import run_worker, start_worker_thread
 from tests.testapp.jobs import Record, SyncUser, UniqueReport, refresh_feed
 from tests.testapp.models import Execution
 
@@ -250,15 +250,7 @@ def test_unique_dispatch_next_to_a_worker_marking_the_same_keys_never_deadlocks(
         poll_interval=0.01,
         scheduler=False,
     )
-
-    def work() -> None:
-        try:
-            worker.run()
-        finally:
-            connections.close_all()
-
-    worker_thread = threading.Thread(target=work, daemon=True)
-    worker_thread.start()
+    worker_thread = start_worker_thread(worker)
     threads = [threading.Thread(target=dispatcher, args=(i,), daemon=True) for i in range(4)]
     for thread in threads:
         thread.start()

@@ -10,7 +10,7 @@ from django.db import connections
 from django.utils import timezone
 
 from django_gator.models import Job, JobState
-from tests.conftest import run_worker, wait_for
+from tests.conftest import run_worker, start_worker_thread, wait_for
 from tests.testapp.jobs import (
     Boom,
     BoomWithRetry,
@@ -231,6 +231,75 @@ def test_a_worker_keeps_no_thread_that_a_timeout_replaced():
 
     # The last replaced thread may still be on its way out.
     wait_for(lambda: not worker._threads and not worker.slots.retired, timeout=10)
+
+
+def test_a_thread_that_could_not_start_is_not_kept(monkeypatch):
+    """A thread the system refused to start (too many threads) is not kept among the
+    worker's threads: the shutdown would fail to join it."""
+    import threading
+
+    from django_gator.worker.queues import parse_queue_specs
+    from django_gator.worker.supervisor import WorkerProcess
+
+    worker = WorkerProcess(
+        parse_queue_specs(["default"]), concurrency=1, burst=True, install_signal_handlers=False
+    )
+
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        worker._spawn("gator-executor-9", lambda: None)
+    assert not worker._threads
+
+
+def test_a_refused_batched_step_write_does_not_stop_the_worker(monkeypatch):
+    """The fetcher writes workflow steps' successes in one transaction before it claims.
+    If that write fails with an error that would come back at every try, the fetcher
+    once put the successes back and failed on them forever: no claim, no success written,
+    the worker's heartbeat keeping its jobs from any rescue. It now writes each step on
+    its own after such an error, and goes on."""
+
+    from django.db import IntegrityError
+
+    from django_gator import Workflow
+    from django_gator.models import WorkflowStep
+    from django_gator.states import StepState
+    from django_gator.worker.outcomes import Outcomes
+    from django_gator.worker.queues import parse_queue_specs
+    from django_gator.worker.supervisor import WorkerProcess
+    from tests.testapp.jobs import DagStep
+
+    write_steps = Outcomes.write_steps
+
+    def refuse(self: Outcomes, batch: list[tuple[object, ...]]) -> object:
+        if any(item[0].chain_id is not None for item in batch):  # type: ignore[attr-defined]
+            raise IntegrityError("refused by the test")
+        return write_steps(self, batch)
+
+    monkeypatch.setattr(Outcomes, "write_steps", refuse)
+    wf = Workflow(name="refused")
+    wf.add(DagStep, 3, after=[wf.add(DagStep, 2, after=[wf.add(DagStep, 1)])])
+    run = wf.dispatch()
+    plain = Echo.dispatch_many([[i] for i in range(5)])
+    worker = WorkerProcess(
+        parse_queue_specs(["default", "echo"]),
+        concurrency=2,
+        burst=True,
+        install_signal_handlers=False,
+    )
+    thread = start_worker_thread(worker)  # so that a wedged worker fails the test
+    thread.join(60)
+    if thread.is_alive():
+        worker.force_stop()
+        thread.join(30)
+        pytest.fail("the burst worker did not end: the fetcher kept failing on the steps")
+
+    states = WorkflowStep.objects.filter(workflow=run).values_list("state", flat=True)
+    assert set(states) == {StepState.SUCCEEDED}
+    assert set(Job.objects.values_list("state", flat=True)) == {JobState.SUCCEEDED}
+    assert Job.objects.filter(pk__in=[j.pk for j in plain]).count() == 5
 
 
 def test_a_burst_worker_also_runs_jobs_that_its_jobs_dispatch():

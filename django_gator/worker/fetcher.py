@@ -32,7 +32,7 @@ from django_gator.engines import ClaimedJob
 from django_gator.engines.base import Engine
 from django_gator.worker.claims import Claimer
 from django_gator.worker.executor import Executors
-from django_gator.worker.outcomes import Outcomes, Retrying, log_lost
+from django_gator.worker.outcomes import Outcomes, Retrying, has_steps, log_lost, refused
 from django_gator.worker.retrier import backoff, drop_connection
 from django_gator.worker.slots import Finished, Slots
 
@@ -112,10 +112,13 @@ class Fetcher:
                 written += marked
                 self.measure(time.perf_counter() - started, batch)
                 failures = 0
-            except Exception:
+            except Exception as exc:
                 failures += 1
                 logger.exception("Claim failed; retrying worker=%s", self.worker_id)
                 drop_connection(self.engine.alias)
+                if refused(exc) and has_steps(batch):
+                    # Perhaps the steps' batched write: it would fail the same way again.
+                    batch = self.outcomes.write_steps_alone(batch)
                 slots.put_back_succeeded(batch)  # written next time (marks are idempotent)
                 if turn.suspect is not None:
                     slots.hold_again(turn.suspect)

@@ -36,6 +36,7 @@ from django_gator.worker.execution import (
     outcome_state,
     unstorable_failure,
 )
+from django_gator.worker.retrier import TRANSIENT_ERRORS
 
 logger = logging.getLogger("django_gator.worker")
 
@@ -55,6 +56,16 @@ DEFERRED = "deferred"
 
 def _once(what: str, action: Callable[[], T]) -> T | None:
     return action()
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether trying the write again would meet ``exc`` again: not an error of the
+    connection or the server (those are retried), but of the statement or the code."""
+    return not isinstance(exc, TRANSIENT_ERRORS)
+
+
+def has_steps(batch: Sequence[tuple[ClaimedJob, Success, float]]) -> bool:
+    return any(job.chain_id is not None for job, _, _ in batch)
 
 
 class Outcomes:
@@ -154,6 +165,28 @@ class Outcomes:
         )
         return self.marks([item for item in batch if item[0].chain_id is None]), written
 
+    def write_steps_alone(
+        self, batch: Sequence[tuple[ClaimedJob, Success, float]]
+    ) -> list[tuple[ClaimedJob, Success, float]]:
+        """After the batched write of ``batch`` failed with an error that trying again
+        would meet again (the database refused a statement, or settling a workflow broke):
+        write each workflow step's success in a transaction of its own, and give a step
+        whose write fails too that error as its attempt's failure. One bad step then
+        neither holds back the others nor stops the fetcher's claims (it would put the
+        batch back and fail on it forever). Returns the other successes, still to write."""
+        rest = []
+        for item in batch:
+            job, success, elapsed_ms = item
+            if job.chain_id is None:
+                rest.append(item)
+                continue
+            try:
+                self._success(job, success, elapsed_ms)
+            except Exception as exc:
+                logger.exception("Could not record the success of step id=%s", job.id)
+                self.worker_error(job, exc)
+        return rest
+
     def write_batch(self, batch: Sequence[tuple[ClaimedJob, Success, float]]) -> None:
         """Write batched success marks (those the fetcher did not write with a claim): the
         workflow steps' with the settling of their workflows, the others in one
@@ -165,7 +198,22 @@ class Outcomes:
             plain, written = self.write_steps(batch)
             return written + (self.engine.mark_succeeded(self.worker_id, plain) if plain else [])
 
-        written = self.retrying(f"record {len(batch)} successes", write)
+        try:
+            written = self.retrying(f"record {len(batch)} successes", write)
+        except Exception as exc:
+            if not has_steps(batch) or not refused(exc):
+                raise
+            logger.exception("Could not record %s successes together", len(batch))
+            batch = self.write_steps_alone(batch)
+            marks = self.marks(batch)
+            written = (
+                self.retrying(
+                    f"record {len(batch)} successes",
+                    lambda: self.engine.mark_succeeded(self.worker_id, marks),
+                )
+                if marks
+                else []
+            )
         if written is not None:
             self.settle_batch(batch, written)
 

@@ -287,7 +287,11 @@ class WorkerProcess:
         thread = threading.Thread(target=main, name=name, daemon=True)
         with self._threads_lock:
             self._threads.add(thread)  # before it starts, so that it is there to remove
-        thread.start()
+        try:
+            thread.start()
+        except BaseException:  # e.g. "can't start new thread": none to join at shutdown
+            self._forget(thread)
+            raise
         return thread
 
     def _forget(self, thread: threading.Thread) -> None:
