@@ -169,3 +169,66 @@ def test_steps_whose_batched_write_is_refused_are_written_one_at_a_time(outcomes
             "state", flat=True
         )
     ) == {JobState.SUCCEEDED}
+
+
+def _refuse_batched_step_writes(outcomes: Outcomes, monkeypatch: Any, *writes: str) -> int:
+    """Make the batched write of steps' successes fail as refused, and each engine write
+    named in ``writes`` too when it concerns the first claimed step; returns that step."""
+    from django.db import IntegrityError
+
+    def refuse(*args: Any) -> Any:
+        raise IntegrityError("refused by the test")
+
+    monkeypatch.setattr(Outcomes, "write_steps", refuse)
+    originals = {name: getattr(outcomes.engine, name) for name in writes}
+    ids_of = {  # the job ids each write is about, from its second argument
+        "mark_succeeded_and_insert": lambda done: [done[0]],
+        "mark_failed_and_insert": lambda job_id: [job_id],
+        "release": lambda claims: [claim[0] for claim in claims],
+    }
+    bad: list[int] = []
+    for name in writes:
+
+        def refused_for_bad(worker_id: str, about: Any, *args: Any, _name: str = name) -> Any:
+            if bad[0] in ids_of[_name](about):
+                raise IntegrityError(f"{_name} refused by the test")
+            return originals[_name](worker_id, about, *args)
+
+        monkeypatch.setattr(outcomes.engine, name, refused_for_bad)
+    return bad
+
+
+def test_a_step_whose_own_success_write_is_refused_too_fails_its_attempt(outcomes, monkeypatch):
+    run, claimed = _batch_step_claimed(outcomes)
+    bad = _refuse_batched_step_writes(outcomes, monkeypatch, "mark_succeeded_and_insert")
+    bad.append(claimed[0].id)
+
+    outcomes.write_batch([(job, Success(None), 1.0) for job in claimed])
+
+    failed = Job.objects.get(pk=claimed[0].id)
+    assert failed.state == JobState.FAILED  # to be retried (DagStep retries)
+    assert "IntegrityError: mark_succeeded_and_insert refused by the test" in failed.last_error
+    assert Job.objects.get(pk=claimed[1].id).state == JobState.SUCCEEDED
+    assert _step_states(run) == {0: StepState.RELEASED, 1: StepState.BLOCKED}
+
+
+def test_a_step_none_of_whose_writes_succeeds_is_left_running_and_the_rest_goes_on(
+    outcomes, monkeypatch, caplog
+):
+    run, claimed = _batch_step_claimed(outcomes)
+    bad = _refuse_batched_step_writes(
+        outcomes, monkeypatch, "mark_succeeded_and_insert", "mark_failed_and_insert", "release"
+    )
+    bad.append(claimed[0].id)
+    plain = Echo.dispatch("plain")
+    [claimed_plain] = outcomes.engine.claim(WORKER, "echo", 1)
+    batch = [(job, Success(None), 1.0) for job in [*claimed, claimed_plain]]
+
+    rest = outcomes.write_steps_alone(batch)  # raises nothing
+
+    assert rest == batch[2:]  # the plain success, still to write
+    assert Job.objects.get(pk=claimed[0].id).state == JobState.RUNNING
+    assert f"Could not write step id={claimed[0].id} at all" in caplog.text
+    assert Job.objects.get(pk=claimed[1].id).state == JobState.SUCCEEDED
+    assert Job.objects.get(pk=plain.pk).state == JobState.RUNNING
+    assert _step_states(run) == {0: StepState.RELEASED, 1: StepState.BLOCKED}

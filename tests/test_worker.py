@@ -235,7 +235,8 @@ def test_a_worker_keeps_no_thread_that_a_timeout_replaced():
 
 def test_a_thread_that_could_not_start_is_not_kept(monkeypatch):
     """A thread the system refused to start (too many threads) is not kept among the
-    worker's threads: the shutdown would fail to join it."""
+    worker's threads (the shutdown would fail to join it), and the error reaches the
+    caller, which may hold the slots' lock, without waiting for that lock."""
     import threading
 
     from django_gator.worker.queues import parse_queue_specs
@@ -248,9 +249,24 @@ def test_a_thread_that_could_not_start_is_not_kept(monkeypatch):
     def refuse(self: threading.Thread) -> None:
         raise RuntimeError("can't start new thread")
 
+    go = threading.Event()
+    errors: list[BaseException] = []
+
+    def watchdog() -> None:
+        go.wait(10)
+        with worker.slots.lock:  # a timed-out job's new executor starts under this lock
+            try:
+                worker._spawn("gator-executor-9", lambda: None)
+            except RuntimeError as exc:
+                errors.append(exc)
+
+    caller = threading.Thread(target=watchdog, daemon=True)
+    caller.start()
     monkeypatch.setattr(threading.Thread, "start", refuse)
-    with pytest.raises(RuntimeError, match="can't start new thread"):
-        worker._spawn("gator-executor-9", lambda: None)
+    go.set()
+    caller.join(10)
+    assert not caller.is_alive(), "_spawn waited for the slots' lock its caller holds"
+    assert [str(e) for e in errors] == ["can't start new thread"]
     assert not worker._threads
 
 

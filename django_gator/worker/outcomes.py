@@ -14,6 +14,7 @@ inline runs write once and let errors reach their caller.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
@@ -170,10 +171,15 @@ class Outcomes:
     ) -> list[tuple[ClaimedJob, Success, float]]:
         """After the batched write of ``batch`` failed with an error that trying again
         would meet again (the database refused a statement, or settling a workflow broke):
-        write each workflow step's success in a transaction of its own, and give a step
-        whose write fails too that error as its attempt's failure. One bad step then
+        write each workflow step's success in a transaction of its own. One bad step then
         neither holds back the others nor stops the fetcher's claims (it would put the
-        batch back and fail on it forever). Returns the other successes, still to write."""
+        batch back and fail on it forever). Returns the other successes, still to write;
+        raises nothing.
+
+        A step whose own write fails too gets that error as its attempt's failure
+        (retried or dead as its class says); if even that cannot be written it is given
+        back to ``waiting``; if nothing about its row can be written it stays ``running``
+        under this worker, logged, until the worker stops and the rescue takes it back."""
         rest = []
         for item in batch:
             job, success, elapsed_ms = item
@@ -182,9 +188,23 @@ class Outcomes:
                 continue
             try:
                 self._success(job, success, elapsed_ms)
+                continue
             except Exception as exc:
                 logger.exception("Could not record the success of step id=%s", job.id)
-                self.worker_error(job, exc)
+                error = exc
+            try:
+                self._failure(job, failure_for(job, self.worker_id, error), elapsed_ms)
+                continue
+            except Exception:
+                logger.exception("Could not record the failure of step id=%s", job.id)
+            try:
+                self.retrying("release a job", functools.partial(self.release, [job]))
+            except Exception:
+                logger.exception(
+                    "Could not write step id=%s at all: it stays running under this worker "
+                    "until the worker stops, when the rescue puts it back",
+                    job.id,
+                )
         return rest
 
     def write_batch(self, batch: Sequence[tuple[ClaimedJob, Success, float]]) -> None:

@@ -290,7 +290,10 @@ class WorkerProcess:
         try:
             thread.start()
         except BaseException:  # e.g. "can't start new thread": none to join at shutdown
-            self._forget(thread)
+            # Not _forget(): a replacement executor is started under the slots' lock (not
+            # reentrant), and a thread that never ran was never among the retired.
+            with self._threads_lock:
+                self._threads.discard(thread)
             raise
         return thread
 
