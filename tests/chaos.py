@@ -171,14 +171,22 @@ def kill_worker_connections(spare: frozenset[int] = frozenset()) -> int:
         return killed
 
 
-def restart_postgresql() -> None:
-    """Restart the local PostgreSQL cluster (Debian's pg_ctlcluster, as root)."""
-    tool = shutil.which("pg_ctlcluster")
-    if tool is None or os.geteuid() != 0:
-        raise RuntimeError("pg_restart needs pg_ctlcluster and root")
-    versions = sorted(os.listdir("/etc/postgresql"))
+def restart_postgresql(port: int = 5432) -> None:
+    """Restart the local PostgreSQL cluster that listens on ``port`` (Debian's
+    pg_lsclusters and pg_ctlcluster, as root)."""
+    tool, lister = shutil.which("pg_ctlcluster"), shutil.which("pg_lsclusters")
+    if tool is None or lister is None or os.geteuid() != 0:
+        raise RuntimeError("pg_restart needs pg_ctlcluster, pg_lsclusters and root")
+    listing = subprocess.run([lister, "-h"], check=True, capture_output=True, text=True).stdout
+    # Each line: version, name, port, status, owner, data directory, log file.
+    clusters = [
+        line.split()[:2] for line in listing.splitlines() if line.split()[2:3] == [str(port)]
+    ]
+    if not clusters:
+        raise RuntimeError(f"no local PostgreSQL cluster listens on port {port}:\n{listing}")
+    version, name = clusters[0]
     subprocess.run(
-        [tool, "--skip-systemctl-redirect", versions[-1], "main", "restart"],  # fast mode
+        [tool, "--skip-systemctl-redirect", version, name, "restart"],  # fast mode
         check=True,
         capture_output=True,
         timeout=120,
@@ -425,7 +433,9 @@ class Chaos:
                     spare = frozenset({self.watcher_backend})
                     _retry_db(lambda: kill_worker_connections(spare))
                 else:
-                    restart_postgresql()
+                    from django.db import connection
+
+                    restart_postgresql(int(connection.settings_dict.get("PORT") or 5432))
                 time.sleep(1.0)
             finally:
                 stop.set()
