@@ -37,7 +37,7 @@ from django_gator.worker.execution import (
     outcome_state,
     unstorable_failure,
 )
-from django_gator.worker.retrier import TRANSIENT_ERRORS
+from django_gator.worker.retrier import refused
 
 logger = logging.getLogger("django_gator.worker")
 
@@ -57,12 +57,6 @@ DEFERRED = "deferred"
 
 def _once(what: str, action: Callable[[], T]) -> T | None:
     return action()
-
-
-def refused(exc: BaseException) -> bool:
-    """Whether trying the write again would meet ``exc`` again: not an error of the
-    connection or the server (those are retried), but of the statement or the code."""
-    return not isinstance(exc, TRANSIENT_ERRORS)
 
 
 def has_steps(batch: Sequence[tuple[ClaimedJob, Success, float]]) -> bool:

@@ -24,6 +24,12 @@ MAX_BACKOFF = 5.0
 TRANSIENT_ERRORS = (OperationalError, InterfaceError, InternalError)
 
 
+def refused(exc: BaseException) -> bool:
+    """Whether trying the write again would meet ``exc`` again: not an error of the
+    connection or the server (those are retried), but of the statement or the code."""
+    return not isinstance(exc, TRANSIENT_ERRORS)
+
+
 class Retrier:
     """Runs database operations until they succeed; the database may be restarting.
 
