@@ -35,6 +35,10 @@ class ClaimedJob:
     batch_id: int | None = None
     #: The dispatch's OpenTelemetry context (a carrier dict), or None.
     trace_context: Any = None
+    #: Times a stopping worker gave the job back to waiting while it ran.
+    handbacks: int = 0
+    #: Attempts cut short by a lost database connection, retried without being charged.
+    outages: int = 0
 
 
 class LostClaim(NamedTuple):

@@ -129,6 +129,8 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
             suspect=bool(row[13]) if len(row) > 13 else False,
             batch_id=row[14] if len(row) > 14 else None,
             trace_context=loads(row[15]) if len(row) > 15 else None,
+            handbacks=row[16] if len(row) > 16 else 0,
+            outages=row[17] if len(row) > 17 else 0,
         )
 
     def mark_succeeded(

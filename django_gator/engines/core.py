@@ -37,7 +37,7 @@ KEYED_SQL = "concurrency_key IS NOT NULL"
 
 JOB_COLUMNS = (
     "id, name, args, kwargs, queue, priority, attempts, rescues, chain_id, chain_position, chain, "
-    "next_execution_at, created_at, suspect, batch_id, trace_context"
+    "next_execution_at, created_at, suspect, batch_id, trace_context, handbacks, outages"
 )
 
 

@@ -291,6 +291,16 @@ class Job(models.Model):
         db_default=0,
         help_text="Times handle() raised Snooze: back to waiting, no attempt counted.",
     )
+    handbacks = models.PositiveIntegerField(
+        default=0,
+        db_default=0,
+        help_text="Times a stopping worker gave the job back to waiting while it ran.",
+    )
+    outages = models.PositiveIntegerField(
+        default=0,
+        db_default=0,
+        help_text="Attempts cut short by a lost database connection, retried uncharged.",
+    )
     next_execution_at = models.DateTimeField(default=timezone.now)
     reserved_by = models.CharField(  # noqa: DJ001 - NULL until the first claim
         max_length=255, null=True, blank=True, help_text="Worker that claimed the job last."
