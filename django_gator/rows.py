@@ -173,8 +173,11 @@ class Failure:
     cancelled: bool = False  # the job raised JobCancelled: end it ``cancelled``
     exception: BaseException | None = None  # what was raised (not written; for signals)
     #: The attempt is given back (attempts - 1): the job never ran (its name is unknown
-    #: to this worker, which may run older code than the dispatcher).
+    #: to this worker, which may run older code than the dispatcher), or the database
+    #: went away under it (``outage``).
     uncharged: bool = False
+    #: The attempt was cut short by a lost database connection: counted in ``outages``.
+    outage: bool = False
 
 
 def outcome_label(outcome: object) -> str:

@@ -21,7 +21,16 @@ they did; every other job's ledger row must still be there.
 Faults: ``sigkill``, ``sigterm`` (graceful stop, then a new worker), ``sigstop`` (frozen
 past the heartbeat timeout, then SIGCONT: a zombie whose late writes must change
 nothing), ``connkill`` (every worker connection killed by the server) and ``pg_restart``
-(PostgreSQL restarted with pg_ctlcluster; needs root).
+(PostgreSQL restarted with pg_ctlcluster; needs root). On a throwaway server of the
+run's own (``server``, a :class:`tests.clusters.Cluster`): ``restart_fast`` and
+``restart_immediate`` (``pg_ctl restart -m fast`` / ``-m immediate``), and ``failover``
+(the primary stopped with ``-m immediate``, its standby promoted; the workers reach it
+through a multi-host connection string).
+
+A share of the plain jobs (``no_retry_share``) has no retry policy: a database outage
+must not kill them. Their attempts cut short by an outage are given back (an error entry
+marked ``outage``); the check counts only the charged ones against the attempts. After
+the run, no gracefully stopped worker may have left its row behind.
 
 From the tests: ``tests/test_chaos.py`` runs it on the test database. By hand, on a
 database of your own (its job and ledger tables are emptied first)::
@@ -49,10 +58,21 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
-FAULTS = ("sigkill", "sigterm", "sigstop", "connkill", "pg_restart")
+FAULTS = (
+    "sigkill",
+    "sigterm",
+    "sigstop",
+    "connkill",
+    "pg_restart",
+    "restart_fast",
+    "restart_immediate",
+    "failover",
+)
+#: Faults done to the run's own throwaway server.
+SERVER_FAULTS = ("restart_fast", "restart_immediate", "failover")
 #: Mean pause between two faults, in seconds.
 FAULT_GAP = 0.6
 T = TypeVar("T")
@@ -77,8 +97,14 @@ class Report:
     hit_jobs: int = 0
     rescued_jobs: int = 0
     failed_attempts: int = 0
+    outage_retries: int = 0  # attempts given back after an outage (not charged)
+    in_flight_at_faults: int = 0  # jobs running while connections broke (connkill, restarts)
     rescue_s: list[float] = field(default_factory=list)
+    #: Per server fault: seconds from its start until a job succeeded again.
+    recover_s: list[float] = field(default_factory=list)
     bad_exits: list[str] = field(default_factory=list)
+    #: Rows of workers that stopped gracefully and are still there after the run.
+    leftover_workers: list[str] = field(default_factory=list)
     details: list[str] = field(default_factory=list)  # what each finding looked like
 
     @property
@@ -90,6 +116,7 @@ class Report:
             or self.over_limit
             or self.atomic_duplicates
             or self.bad_exits
+            or self.leftover_workers
         )
 
     def summary(self) -> str:
@@ -110,8 +137,11 @@ class Report:
             f"{len(self.atomic_duplicates)}, bad worker exits {len(self.bad_exits)}\n"
             f"  jobs that met a fault {self.hit_jobs}, of which run more than once "
             f"{self.rerun_jobs}; rescued "
-            f"{self.rescued_jobs}, failed attempts {self.failed_attempts}\n"
-            f"  kill -> rescue of the victim's last job: {rescue}"
+            f"{self.rescued_jobs}, failed attempts {self.failed_attempts}, attempts given "
+            f"back after an outage {self.outage_retries}\n"
+            f"  kill -> rescue of the victim's last job: {rescue}\n"
+            f"  server fault -> a job succeeds again: {self.recover_s or 'n/a'} s; worker "
+            f"rows left behind {len(self.leftover_workers)}"
             + "".join(f"\n  ! {line}" for line in self.details[:20])
         )
 
@@ -211,6 +241,10 @@ class Chaos:
         log_dir: Path | None = None,
         heartbeat_timeout: float = 3.0,
         max_rescues: int = 10,
+        no_retry_share: float = 0.0,
+        drain_s: float | None = None,
+        server: Any = None,
+        standby: Any = None,
     ) -> None:
         from django.db import connection
 
@@ -224,6 +258,10 @@ class Chaos:
                 raise ValueError("connkill needs a database server; SQLite has none")
             if count and name == "pg_restart" and self.vendor != "postgresql":
                 raise ValueError("pg_restart needs PostgreSQL")
+            if count and name in SERVER_FAULTS and server is None:
+                raise ValueError(f"{name} needs a throwaway server of the run's own")
+            if count and name == "failover" and (standby is None or count > 1):
+                raise ValueError("failover needs a standby, and can be done once")
             plan += [name] * count
         self.rng = random.Random(seed)
         self.rng.shuffle(plan)
@@ -235,6 +273,11 @@ class Chaos:
         self.concurrency = concurrency
         self.heartbeat_timeout = heartbeat_timeout
         self.max_rescues = max_rescues
+        self.no_retry_share = no_retry_share
+        self.drain_s = drain_s
+        self.server = server
+        self.standby = standby
+        self.recover_s: list[float] = []
         self.env = {
             **env,
             "GATOR_HEARTBEAT_TIMEOUT": str(heartbeat_timeout),
@@ -289,19 +332,21 @@ class Chaos:
 
     # -- the run ---------------------------------------------------------------------
     def dispatch(self) -> list[int]:
-        from tests.testapp.jobs import AtomicRecord, Misbehaves, RecordWithRetry
+        from tests.testapp.jobs import AtomicRecord, Misbehaves, Record, RecordWithRetry
 
         atomic = int(self.jobs * self.atomic_share)
         odd = int(self.jobs * self.misbehave_share)
         # Long enough a drain for every planned fault to land while jobs are in flight:
         # about 1.5 times the plan's length, spread over the jobs as random sleeps.
-        target = 1.5 * len(self.plan) * FAULT_GAP
+        target = self.drain_s or 1.5 * len(self.plan) * FAULT_GAP
         mean = target * self.workers * self.concurrency / max(self.jobs - atomic, 1)
         plain = [
             {"label": f"p{i}", "sleep": round(self.rng.uniform(0, 2 * mean), 4)}
             for i in range(self.jobs - atomic - odd)
         ]
-        ids = [j.pk for j in RecordWithRetry.dispatch_many(plain)]
+        bare = int(len(plain) * self.no_retry_share)
+        ids = [j.pk for j in Record.dispatch_many(plain[:bare])] if bare else []
+        ids += [j.pk for j in RecordWithRetry.dispatch_many(plain[bare:])]
         kinds = Misbehaves.KINDS
         ids += [
             j.pk
@@ -418,7 +463,7 @@ class Chaos:
 
     def _fault(self, fault: str) -> None:
         self.done_faults[fault] += 1
-        if fault in ("connkill", "pg_restart"):
+        if fault in ("connkill", "pg_restart", *SERVER_FAULTS):
             # Every job running from just before the fault until the workers are back may
             # meet a broken connection (and fail, to be retried): a second connection
             # watches the running rows all that time.
@@ -432,6 +477,8 @@ class Chaos:
                 if fault == "connkill":
                     spare = frozenset({self.watcher_backend})
                     _retry_db(lambda: kill_worker_connections(spare))
+                elif fault in SERVER_FAULTS:
+                    self._server_fault(fault)
                 else:
                     from django.db import connection
 
@@ -464,6 +511,30 @@ class Chaos:
             self.frozen.append((time.monotonic() + self.heartbeat_timeout + 2, proc))
             # Its jobs are rescued by the others; after SIGCONT it goes on as a worker.
 
+    def _server_fault(self, fault: str) -> None:
+        """Restart the run's own server, or fail over to its standby; then time how long
+        until a job succeeds again."""
+        from django_gator.models import Job, JobState
+
+        def succeeded() -> int:
+            return _retry_db(lambda: Job.objects.filter(state=JobState.SUCCEEDED).count(), 600)
+
+        before = succeeded()
+        started = time.monotonic()
+        if fault == "failover":
+            self.server.stop("immediate")
+            self.standby.promote()
+            self.events.append(f"failover: port {self.server.port} -> {self.standby.port}")
+        else:
+            took = self.server.restart(fault.removeprefix("restart_"))
+            self.events.append(f"{fault}: the server was back after {took:.2f} s")
+        deadline = started + 120
+        while succeeded() <= before:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no job succeeded within 120 s of {fault}")
+            time.sleep(0.05)
+        self.recover_s.append(round(time.monotonic() - started, 2))
+
     def _stop_all(self) -> None:
         from django_gator.models import Worker
 
@@ -474,6 +545,7 @@ class Chaos:
             if {p.pid for p in live} <= pids:
                 break
             time.sleep(0.05)
+        self.stopped_ids = {worker_id for proc in live for worker_id in self._worker_ids(proc.pid)}
         for proc in live:
             proc.send_signal(signal.SIGTERM)
         for proc in live:
@@ -497,8 +569,8 @@ class Chaos:
     def check(self) -> Report:
         from django.db.models import Count
 
-        from django_gator.models import Job, JobState
-        from tests.testapp.jobs import AtomicRecord, Misbehaves, RecordWithRetry
+        from django_gator.models import Job, JobState, Worker
+        from tests.testapp.jobs import AtomicRecord, Misbehaves, Record, RecordWithRetry
         from tests.testapp.models import Execution
 
         runs = dict(
@@ -513,8 +585,15 @@ class Chaos:
             concurrency=self.concurrency,
             faults={name: self.done_faults[name] for name in FAULTS},
             bad_exits=list(self.bad_exits),
+            recover_s=list(self.recover_s),
+            in_flight_at_faults=len(self.hit),
+            leftover_workers=sorted(
+                set(Worker.objects.values_list("id", flat=True))
+                & getattr(self, "stopped_ids", set())
+            ),
         )
         limits = {
+            Record.name: 0,
             AtomicRecord.name: AtomicRecord.retry.max_retries,
             RecordWithRetry.name: RecordWithRetry.retry.max_retries,
             Misbehaves.name: Misbehaves.retry.max_retries,
@@ -543,6 +622,9 @@ class Chaos:
             # A misbehaving job's own error: its first attempt's, of the class its kind
             # raises (a stray thread's job raises nothing).
             own = Misbehaves.ERRORS.get(kwargs.get("kind", "")) if name == Misbehaves.name else None
+            # An attempt cut short by a database outage is given back: its entry (marked
+            # "outage") is explained like any failure of a job in flight at the fault, and
+            # is not counted against the attempts.
             explained = all(
                 e.get("worker") in self.victims
                 if e.get("class") == "django_gator.exceptions.WorkerLost"
@@ -550,7 +632,9 @@ class Chaos:
                 or pk in self.hit
                 for e in errors or []
             )
-            if not explained or n > attempts or attempts - 1 != len(errors or []):
+            charged = [e for e in errors or [] if not e.get("outage")]
+            report.outage_retries += len(errors or []) - len(charged)
+            if not explained or n > attempts or attempts - 1 != len(charged):
                 report.duplicated.append(pk)
                 report.details.append(
                     f"job {pk}: runs {n}, attempts {attempts}, rescues {rescues}, hit "
@@ -567,7 +651,7 @@ class Chaos:
             report.rerun_jobs += n > 1
             report.hit_jobs += bool(errors)
             report.rescued_jobs += rescues > 0
-            report.failed_attempts += len(errors or []) - rescues
+            report.failed_attempts += len(charged) - rescues
         # Kill -> rescue: from the SIGKILL to the rescue of the victim's last job (the
         # rescuer's clock, in the error entry it wrote), for kills that left jobs behind.
         for killed_at, ids in self.kills:
@@ -591,6 +675,19 @@ def _parse_faults(text: str) -> dict[str, int]:
     return faults
 
 
+def _cluster(spec: str | None) -> Any:
+    """A :class:`tests.clusters.Cluster` from ``DATA:PORT`` (its data folder and port)."""
+    if not spec:
+        return None
+    from tests.clusters import Cluster, server_binaries
+
+    data, _, port = spec.rpartition(":")
+    bindir = server_binaries()
+    if bindir is None:
+        raise SystemExit("no PostgreSQL server binaries for --server/--standby")
+    return Cluster(bindir, Path(data).parent, int(port))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tests.chaos", description=__doc__.split("\n")[0]
@@ -603,6 +700,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--seed", type=int, default=20261123)
+    parser.add_argument(
+        "--no-retry-share", type=float, default=0.0, help="plain jobs without a retry policy"
+    )
+    parser.add_argument("--drain-s", type=float, help="seconds of work to spread over the jobs")
+    parser.add_argument(
+        "--server", metavar="DATA:PORT", help="the run's own server (restart_*, failover)"
+    )
+    parser.add_argument("--standby", metavar="DATA:PORT", help="its standby (failover)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--yes", action="store_true", help="empty the job and ledger tables")
     args = parser.parse_args(argv)
@@ -620,7 +725,8 @@ def main(argv: list[str] | None = None) -> int:
     from django_gator.models import Job
     from tests.testapp.models import Execution
 
-    call_command("migrate", verbosity=0)
+    # The test app has no migrations: its ledger table is made as the test runner does.
+    call_command("migrate", verbosity=0, run_syncdb=True)
     Job.objects.all().delete()
     Execution.objects.all().delete()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
@@ -632,6 +738,10 @@ def main(argv: list[str] | None = None) -> int:
         workers=args.workers,
         concurrency=args.concurrency,
         seed=args.seed,
+        no_retry_share=args.no_retry_share,
+        drain_s=args.drain_s,
+        server=_cluster(args.server),
+        standby=_cluster(args.standby),
     )
     try:
         report = chaos.run()

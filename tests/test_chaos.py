@@ -25,6 +25,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 JOBS = int(os.environ.get("GATOR_CHAOS_JOBS", "600"))
 KILLS = int(os.environ.get("GATOR_CHAOS_KILLS", "4"))
+#: The share of plain jobs without a retry policy: a killed connection or a server restart
+#: must not kill them (their attempts cut short by it are given back).
+NO_RETRY_SHARE = float(os.environ.get("GATOR_CHAOS_NO_RETRY_SHARE", "0.3"))
 
 
 def _faults() -> dict[str, int]:
@@ -45,6 +48,7 @@ def test_faults_under_load_lose_nothing_and_rerun_only_jobs_in_flight(tmp_path: 
         kills=KILLS,
         faults=_faults(),
         seed=int(os.environ.get("GATOR_CHAOS_SEED", "20261123")),
+        no_retry_share=NO_RETRY_SHARE,
         log_dir=tmp_path,
     )
     try:
@@ -61,4 +65,5 @@ def test_faults_under_load_lose_nothing_and_rerun_only_jobs_in_flight(tmp_path: 
     assert report.over_limit == []
     assert report.atomic_duplicates == []
     assert report.bad_exits == []
+    assert report.leftover_workers == []
     assert report.faults["sigkill"] == KILLS, "the jobs drained before every kill was made"

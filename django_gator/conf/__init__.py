@@ -219,6 +219,10 @@ def max_rescues() -> int:
     return int(value("GATOR_MAX_RESCUES"))
 
 
+def outage_retries() -> int:
+    return int(value("GATOR_OUTAGE_RETRIES"))
+
+
 def unknown_job_window() -> float:
     return float(value("GATOR_UNKNOWN_JOB_WINDOW"))
 

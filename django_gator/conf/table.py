@@ -99,6 +99,14 @@ SETTINGS: tuple[Setting, ...] = (
         "crashes of its worker while a job ran alone after which it is `dead` (poison pill)",
     ),
     Setting(
+        "GATOR_OUTAGE_RETRIES",
+        10,
+        Number(0, whole=True),
+        "attempts of a job cut short by a lost database connection (a restart, a failover, "
+        "a killed connection) that are retried without charging its retry budget; after "
+        "that its own policy applies",
+    ),
+    Setting(
         "GATOR_SHUTDOWN_TIMEOUT",
         30.0,
         Number(0),

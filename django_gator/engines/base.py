@@ -272,6 +272,7 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
             f"next_execution_at = COALESCE({self.later_sql}, next_execution_at), queue = %s, "
             f"finished_at = CASE WHEN %s OR cancel_requested THEN {self.now_sql} ELSE NULL END, "
             f"errors = {self.json_append_sql('errors')}, last_error = %s, error_class = %s, "
+            "outages = outages + %s, "
             # Last: MySQL evaluates SET left to right (the WHERE sees the old value).
             "attempts = attempts - %s "
             f"WHERE {self.claim_match}"
@@ -285,6 +286,7 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
             failure.error,
             failure.last_error,
             error_class_of(failure.last_error),
+            1 if failure.outage else 0,
             1 if failure.uncharged else 0,
             job_id,
             attempts,

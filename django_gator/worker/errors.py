@@ -30,9 +30,17 @@ def qualified_name(exc: BaseException) -> str:
 
 
 def error_entry(
-    exc: BaseException, *, attempt: int, worker_id: str, tb: str | None = None
+    exc: BaseException,
+    *,
+    attempt: int,
+    worker_id: str,
+    tb: str | None = None,
+    extra: dict[str, Any] | None = None,
+    note: str | None = None,
 ) -> tuple[str, str]:
     """(JSON of one error-history entry, the one-line summary for ``last_error``).
+    ``extra``: more keys for the entry (``{"outage": True}``); ``note``: a sentence for
+    whoever reads the history.
 
     Whatever a job raised can be recorded: a ``__str__`` that raises, NUL bytes (which
     PostgreSQL text cannot hold) and unpaired surrogates (which no database's UTF-8 can)
@@ -55,8 +63,9 @@ def error_entry(
         "class": cls,
         "message": message[:MESSAGE_CHARS],
         "traceback": tb,
+        **(extra or {}),
     }
-    notes = [message_note] if message_note else []
+    notes = [n for n in (note, message_note) if n]
     if tb_changed or cls_changed:
         notes.append(SANITIZED_NOTE)
     if notes:

@@ -3,6 +3,7 @@ the caller writes the outcome with a compare-and-set on its claim."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import logging
@@ -18,6 +19,7 @@ from django.db import transaction
 
 from django_gator import conf, retry, signals, tracing
 from django_gator.engines.base import ClaimedJob, Failure
+from django_gator.engines.outages import is_outage
 from django_gator.engines.sqlite import is_busy
 from django_gator.exceptions import (
     GatorError,
@@ -280,9 +282,13 @@ def _failure(
     *,
     force_dead: bool = False,
 ) -> Failure:
+    cancelled = isinstance(exc, JobCancelled)
+    if not force_dead and not cancelled:
+        outage = outage_failure(job, worker_id, exc)
+        if outage is not None:
+            return outage
     error, summary = error_entry(exc, attempt=job.attempts, worker_id=worker_id)
     dead, delay, queue = True, None, job.queue
-    cancelled = isinstance(exc, JobCancelled)
     if not force_dead and not cancelled and instance is not None:
         dead, delay, queue = decide_retry(instance, exc, job)
     # Milliseconds: SQLite reads the delay back from its decimal text.
@@ -305,6 +311,48 @@ def _failure(
         last_error=summary,
         cancelled=cancelled,
         exception=exc,
+    )
+
+
+#: The wait before retrying a job whose attempt an outage cut short: it doubles with each
+#: outage the job met, from OUTAGE_FIRST_WAIT up to OUTAGE_MAX_WAIT seconds. The failure is
+#: only written once the database answers again, so the first retry comes soon after.
+OUTAGE_FIRST_WAIT = 1.0
+OUTAGE_MAX_WAIT = 60.0
+
+
+def outage_failure(job: ClaimedJob, worker_id: str, exc: BaseException) -> Failure | None:
+    """The outcome of an attempt that failed because the database went away under the job
+    (a restart, a failover, a killed connection: :func:`~django_gator.engines.outages.
+    is_outage`), or None if ``exc`` is no such error or the job has met
+    ``GATOR_OUTAGE_RETRIES`` of them already.
+
+    An outage is not the job's fault, so the attempt is given back (the job's retry budget
+    and ``retry_decision()`` are untouched, ``on_error()`` is not called) and the job is
+    tried again once the database is back; the error stays in its history, marked as an
+    outage, and the row counts it in ``outages``. Past the bound the failure is an
+    ordinary one, which the job's own policy decides (a database that drops every attempt
+    of one job is not a passing outage)."""
+    limit = conf.outage_retries()
+    if job.outages >= limit or not is_outage(exc):
+        return None
+    wait = min(OUTAGE_FIRST_WAIT * 2**job.outages, OUTAGE_MAX_WAIT)
+    note = (
+        f"the database connection was lost: retried without charging an attempt "
+        f"(outage {job.outages + 1} of {limit})"
+    )
+    error, summary = error_entry(
+        exc, attempt=job.attempts, worker_id=worker_id, extra={"outage": True}, note=note
+    )
+    return Failure(
+        dead=False,
+        retry_in=round(wait, 3),
+        queue=job.queue,
+        error=error,
+        last_error=summary,
+        exception=exc,
+        uncharged=True,
+        outage=True,
     )
 
 
@@ -429,15 +477,7 @@ def unstorable_failure(
         f"{exception_text(error)[0][:300]}); it began: {original[:300]}"
     )
     entry, summary = error_entry(exc, attempt=attempt, worker_id=worker, tb="")
-    return Failure(
-        dead=failure.dead,
-        retry_in=failure.retry_in,
-        queue=failure.queue,
-        error=entry,
-        last_error=summary,
-        cancelled=failure.cancelled,
-        exception=failure.exception,
-    )
+    return dataclasses.replace(failure, error=entry, last_error=summary)
 
 
 class UnstorableError(GatorError):

@@ -378,17 +378,18 @@ class Outcomes:
             written = write(outcome)
         if written is None:
             return None
-        if not written and not self.landed(job, result):
+        if not written and not self.landed(job, result, given_back=outcome.uncharged):
             log_lost(job, result)
             return None
         logger.warning(
-            "Processed job id=%s name=%s result=%s queue=%s attempt=%s duration_ms=%.1f error=%s",
+            "Processed job id=%s name=%s result=%s queue=%s attempt=%s duration_ms=%.1f%s error=%s",
             job.id,
             safe(job.name),
             result,
             safe(job.queue),
             job.attempts,
             elapsed_ms,
+            f" outage={job.outages + 1} retry_in_s={outcome.retry_in:g}" if outcome.outage else "",
             safe(mask_text(outcome.last_error, secret_values(job.name, job.args, job.kwargs))),
         )
         return result

@@ -61,6 +61,10 @@ from django_gator.worker.slots import Slots
 logger = logging.getLogger("django_gator.worker")
 
 
+#: Seconds a stopping worker tries to remove its row while the database does not answer.
+UNREGISTER_PATIENCE = 15.0
+
+
 class WorkerProcess:
     """One ``gator_worker`` process. ``run()`` blocks until the worker stops."""
 
@@ -408,10 +412,32 @@ class WorkerProcess:
         else:
             for thread in self._running_threads():
                 thread.join(timeout=5)
-        try:
+        self._unregister()
+
+    def _unregister(self) -> None:
+        """Remove this worker's row, trying for up to UNREGISTER_PATIENCE seconds. The main
+        thread's connection has been idle since the start, and a database restart or
+        failover meanwhile broke it: it starts afresh. A row left behind stops
+        heartbeating, so it counts as lost after GATOR_HEARTBEAT_TIMEOUT and is forgotten."""
+        connections[self.alias].close()
+        deadline = time.monotonic() + UNREGISTER_PATIENCE
+        within = Retrier(self.alias, self.worker_id, lambda _: time.monotonic() > deadline)
+
+        def remove() -> bool:
             self.engine.unregister_worker(self.worker_id)
+            return True
+
+        try:
+            removed = within("remove the worker row", remove)
         except DatabaseError:
+            removed = None
             logger.exception("Could not remove the worker row id=%s", self.worker_id)
+        if removed is None:
+            logger.error(
+                "Worker row left behind id=%s: it counts as lost once its heartbeat is %gs old",
+                self.worker_id,
+                conf.heartbeat_timeout(),
+            )
 
     def _wait_for_running(self, deadline: float) -> list[ClaimedJob]:
         """Wait for running jobs to finish until ``deadline`` (time.monotonic()) or a

@@ -1064,3 +1064,28 @@ class OneAtATime(Queueable):
 @job(queue="keyed", concurrency_limit=1, concurrency_key=lambda user: f"user:{user}")
 def sync_user(user: int) -> int:
     return user
+
+
+class LosesItsConnection(Queueable):
+    """No retry policy. Until ``go_file`` exists: writes the server's id of its connection
+    to ``backend_file``, waits for ``go_file`` (the test kills that connection meanwhile),
+    then queries on it. Once ``go_file`` exists it just writes its ledger row."""
+
+    def handle(self, backend_file: str, go_file: str) -> str:
+        from django.db import connection
+
+        if not Path(go_file).exists():
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_backend_pid()"
+                    if connection.vendor == "postgresql"
+                    else "SELECT CONNECTION_ID()"
+                )
+                Path(backend_file).write_text(str(cursor.fetchone()[0]))
+            deadline = time.monotonic() + 30
+            while not Path(go_file).exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        Execution.objects.create(
+            job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label="after"
+        )
+        return "ok"
