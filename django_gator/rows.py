@@ -175,6 +175,9 @@ class Failure:
     #: The attempt is given back (attempts - 1): the job never ran (its name is unknown
     #: to this worker, which may run older code than the dispatcher).
     uncharged: bool = False
+    #: The attempt was cut by a stopping worker and is charged for it (see
+    #: Outcomes.hand_back): the row's ``handbacks`` goes up by one with this write.
+    handback: bool = False
 
 
 def outcome_label(outcome: object) -> str:

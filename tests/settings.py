@@ -93,6 +93,7 @@ if os.environ.get("GATOR_TEST_CLOCK_FILE"):
     GATOR_SCHEDULER_CLOCK = "tests.clock.file_clock"
 GATOR_SHUTDOWN_TIMEOUT = float(os.environ.get("GATOR_SHUTDOWN_TIMEOUT", "10"))
 GATOR_MAX_RESCUES = int(os.environ.get("GATOR_MAX_RESCUES", "3"))
+GATOR_MAX_HANDBACKS = int(os.environ.get("GATOR_MAX_HANDBACKS", "3"))
 # Unknown job names end dead at once in tests, unless a test waits for a deploy
 # (tests/test_unknown_names.py).
 GATOR_UNKNOWN_JOB_WINDOW = float(os.environ.get("GATOR_UNKNOWN_JOB_WINDOW", "0"))

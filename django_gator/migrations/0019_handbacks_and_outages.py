@@ -3,12 +3,14 @@
 GATOR_MAX_HANDBACKS of them), and ``outages``, the attempts cut short by a lost database
 connection, retried without charging the job's retry budget (up to GATOR_OUTAGE_RETRIES)."""
 
+from typing import Any
+
 from django.db import migrations, models
 
 from django_gator import indexes
 
 
-def restore_indexes(apps, schema_editor):
+def restore_indexes(apps: Any, schema_editor: Any) -> None:
     """SQLite rebuilds the table to add NOT NULL columns, dropping the partial indexes of
     0002-0017 and 0018's dead-queue index: put them back."""
     indexes.restore_after_rebuild(apps, schema_editor)
