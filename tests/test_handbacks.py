@@ -5,7 +5,6 @@ bounds classes that set no timeout, and long runners show in the metrics, in
 
 from __future__ import annotations
 
-import io
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -17,16 +16,14 @@ from django.urls import reverse
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from django_gator.engines import get_engine
 from django_gator.models import Job, JobState
-from django_gator.worker.outcomes import Outcomes
 from tests.conftest import run_worker, stop_worker, wait_for, worker_output
 from tests.factories import JobFactory, WorkerFactory
+from tests.test_health import check
 from tests.testapp.jobs import (
     AsyncSleep,
     BlocksForever,
     BlocksForeverWithRetry,
-    Echo,
     LoopsForever,
     LoopsWithOwnTimeout,
 )
@@ -61,16 +58,6 @@ def run_and_stop(spawn_worker, started_file: Path, bound: int) -> str:
     wait_for(lambda: len(runs(started_file)) == before + 1, timeout=60)
     stop_worker(proc)
     return worker_output(proc)
-
-
-def check(*args: str) -> tuple[int, str]:
-    """``gator_status --check`` in this process: (exit code, what it said)."""
-    out = io.StringIO()
-    try:
-        call_command("gator_status", "--check", *args, stdout=out)
-    except CommandError as exc:
-        return exc.returncode, str(exc)
-    return 0, out.getvalue()
 
 
 def oldest_running_age(client: Client, queue: str) -> float | None:
@@ -142,7 +129,7 @@ def test_a_job_that_blocks_forever_is_charged_at_the_bound_and_ends_dead(spawn_w
     assert check("--max-running", "1") == (0, "healthy: 1 live worker\n")
 
 
-def test_a_charged_hand_back_goes_to_the_retry_policy_and_the_count_starts_over(
+def test_a_charged_hand_back_goes_to_the_retry_policy_whose_retry_gets_the_same_allowance(
     spawn_worker, tmp_path
 ):
     started = tmp_path / "started"
@@ -166,52 +153,6 @@ def test_a_charged_hand_back_goes_to_the_retry_policy_and_the_count_starts_over(
     assert (job.state, job.attempts, job.handbacks) == (JobState.WAITING, 1, 3)
     assert [attempt for _, attempt in runs(started)] == [1, 1, 2]
     assert len(job.errors) == 1
-
-
-def test_only_a_job_that_was_running_counts_a_hand_back():
-    """A claim given back before it started (pending in the slots when the worker stopped,
-    a suspect not yet run alone, an orphan of a lost claim answer) is released as before:
-    not counted. A job cut while it ran is."""
-    engine = get_engine("default")
-    worker = "handbacks-test"
-    engine.register_worker(worker, "h", 1, "[]", 1)
-    outcomes = Outcomes(engine, worker)
-    row = Echo.dispatch("x")
-
-    [claimed] = engine.claim(worker, "echo", 1)
-    assert outcomes.release([claimed]) == [row.pk]
-    row.refresh_from_db()
-    assert (row.state, row.attempts, row.handbacks) == (JobState.WAITING, 0, 0)
-
-    [claimed] = engine.claim(worker, "echo", 1)
-    assert claimed.handbacks == 0
-    with override_settings(GATOR_MAX_HANDBACKS=2):
-        assert outcomes.hand_back([claimed]) == [row.pk]
-    row.refresh_from_db()
-    assert (row.state, row.attempts, row.handbacks) == (JobState.WAITING, 0, 1)
-
-    # The claim reads the count; the next hand-back reaches the bound of 2 and charges.
-    [claimed] = engine.claim(worker, "echo", 1)
-    assert claimed.handbacks == 1
-    with override_settings(GATOR_MAX_HANDBACKS=2):
-        assert outcomes.hand_back([claimed], lambda job: 1500.0) == []
-    row.refresh_from_db()
-    assert (row.state, row.attempts, row.handbacks) == (JobState.DEAD, 1, 2)
-    assert row.errors[-1]["class"] == HANDED_BACK
-
-
-def test_hand_backs_are_never_charged_with_no_bound():
-    engine = get_engine("default")
-    worker = "handbacks-none"
-    engine.register_worker(worker, "h", 1, "[]", 1)
-    outcomes = Outcomes(engine, worker)
-    row = Echo.dispatch("x")
-    with override_settings(GATOR_MAX_HANDBACKS=None):
-        for _ in range(4):
-            [claimed] = engine.claim(worker, "echo", 1)
-            assert outcomes.hand_back([claimed]) == [row.pk]
-    row.refresh_from_db()
-    assert (row.state, row.attempts, row.handbacks) == (JobState.WAITING, 0, 4)
 
 
 # -- the default timeout ---------------------------------------------------------------------
