@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from django_gator.models import Job, JobState
 from tests.conftest import run_worker, stop_worker, wait_for, worker_output
 from tests.factories import JobFactory, WorkerFactory
-from tests.test_health import check
+from tests.test_health import check, status
 from tests.testapp.jobs import (
     AsyncSleep,
     BlocksForever,
@@ -107,6 +107,10 @@ def test_a_job_that_blocks_forever_is_charged_at_the_bound_and_ends_dead(spawn_w
         said,
     ), said
     assert check("--max-running", "3600")[0] == 0
+    # The command line itself: exit 1, the job named on stderr.
+    failed = status("--check", "--max-running", "1")
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert f"job {job.pk} ({BlocksForever.name}) has run for " in failed.stderr
     stop_worker(proc)
 
     # The third hand-back charges the attempt: no retry policy, so dead.
@@ -254,6 +258,9 @@ def test_the_admin_flags_a_job_running_longer_than_the_threshold(admin_client: C
     assert "running for 2h00m" in cells[str(old.pk)]
     assert "handed back by stopping workers 2 times" in cells[str(old.pk)]
     assert "gator-long-running" not in cells[str(young.pk)]
+
+    page = admin_client.get(reverse("admin:django_gator_job_change", args=[old.pk]))
+    assert re.search(r"Handbacks.*?<div class=\"readonly\">2</div>", page.content.decode(), re.S)
 
     with override_settings(GATOR_LONG_RUNNING_AFTER=10800):
         calm = admin_client.get(reverse("admin:django_gator_job_dashboard")).content.decode()
