@@ -40,6 +40,12 @@ class WorkerLost(GatorError):
     """The worker running a job stopped heartbeating (killed, frozen or cut off)."""
 
 
+class JobHandedBack(GatorError):
+    """In an error history: stopping workers gave the job back while it ran
+    ``GATOR_MAX_HANDBACKS`` times, so this attempt is charged (the job likely never ends;
+    give its class a ``timeout``, or set ``GATOR_DEFAULT_TIMEOUT``)."""
+
+
 class JobCancelled(GatorError):
     """Raised by a job (usually after ``self.cancel_requested()`` said so) to stop early:
     the job ends ``cancelled``, with no retry."""

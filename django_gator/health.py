@@ -76,13 +76,23 @@ class Health:
         return not self.problems
 
 
+#: Long runners named one by one in a check's problems (the rest are counted).
+LONG_RUNNERS_NAMED = 10
+
+
 def check(
-    alias: str | None = None, *, max_latency: float | None = None, min_workers: int = 1
+    alias: str | None = None,
+    *,
+    max_latency: float | None = None,
+    min_workers: int = 1,
+    max_running: float | None = None,
 ) -> Health:
     """Is the job system healthy? Problems: the database does not answer (or lacks the
     tables), fewer than ``min_workers`` live workers (heartbeat within
     ``GATOR_HEARTBEAT_TIMEOUT``), a queue that is not paused whose oldest due job has
-    waited more than ``max_latency`` seconds."""
+    waited more than ``max_latency`` seconds, a job running (since its claim) for more
+    than ``max_running`` seconds: one problem per such job, naming its id, name, worker
+    and age (a job with no timeout that blocks for ever shows here)."""
     alias = alias or conf.database()
     try:
         missing = schema.missing_tables(alias)
@@ -91,6 +101,13 @@ def check(
         # The queues' gauges (one statement, with the database's now), as a scrape reads them.
         now, queues = get_engine(alias).queue_gauges()
         live = stats.workers(alias, now=now)
+        runners: list[stats.LongRunner] = []
+        if max_running is not None and any(
+            q.oldest_running_at is not None
+            and (now - q.oldest_running_at).total_seconds() > max_running
+            for q in queues
+        ):
+            runners = stats.long_runners(max_running, alias, now=now, limit=LONG_RUNNERS_NAMED + 1)
     except DatabaseError as exc:
         return Health([f"database {alias!r} unreachable: {safe(str(exc), 300)}"], 0, 0)
     problems = []
@@ -110,4 +127,12 @@ def check(
                     f"queue {safe(q.queue, 100)!r}: its oldest due job has waited {age:.1f} s, "
                     f"more than --max-latency {max_latency:g}"
                 )
+    for runner in runners[:LONG_RUNNERS_NAMED]:
+        problems.append(
+            f"job {runner.id} ({safe(runner.name, 100)}) has run for {runner.age:.1f} s on "
+            f"worker {safe(runner.worker, 100)}, more than --max-running {max_running:g}"
+            + (f" (handed back {runner.handbacks} times before)" if runner.handbacks else "")
+        )
+    if len(runners) > LONG_RUNNERS_NAMED:
+        problems.append(f"and more jobs running longer than --max-running {max_running:g}")
     return Health(problems, len(live), len(queues))

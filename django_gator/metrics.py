@@ -359,6 +359,9 @@ def _read_figures(alias: str) -> dict[str, Any]:
                 "running": q.running,
                 "dead": q.dead,
                 "oldest_due": None if q.oldest_due_at is None else q.oldest_due_at.timestamp(),
+                "oldest_running": (
+                    None if q.oldest_running_at is None else q.oldest_running_at.timestamp()
+                ),
                 "paused": q.paused,
             }
             for q in gauges
@@ -386,13 +389,18 @@ class QueueCollector:
                 ("running", "running_jobs", "Running jobs"),
                 ("dead", "dead_jobs", "Dead jobs"),
                 ("oldest_due", "oldest_due_age_seconds", "Age of the oldest ready job"),
+                (
+                    "oldest_running",
+                    "oldest_running_age_seconds",
+                    "Seconds the oldest running job has run (since its claim)",
+                ),
                 ("paused", "paused", "1 when the queue is paused"),
             )
         }
         for q in figures["queues"]:
             for key, family in families.items():
-                value = q[key]
-                if key == "oldest_due":
+                value = q.get(key)  # figures cached by an older version lack new keys
+                if key in ("oldest_due", "oldest_running"):
                     value = 0.0 if value is None else max(0.0, figures["db_now"] + age - value)
                 family.add_metric([q["queue"]], float(value))
         yield from families.values()

@@ -55,7 +55,8 @@ class Queueable:
     ``queue``: queue name (default ``"default"``).
     ``priority``: -100 to 100, higher runs first within a queue (default 0).
     ``retry``: a :class:`~django_gator.Retry` policy; None sends a failing job to ``dead``.
-    ``timeout``: seconds a run may take; None for no limit.
+    ``timeout``: seconds a run may take; None takes ``GATOR_DEFAULT_TIMEOUT`` (by
+    default None too: no limit). See :func:`effective_timeout`.
     ``unique``: True allows one waiting, failed or running job per set of arguments (or
     per :meth:`unique_key`); a dispatch while one exists returns that job.
     ``atomic``: True runs ``handle()`` and the success mark in one transaction on the
@@ -418,6 +419,15 @@ class Queueable:
         return await aenqueue(
             cls, dispatch_items(arguments), on_commit=on_commit, many=True, **options
         )
+
+
+def effective_timeout(job_class: type[Queueable]) -> float | None:
+    """Seconds a run of ``job_class`` may take: its own ``timeout`` if it sets one (any
+    value, shorter or longer than the setting), else ``GATOR_DEFAULT_TIMEOUT``; None for
+    no limit. The worker's watchdog, the event loop and the timeout's error message all
+    read it here, at each run, so a changed setting applies to the next run."""
+    own = job_class.timeout
+    return own if own is not None else conf.default_timeout()
 
 
 def _fits(job_class: type[Queueable], args: list[Any], kwargs: dict[str, Any]) -> bool:

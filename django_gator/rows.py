@@ -178,6 +178,9 @@ class Failure:
     uncharged: bool = False
     #: The attempt was cut short by a lost database connection: counted in ``outages``.
     outage: bool = False
+    #: The attempt was cut by a stopping worker and is charged for it (see
+    #: Outcomes.hand_back): the row's ``handbacks`` goes up by one with this write.
+    handback: bool = False
 
 
 def outcome_label(outcome: object) -> str:

@@ -42,7 +42,9 @@ class QueueStats:
     failed and will be retried; they are also counted in ``ready`` or ``scheduled``.
     ``oldest_due_at`` / ``oldest_due_age``: the earliest ``next_execution_at`` of the ready
     jobs and its age in seconds (how long the queue's head has waited); None when nothing is
-    ready. ``succeeded_last_hour`` / ``dead_last_hour``: jobs that ended in that state within
+    ready. ``oldest_running_at`` / ``oldest_running_age``: the start of the oldest running
+    job's claim (``locked_at``) and how long it has run, in seconds; None when none runs.
+    ``succeeded_last_hour`` / ``dead_last_hour``: jobs that ended in that state within
     the last hour, by ``finished_at``. ``succeeded`` / ``cancelled``: totals, only with
     ``queue_stats(exact=True)``, else None. ``paused``: no worker claims from the queue
     (see :func:`django_gator.pause_queue`); ``paused_at`` and ``paused_by`` say since when
@@ -59,6 +61,8 @@ class QueueStats:
     dead: int = 0
     oldest_due_at: datetime | None = None
     oldest_due_age: float | None = None
+    oldest_running_at: datetime | None = None
+    oldest_running_age: float | None = None
     succeeded_last_hour: int = 0
     dead_last_hour: int = 0
     succeeded: int | None = None
@@ -85,6 +89,7 @@ class QueueStats:
         """JSON-ready: datetimes as ISO 8601 strings."""
         data = asdict(self)
         data["oldest_due_at"] = _iso(self.oldest_due_at)
+        data["oldest_running_at"] = _iso(self.oldest_running_at)
         data["paused_at"] = _iso(self.paused_at)
         return data
 
@@ -163,6 +168,9 @@ def queue_stats(
         if gauge.oldest_due_at is not None:
             stats.oldest_due_at = gauge.oldest_due_at
             stats.oldest_due_age = max(0.0, (now - gauge.oldest_due_at).total_seconds())
+        if gauge.oldest_running_at is not None:
+            stats.oldest_running_at = gauge.oldest_running_at
+            stats.oldest_running_age = max(0.0, (now - gauge.oldest_running_at).total_seconds())
 
     failed_rows = jobs.filter(state=JobState.FAILED).values("queue").annotate(count=Count("*"))
     for failed in failed_rows:
@@ -268,6 +276,50 @@ def workers(alias: str | None = None, *, now: datetime | None = None) -> list[Wo
             if owner in by_id:
                 by_id[owner].running_job_ids.append(job_id)
     return live
+
+
+@dataclass
+class LongRunner:
+    """A job running longer than some threshold: its id, name, queue, worker
+    (``reserved_by``), the start of its claim (``locked_at``) and its age in seconds, and
+    ``handbacks``, the times stopping workers gave it back before."""
+
+    id: int
+    name: str
+    queue: str
+    worker: str
+    locked_at: datetime
+    age: float
+    handbacks: int
+
+
+def long_runners(
+    seconds: float, alias: str | None = None, *, now: datetime | None = None, limit: int = 100
+) -> list[LongRunner]:
+    """The running jobs whose claim is older than ``seconds`` (by the database clock, or
+    ``now``), oldest first, at most ``limit``: one query of the running rows."""
+    alias = alias or conf.database()
+    if now is None:
+        now = get_engine(alias).db_now()
+    rows = (
+        Job.objects.using(alias)
+        .stale(before=now - timedelta(seconds=seconds))
+        .order_by("locked_at", "id")
+        .values_list("id", "name", "queue", "reserved_by", "locked_at", "handbacks")[:limit]
+    )
+    return [
+        LongRunner(
+            id=job_id,
+            name=name,
+            queue=queue,
+            worker=worker or "",
+            locked_at=locked_at,
+            age=max(0.0, (now - locked_at).total_seconds()),
+            handbacks=handbacks,
+        )
+        for job_id, name, queue, worker, locked_at, handbacks in rows
+        if locked_at is not None  # every claim sets it
+    ]
 
 
 def unserved_queues(queues: list[QueueStats], live: list[WorkerStats]) -> list[str]:

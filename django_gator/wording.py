@@ -33,3 +33,17 @@ def article(word: str) -> str:
     elif not vowel and lower.startswith(_VOWEL_SOUND):
         vowel = True
     return f"{'an' if vowel else 'a'} {word}"
+
+
+def age(seconds: float) -> str:
+    """A duration, short: ``0.4s``, ``42s``, ``5m07s``, ``3h02m``, ``2d04h``."""
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"

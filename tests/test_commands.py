@@ -234,6 +234,8 @@ def test_status_json_has_stable_keys():
         "dead",
         "oldest_due_at",
         "oldest_due_age",
+        "oldest_running_at",
+        "oldest_running_age",
         "succeeded_last_hour",
         "dead_last_hour",
         "succeeded",

@@ -307,7 +307,7 @@ def test_the_view_reads_the_database_every_time_with_no_cache_interval():
 def _gauges_history() -> None:
     """Queues in every state the gauges count, beside finished jobs they must not: g-a has
     ready jobs with and without a concurrency key (each in its own partial index), due
-    failed jobs, scheduled ones of both kinds and a running one; g-b dead jobs; g-c only
+    failed jobs, scheduled ones of both kinds and two running ones; g-b dead jobs; g-c only
     finished jobs; g-d is paused and empty."""
     now = timezone.now()
     JobFactory.create_batch(3, queue="g-a", next_execution_at=now - timedelta(seconds=30))
@@ -316,6 +316,7 @@ def _gauges_history() -> None:
     JobFactory(queue="g-a", failed=True)  # due in a minute
     JobFactory(queue="g-a", scheduled=True, concurrency_key="acct:2")
     JobFactory(queue="g-a", scheduled=True)
+    JobFactory(queue="g-a", running=True, locked_at=now - timedelta(minutes=30))
     JobFactory(queue="g-a", running=True)
     JobFactory.create_batch(2, queue="g-b", dead=True)
     JobFactory(queue="g-b", succeeded=True)
@@ -333,8 +334,9 @@ def test_a_refresh_of_the_queue_figures_is_one_statement_and_its_figures_are_rig
     assert len(captured) == 1, [q["sql"] for q in captured.captured_queries]
     by_queue = {q.pop("queue"): q for q in figures["queues"]}
     oldest = {name: q.pop("oldest_due") for name, q in by_queue.items()}
+    running = {name: q.pop("oldest_running") for name, q in by_queue.items()}
     assert by_queue == {
-        "g-a": {"ready": 5, "scheduled": 3, "running": 1, "dead": 0, "paused": False},
+        "g-a": {"ready": 5, "scheduled": 3, "running": 2, "dead": 0, "paused": False},
         "g-b": {"ready": 0, "scheduled": 0, "running": 0, "dead": 2, "paused": False},
         "g-d": {"ready": 0, "scheduled": 0, "running": 0, "dead": 0, "paused": True},
     }
@@ -342,6 +344,9 @@ def test_a_refresh_of_the_queue_figures_is_one_statement_and_its_figures_are_rig
     assert 7200 <= figures["db_now"] - oldest["g-a"] < 7200 + 60
     assert oldest["g-b"] is None
     assert oldest["g-d"] is None
+    # The oldest running job's claim, half an hour ago, read in the same statement.
+    assert 1800 <= figures["db_now"] - running["g-a"] < 1800 + 60
+    assert running["g-b"] is None
     assert abs(figures["db_now"] - time.time()) < 60
     # The gauge Prometheus sees.
     collected = {
@@ -351,6 +356,8 @@ def test_a_refresh_of_the_queue_figures_is_one_statement_and_its_figures_are_rig
     }
     assert 7200 <= collected[("gator_queue_oldest_due_age_seconds", "g-a")] < 7200 + 60
     assert collected[("gator_queue_oldest_due_age_seconds", "g-b")] == 0
+    assert 1800 <= collected[("gator_queue_oldest_running_age_seconds", "g-a")] < 1800 + 60
+    assert collected[("gator_queue_oldest_running_age_seconds", "g-b")] == 0
     assert collected[("gator_queue_ready_jobs", "g-a")] == 5
     assert collected[("gator_queue_paused", "g-d")] == 1
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.test import override_settings
 
 from django_gator import Workflow
 from django_gator.engines import get_engine
@@ -90,6 +91,45 @@ def test_release_gives_a_claim_back_uncharged(outcomes):
     row.refresh_from_db()
     assert row.state == JobState.WAITING
     assert row.attempts == 0
+
+
+def test_only_a_job_that_was_running_counts_a_hand_back(outcomes):
+    """A claim given back before it started (pending in the slots when the worker stopped,
+    a suspect not yet run alone, an orphan of a lost claim answer) is released as before:
+    not counted. A job cut while it ran is."""
+    engine, worker = outcomes.engine, WORKER
+    row = Echo.dispatch("x")
+
+    [claimed] = engine.claim(worker, "echo", 1)
+    assert outcomes.release([claimed]) == [row.pk]
+    row.refresh_from_db()
+    assert (row.state, row.attempts, row.handbacks) == (JobState.WAITING, 0, 0)
+
+    [claimed] = engine.claim(worker, "echo", 1)
+    assert claimed.handbacks == 0
+    with override_settings(GATOR_MAX_HANDBACKS=2):
+        assert outcomes.hand_back([claimed]) == [row.pk]
+    row.refresh_from_db()
+    assert (row.state, row.attempts, row.handbacks) == (JobState.WAITING, 0, 1)
+
+    # The claim reads the count; the next hand-back reaches the bound of 2 and charges.
+    [claimed] = engine.claim(worker, "echo", 1)
+    assert claimed.handbacks == 1
+    with override_settings(GATOR_MAX_HANDBACKS=2):
+        assert outcomes.hand_back([claimed], lambda job: 1500.0) == []
+    row.refresh_from_db()
+    assert (row.state, row.attempts, row.handbacks) == (JobState.DEAD, 1, 2)
+    assert row.errors[-1]["class"] == "django_gator.exceptions.JobHandedBack"
+
+
+def test_hand_backs_are_never_charged_with_no_bound(outcomes):
+    row = Echo.dispatch("x")
+    with override_settings(GATOR_MAX_HANDBACKS=None):
+        for _ in range(4):
+            [claimed] = outcomes.engine.claim(WORKER, "echo", 1)
+            assert outcomes.hand_back([claimed]) == [row.pk]
+    row.refresh_from_db()
+    assert (row.state, row.attempts, row.handbacks) == (JobState.WAITING, 0, 4)
 
 
 def _batch_step_claimed(outcomes: Outcomes) -> tuple[Any, list[Any]]:

@@ -1,6 +1,7 @@
-"""The job dashboard: per-queue counts, the age of the oldest due job, the last hour's
-throughput (a chart) and the live workers, with Pause and Resume buttons per queue for
-users with the pause permission (see :mod:`.queues`). Needs the job view permission."""
+"""The job dashboard: per-queue counts, the age of the oldest due job and of the oldest
+running one, the jobs running longer than ``GATOR_LONG_RUNNING_AFTER`` (flagged), the last
+hour's throughput (a chart) and the live workers, with Pause and Resume buttons per queue
+for users with the pause permission (see :mod:`.queues`). Needs the job view permission."""
 
 from __future__ import annotations
 
@@ -44,6 +45,10 @@ def throughput(minutes: int = 60) -> list[dict[str, Any]]:
     return [{"minute": minute, **counts} for minute, counts in sorted(buckets.items())]
 
 
+#: Long-running jobs listed by the dashboard (the job list shows them all, flagged).
+LONG_RUNNERS_SHOWN = 20
+
+
 class DashboardView(AdminPage):
     """``admin:django_gator_job_dashboard``; ``?refresh=N`` reloads it every N seconds."""
 
@@ -52,13 +57,26 @@ class DashboardView(AdminPage):
     def get(self, request: HttpRequest) -> HttpResponse:
         points = throughput()
         total, exact = stats.estimated_total()
-        queues = stats.queue_stats()
-        workers = stats.workers()
+        now = get_engine(conf.database()).db_now()
+        queues = stats.queue_stats(now=now)
+        workers = stats.workers(now=now)
+        long_after = conf.long_running_after()
+        long_runners = (
+            stats.long_runners(long_after, now=now, limit=LONG_RUNNERS_SHOWN + 1)
+            if any(
+                q.oldest_running_age is not None and q.oldest_running_age > long_after
+                for q in queues
+            )
+            else []
+        )
         context = {
             **self.context("Job dashboard"),
             "queues": queues,
             "workers": workers,
             "unserved": stats.unserved_queues(queues, workers),
+            "long_after": long_after,
+            "long_runners": long_runners[:LONG_RUNNERS_SHOWN],
+            "more_long_runners": len(long_runners) > LONG_RUNNERS_SHOWN,
             "chart": chart_svg(points),
             "succeeded_hour": sum(p[JobState.SUCCEEDED.value] for p in points),
             "dead_hour": sum(p[JobState.DEAD.value] for p in points),

@@ -44,3 +44,11 @@ def time_field(field: str, description: str) -> Callable[[Any, Any], SafeString 
         return when(getattr(obj, field))
 
     return show
+
+
+def running_for(job: Any) -> float | None:
+    """Seconds a running job has run since its claim (``locked_at``), by this server's
+    clock; None for a job that is not running."""
+    if job.state != "running" or job.locked_at is None:
+        return None
+    return max(0.0, (timezone.now() - job.locked_at).total_seconds())

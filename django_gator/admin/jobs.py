@@ -21,13 +21,13 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 
-from django_gator import redaction, wording
+from django_gator import conf, redaction, wording
 from django_gator.admin.actions import JobActions
 from django_gator.admin.arguments import EDIT_ACTION, EditArgumentsView, last_restorable_edit
 from django_gator.admin.batches import BatchView, batch_link
 from django_gator.admin.dashboard import DashboardView
 from django_gator.admin.dead_jobs import DeadJobsView
-from django_gator.admin.display import pretty, time_field, when
+from django_gator.admin.display import pretty, running_for, time_field, when
 from django_gator.admin.filters import ErrorClassFilter, JobNameFilter, QueueFilter
 from django_gator.admin.limits import QueueLimitsView
 from django_gator.admin.listing import JobListing
@@ -47,6 +47,8 @@ ATTEMPT_FIELDS = (
     "attempts",
     "snoozes",
     "rescues",
+    "handbacks",
+    "outages",
     "reserved_by",
     "error_class",
     "last_error_shown",
@@ -217,16 +219,30 @@ class JobAdmin(JobListing, JobActions):
 
     @admin.display(description="next run", ordering="next_execution_at")
     def next_run(self, job: Job) -> SafeString | None:
-        """When the job is due; under it, how many times it snoozed, if it did (in the
-        same cell: the list has no room for another column)."""
+        """When the job is due; under it, how many times it snoozed, if it did, and for a
+        job running longer than ``GATOR_LONG_RUNNING_AFTER`` (since its claim, by this
+        server's clock) a flag with its age (in the same cell: the list has no room for
+        another column). A job that never ends shows here."""
         shown = when(job.next_execution_at)
-        if not job.snoozes:
+        if job.snoozes:
+            shown = format_html(
+                '{}<br><span class="snoozes" title="{}">{}</span>',
+                shown or "-",
+                "times handle() raised Snooze (no attempt counted)",
+                wording.count(job.snoozes, "snooze"),
+            )
+        age = running_for(job)
+        if age is None or age <= conf.long_running_after():
             return shown
+        title = "running longer than GATOR_LONG_RUNNING_AFTER"
+        if job.handbacks:
+            title += f"; handed back by stopping workers {wording.count(job.handbacks, 'time')}"
         return format_html(
-            '{}<br><span class="snoozes" title="{}">{}</span>',
+            '{}<br><strong class="gator-long-running" title="{}">{} {}</strong>',
             shown or "-",
-            "times handle() raised Snooze (no attempt counted)",
-            wording.count(job.snoozes, "snooze"),
+            title,
+            "running for",
+            wording.age(age),
         )
 
     @admin.display(description="name", ordering="name")

@@ -223,6 +223,22 @@ def outage_retries() -> int:
     return int(value("GATOR_OUTAGE_RETRIES"))
 
 
+def max_handbacks() -> int | None:
+    """GATOR_MAX_HANDBACKS: every this many hand-backs charge an attempt (None: never)."""
+    count = value("GATOR_MAX_HANDBACKS")
+    return None if count is None else int(count)
+
+
+def default_timeout() -> float | None:
+    """GATOR_DEFAULT_TIMEOUT: the timeout of job classes that set none (None: no limit)."""
+    seconds = value("GATOR_DEFAULT_TIMEOUT")
+    return None if seconds is None else float(seconds)
+
+
+def long_running_after() -> float:
+    return float(value("GATOR_LONG_RUNNING_AFTER"))
+
+
 def unknown_job_window() -> float:
     return float(value("GATOR_UNKNOWN_JOB_WINDOW"))
 

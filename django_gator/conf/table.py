@@ -113,6 +113,27 @@ SETTINGS: tuple[Setting, ...] = (
         "seconds running jobs get after the first stop signal",
     ),
     Setting(
+        "GATOR_MAX_HANDBACKS",
+        3,
+        Number(1, whole=True, none="never charged"),
+        "hand-backs of a running job by stopping workers after which the attempt they cut "
+        "is charged (every Nth one fails the attempt with `JobHandedBack`; the job's retry "
+        'policy decides); see "Jobs that never end"',
+    ),
+    Setting(
+        "GATOR_DEFAULT_TIMEOUT",
+        None,
+        Number(0.001, none="no limit"),
+        "seconds a run of a job class that sets no `timeout` may take (a class's own "
+        "`timeout` wins)",
+    ),
+    Setting(
+        "GATOR_LONG_RUNNING_AFTER",
+        3600.0,
+        Number(1),
+        "seconds after which the admin's dashboard and job list flag a running job as long running",
+    ),
+    Setting(
         "GATOR_UNKNOWN_JOB_WINDOW",
         900.0,
         Number(0),

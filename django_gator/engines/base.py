@@ -273,6 +273,7 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
             f"finished_at = CASE WHEN %s OR cancel_requested THEN {self.now_sql} ELSE NULL END, "
             f"errors = {self.json_append_sql('errors')}, last_error = %s, error_class = %s, "
             "outages = outages + %s, "
+            "handbacks = handbacks + %s, "
             # Last: MySQL evaluates SET left to right (the WHERE sees the old value).
             "attempts = attempts - %s "
             f"WHERE {self.claim_match}"
@@ -287,6 +288,7 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
             failure.last_error,
             error_class_of(failure.last_error),
             1 if failure.outage else 0,
+            1 if failure.handback else 0,
             1 if failure.uncharged else 0,
             job_id,
             attempts,
@@ -327,10 +329,14 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
                 self.settle_batches(cursor, [batch_id])  # cancelled, if it was asked for
             return written
 
-    def release(self, worker_id: str, claims: Sequence[tuple[int, ...]]) -> list[int]:
+    def release(
+        self, worker_id: str, claims: Sequence[tuple[int, ...]], *, handback: bool = False
+    ) -> list[int]:
         """Give (id, attempts) claims back to ``waiting`` without charging the attempt
         (``cancelled`` if a cancellation was asked for); returns the ids written. A batch
-        member's claim carries its batch id too."""
+        member's claim carries its batch id too. ``handback``: the jobs were running when
+        their worker stopped, and each row's ``handbacks`` goes up by one in the same
+        compare-and-set (a claim that never started is not counted)."""
         written: list[int] = []
         sql = (
             f"UPDATE {self.cas_table} SET "
@@ -339,12 +345,14 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
             # started_at before attempts: MySQL evaluates SET left to right, later
             # assignments seeing the new values of earlier ones.
             "started_at = CASE WHEN attempts <= 1 THEN NULL ELSE started_at END, "
+            "handbacks = handbacks + %s, "
             "attempts = attempts - 1 "
             f"WHERE {self.claim_match}"
         )
+        counted = 1 if handback else 0
         with self.write_transaction() as cursor:
             for job_id, attempts, *_ in claims:
-                cursor.execute(sql, [job_id, attempts, worker_id])
+                cursor.execute(sql, [counted, job_id, attempts, worker_id])
                 if cursor.rowcount == 1:
                     written.append(job_id)
             self.settle_batches(cursor, member_batches(claims, 2))

@@ -11,7 +11,8 @@ costs it nothing:
   ``gator_job_ready_keyed``), read alone (an index-only scan on a vacuumed PostgreSQL
   table); on MySQL/MariaDB, which have no partial indexes, the ``(state, queue)`` index to
   the ready rows, and those rows for their due time;
-- running: the running jobs' ``(queue)`` partial index (MySQL: ``(state, queue)``);
+- running: the running jobs' ``(queue)`` partial index (MySQL: ``(state, queue)``), and
+  those rows (as many as the fleet's executor slots) for the start of the oldest claim;
 - dead: the dead rows' ``(queue)`` partial index (migration 0018; MySQL: ``(state,
   queue)``), so the dead jobs an operator keeps are counted without visiting them;
 - paused: the queue table (a row per queue ever paused or limited);
@@ -35,7 +36,8 @@ NOW, READY, RUNNING, DEAD, QUEUE = "now", "ready", "running", "dead", "queue"
 class QueueGauge:
     """One queue's gauges. ``ready``: waiting and failed jobs due now; ``scheduled``: due
     later; ``oldest_due_at``: the earliest due time of the ready ones (None when none is
-    ready); ``paused``: no worker claims from the queue."""
+    ready); ``oldest_running_at``: the start of the oldest claim (``locked_at``) of the
+    running ones (None when none runs); ``paused``: no worker claims from the queue."""
 
     queue: str
     ready: int = 0
@@ -43,6 +45,7 @@ class QueueGauge:
     running: int = 0
     dead: int = 0
     oldest_due_at: datetime | None = None
+    oldest_running_at: datetime | None = None
     paused: bool = False
 
 
@@ -71,10 +74,10 @@ class GaugeStatements(EngineCore):
             for condition in self.ready_gauge_conditions()
         ]
         parts += [
-            f"SELECT '{kind}', queue, COUNT(*), 0, NULL FROM {job} WHERE {where} GROUP BY queue"
-            for kind, where in (
-                (RUNNING, RUNNING_SQL),
-                (DEAD, f"state = {sql_literal(JobState.DEAD)}"),
+            f"SELECT '{kind}', queue, COUNT(*), 0, {at} FROM {job} WHERE {where} GROUP BY queue"
+            for kind, at, where in (
+                (RUNNING, "MIN(locked_at)", RUNNING_SQL),
+                (DEAD, "NULL", f"state = {sql_literal(JobState.DEAD)}"),
             )
         ]
         parts.append(
@@ -104,6 +107,7 @@ class GaugeStatements(EngineCore):
                 gauge.oldest_due_at = _earliest(gauge.oldest_due_at, self._dt(at))
             elif kind == RUNNING:
                 gauge.running = int(first)
+                gauge.oldest_running_at = self._dt(at)
             elif kind == DEAD:
                 gauge.dead = int(first)
             else:

@@ -55,7 +55,7 @@ from django_gator.exceptions import (
     JobTimeout,
     TransactionLeftOpen,
 )
-from django_gator.queueable import Queueable, get_job_class
+from django_gator.queueable import Queueable, effective_timeout, get_job_class
 from django_gator.worker.execution import (
     BadRow,
     Outcome,
@@ -268,8 +268,9 @@ async def arun_claimed(job: ClaimedJob, worker_id: str, orm: OrmThread) -> Outco
 
 
 async def _within_timeout(instance: Queueable) -> Any:
-    """Await the job, cancelled after its class's ``timeout`` (JobTimeout then)."""
-    timeout = type(instance).timeout
+    """Await the job, cancelled after its class's ``timeout``, or GATOR_DEFAULT_TIMEOUT
+    (JobTimeout then)."""
+    timeout = effective_timeout(type(instance))
     scope = asyncio.timeout(timeout)
     try:
         async with scope:

@@ -30,7 +30,7 @@ from django_gator.exceptions import (
     snooze_seconds,
 )
 from django_gator.logutil import safe
-from django_gator.queueable import Queueable, get_job_class
+from django_gator.queueable import Queueable, effective_timeout, get_job_class
 from django_gator.states import JobState
 from django_gator.validation import check_json
 from django_gator.worker.errors import (
@@ -484,9 +484,12 @@ class UnstorableError(GatorError):
     """Stands in an error history for an error the database refused to store."""
 
 
-def failure_for(job: ClaimedJob, worker_id: str, exc: BaseException) -> Failure:
-    """The outcome of ``job`` failing with ``exc`` outside ``handle()`` (a timeout), with the
-    job class's retry policy applied."""
+def failure_for(
+    job: ClaimedJob, worker_id: str, exc: BaseException, duration: float | None = None
+) -> Failure:
+    """The outcome of ``job`` failing with ``exc`` outside ``handle()`` (a timeout, a
+    charged hand-back), with the job class's retry policy applied. ``duration``: seconds
+    the attempt ran, for job_finished (by default its timeout)."""
     try:
         job_class = get_job_class(job.name)
     except JobNotRegistered:
@@ -495,5 +498,7 @@ def failure_for(job: ClaimedJob, worker_id: str, exc: BaseException) -> Failure:
         job_id=job.id, attempt=job.attempts, queue=job.queue, args=job.args, kwargs=job.kwargs
     )
     outcome = _failure(job, worker_id, exc, instance)
-    finished(instance, outcome, float(job_class.timeout or 0))
+    if duration is None:
+        duration = float(effective_timeout(job_class) or 0)
+    finished(instance, outcome, duration)
     return outcome

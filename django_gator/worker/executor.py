@@ -27,7 +27,7 @@ from django.db import connections
 from django_gator.engines import ClaimedJob
 from django_gator.engines.base import Engine
 from django_gator.exceptions import JobNotRegistered, JobTimeout
-from django_gator.queueable import get_job_class
+from django_gator.queueable import effective_timeout, get_job_class
 from django_gator.worker.execution import Outcome, Success, run_claimed
 from django_gator.worker.hygiene import after_job, before_job
 from django_gator.worker.outcomes import Outcomes
@@ -131,7 +131,7 @@ class Executors:
 def deadline(job: ClaimedJob) -> float | None:
     """When (time.monotonic()) a job started now times out; None without a timeout."""
     try:
-        timeout = get_job_class(job.name).timeout
+        timeout = effective_timeout(get_job_class(job.name))
     except JobNotRegistered:
         return None
     return None if timeout is None else time.monotonic() + timeout

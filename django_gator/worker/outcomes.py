@@ -21,12 +21,12 @@ from typing import Any, Protocol, TypeVar
 
 from django.db import DatabaseError
 
-from django_gator import metrics
+from django_gator import conf, metrics
 from django_gator.engines import ClaimedJob
 from django_gator.engines.base import Engine, Failure
-from django_gator.exceptions import JobTimeout
+from django_gator.exceptions import JobHandedBack, JobTimeout
 from django_gator.logutil import safe
-from django_gator.queueable import get_job_class
+from django_gator.queueable import effective_timeout, get_job_class
 from django_gator.redaction import mask_text, secret_values
 from django_gator.states import JobState
 from django_gator.worker.execution import (
@@ -113,7 +113,7 @@ class Outcomes:
 
     def timeout(self, job: ClaimedJob) -> str | None:
         """Fail a job the watchdog took from its executor."""
-        timeout = get_job_class(job.name).timeout or 0
+        timeout = effective_timeout(get_job_class(job.name)) or 0
         exc = JobTimeout(f"job ran longer than its timeout of {timeout:g} s")
         return self.record(job, failure_for(job, self.worker_id, exc), timeout * 1000, batch=False)
 
@@ -244,20 +244,75 @@ class Outcomes:
                 _log_success(job, elapsed_ms, _workflow(job))
 
     # -- giving back -----------------------------------------------------------------------
-    def release(self, jobs: Sequence[ClaimedJob]) -> list[int]:
-        """Give claims back to ``waiting``, the attempt not charged (never started, or cut
-        off by a forced stop)."""
+    def release(self, jobs: Sequence[ClaimedJob], *, handback: bool = False) -> list[int]:
+        """Give claims back to ``waiting``, the attempt not charged: jobs that never started
+        (claimed while the worker stopped, still pending in its slots, a suspect it could
+        not start, a claim whose answer was lost), jobs whose outcome could not be written
+        at all, or, with ``handback``, jobs cut off while they ran by a stopping worker
+        (see :meth:`hand_back`: only those are counted in the row's ``handbacks``)."""
         claims = [_member((j.id, j.attempts), j) for j in jobs]
         released = self.engine.with_steps(
             [id_ for j in jobs for id_ in _steps(j)],
             self.follow_ups,
-            lambda: self.engine.release(self.worker_id, claims),
+            lambda: self.engine.release(self.worker_id, claims, handback=handback),
         )
         logger.info(
-            "Released jobs back to waiting worker=%s ids=%s",
+            "Released jobs back to waiting worker=%s ids=%s%s",
             self.worker_id,
             ",".join(map(str, released)) or "-",
+            " running=yes" if handback else "",
         )
+        return released
+
+    def hand_back(
+        self, jobs: Sequence[ClaimedJob], ran_ms: Callable[[ClaimedJob], float] | None = None
+    ) -> list[int]:
+        """A stopping worker gives up jobs that were *running* (the shutdown timeout ran
+        out, or a second signal forced the stop): each one's ``handbacks`` goes up by one
+        in the write that gives it up. Returns the ids given back to ``waiting``.
+
+        Only these hand-backs count, not those of jobs that never started (see
+        :meth:`release`): a job still pending in the slots did nothing and says nothing
+        about itself, while a job that was running when the worker stopped may be one
+        that never ends. One hand-back is no fault of the job (a deploy came while it
+        ran), so its attempt is given back as before. But every ``GATOR_MAX_HANDBACKS``-th
+        hand-back of the same job charges the attempt it cut: the attempt fails with
+        :class:`~django_gator.exceptions.JobHandedBack` in its error history, and the
+        job's retry policy decides (no ``retry``: ``dead``). So a job that blocks forever
+        without a ``timeout`` ends after a bounded number of worker stops instead of
+        being handed from worker to worker for ever. ``ran_ms(job)``: how long the cut
+        attempt ran, for the metrics and job_finished."""
+        bound = conf.max_handbacks()
+        charged = [j for j in jobs if bound is not None and (j.handbacks + 1) % bound == 0]
+        charged_ids = {j.id for j in charged}
+        given_back = [j for j in jobs if j.id not in charged_ids]
+        released: list[int] = []
+        if given_back:
+            released = (
+                self.retrying(
+                    "release interrupted jobs",
+                    functools.partial(self.release, given_back, handback=True),
+                )
+                or []
+            )
+        for job in charged:
+            elapsed_ms = ran_ms(job) if ran_ms is not None else 0.0
+            exc = JobHandedBack(
+                f"the worker stopped {job.handbacks + 1} times while this job ran "
+                f"(GATOR_MAX_HANDBACKS = {bound}); this attempt is charged. A job that "
+                "never ends needs a timeout (its class's, or GATOR_DEFAULT_TIMEOUT)"
+            )
+            failure = failure_for(job, self.worker_id, exc, elapsed_ms / 1000)
+            failure.handback = True
+            try:
+                self.record(job, failure, elapsed_ms, batch=False)
+            except Exception:
+                logger.exception(
+                    "Could not charge the hand-back of job id=%s; it is released", job.id
+                )
+                self.retrying(
+                    "release a job", functools.partial(self.release, [job], handback=True)
+                )
         return released
 
     def landed(self, job: ClaimedJob, expected: str, *, given_back: bool = False) -> bool:

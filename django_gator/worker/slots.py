@@ -20,9 +20,10 @@ The fetcher and the executors wait on two conditions of the same lock: executors
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django_gator.engines import ClaimedJob
 from django_gator.worker.execution import Success
@@ -36,6 +37,7 @@ class Running:
     job: ClaimedJob
     thread: threading.Thread
     deadline: float | None  # time.monotonic() after which the job has timed out
+    started: float = field(default_factory=time.monotonic)  # time.monotonic() at its start
 
 
 @dataclass(slots=True)

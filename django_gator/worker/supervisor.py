@@ -390,7 +390,7 @@ class WorkerProcess:
                 len(self.slots.running),
                 self.shutdown_timeout,
             )
-        interrupted = self._wait_for_running(time.monotonic() + self.shutdown_timeout)
+        interrupted, started = self._wait_for_running(time.monotonic() + self.shutdown_timeout)
         if self.aio is not None:
             self.aio.close(cancel=bool(interrupted))  # interrupted async jobs are given back
         self._stop_background.set()
@@ -406,8 +406,11 @@ class WorkerProcess:
                 self.worker_id,
                 ",".join(str(j.id) for j in interrupted),
             )
-            self.retrying(
-                "release interrupted jobs", functools.partial(self.outcomes.release, interrupted)
+            # Running when the worker stopped: counted as hand-backs, and every
+            # GATOR_MAX_HANDBACKS-th charges the attempt (Outcomes.hand_back).
+            now = time.monotonic()
+            self.outcomes.hand_back(
+                interrupted, lambda job: (now - started.get(id(job), now)) * 1000
             )
         else:
             for thread in self._running_threads():
@@ -439,9 +442,10 @@ class WorkerProcess:
                 conf.heartbeat_timeout(),
             )
 
-    def _wait_for_running(self, deadline: float) -> list[ClaimedJob]:
+    def _wait_for_running(self, deadline: float) -> tuple[list[ClaimedJob], dict[int, float]]:
         """Wait for running jobs to finish until ``deadline`` (time.monotonic()) or a
-        forced stop; the jobs still running then."""
+        forced stop; the jobs still running then, and when (time.monotonic()) each one
+        in an executor thread started, by id() of the job."""
         slots = self.slots
         with slots.lock:
             while (slots.running or slots.async_slots.running) and not slots.forced:
@@ -451,9 +455,10 @@ class WorkerProcess:
                 slots.fetch_needed.wait(min(remaining, 0.1))
                 if self._signals > 1:  # a second signal: stop waiting for the jobs
                     slots.forced = True
-            return [entry.job for entry in slots.running.values()] + list(
+            jobs = [entry.job for entry in slots.running.values()] + list(
                 slots.async_slots.running.values()
             )
+            return jobs, {id(entry.job): entry.started for entry in slots.running.values()}
 
     def _queues_text(self) -> str:
         if not self.specs:

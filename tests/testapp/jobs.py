@@ -1089,3 +1089,34 @@ class LosesItsConnection(Queueable):
             job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label="after"
         )
         return "ok"
+
+
+class BlocksForever(Queueable):
+    """Sets no timeout and blocks on an event nobody sets (a C-level wait, which no
+    JobTimeout raised into its thread interrupts); appends a line to ``started_file`` first,
+    so a test knows each run has begun (a job seen ``running`` may not have started)."""
+
+    def handle(self, started_file: str) -> None:
+        import threading
+
+        with open(started_file, "a") as started:
+            started.write(f"{os.getpid()} {self.attempt}\n")
+        threading.Event().wait()
+
+
+class BlocksForeverWithRetry(BlocksForever):
+    retry = Retry(interval=300, max_retries=3)
+
+
+class LoopsForever(Queueable):
+    """Sets no timeout and runs Python code for ``seconds`` (so a timeout interrupts it)."""
+
+    def handle(self, seconds: float = 30) -> str:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+        return "finished"
+
+
+class LoopsWithOwnTimeout(LoopsForever):
+    timeout = 10.0

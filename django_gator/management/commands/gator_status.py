@@ -53,7 +53,9 @@ class Command(BaseCommand):
         "concurrency and the rate limit, when the queue has limits). "
         "With --json, one JSON document with the keys: now (ISO 8601 database time), database "
         "(alias), vendor, queues (a list of objects with queue, ready, scheduled, running, "
-        "failed, dead, oldest_due_at, oldest_due_age (seconds or null), succeeded_last_hour, "
+        "failed, dead, oldest_due_at, oldest_due_age (seconds or null), oldest_running_at, "
+        "oldest_running_age (seconds the oldest running job has run, or null), "
+        "succeeded_last_hour, "
         "dead_last_hour, succeeded and cancelled (null unless --exact), paused (true or "
         "false), paused_at (ISO 8601 or null), paused_by, concurrency (null: no limit), "
         'rate_limit ("": none) and limits_by), workers (a list of '
@@ -81,7 +83,7 @@ class Command(BaseCommand):
             action="store_true",
             help="Health check: exit 0 when healthy, 1 with the reasons otherwise (the "
             "database unreachable, fewer live workers than --min-workers, a queue's oldest due "
-            "job older than --max-latency).",
+            "job older than --max-latency, a job running longer than --max-running).",
         )
         parser.add_argument(
             "--max-latency",
@@ -90,6 +92,14 @@ class Command(BaseCommand):
             metavar="SECONDS",
             help="With --check: unhealthy when a queue that is not paused has a due job "
             "waiting longer than this.",
+        )
+        parser.add_argument(
+            "--max-running",
+            type=Seconds(),
+            default=None,
+            metavar="SECONDS",
+            help="With --check: unhealthy when a job has been running (since its claim) "
+            "longer than this; each one is named with its id, name, worker and age.",
         )
         parser.add_argument(
             "--min-workers",
@@ -107,13 +117,16 @@ class Command(BaseCommand):
         check: bool,
         max_latency: float | None,
         min_workers: int,
+        max_running: float | None,
         **options: Any,
     ) -> None:
         if check:
-            self._check(max_latency, min_workers)
+            self._check(max_latency, min_workers, max_running)
             return
-        if max_latency is not None or min_workers != 1:
-            raise CommandError("--max-latency and --min-workers go with --check", returncode=2)
+        if max_latency is not None or min_workers != 1 or max_running is not None:
+            raise CommandError(
+                "--max-latency, --max-running and --min-workers go with --check", returncode=2
+            )
         alias = conf.database()
         missing = schema.missing_tables(alias)
         if missing:
@@ -134,8 +147,12 @@ class Command(BaseCommand):
             f"Jobs table: {how} {wording.count(total, 'row')}. Database time {now.isoformat()}."
         )
 
-    def _check(self, max_latency: float | None, min_workers: int) -> None:
-        result = health.check(max_latency=max_latency, min_workers=min_workers)
+    def _check(
+        self, max_latency: float | None, min_workers: int, max_running: float | None
+    ) -> None:
+        result = health.check(
+            max_latency=max_latency, min_workers=min_workers, max_running=max_running
+        )
         if not result.healthy:
             raise CommandError("unhealthy: " + "; ".join(result.problems), returncode=1)
         self.stdout.write(f"healthy: {wording.count(result.live_workers, 'live worker')}")
@@ -191,7 +208,7 @@ class Command(BaseCommand):
                     _queues_text(w.queues),
                     str(w.concurrency),
                     str(w.running),
-                    format_age(w.heartbeat_age),
+                    wording.age(w.heartbeat_age),
                     ids or "-",
                 ]
             )
@@ -252,7 +269,7 @@ def _queue_row(q: stats.QueueStats, exact: bool) -> list[str]:
         str(q.running),
         str(q.failed),
         str(q.dead),
-        "-" if q.oldest_due_age is None else format_age(q.oldest_due_age),
+        "-" if q.oldest_due_age is None else wording.age(q.oldest_due_age),
         str(q.succeeded_last_hour),
         str(q.dead_last_hour),
         "yes" if q.paused else "",
@@ -274,17 +291,3 @@ def _queues_text(queues: list[Any]) -> str:
         else:
             parts.append(safe(str(item)))
     return " ".join(parts)
-
-
-def format_age(seconds: float) -> str:
-    """``0.4s``, ``42s``, ``5m07s``, ``3h02m``, ``2d04h``."""
-    if seconds < 10:
-        return f"{seconds:.1f}s"
-    whole = int(seconds)
-    if whole < 60:
-        return f"{whole}s"
-    if whole < 3600:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    if whole < 86400:
-        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
-    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
