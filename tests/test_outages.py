@@ -15,10 +15,11 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
-from django.db import OperationalError, ProgrammingError, connection, connections
+from django.db import DatabaseError, OperationalError, connection, connections
 
 from django_gator.engines.outages import is_outage
 from django_gator.models import Job, JobState
@@ -82,7 +83,7 @@ def test_a_killed_connection_is_an_outage_and_a_bad_statement_is_not():
     wrapped.__cause__ = lost
     assert is_outage(wrapped), "an error raised from an outage is one"
 
-    with pytest.raises(ProgrammingError) as bad_sql, connection.cursor() as cursor:
+    with pytest.raises(DatabaseError) as bad_sql, connection.cursor() as cursor:
         cursor.execute("SELECT no_such_column FROM django_gator_job")
     assert not is_outage(bad_sql.value)
     assert not is_outage(ValueError("server closed the connection unexpectedly"))
@@ -205,7 +206,7 @@ def _chaos(cluster_args: list[str], env: dict[str, str], faults: str, log: Path)
     assert done.returncode in (0, 1), failure
     assert done.stdout.strip(), failure
     report = json.loads(done.stdout)
-    shown = ("faults", "recover_s", "outage_retries", "in_flight_at_faults")
+    shown = ("faults", "recover_s", "outage_retries", "in_flight_at_faults", "outage_reruns")
     print(json.dumps({k: report[k] for k in shown}))
     return report
 
@@ -306,3 +307,32 @@ def test_failover_to_a_promoted_synchronous_standby_mid_drain_loses_and_kills_no
         )
     _assert_nothing_lost(report)
     assert report["faults"]["failover"] == 1
+
+
+@server_only
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.django_db(transaction=True)
+def test_connection_kills_mid_drain_kill_no_job_without_a_retry_policy(tmp_path: Path):
+    """Every worker connection killed by the server (``KILL CONNECTION`` on MariaDB,
+    ``pg_terminate_backend`` on PostgreSQL) three times while 600 jobs drain, most of them
+    without a retry policy: none ends dead, none is charged an attempt for it."""
+    from tests.chaos import Chaos
+    from tests.conftest import worker_env
+
+    chaos = Chaos(
+        env=worker_env(),
+        jobs=600,
+        kills=0,
+        faults={"connkill": 3},
+        no_retry_share=0.6,
+        drain_s=8,
+        log_dir=tmp_path,
+    )
+    try:
+        report = chaos.run()
+    finally:
+        chaos.kill_everything()
+    print("\n" + report.summary())
+    _assert_nothing_lost(asdict(report))
+    assert report.faults["connkill"] == 3

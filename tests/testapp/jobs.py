@@ -440,6 +440,36 @@ class RecordWithRetry(Record):
     retry = Retry(interval=0, max_retries=5)
 
 
+class OutageTolerantRecord(Record):
+    """Record, for the chaos harness: no retry policy. An attempt that a database outage
+    cut short is run again with the same attempt number (it was given back), and its
+    ledger row may have committed before the job saw the connection break (a server that
+    stopped between the commit and its answer). That second run of the attempt marks the
+    row ``+again`` instead of failing on the unique key, but only when the job's row
+    counts an outage: any other second run of one claim still fails loudly."""
+
+    def handle(self, label: str = "", sleep: float = 0.0) -> dict[str, Any]:
+        from django.db import IntegrityError
+        from django.db.models import F, Value
+        from django.db.models.functions import Concat
+
+        from django_gator.models import Job
+
+        try:
+            return super().handle(label, sleep)
+        except IntegrityError:
+            if not Job.objects.filter(pk=self.job_id, outages__gt=0).exists():
+                raise
+            Execution.objects.filter(job_id=self.job_id, attempt=self.attempt).update(
+                label=Concat(F("label"), Value("+again"))
+            )
+            return {"label": label, "attempt": self.attempt}
+
+
+class OutageTolerantRecordWithRetry(OutageTolerantRecord):
+    retry = Retry(interval=0, max_retries=5)
+
+
 # -- misbehaving jobs (tests/test_misbehaving.py) -----------------------------------------
 
 
