@@ -4,11 +4,13 @@ GATOR_MAX_HANDBACKS of them), and ``outages``, the attempts cut short by a lost 
 connection, retried without charging the job's retry budget (up to GATOR_OUTAGE_RETRIES)."""
 
 from django.db import migrations, models
+from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+from django.db.migrations.state import StateApps
 
 from django_gator import indexes
 
 
-def restore_indexes(apps, schema_editor):
+def restore_indexes(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     """SQLite rebuilds the table to add NOT NULL columns, dropping the partial indexes of
     0002-0017 and 0018's dead-queue index: put them back."""
     indexes.restore_after_rebuild(apps, schema_editor)
