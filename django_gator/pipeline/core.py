@@ -6,6 +6,7 @@ what its rows are and how the engine writes them; :func:`submit` runs the steps.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from django_gator.queueable import Queueable
 
 
-class Insert:
+class Insert(abc.ABC):
     """The rows of one insert, built and checked, and what the pipeline's steps need of
     them. Subclasses: :class:`~django_gator.pipeline.jobs.JobsInsert` (the rows of one
     dispatch call) and :class:`~django_gator.pipeline.workflow.WorkflowInsert`."""
@@ -35,10 +36,12 @@ class Insert:
     #: The Job objects returned to the caller: unsaved until the INSERT fills them in.
     jobs: list[Job]
 
+    @abc.abstractmethod
     def __len__(self) -> int:
         """The number of job rows."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def prepare(self) -> None:
         """Build :attr:`jobs` if they are not built yet (idempotent)."""
         raise NotImplementedError
@@ -48,15 +51,18 @@ class Insert:
         build the jobs now (they are returned now, and filled in on commit)."""
         self.prepare()
 
+    @abc.abstractmethod
     def write(self, engine: Engine) -> list[Job]:
         """The engine's INSERT; returns the jobs it created (a unique job that existed
         already is not among them)."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def due_now(self) -> set[str]:
         """The queues of the rows that are due at once: their idle workers are woken."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def announce(self, created: list[Job]) -> None:
         """``job_dispatched``, the log line and GATOR_IMMEDIATE's run, after the INSERT."""
         raise NotImplementedError
@@ -70,6 +76,7 @@ class Insert:
         """(name, args, kwargs) of every row, to mask their secrets in a logged error."""
         return ((job.name, job.args, job.kwargs) for job in self.jobs)
 
+    @abc.abstractmethod
     def report_lost(self, tries: int, error_text: str) -> None:
         """Log, at ERROR and with secrets masked, what re-creates the rows a deferred insert
         gave up on."""
