@@ -26,6 +26,7 @@ from tests.testapp.jobs import Noop
 HEAVY = (
     "django_gator.models",
     "django_gator.dispatch",
+    "django_gator.pipeline",
     "django_gator.engines",
     "django_gator.worker",
 )
