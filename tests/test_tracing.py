@@ -236,8 +236,7 @@ def test_without_opentelemetry_installed_jobs_dispatch_and_run():
         import django
         django.setup()
         from django_gator import tracing
-        from django_gator import Chain, Workflow
-from django_gator.models import Job
+        from django_gator.models import Job
         from tests.conftest import run_worker
         from tests.testapp.jobs import Noop
         assert tracing.trace is None
