@@ -94,7 +94,7 @@ class JobRows:
     concurrency_keys: list[str | None] | None = None
     batch_id: int | None = None
     #: Arguments checked and encoded as they are sent (a large dispatch_many; see
-    #: dispatch._rows): until then ``args`` and ``kwargs`` hold placeholders, and
+    #: pipeline.encoding.job_rows): until then ``args`` and ``kwargs`` hold placeholders, and
     #: ``encode(start, stop)`` fills in those rows, raising for the first bad item among
     #: them. Whatever reads the columns other than an engine that streams them calls
     #: :meth:`settle` first.

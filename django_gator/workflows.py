@@ -311,7 +311,7 @@ class Workflow:
     ) -> WorkflowRun:
         # Here, not at the top: it imports the models, and `import django_gator` (which
         # imports this module) must not. Not an import cycle.
-        from django_gator.workflow_dispatch import dispatch_workflow
+        from django_gator.pipeline.workflow import dispatch_workflow
 
         run, roots, batches = dispatch_workflow(
             self.name,

@@ -10,9 +10,10 @@ import pytest
 from django.db import DataError, OperationalError, connection, transaction
 from django.utils import timezone
 
-from django_gator import Queueable, dispatch
+from django_gator import Queueable
 from django_gator.engines import postgresql
 from django_gator.models import Job, JobState
+from django_gator.pipeline import encoding
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -172,8 +173,8 @@ def test_unique_jobs_keep_their_own_insert():
     assert Job.objects.filter(queue="copy-unique").count() == ROWS
 
 
-# -- arguments checked and encoded while the COPY streams (dispatch.STREAM_MIN_ROWS) --------
-STREAMED = dispatch.STREAM_MIN_ROWS + 1500
+# -- arguments checked and encoded while the COPY streams (encoding.STREAM_MIN_ROWS) --------
+STREAMED = encoding.STREAM_MIN_ROWS + 1500
 
 
 def test_a_streamed_dispatch_many_stores_what_the_eager_one_would(monkeypatch):
@@ -184,13 +185,13 @@ def test_a_streamed_dispatch_many_stores_what_the_eager_one_would(monkeypatch):
     items: list[Any] = [[i, AWKWARD[i % len(AWKWARD)]] for i in range(STREAMED)]
     items[3000] = {"kw": "tab\tand\\slash", "n": 3000}
     encoded: list[tuple[int, int]] = []
-    original = dispatch._encode_range
+    original = encoding._encode_range
 
     def spy(*args: Any) -> None:
         encoded.append(args[-2:])
         original(*args)
 
-    monkeypatch.setattr(dispatch, "_encode_range", spy)
+    monkeypatch.setattr(encoding, "_encode_range", spy)
     jobs = CopyProbe.dispatch_many(items)
     assert encoded == [(start, min(start + 700, STREAMED)) for start in range(0, STREAMED, 700)]
     stored = dict(Job.objects.filter(queue="copy-probe").values_list("id", "args"))

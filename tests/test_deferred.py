@@ -25,8 +25,8 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import OperationalError, connection, connections, transaction
 
-from django_gator import Queueable
-from django_gator.models import Job
+from django_gator import Chain, Queueable, Workflow
+from django_gator.models import Job, WorkflowRun
 from django_gator.signals import dispatch_failed, job_dispatched
 from tests.testapp.models import Execution
 
@@ -243,3 +243,63 @@ def test_a_bad_retry_setting_fails_the_dispatch_itself(jobs_db, settings):
     with transaction.atomic():
         job = Invoice.dispatch("no retries", on_commit=True)
     assert Job.objects.using(JOBS).get(pk=job.pk).args == ["no retries"]
+
+
+def test_a_workflow_that_cannot_be_inserted_at_commit_is_logged_and_signalled(
+    jobs_db, failures, caplog
+):
+    # As a plain job's deferred INSERT: retried, then logged and signalled; the caller's
+    # transaction and its later callbacks go on.
+    later: list[str] = []
+    workflow = Workflow("billing run")
+    first = workflow.add(Invoice, "INV-10", password="hunter2-very-secret")
+    workflow.add(UniqueInvoice, 10, after=[first])
+    with transaction.atomic():
+        Execution.objects.create(job_id=1, attempt=1, pid=1, label="the caller's data")
+        run = workflow.dispatch(on_commit=True)
+        transaction.on_commit(lambda: later.append("the caller's next callback"))
+        jobs_db.down()
+
+    assert Execution.objects.filter(label="the caller's data").exists()
+    assert later == ["the caller's next callback"]
+    assert first.job is not None
+    assert first.job.pk is None
+    assert len(records(caplog, logging.WARNING)) == 3  # one per retry delay
+    lost = records(caplog, logging.ERROR)
+    assert len(lost) == 1, lost
+    assert lost[0].startswith("Deferred dispatch lost: workflow not inserted ")
+    assert f"id={run.id}" in lost[0]
+    assert "name=billing run" not in lost[0]  # quoted safely: the name has a space
+    steps = json.loads(re.search(r" steps=(\S+)", lost[0]).group(1))
+    assert [step["name"] for step in steps] == [Invoice.name, UniqueInvoice.name]
+    assert steps[0]["kwargs"] == {"password": "[redacted]"}
+    assert (steps[1]["args"], steps[1]["after"]) == ([10], [0])
+    assert "hunter2" not in lost[0]
+    assert [f["sender"] for f in failures] == [Invoice]
+    assert failures[0]["jobs"] == [first.job]
+    assert isinstance(failures[0]["exception"], OperationalError)
+    jobs_db.up()
+    assert not Job.objects.using(JOBS).exists()
+    assert not WorkflowRun.objects.using(JOBS).exists()
+
+
+def test_a_workflow_whose_database_is_back_within_the_retries_is_inserted(jobs_db, caplog):
+    class BringBack(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("Deferred dispatch failed; retrying"):
+                jobs_db.up()
+
+    handler = BringBack()
+    logging.getLogger("django_gator.dispatch").addHandler(handler)
+    try:
+        with transaction.atomic():
+            first = Chain(Invoice, Invoice).dispatch("INV-11", on_commit=True)
+            jobs_db.down()
+    finally:
+        logging.getLogger("django_gator.dispatch").removeHandler(handler)
+    assert first.pk is not None
+    row = Job.objects.using(JOBS).get(pk=first.pk)
+    assert (row.args, row.chain_position) == (["INV-11"], 0)
+    assert WorkflowRun.objects.using(JOBS).filter(pk=first.chain_id).exists()
+    assert len(records(caplog, logging.WARNING)) == 1
+    assert records(caplog, logging.ERROR) == []

@@ -816,10 +816,10 @@ def test_the_deepest_nesting_accepted_is_stored_by_every_database():
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("on_commit", [False, True])
 def test_a_large_dispatch_many_refuses_a_late_bad_item_with_nothing_inserted(on_commit):
-    """Above dispatch.STREAM_MIN_ROWS the arguments may be checked while the rows are sent
+    """Above encoding.STREAM_MIN_ROWS the arguments may be checked while the rows are sent
     (PostgreSQL's COPY); wherever they are checked, a bad last item is refused by the call,
     with nothing inserted, and named by its index."""
-    from django_gator.dispatch import STREAM_MIN_ROWS
+    from django_gator.pipeline.encoding import STREAM_MIN_ROWS
 
     count = STREAM_MIN_ROWS + 10
     items: list[Any] = [[i, i] for i in range(count)]

@@ -26,6 +26,7 @@ from tests.testapp.jobs import Noop
 HEAVY = (
     "django_gator.models",
     "django_gator.dispatch",
+    "django_gator.pipeline",
     "django_gator.engines",
     "django_gator.worker",
 )
@@ -104,3 +105,43 @@ def test_the_audit_trail_appends_in_order_across_batches():
     [entry] = last.audit
     assert entry == {"at": entry["at"], "by": "zoë", "action": "retry", "queue": "recovery"}
     assert Job.objects.filter(pk__in=ids, audit__isnull=True).count() == 0
+
+
+#: The engines' insert operations: the statements that put job rows in the table.
+INSERT_OPERATIONS = {
+    "insert_jobs",
+    "insert_rows",
+    "insert_unique",
+    "insert_workflow",
+    "_copy_jobs",  # PostgreSQL's COPY
+    "_insert_documents",
+    "_insert_or_find",
+    "insert_sql",
+}
+
+
+def test_no_module_but_the_pipeline_calls_the_engines_insert_operations():
+    """Every job insert goes through the pipeline (django_gator/pipeline/), so none can skip
+    its span, wakeup, deferred retries or signal. Inside engines/, an outcome's write inserts
+    what it releases (a chain's next step, a batch's callbacks) in its own transaction."""
+    import ast
+
+    package = ROOT / "django_gator"
+    callers: dict[str, set[str]] = {}
+    for path in sorted(package.rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in INSERT_OPERATIONS:
+                module = path.relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
+                callers.setdefault(module, set()).add(node.attr)
+    outside = {
+        module: names
+        for module, names in callers.items()
+        if not module.startswith(("django_gator.pipeline.", "django_gator.engines."))
+    }
+    assert outside == {}, f"insert operations called outside the pipeline: {outside}"
+    # Not vacuous: the pipeline is where dispatch and workflows call them.
+    through_pipeline = set().union(
+        *(names for module, names in callers.items() if module.startswith("django_gator.pipe"))
+    )
+    assert through_pipeline == {"insert_rows", "insert_unique", "insert_workflow"}

@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from django_gator import Chain, Workflow
 from django_gator.models import Job
 from tests.conftest import run_python, run_worker
 from tests.testapp.jobs import Boom, Noop, RecordFailsFirst
@@ -142,6 +143,23 @@ def test_dispatch_many_is_one_span_and_one_update_for_all_rows(exporter):
     }
     assert len(contexts) == 1
     assert f"{span.context.span_id:016x}" in contexts.pop()
+
+
+def test_a_workflow_and_a_chain_are_dispatched_in_a_span_as_a_plain_job_is(exporter):
+    # One span per workflow (the pipeline's), its context on every first step's row.
+    workflow = Workflow("traced flow")
+    a = workflow.add(Noop, n=1)
+    b = workflow.add(Noop, n=2)
+    workflow.add(Noop, after=[a, b])
+    workflow.dispatch()
+    first = Chain(Noop, Noop).dispatch()
+    workflow_span, chain_span = exporter.get_finished_spans()
+    assert workflow_span.name == "dispatch traced flow"
+    assert workflow_span.attributes["messaging.batch.message_count"] == 2
+    assert chain_span.attributes["gator.job.id"] == first.pk
+    for span, ids in ((workflow_span, [a.job.pk, b.job.pk]), (chain_span, [first.pk])):
+        for row in Job.objects.filter(pk__in=ids):
+            assert f"{span.context.span_id:016x}" in row.trace_context["traceparent"]
 
 
 def test_no_other_connection_sees_a_dispatched_row_before_its_trace_context(exporter):

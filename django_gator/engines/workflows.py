@@ -4,16 +4,15 @@ transaction that writes a step's final state (see :mod:`django_gator.models.work
 from __future__ import annotations
 
 import logging
-import random
-import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, transaction
+from django.db import transaction
 
 from django_gator import limits, validation
+from django_gator.engines.deadlocks import retrying_deadlocks
 from django_gator.engines.dispatching import DispatchStatements
 from django_gator.exceptions import JobNotRegistered
 from django_gator.models.batches import Batch
@@ -24,8 +23,6 @@ from django_gator.states import StepState
 
 T = TypeVar("T")
 logger = logging.getLogger("django_gator.worker")
-#: Tries of a step's final write and its settling that the database ends to break a deadlock.
-DEADLOCK_TRIES = 5
 
 
 class WorkflowStatements(DispatchStatements):
@@ -41,27 +38,21 @@ class WorkflowStatements(DispatchStatements):
         With no ids, just ``write()``: ordinary jobs pay nothing."""
         if not job_ids:
             return write()
-        ours = not self.connection.in_atomic_block
-        tries = 1
-        while True:
-            try:
-                # Django's atomic(), not write_transaction(): the settling uses the ORM,
-                # which on SQLite cannot join a transaction opened on the cursor. The write
-                # comes first, so SQLite's write lock is taken before anything is read.
-                with transaction.atomic(using=self.alias):
-                    written = write()
-                    if written:
-                        self.settle_steps(job_ids, inserted)
-                return written
-            except DatabaseError as exc:
-                # InnoDB may end one of two transactions that lock the same steps in
-                # another order; ours is run again from the start (the write is a
-                # compare-and-set, so running it again is safe). In a caller's
-                # transaction, only the caller can.
-                if not ours or tries >= DEADLOCK_TRIES or not self.is_deadlock(exc):
-                    raise
-            time.sleep(random.uniform(0, 0.01 * 2**tries))
-            tries += 1
+
+        def write_and_settle() -> T:
+            # Django's atomic(), not write_transaction(): the settling uses the ORM, which
+            # on SQLite cannot join a transaction opened on the cursor. The write comes
+            # first, so SQLite's write lock is taken before anything is read.
+            with transaction.atomic(using=self.alias):
+                written = write()
+                if written:
+                    self.settle_steps(job_ids, inserted)
+            return written
+
+        # InnoDB may end one of two transactions that lock the same steps in another
+        # order; ours is run again from the start (the write is a compare-and-set, so
+        # running it again is safe). In a caller's transaction, only the caller can.
+        return retrying_deadlocks(self, write_and_settle, "a workflow step's end")
 
     def settle_steps(self, job_ids: Sequence[int], inserted: list[int] | None = None) -> None:
         """Inside an open transaction: release or cancel what follows the steps among

@@ -1,0 +1,189 @@
+"""The rows of one dispatch call (``dispatch``, ``dispatch_many``, a batch's ``add``) as
+the pipeline inserts them: a batch's members are counted into it in the INSERT's
+transaction, unique jobs are inserted or found one by one (after a deadlock, again)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from django.db import transaction
+
+from django_gator import collector, conf, immediate, redaction, signals
+from django_gator.engines.deadlocks import retrying_deadlocks
+from django_gator.exceptions import DispatchDeadlock
+from django_gator.logutil import safe
+from django_gator.models import Job
+from django_gator.pipeline.core import Insert
+from django_gator.pipeline.deferred import log_json
+from django_gator.pipeline.encoding import Payloads
+from django_gator.pipeline.unsaved import FIELDS, mark_saved, unsaved_jobs
+
+if TYPE_CHECKING:
+    from django.db import DatabaseError
+
+    from django_gator.engines import Engine
+    from django_gator.models import Batch
+    from django_gator.queueable import Queueable
+    from django_gator.rows import Inserted, JobRows
+
+logger = logging.getLogger("django_gator.dispatch")
+
+
+class JobsInsert(Insert):
+    """The rows of one dispatch call, of one job class; ``member_of``: the batch they join."""
+
+    def __init__(
+        self,
+        job_class: type[Queueable],
+        alias: str,
+        rows: JobRows,
+        payloads: Payloads,
+        member_of: Batch | None,
+    ) -> None:
+        self.sender = job_class
+        self.alias = alias
+        self.rows = rows
+        self.payloads_by_column = payloads
+        self.member_of = member_of
+        self.name = job_class.name
+        self.queue = rows.queue
+        self.jobs = []
+        self.prepared = False
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def prepare(self) -> None:
+        # Handed to the engine, which builds the jobs while the database stores the rows
+        # (PostgreSQL's COPY: while its ids are drawn from the sequence).
+        if self.prepared:
+            return
+        with collector.paused(len(self.rows)):
+            self.jobs.extend(unsaved_jobs(self.alias, self.rows, *self.payloads_by_column))
+        self.prepared = True
+
+    def defer(self, commit_alias: str) -> None:
+        self.rows.settle()  # a bad item is refused now, not at the commit
+        self.prepare()
+        if self.member_of is not None:
+            self.member_of.deferred_to(commit_alias)
+
+    def due_now(self) -> set[str]:
+        return {self.rows.queue} if self.rows.run_at is None else set()
+
+    def write(self, engine: Engine) -> list[Job]:
+        """The INSERT: fills in the returned jobs; returns those it created. Members of a
+        batch are counted into it in the same transaction."""
+        member_of = self.member_of
+        if member_of is None:
+            return self._write_rows(engine)
+        with transaction.atomic(using=self.alias):
+            batch_id = member_of.admit(self.alias, len(self.rows))
+            self.rows.batch_id = batch_id  # jobs built from here on take it from the rows
+            step_of = member_of.step_of
+            if step_of is not None:
+                # Members of a workflow's batch step: their ends settle the step.
+                self.rows.chain_id, self.rows.chain_position = step_of[0].hex, step_of[1]
+            for job in self.jobs:  # new objects: no related Batch is cached to invalidate
+                job.__dict__["batch_id"] = batch_id
+                if step_of is not None:
+                    job.chain_id, job.chain_position = step_of
+            return self._write_rows(engine)
+
+    def _write_rows(self, engine: Engine) -> list[Job]:
+        """The INSERT and the returned jobs' ids. The engine builds the jobs (prepare) and
+        gives them their ids (fill) where the database is busy (a large COPY: while it
+        draws the ids from the sequence, and while it reads the last lines)."""
+        rows = self.rows
+        unique = self.sender._gator_unique
+        if unique or not engine.streams_rows(len(rows)):
+            rows.settle()
+        if unique:
+            return self._write_unique(engine)
+        jobs = self.jobs
+
+        def fill(inserted: Inserted) -> None:
+            for job, job_id, made_at, next_at in zip(jobs, *inserted, strict=True):
+                values = job.__dict__  # as mark_saved(), without a call per job
+                values["id"] = job_id
+                values["created_at"] = made_at
+                values["next_execution_at"] = next_at
+                values["_state"].adding = False
+
+        engine.insert_rows(rows, notify=self.due_now(), prepare=self.prepare, meanwhile=fill)
+        return jobs
+
+    def _write_unique(self, engine: Engine) -> list[Job]:
+        """Insert the rows whose key no active job holds; the other returned jobs take the
+        values of the job that holds it ("dispatch returns the existing job")."""
+        self.prepare()
+        rows = self.rows.rows()
+        inserted = retrying_deadlocks(
+            engine,
+            lambda: engine.insert_unique(rows, notify=self.due_now()),
+            f"unique dispatch name={safe(self.name)}",
+            self._deadlock_in_callers_transaction,
+        )
+        created = []
+        existing: dict[int, list[Job]] = {}
+        for job, (job_id, created_at, next_at, new) in zip(self.jobs, inserted, strict=True):
+            if new:
+                mark_saved(job, job_id, created_at, next_at)
+                created.append(job)
+            else:
+                existing.setdefault(job_id, []).append(job)
+        if existing:
+            for row in Job.objects.using(self.alias).filter(pk__in=list(existing)):
+                for job in existing[row.pk]:
+                    job.__dict__.update({name: getattr(row, name) for name in FIELDS})
+                    job._state.adding = False
+        return created
+
+    def _deadlock_in_callers_transaction(self, exc: DatabaseError) -> DispatchDeadlock:
+        return DispatchDeadlock(
+            f"dispatch of {self.name!r} inside transaction.atomic() lost a deadlock ({exc}); "
+            "the database broke it by rolling back the dispatch (InnoDB: the whole "
+            "transaction), so run the atomic block again (dispatch retries deadlocks by "
+            "itself only outside one)"
+        )
+
+    def announce(self, created: list[Job]) -> None:
+        if not created:
+            return
+        signals.send(signals.job_dispatched, self.sender, jobs=created)
+        if logger.isEnabledFor(logging.INFO):
+            first = created[0]
+            if len(created) == 1:
+                logger.info(
+                    "Enqueued job id=%s name=%s queue=%s", first.pk, safe(first.name), first.queue
+                )
+            else:
+                logger.info(
+                    "Enqueued jobs count=%s name=%s queue=%s first_id=%s",
+                    len(created),
+                    safe(first.name),
+                    first.queue,
+                    first.pk,
+                )
+        # Jobs dispatched with wait= or at= are left for run_jobs() and its clock.
+        if conf.immediate() and self.rows.run_at is None:
+            due = [job.pk for job in created]
+            immediate.after_commit(self.alias, lambda: immediate.run_immediately(self.alias, due))
+
+    def report_lost(self, tries: int, error_text: str) -> None:
+        for row, job in zip(self.rows.rows(), self.jobs, strict=True):
+            args, kwargs = redaction.redact_payload(row.name, job.args, job.kwargs)
+            logger.error(
+                "Deferred dispatch lost: job not inserted name=%s queue=%s priority=%s "
+                "run_at=%s args=%s kwargs=%s chain_id=%s tries=%s error=%s",
+                safe(row.name),
+                safe(row.queue),
+                row.priority,
+                row.run_at.isoformat() if row.run_at is not None else "now",
+                log_json(args),
+                log_json(kwargs),
+                row.chain_id or "-",
+                tries,
+                error_text,
+            )
