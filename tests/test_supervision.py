@@ -1,0 +1,247 @@
+"""The ``--processes`` supervisor watching its workers' lifelines (``worker/beacon.py``): a
+frozen worker process is killed and replaced, its jobs rescued, the health file and
+``gator_status --check`` saying so meanwhile; a worker killed after healthy work is back
+at once, however often; the words of the pipe, and what is not judged a lapse."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+from django_gator.models import Job, JobState, Worker
+from django_gator.worker import beacon
+from django_gator.worker.processes import Child, ProcessSupervisor
+from tests.conftest import wait_for, worker_output
+from tests.test_health import check
+from tests.test_processes import START, alive, children_of
+from tests.testapp.jobs import Record
+from tests.testapp.models import Execution
+
+TIMEOUT = settings.GATOR_HEARTBEAT_TIMEOUT  # 3 s in the tests
+INTERVAL = settings.GATOR_HEARTBEAT_INTERVAL  # 0.5 s
+
+
+def started(proc: subprocess.Popen[bytes]) -> list[tuple[int, int]]:
+    """(slot, pid) of each worker process the supervisor started, in order."""
+    found = re.findall(r"Started worker process .* slot=(\d+) pid=(\d+)", worker_output(proc))
+    return [(int(slot), int(pid)) for slot, pid in found]
+
+
+def ran_a_job(proc: subprocess.Popen[bytes], pid: int) -> bool:
+    """The supervisor heard that worker process ``pid`` ran a job to its outcome."""
+    return f"Worker process ran its first job pid={pid} " in worker_output(proc)
+
+
+def file_age(path: Path) -> float:
+    return time.time() - os.stat(path).st_mtime
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_frozen_worker_process_is_replaced_and_its_jobs_rescued(spawn_worker, tmp_path):
+    alive_file = tmp_path / "gator-alive"
+    proc = spawn_worker(
+        *("--processes", "2", "--concurrency", "2", "--health-file", str(alive_file)),
+        env={"GATOR_LOG_LEVEL": "INFO"},
+    )
+    wait_for(lambda: len(children_of(proc)) == 2, timeout=START)
+    jobs = Record.dispatch_many([["frozen", 0.3]] * 120)
+    victim = Worker.objects.get(pid=min(w.pid for w in children_of(proc)))
+    wait_for(
+        lambda: (
+            ran_a_job(proc, victim.pid)
+            and Job.objects.filter(reserved_by=victim.id, state=JobState.RUNNING).exists()
+        ),
+        timeout=START,
+    )
+    assert check() == (0, "healthy: 2 live workers\n")
+    assert file_age(alive_file) < TIMEOUT / 2
+
+    os.kill(victim.pid, signal.SIGSTOP)
+    frozen_at = time.monotonic()
+    held = set(
+        Job.objects.filter(reserved_by=victim.id, state=JobState.RUNNING).values_list(
+            "pk", flat=True
+        )
+    )
+    # Until the supervisor kills it: --check names it, and the health file grows old.
+    said, oldest_file = "", 0.0
+    while alive(victim.pid):
+        code, text = check()
+        if code and "stale" in text:
+            said = text
+        oldest_file = max(oldest_file, file_age(alive_file))
+        assert time.monotonic() - frozen_at < TIMEOUT + 10, worker_output(proc)
+        time.sleep(0.05)
+    killed_after = time.monotonic() - frozen_at
+
+    # Replaced within about the heartbeat timeout: its lifeline said its last word at most
+    # an interval before the freeze, and the supervisor looks every 0.1 s.
+    assert TIMEOUT - INTERVAL - 0.2 < killed_after < TIMEOUT + 1.5, killed_after
+    assert f"worker {victim.id}: heartbeat " in said
+    assert "stale (more than half of GATOR_HEARTBEAT_TIMEOUT, 3 s)" in said
+    assert oldest_file > TIMEOUT / 2
+    wait_for(lambda: len(started(proc)) == 3, timeout=10)  # at once: it had run jobs
+    out = worker_output(proc)
+    assert re.search(rf"silent for [\d.]+ s, .* killing it pid={victim.pid} ", out), out
+    assert re.search(rf"pid={victim.pid} signal=SIGKILL .*starting another in 0\.0s", out), out
+
+    # Its jobs are rescued and finished by the others; each ran once more at most.
+    wait_for(lambda: Job.objects.filter(state=JobState.SUCCEEDED).count() == len(jobs), 180)
+    assert held
+    for job in Job.objects.filter(pk__in=held):
+        assert job.rescues == 1, job.errors
+        assert "stopped heartbeating" in job.last_error
+        assert Execution.objects.filter(job_id=job.pk).exclude(pid=victim.pid).count() == 1
+    assert Execution.objects.filter(label="frozen").values("job_id").distinct().count() == len(jobs)
+
+    # Then healthy again: the new process in its slot, the file fresh, --check content.
+    wait_for(lambda: check() == (0, "healthy: 2 live workers\n"), timeout=START)
+    wait_for(lambda: file_age(alive_file) < TIMEOUT / 2, timeout=START)
+    assert victim.pid not in {w.pid for w in children_of(proc)}
+
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, worker_output(proc)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_killed_after_healthy_work_is_back_at_once_every_time(spawn_worker):
+    proc = spawn_worker("--processes", "2", "--concurrency", "2", env={"GATOR_LOG_LEVEL": "INFO"})
+    wait_for(lambda: len(started(proc)) == 2, timeout=START)
+
+    delays = []
+    for _ in range(10):
+        victim = next(pid for slot, pid in reversed(started(proc)) if slot == 0)
+
+        def victim_ran() -> bool:
+            if not Job.objects.filter(state=JobState.WAITING).exists():
+                Record.dispatch_many([["oom", 0.05]] * 20)
+            return ran_a_job(proc, victim)  # noqa: B023 - called in this iteration only
+
+        wait_for(victim_ran, timeout=START, interval=0.1)
+        count = len(started(proc))
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        wait_for(lambda: len(started(proc)) > count, timeout=30, interval=0.01)  # noqa: B023
+        delays.append(time.monotonic() - killed)
+        assert started(proc)[-1][0] == 0
+
+    assert max(delays) < 1.0, delays
+    out = worker_output(proc)
+    assert len(re.findall(r"signal=SIGKILL .*starting another in 0\.0s", out)) == 10, out
+    assert "starting another in 0.5s" not in out
+
+    # Nothing lost: what the killed processes held was rescued and run.
+    wait_for(lambda: not Job.objects.exclude(state=JobState.SUCCEEDED).exists(), timeout=120)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, worker_output(proc)
+
+
+def test_a_start_up_failure_backs_off_and_a_worker_that_ran_a_job_does_not():
+    supervisor = ProcessSupervisor(1, [], install_signal_handlers=False)
+    child = Child(0, started_at=100.0)
+    for _ in range(3):
+        supervisor._ended(child, 1, 1, now=child.started_at + 1)
+    assert (child.failures, child.restart_at) == (3, child.started_at + 1 + 2.0)
+
+    vitals, write_end = beacon.open_pipe()
+    child.vitals = vitals
+    sender = beacon.Beacon(write_end)
+    sender.send(beacon.BUSY)
+    sender.send(beacon.OK)
+    vitals.read()
+    supervisor._ended(child, 1, -signal.SIGKILL, now=child.started_at + 1)
+    assert (child.failures, child.restart_at) == (3 + 1, child.started_at + 1 + 4.0)
+
+    sender.send(beacon.RAN)
+    vitals.read()
+    supervisor._ended(child, 1, -signal.SIGKILL, now=child.started_at + 1)
+    assert (child.failures, child.restart_at) == (0, child.started_at + 1)
+    os.close(write_end)
+    vitals.close()
+
+
+def test_the_pipe_carries_whole_words_and_a_full_pipe_never_blocks():
+    vitals, write_end = beacon.open_pipe()
+    sender = beacon.Beacon(write_end)
+    assert vitals.read() == []
+    assert vitals.silent_for(time.monotonic()) is None  # not judged before its first word
+
+    os.write(write_end, b"busy\nok\nbu")  # a word cut in two by the reads
+    assert vitals.read() == ["busy", "ok"]
+    assert not vitals.in_round
+    assert vitals.last_ok is not None
+    assert abs(vitals.last_ok - time.time()) < 5
+    os.write(write_end, b"sy\nnonsense\n")
+    assert vitals.read() == ["busy"]
+    assert vitals.in_round
+
+    for _ in range(100_000):  # far more than a pipe holds: dropped, never waited on
+        sender.send(beacon.FAILED)
+    words = vitals.read()
+    assert set(words) == {"failed"}
+    assert 0 < len(words) < 100_000
+    assert not vitals.in_round
+    sender.send(beacon.BYE)
+    vitals.read()
+    assert vitals.silent_for(time.monotonic()) is None  # leaving: not judged
+
+    os.close(write_end)
+    sender.send(beacon.OK)  # its end closed: ignored
+    vitals.close()
+    vitals.close()  # once only
+    with pytest.raises(ValueError, match="--beacon 987: not an open file descriptor"):
+        beacon.Beacon(987)
+
+
+def test_a_silent_process_is_killed_unless_it_waits_on_the_database_and_runs():
+    """The rule, on real processes (``sleep``) and a real pipe: silence past the heartbeat
+    timeout kills, except inside a round (database work) of a process that is not stopped,
+    and except after the supervisor's own loop stalled."""
+    supervisor = ProcessSupervisor(2, [], install_signal_handlers=False)
+    supervisor.heartbeat_timeout = 0.2
+    processes, senders = [], []
+    for child in supervisor.children:
+        child.process = subprocess.Popen(["sleep", "60"])
+        processes.append(child.process)
+        child.vitals, write_end = beacon.open_pipe()
+        senders.append((beacon.Beacon(write_end), write_end))
+    waiting, frozen = supervisor.children
+    try:
+        senders[0][0].send(beacon.BUSY)  # a round that waits on the database
+        senders[1][0].send(beacon.OK)  # a round ended, and then nothing
+        for child in supervisor.children:
+            supervisor._listen(child, child.process.pid)  # type: ignore[union-attr]
+        later = time.monotonic() + 1.0
+        supervisor._last_tick = later - 0.2  # (a loop that stalled is tested below)
+
+        supervisor._judge(waiting, processes[0], later)
+        supervisor._judge(frozen, processes[1], later)
+
+        assert processes[0].poll() is None
+        assert processes[1].wait(timeout=10) == -signal.SIGKILL
+        assert frozen.killed_silent is not None
+        assert frozen.killed_silent > 0.2
+
+        os.kill(processes[0].pid, signal.SIGSTOP)
+        wait_for(lambda: beacon.stopped(processes[0].pid), timeout=10)
+        supervisor._note_own_stall(later + 5)  # this loop stalled: no judging for a while
+        supervisor._judge(waiting, processes[0], later + 5)
+        assert processes[0].poll() is None
+        supervisor._judge(waiting, processes[0], later + 5 + 2 * supervisor.heartbeat_interval)
+        assert processes[0].wait(timeout=10) == -signal.SIGKILL  # stopped: judged after all
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+        for (_, write_end), child in zip(senders, supervisor.children, strict=True):
+            os.close(write_end)
+            assert child.vitals is not None
+            child.vitals.close()
