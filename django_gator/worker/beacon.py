@@ -25,7 +25,9 @@ What it does not count as a lapse: a round that has begun and not ended is waiti
 database (a lock, a server that restarts, a connection cut off: the worker's network
 bounds end that wait), and a restart would wait just the same; an outage must not kill
 every worker and charge their jobs a crash. Such a process is replaced only if it is
-stopped (Linux tells: ``/proc/PID/stat``). The supervisor also judges nobody for two
+stopped (Linux tells: ``/proc/PID/stat``). A process is judged from its lifeline's first
+word on: its start-up (Django's, then waiting for a database that may be down) is not,
+and a process that fails there exits by itself. The supervisor also judges nobody for two
 heartbeat intervals after its own loop stalled (the host was frozen or starved: the
 processes it watches were too), as the lifeline does after its own heartbeats stalled.
 
