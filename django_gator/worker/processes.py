@@ -218,6 +218,7 @@ class ProcessSupervisor:
             )
             for child in self.children:
                 self._start(child)
+            self._last_tick = time.monotonic()
             while self._live():
                 self._forward_signals()
                 now = time.monotonic()
@@ -319,9 +320,12 @@ class ProcessSupervisor:
     def _judge(self, child: Child, process: subprocess.Popen[bytes], now: float) -> None:
         """SIGKILL ``child``'s process if its lifeline has been silent for longer than the
         heartbeat timeout, unless it is waiting on the database (see .beacon) and not
-        stopped. Its jobs are rescued by the ordinary rescue of a lapsed heartbeat."""
+        stopped. Its jobs are rescued by the ordinary rescue of a lapsed heartbeat.
+
+        While the supervisor stops too: a worker finishing its jobs heartbeats until they
+        are done (then says it is leaving), and a frozen one would never end."""
         vitals = child.vitals
-        if vitals is None or self.stopping or now < self._judge_after:
+        if vitals is None or now < self._judge_after:
             return
         silent = vitals.silent_for(now)
         if silent is None or silent <= self.heartbeat_timeout or child.killed_silent is not None:
