@@ -21,7 +21,7 @@ from django_gator.worker.processes import Child, ProcessSupervisor
 from tests.conftest import wait_for, worker_output
 from tests.test_health import check
 from tests.test_processes import START, alive, children_of
-from tests.testapp.jobs import Record
+from tests.testapp.jobs import HoldsTheGil, Record
 from tests.testapp.models import Execution
 
 TIMEOUT = settings.GATOR_HEARTBEAT_TIMEOUT  # 3 s in the tests
@@ -106,6 +106,38 @@ def test_a_frozen_worker_process_is_replaced_and_its_jobs_rescued(spawn_worker, 
     wait_for(lambda: file_age(alive_file) < TIMEOUT / 2, timeout=START)
     assert victim.pid not in {w.pid for w in children_of(proc)}
 
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, worker_output(proc)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_process_wedged_in_c_code_is_replaced_until_the_job_is_dead(spawn_worker):
+    # One rescue allowed: the first wedge makes the job a suspect, the second (alone) dead.
+    proc = spawn_worker(
+        *("--processes", "2", "--concurrency", "2"),
+        env={"GATOR_LOG_LEVEL": "INFO", "GATOR_MAX_RESCUES": "1"},
+    )
+    wait_for(lambda: len(children_of(proc)) == 2, timeout=START)
+    pill = HoldsTheGil.dispatch()
+    others = Record.dispatch_many([["beside", 0.05]] * 40)
+
+    wait_for(lambda: Job.objects.get(pk=pill.pk).state == JobState.DEAD, timeout=180)
+    wait_for(
+        lambda: (
+            Job.objects.filter(pk__in=[j.pk for j in others], state=JobState.SUCCEEDED).count()
+            == len(others)
+        ),
+        timeout=180,
+    )
+
+    pill.refresh_from_db()
+    assert pill.rescues == 2
+    assert "likely poison pill" in pill.last_error
+    out = worker_output(proc)
+    kills = re.findall(r"silent for ([\d.]+) s, .* killing it pid=(\d+) ", out)
+    assert len(kills) == 2, out
+    assert all(TIMEOUT < float(silent) < TIMEOUT + 1.5 for silent, _ in kills), kills
+    assert "(stopped)" not in out  # running, not stopped: wedged
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0, worker_output(proc)
 
@@ -200,48 +232,63 @@ def test_the_pipe_carries_whole_words_and_a_full_pipe_never_blocks():
         beacon.Beacon(987)
 
 
-def test_a_silent_process_is_killed_unless_it_waits_on_the_database_and_runs():
-    """The rule, on real processes (``sleep``) and a real pipe: silence past the heartbeat
-    timeout kills, except inside a round (database work) of a process that is not stopped,
-    and except after the supervisor's own loop stalled."""
-    supervisor = ProcessSupervisor(2, [], install_signal_handlers=False)
+def test_a_silent_process_is_killed_unless_it_waits_on_the_database_with_the_others():
+    """The rule, on real processes (``sleep``) and real pipes: silence past the heartbeat
+    timeout kills, except inside a round (database work) of a process that is not stopped
+    while the database answered no other process's heartbeat since that round began; and
+    nobody is judged right after the supervisor's own loop stalled."""
+    supervisor = ProcessSupervisor(4, [], install_signal_handlers=False)
     supervisor.heartbeat_timeout = 0.2
-    processes, senders = [], []
+    senders = []
     for child in supervisor.children:
         child.process = subprocess.Popen(["sleep", "60"])
-        processes.append(child.process)
         child.vitals, write_end = beacon.open_pipe()
-        senders.append((beacon.Beacon(write_end), write_end))
-    waiting, frozen = supervisor.children
-    try:
-        senders[0][0].send(beacon.BUSY)  # a round that waits on the database
-        senders[1][0].send(beacon.OK)  # a round ended, and then nothing
+        senders.append(beacon.Beacon(write_end))
+    waiting, frozen, _witness, stopped = supervisor.children
+    processes = [child.process for child in supervisor.children]
+
+    def look(now: float) -> None:
         for child in supervisor.children:
-            supervisor._listen(child, child.process.pid)  # type: ignore[union-attr]
-        later = time.monotonic() + 1.0
-        supervisor._last_tick = later - 0.2  # (a loop that stalled is tested below)
+            assert child.process is not None
+            supervisor._listen(child, child.process.pid)
+        for child in (waiting, frozen, stopped):  # the witness is judged by nobody
+            assert child.process is not None
+            supervisor._judge(child, child.process, now)
 
-        supervisor._judge(waiting, processes[0], later)
-        supervisor._judge(frozen, processes[1], later)
+    try:
+        # The others' heartbeats answered before (or as) the rounds began: a shared stall.
+        for sender, word in zip(senders, ["busy", "ok", "ok", "busy"], strict=True):
+            sender.send(word)
+        supervisor._last_tick = time.monotonic() + 1.0 - 0.1
+        look(time.monotonic() + 1.0)
 
-        assert processes[0].poll() is None
-        assert processes[1].wait(timeout=10) == -signal.SIGKILL
+        assert waiting.process.poll() is None
+        assert frozen.process.wait(timeout=10) == -signal.SIGKILL  # silent between rounds
         assert frozen.killed_silent is not None
         assert frozen.killed_silent > 0.2
+        assert stopped.process.poll() is None
 
-        os.kill(processes[0].pid, signal.SIGSTOP)
-        wait_for(lambda: beacon.stopped(processes[0].pid), timeout=10)
-        supervisor._note_own_stall(later + 5)  # this loop stalled: no judging for a while
-        supervisor._judge(waiting, processes[0], later + 5)
-        assert processes[0].poll() is None
-        supervisor._judge(waiting, processes[0], later + 5 + 2 * supervisor.heartbeat_interval)
-        assert processes[0].wait(timeout=10) == -signal.SIGKILL  # stopped: judged after all
+        os.kill(stopped.process.pid, signal.SIGSTOP)
+        wait_for(lambda: beacon.stopped(processes[3].pid), timeout=10)
+        supervisor._note_own_stall(time.monotonic() + 5)  # this loop stalled
+        look(time.monotonic() + 5)
+        assert stopped.process.poll() is None  # nobody judged for two intervals
+        supervisor._judge(stopped, stopped.process, time.monotonic() + 6)
+        assert stopped.process.wait(timeout=10) == -signal.SIGKILL  # stopped: no excuse
+
+        # The database answers the witness after the waiting round began: its own wait.
+        assert waiting.vitals is not None
+        waiting.vitals.last_word = time.monotonic() - 1.0
+        senders[2].send("ok")
+        look(time.monotonic() + 7)  # past the stall's grace
+        assert waiting.process.wait(timeout=10) == -signal.SIGKILL
     finally:
         for process in processes:
             if process.poll() is None:
                 process.kill()
             process.wait()
-        for (_, write_end), child in zip(senders, supervisor.children, strict=True):
-            os.close(write_end)
+        for sender, child in zip(senders, supervisor.children, strict=True):
+            assert sender.fd is not None
+            os.close(sender.fd)
             assert child.vitals is not None
             child.vitals.close()

@@ -25,11 +25,18 @@ What it does not count as a lapse: a round that has begun and not ended is waiti
 database (a lock, a server that restarts, a connection cut off: the worker's network
 bounds end that wait), and a restart would wait just the same; an outage must not kill
 every worker and charge their jobs a crash. Such a process is replaced only if it is
-stopped (Linux tells: ``/proc/PID/stat``). A process is judged from its lifeline's first
-word on: its start-up (Django's, then waiting for a database that may be down) is not,
-and a process that fails there exits by itself. The supervisor also judges nobody for two
-heartbeat intervals after its own loop stalled (the host was frozen or starved: the
-processes it watches were too), as the lifeline does after its own heartbeats stalled.
+stopped (Linux tells: ``/proc/PID/stat``), or if the database has meanwhile answered
+another process's heartbeat (an ``ok`` read after this round began): then the database
+works, and the wait is this process's own (wedged before it could say ``ok``, or its
+connection alone cut off, when its jobs are being rescued anyway). A stall of the
+database, of a lock every heartbeat needs, or of SQLite's one write lock holds every
+process's heartbeat alike, and none is replaced for it.
+
+A process is judged from its lifeline's first word on: its start-up (Django's, then
+waiting for a database that may be down) is not, and a process that fails there exits by
+itself. The supervisor also judges nobody for two heartbeat intervals after its own loop
+stalled (the host was frozen or starved: the processes it watches were too), as the
+lifeline does after its own heartbeats stalled.
 
 Why a pipe: it needs no file to clean up and no polling of mtimes, it carries words, and
 what a process wrote while the supervisor itself was stopped waits in it, to be read
@@ -88,7 +95,8 @@ class Vitals:
     fd: int
     last_word: float | None = None  # None until the lifeline's first word
     in_round: bool = False  # the last word was BUSY: waiting on the database
-    last_ok: float | None = None  # when an OK was last read
+    last_ok: float | None = None  # when an OK was last read (time.time())
+    last_ok_at: float | None = None  # the same, time.monotonic()
     ran: bool = False  # it ran a job to its outcome
     leaving: bool = False  # BYE: it is shutting down
     _partial: bytes = field(default=b"", repr=False)
@@ -124,7 +132,7 @@ class Vitals:
             elif word in (OK, FAILED):
                 self.in_round = False
                 if word == OK:
-                    self.last_ok = wall
+                    self.last_ok, self.last_ok_at = wall, now
             elif word == RAN:
                 self.ran = True
             elif word == BYE:

@@ -319,8 +319,9 @@ class ProcessSupervisor:
 
     def _judge(self, child: Child, process: subprocess.Popen[bytes], now: float) -> None:
         """SIGKILL ``child``'s process if its lifeline has been silent for longer than the
-        heartbeat timeout, unless it is waiting on the database (see .beacon) and not
-        stopped. Its jobs are rescued by the ordinary rescue of a lapsed heartbeat.
+        heartbeat timeout, unless it is waiting on the database (see .beacon): not stopped,
+        and no other worker's heartbeat was answered since its round began. Its jobs are
+        rescued by the ordinary rescue of a lapsed heartbeat.
 
         While the supervisor stops too: a worker finishing its jobs heartbeats until they
         are done (then says it is leaving), and a frozen one would never end."""
@@ -330,7 +331,7 @@ class ProcessSupervisor:
         silent = vitals.silent_for(now)
         if silent is None or silent <= self.heartbeat_timeout or child.killed_silent is not None:
             return
-        if vitals.in_round and not stopped(process.pid):
+        if vitals.in_round and not stopped(process.pid) and not self._answered_since(child):
             return  # its heartbeat waits on the database: a new process would wait too
         child.killed_silent = silent
         logger.warning(
@@ -343,6 +344,19 @@ class ProcessSupervisor:
             child.index,
         )
         process.kill()
+
+    def _answered_since(self, child: Child) -> bool:
+        """Whether the database answered another worker's heartbeat after ``child``'s
+        last word (the beginning of the round it is in): an ``ok`` read in a later look
+        (one read in the same look may have been written before)."""
+        began = child.vitals.last_word if child.vitals is not None else None
+        return began is not None and any(
+            other.vitals.last_ok_at > began + TICK / 2
+            for other in self.children
+            if other is not child
+            and other.vitals is not None
+            and other.vitals.last_ok_at is not None
+        )
 
     def _keep_health_file(self) -> None:
         """Give the health file the time of the oldest last heartbeat among the workers, so
