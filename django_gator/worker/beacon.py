@@ -51,6 +51,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 logger = logging.getLogger("django_gator.worker")
@@ -152,6 +153,35 @@ class Vitals:
             return
         fd, self.fd = self.fd, -1
         os.close(fd)
+
+
+#: An ``ok`` read less than this after the beginning of another process's round was read
+#: in the same look of the supervisor (it looks every 0.1 s), and may have been written
+#: before that round began.
+SAME_LOOK = 0.05
+
+
+def lapsed(
+    vitals: Vitals, others: Iterable[Vitals], pid: int, now: float, timeout: float
+) -> float | None:
+    """The seconds process ``pid`` (``vitals``) has been silent for if it must be replaced
+    (more than ``timeout``, and not waiting on the database with the ``others``), else
+    None. See the module's docstring for the rule."""
+    silent = vitals.silent_for(now)
+    if silent is None or silent <= timeout:
+        return None
+    if vitals.in_round and not stopped(pid) and not answered_since(vitals, others):
+        return None  # its heartbeat waits on the database: a new process would wait too
+    return silent
+
+
+def answered_since(vitals: Vitals, others: Iterable[Vitals]) -> bool:
+    """Whether the database answered another process's heartbeat (an ``ok`` read in a
+    later look) after the last word of ``vitals``: the beginning of the round it is in."""
+    began = vitals.last_word
+    return began is not None and any(
+        other.last_ok_at is not None and other.last_ok_at > began + SAME_LOOK for other in others
+    )
 
 
 def open_pipe() -> tuple[Vitals, int]:

@@ -55,7 +55,7 @@ from typing import Any
 
 from django_gator import conf, health
 from django_gator.logutil import safe
-from django_gator.worker.beacon import Vitals, open_pipe, stopped
+from django_gator.worker.beacon import Vitals, lapsed, open_pipe, stopped
 from django_gator.worker.queues import QueueSpec
 
 logger = logging.getLogger("django_gator.worker")
@@ -70,7 +70,8 @@ START_GRACE = 60.0
 #: each failure in a row, up to MAX_BACKOFF.
 FIRST_BACKOFF = 0.5
 MAX_BACKOFF = 30.0
-#: How often the supervisor looks at its workers and at the signals it received.
+#: How often the supervisor looks at its workers and at the signals it received (at least
+#: twice beacon.SAME_LOOK).
 TICK = 0.1
 #: Linux prctl(2) option: the signal this process gets when its parent exits.
 PR_SET_PDEATHSIG = 1
@@ -326,13 +327,12 @@ class ProcessSupervisor:
         While the supervisor stops too: a worker finishing its jobs heartbeats until they
         are done (then says it is leaving), and a frozen one would never end."""
         vitals = child.vitals
-        if vitals is None or now < self._judge_after:
+        if vitals is None or now < self._judge_after or child.killed_silent is not None:
             return
-        silent = vitals.silent_for(now)
-        if silent is None or silent <= self.heartbeat_timeout or child.killed_silent is not None:
+        others = [c.vitals for c in self.children if c is not child and c.vitals is not None]
+        silent = lapsed(vitals, others, process.pid, now, self.heartbeat_timeout)
+        if silent is None:
             return
-        if vitals.in_round and not stopped(process.pid) and not self._answered_since(child):
-            return  # its heartbeat waits on the database: a new process would wait too
         child.killed_silent = silent
         logger.warning(
             "Worker process silent for %.1f s, more than GATOR_HEARTBEAT_TIMEOUT (%gs): "
@@ -344,19 +344,6 @@ class ProcessSupervisor:
             child.index,
         )
         process.kill()
-
-    def _answered_since(self, child: Child) -> bool:
-        """Whether the database answered another worker's heartbeat after ``child``'s
-        last word (the beginning of the round it is in): an ``ok`` read in a later look
-        (one read in the same look may have been written before)."""
-        began = child.vitals.last_word if child.vitals is not None else None
-        return began is not None and any(
-            other.vitals.last_ok_at > began + TICK / 2
-            for other in self.children
-            if other is not child
-            and other.vitals is not None
-            and other.vitals.last_ok_at is not None
-        )
 
     def _keep_health_file(self) -> None:
         """Give the health file the time of the oldest last heartbeat among the workers, so
