@@ -104,7 +104,8 @@ class Command(BaseCommand):
             default=None,
             metavar="PATH",
             help="Touch this file at start-up and at every heartbeat (for a liveness probe "
-            "that checks its age).",
+            "that checks its age). With --processes, the supervisor keeps it: its age is that "
+            "of the stalest worker process's last heartbeat.",
         )
         self._add_process_arguments(parser)
 
