@@ -14,6 +14,12 @@ exactly when the thing the fleet relies on stops:
 - a heartbeat thread that is deadlocked (a lock a crashed thread left taken) writes
   nothing, while the other threads may run on.
 
+Silence is counted from the end of the lifeline's last round (its last ``ok`` or
+``failed``), and the supervisor kills a process after the heartbeat timeout less one
+heartbeat interval of it: when its last round wrote its heartbeat (``ok``, just after the
+write), the process is dead before that heartbeat lapses and any other worker may rescue
+its jobs.
+
 No other thread writes on the lifeline's behalf: a process whose main thread or
 executors still run but whose lifeline has stopped is exactly the one whose jobs the
 fleet will take back at ``GATOR_HEARTBEAT_TIMEOUT`` while it may still be running them,
@@ -94,7 +100,10 @@ class Vitals:
     end, non-blocking). Times are time.monotonic(), but ``last_ok``, time.time()."""
 
     fd: int
-    last_word: float | None = None  # None until the lifeline's first word
+    #: When the lifeline's last round ended (OK or FAILED; its first BUSY until then):
+    #: None before its first word. The main thread's RAN does not count.
+    last_end: float | None = None
+    round_began: float | None = None  # the last BUSY
     in_round: bool = False  # the last word was BUSY: waiting on the database
     last_ok: float | None = None  # when an OK was last read (time.time())
     last_ok_at: float | None = None  # the same, time.monotonic()
@@ -127,11 +136,12 @@ class Vitals:
                 logger.warning("Unknown word from a worker process word=%r", word[:40])
                 continue
             words.append(word)
-            self.last_word = now
             if word == BUSY:
-                self.in_round = True
+                self.in_round, self.round_began = True, now
+                if self.last_end is None:
+                    self.last_end = now
             elif word in (OK, FAILED):
-                self.in_round = False
+                self.in_round, self.last_end = False, now
                 if word == OK:
                     self.last_ok, self.last_ok_at = wall, now
             elif word == RAN:
@@ -141,11 +151,11 @@ class Vitals:
         return words
 
     def silent_for(self, now: float) -> float | None:
-        """Seconds since the lifeline's last word; None before its first, or once it
-        said it is leaving (neither is judged)."""
-        if self.last_word is None or self.leaving:
+        """Seconds since the lifeline last ended a round; None before its first word, or
+        once it said it is leaving (neither is judged)."""
+        if self.last_end is None or self.leaving:
             return None
-        return now - self.last_word
+        return now - self.last_end
 
     def close(self) -> None:
         """Close the read end (once: its number may be reused)."""
@@ -162,13 +172,13 @@ SAME_LOOK = 0.05
 
 
 def lapsed(
-    vitals: Vitals, others: Iterable[Vitals], pid: int, now: float, timeout: float
+    vitals: Vitals, others: Iterable[Vitals], pid: int, now: float, limit: float
 ) -> float | None:
     """The seconds process ``pid`` (``vitals``) has been silent for if it must be replaced
-    (more than ``timeout``, and not waiting on the database with the ``others``), else
+    (more than ``limit``, and not waiting on the database with the ``others``), else
     None. See the module's docstring for the rule."""
     silent = vitals.silent_for(now)
-    if silent is None or silent <= timeout:
+    if silent is None or silent <= limit:
         return None
     if vitals.in_round and not stopped(pid) and not answered_since(vitals, others):
         return None  # its heartbeat waits on the database: a new process would wait too
@@ -177,8 +187,8 @@ def lapsed(
 
 def answered_since(vitals: Vitals, others: Iterable[Vitals]) -> bool:
     """Whether the database answered another process's heartbeat (an ``ok`` read in a
-    later look) after the last word of ``vitals``: the beginning of the round it is in."""
-    began = vitals.last_word
+    later look) after the beginning of the round ``vitals`` is in."""
+    began = vitals.round_began
     return began is not None and any(
         other.last_ok_at is not None and other.last_ok_at > began + SAME_LOOK for other in others
     )

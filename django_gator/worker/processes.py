@@ -10,12 +10,12 @@ connections or threads), with ``--supervisor ID`` added, and then only watches:
   it ended (exit code or signal). A worker the OOM killer takes in the middle of its work
   is back within a tick, however often that happens; one that cannot start (a missing
   migration, a database that refuses it) does not spin;
-- a worker whose heartbeat thread went silent for ``GATOR_HEARTBEAT_TIMEOUT`` (frozen by
-  SIGSTOP, wedged in C code, deadlocked) is killed with SIGKILL and started again (see
-  :mod:`.beacon` for how the supervisor hears each worker's lifeline without a database
-  connection, and what it does not count as silence). Its running jobs are taken back by
-  the ordinary rescue: the kill comes only after its heartbeat has lapsed, so the other
-  workers may rescue them at once, and a rescue never runs a job whose worker still lives;
+- a worker whose heartbeat thread has ended no heartbeat round for the heartbeat timeout
+  less one interval (frozen by SIGSTOP, wedged in C code, deadlocked) is killed with
+  SIGKILL and started again (see :mod:`.beacon` for how the supervisor hears each worker's
+  lifeline without a database connection, and what it does not count as silence). Its
+  running jobs are taken back by the ordinary rescue once its heartbeat lapses, an
+  interval later: it is dead by then, so the rescue runs no job whose worker lives;
 - with ``--health-file``, the supervisor keeps the file for all its workers: its
   modification time is the oldest of their last heartbeats (a worker being replaced counts
   from the last heartbeat of the one it replaces), so a probe of its age fails while any
@@ -188,6 +188,9 @@ class ProcessSupervisor:
         self._health_at: float | None = None  # the modification time it was given
         self.heartbeat_timeout = conf.heartbeat_timeout()
         self.heartbeat_interval = conf.heartbeat_interval()
+        #: Silence after which a worker is killed: an interval before its heartbeat lapses,
+        #: so that it is dead before any other worker may rescue its jobs.
+        self.silence_limit = self.heartbeat_timeout - self.heartbeat_interval
         self._last_tick = time.monotonic()
         self._judge_after = 0.0  # no worker killed for silence before this (monotonic)
         now = time.time()
@@ -293,11 +296,11 @@ class ProcessSupervisor:
         vitals = child.vitals
         if vitals is None:
             return
-        first, ran = vitals.last_word is None, vitals.ran
+        first, ran = vitals.last_end is None, vitals.ran
         vitals.read()
         if vitals.last_ok is not None:
             child.last_ok = max(child.last_ok, vitals.last_ok)
-        if first and vitals.last_word is not None:
+        if first and vitals.last_end is not None:
             logger.info("Worker process heartbeating pid=%s slot=%s", pid, child.index)
         if vitals.ran and not ran:
             logger.info("Worker process ran its first job pid=%s slot=%s", pid, child.index)
@@ -320,8 +323,8 @@ class ProcessSupervisor:
 
     def _judge(self, child: Child, process: subprocess.Popen[bytes], now: float) -> None:
         """SIGKILL ``child``'s process if its lifeline has been silent for longer than the
-        heartbeat timeout, unless it is waiting on the database (see .beacon): not stopped,
-        and no other worker's heartbeat was answered since its round began. Its jobs are
+        silence limit, unless it is waiting on the database (see .beacon): not stopped, and
+        no other worker's heartbeat was answered since its round began. Its jobs are
         rescued by the ordinary rescue of a lapsed heartbeat.
 
         While the supervisor stops too: a worker finishing its jobs heartbeats until they
@@ -330,13 +333,13 @@ class ProcessSupervisor:
         if vitals is None or now < self._judge_after or child.killed_silent is not None:
             return
         others = [c.vitals for c in self.children if c is not child and c.vitals is not None]
-        silent = lapsed(vitals, others, process.pid, now, self.heartbeat_timeout)
+        silent = lapsed(vitals, others, process.pid, now, self.silence_limit)
         if silent is None:
             return
         child.killed_silent = silent
         logger.warning(
-            "Worker process silent for %.1f s, more than GATOR_HEARTBEAT_TIMEOUT (%gs): "
-            "frozen, wedged or deadlocked%s; killing it pid=%s slot=%s",
+            "Worker process silent for %.1f s (its heartbeat lapses at %gs): frozen, wedged "
+            "or deadlocked%s; killing it pid=%s slot=%s",
             silent,
             self.heartbeat_timeout,
             " (stopped)" if stopped(process.pid) else "",
