@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from django.db import DatabaseError
 
-from django_gator import conf, metrics, schema, stats
+from django_gator import conf, metrics, schema, stats, wording
 from django_gator.engines import get_engine
 from django_gator.logutil import safe
 
@@ -45,10 +45,12 @@ def configure(path: str | None) -> None:
     _path = path
 
 
-def touch(path: str) -> None:
+def touch(path: str, at: float | None = None) -> None:
+    """Create ``path`` if need be and set its modification time to ``at`` (time.time();
+    None: now)."""
     with open(path, "a"):
         pass
-    os.utime(path)
+    os.utime(path, None if at is None else (at, at))
 
 
 def beat() -> None:
@@ -89,8 +91,9 @@ def check(
 ) -> Health:
     """Is the job system healthy? Problems: the database does not answer (or lacks the
     tables), fewer than ``min_workers`` live workers (heartbeat within
-    ``GATOR_HEARTBEAT_TIMEOUT``), a queue that is not paused whose oldest due job has
-    waited more than ``max_latency`` seconds, a job running (since its claim) for more
+    ``GATOR_HEARTBEAT_TIMEOUT``), a live worker whose heartbeat is stale (older than half
+    of it: see :func:`.stats.stale_after`), a queue that is not paused whose oldest due job
+    has waited more than ``max_latency`` seconds, a job running (since its claim) for more
     than ``max_running`` seconds: one problem per such job, naming its id, name, worker
     and age (a job with no timeout that blocks for ever shows here)."""
     alias = alias or conf.database()
@@ -117,6 +120,14 @@ def check(
             if not live
             else f"{len(live)} live workers, fewer than --min-workers {min_workers}"
         )
+    for w in live:
+        if w.stale:
+            problems.append(
+                f"worker {safe(w.id, 100)}: heartbeat {w.heartbeat_age:.1f} s old, stale (more "
+                f"than half of GATOR_HEARTBEAT_TIMEOUT, {conf.heartbeat_timeout():g} s): frozen, "
+                "cut off from the database, or dead and not yet declared lost; it holds "
+                f"{wording.count(w.running, 'running job')}"
+            )
     if max_latency is not None:
         for q in queues:
             if q.paused or q.oldest_due_at is None:

@@ -96,12 +96,16 @@ class QueueStats:
 
 @dataclass
 class WorkerStats:
-    """A live worker: its heartbeat is within ``GATOR_HEARTBEAT_TIMEOUT`` of database now.
+    """A live worker: its heartbeat is within ``GATOR_HEARTBEAT_TIMEOUT`` of database now
+    (older, it is lost: its jobs are rescued and its row deleted, and it is not listed).
 
     ``queues``: ``[[name, weight], ...]`` as the worker registered them (empty: every
-    queue). ``heartbeat_age``: seconds since its last heartbeat. ``running_job_ids``: the
-    jobs it holds in state ``running``, lowest id first. ``supervisor``: the id of the
-    ``gator_worker --processes`` supervisor that started it (empty if none).
+    queue). ``heartbeat_age``: seconds since its last heartbeat. ``stale``: the heartbeat is
+    older than :func:`stale_after` (a live worker beats every
+    ``GATOR_HEARTBEAT_INTERVAL``): it is frozen, cut off from the database, or dead and not
+    yet declared lost, and its running jobs wait. ``running_job_ids``: the jobs it holds in
+    state ``running``, lowest id first. ``supervisor``: the id of the ``gator_worker
+    --processes`` supervisor that started it (empty if none).
     """
 
     id: str
@@ -115,6 +119,7 @@ class WorkerStats:
     running_job_ids: list[int] = field(default_factory=list)
     #: The id of the ``gator_worker --processes`` supervisor that started it, or "".
     supervisor: str = ""
+    stale: bool = False
 
     @property
     def running(self) -> int:
@@ -241,6 +246,13 @@ def estimated_total(alias: str | None = None) -> tuple[int, bool]:
     return Job.objects.using(alias).count(), True
 
 
+def stale_after() -> float:
+    """Seconds after which a live worker's heartbeat is stale: half of
+    ``GATOR_HEARTBEAT_TIMEOUT``, the gap after which a worker's lifeline says its own
+    heartbeats stalled (a worker beats every ``GATOR_HEARTBEAT_INTERVAL``, less than that)."""
+    return conf.heartbeat_timeout() / 2
+
+
 def workers(alias: str | None = None, *, now: datetime | None = None) -> list[WorkerStats]:
     """Live workers (heartbeat within ``GATOR_HEARTBEAT_TIMEOUT`` of database now), oldest
     first, each with the ids of the jobs it is running. Two queries."""
@@ -248,6 +260,7 @@ def workers(alias: str | None = None, *, now: datetime | None = None) -> list[Wo
     if now is None:
         now = get_engine(alias).db_now()
     cutoff = now - timedelta(seconds=conf.heartbeat_timeout())
+    stale = stale_after()
     live = [
         WorkerStats(
             id=w.id,
@@ -259,6 +272,7 @@ def workers(alias: str | None = None, *, now: datetime | None = None) -> list[Wo
             heartbeat_at=w.heartbeat_at,
             heartbeat_age=max(0.0, (now - w.heartbeat_at).total_seconds()),
             supervisor=w.supervisor,
+            stale=(now - w.heartbeat_at).total_seconds() > stale,
         )
         for w in Worker.objects.using(alias)
         .filter(heartbeat_at__gte=cutoff)

@@ -266,7 +266,9 @@ def test_status_json_has_stable_keys():
         "running",
         "running_job_ids",
         "supervisor",
+        "stale",
     }
+    assert entry["stale"] is False
     assert entry["running_job_ids"] == [running.pk]
     assert entry["running"] == 1
 

@@ -18,7 +18,7 @@ from django.utils import timezone
 from django_gator import pause_queue
 from django_gator.models import Job, Worker
 from tests.conftest import ROOT, stop_worker, wait_for, worker_env
-from tests.testapp.jobs import Noop
+from tests.testapp.jobs import Noop, Sleep
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -51,17 +51,24 @@ def live(pid: int) -> bool:
 def test_check_is_1_when_the_only_worker_is_killed_and_0_when_one_is_back(spawn_worker):
     first = spawn_worker("-q", "health")
     wait_for(lambda: live(first.pid), timeout=60)
+    first_id = Worker.objects.get(pid=first.pid).id
     healthy = status("--check")  # once as a command line: the exit code itself
     assert healthy.returncode == 0, healthy.stderr
     assert "healthy: 1 live worker" in healthy.stdout
 
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=10)
-    # Its row stays until its heartbeat lapses (GATOR_HEARTBEAT_TIMEOUT, 3 s in the tests).
-    wait_for(lambda: check()[0] != 0, timeout=30, interval=0.2)
+    # Its row stays until its heartbeat lapses (GATOR_HEARTBEAT_TIMEOUT, 3 s in the tests);
+    # from half that on, the worker is stale: live, but not heartbeating.
+    wait_for(lambda: check()[0] != 0, timeout=30, interval=0.1)
     code, said = check()
     assert code == 1
-    assert "no live worker" in said
+    assert said.startswith(f"unhealthy: worker {first_id}: heartbeat ") or (
+        "no live worker" in said
+    )
+    wait_for(lambda: "no live worker" in check()[1], timeout=30, interval=0.1)
+    code, said = check()
+    assert code == 1
     sick = status("--check")
     assert sick.returncode == 1, sick.stdout + sick.stderr
     assert "no live worker" in sick.stderr
@@ -70,6 +77,28 @@ def test_check_is_1_when_the_only_worker_is_killed_and_0_when_one_is_back(spawn_
     wait_for(lambda: live(second.pid), timeout=60)
     assert check() == (0, "healthy: 1 live worker\n")
     stop_worker(second)
+
+
+def test_check_names_a_frozen_worker_stale_and_is_0_again_once_it_resumes(spawn_worker):
+    job = Sleep.dispatch(120, label="held")
+    worker = spawn_worker()
+    wait_for(lambda: Job.objects.get(pk=job.pk).state == "running", timeout=60)
+    worker_id = Worker.objects.get(pid=worker.pid).id
+    assert check() == (0, "healthy: 1 live worker\n")
+
+    worker.send_signal(signal.SIGSTOP)
+    # Stale past half of GATOR_HEARTBEAT_TIMEOUT (1.5 s of 3 s): still live, so not
+    # "no live worker", and its job not rescued yet.
+    answers: list[tuple[int, str]] = []
+    wait_for(lambda: answers.append(check()) or answers[-1][0] == 1, timeout=30, interval=0.05)
+    worker.send_signal(signal.SIGCONT)
+    said = answers[-1][1]
+
+    assert said.startswith(f"unhealthy: worker {worker_id}: heartbeat "), said
+    assert "stale (more than half of GATOR_HEARTBEAT_TIMEOUT, 3 s)" in said
+    assert said.endswith("it holds 1 running job")
+    wait_for(lambda: check() == (0, "healthy: 1 live worker\n"), timeout=30)
+    assert Job.objects.get(pk=job.pk).reserved_by == worker_id
 
 
 def test_check_names_a_queue_whose_oldest_due_job_waited_too_long(spawn_worker):

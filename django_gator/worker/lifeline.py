@@ -28,6 +28,7 @@ from django_gator.engines.base import Engine
 from django_gator.exceptions import WorkerLost
 from django_gator.logutil import safe
 from django_gator.states import JobState
+from django_gator.worker.beacon import BUSY, BYE, FAILED, OK, Beacon
 from django_gator.worker.errors import error_entry
 from django_gator.worker.liveness import Liveness, local_worker
 from django_gator.worker.retrier import drop_connection
@@ -48,10 +49,13 @@ class Lifeline:
         engine: Engine,
         worker_id: str,
         register: Callable[[], object] = lambda: None,
+        beacon: Beacon | None = None,
     ) -> None:
         self.engine = engine
         self.worker_id = worker_id
         self.register = register  # writes this worker's row again
+        # Each round's begin and end, to the --processes supervisor (see .beacon).
+        self.beacon = beacon or Beacon()
         self.last_beat = time.monotonic()  # when our last heartbeat was written
         self._judge_after = 0.0  # no rescues before this time.monotonic() (see may_rescue)
         self._last_sweep = -ORPHAN_SWEEP_EVERY  # the first rescue pass sweeps
@@ -60,18 +64,23 @@ class Lifeline:
     def run(self, stopped: Callable[[float], bool]) -> None:
         """Beat until ``stopped(interval)`` (which waits up to ``interval``) is true."""
         interval = conf.heartbeat_interval()
-        try:
-            self.rescue()  # a worker that died just before we started
-        except Exception:
-            logger.exception("Rescue failed worker=%s", self.worker_id)
-            drop_connection(self.engine.alias)
+        self._round(self.rescue, "Rescue failed")  # a worker that died just before we started
         self.last_beat = time.monotonic()
         while not stopped(interval):
-            try:
-                self.beat()
-            except Exception:
-                logger.exception("Heartbeat failed worker=%s", self.worker_id)
-                drop_connection(self.engine.alias)
+            self._round(self.beat, "Heartbeat failed")
+        self.beacon.send(BYE)
+
+    def _round(self, work: Callable[[], object], failure: str) -> None:
+        """One round of database work, its begin and end told to the supervisor."""
+        self.beacon.send(BUSY)
+        try:
+            work()
+        except Exception:
+            logger.exception("%s worker=%s", failure, self.worker_id)
+            drop_connection(self.engine.alias)
+            self.beacon.send(FAILED)
+        else:
+            self.beacon.send(OK)
 
     def beat(self) -> None:
         """One heartbeat, and a rescue pass if this worker may judge others."""

@@ -4,9 +4,22 @@ The supervisor holds no database connection and runs no job. It starts each work
 interpreter running the same management command (never a fork of a process that may hold
 connections or threads), with ``--supervisor ID`` added, and then only watches:
 
-- a worker that exits or dies is started again, at once if it had been running for a while,
-  else after a pause that doubles with each failure at start-up (up to ``MAX_BACKOFF``); the
-  log says how it ended (exit code or signal);
+- a worker that exits or dies is started again: at once if it had got past its start-up
+  (it ran a job to its outcome, or lived ``START_GRACE`` seconds), else after a pause that
+  doubles with each failure at start-up in a row (up to ``MAX_BACKOFF``); the log says how
+  it ended (exit code or signal). A worker the OOM killer takes in the middle of its work
+  is back within a tick, however often that happens; one that cannot start (a missing
+  migration, a database that refuses it) does not spin;
+- a worker whose heartbeat thread has ended no heartbeat round for the heartbeat timeout
+  less one interval (frozen by SIGSTOP, wedged in C code, deadlocked) is killed with
+  SIGKILL and started again (see :mod:`.beacon` for how the supervisor hears each worker's
+  lifeline without a database connection, and what it does not count as silence). Its
+  running jobs are taken back by the ordinary rescue once its heartbeat lapses, an
+  interval later: it is dead by then, so the rescue runs no job whose worker lives;
+- with ``--health-file``, the supervisor keeps the file for all its workers: its
+  modification time is the oldest of their last heartbeats (a worker being replaced counts
+  from the last heartbeat of the one it replaces), so a probe of its age fails while any
+  worker is stuck, as it would for a single worker's file;
 - a worker that stopped to recycle (``--max-jobs``, ``--max-memory``) exits with
   ``EXIT_RECYCLED`` and is replaced at once;
 - the first SIGINT/SIGTERM is passed on to every worker, as SIGTERM (they stop claiming and
@@ -40,6 +53,9 @@ from secrets import token_hex
 from types import FrameType
 from typing import Any
 
+from django_gator import conf, health
+from django_gator.logutil import safe
+from django_gator.worker.beacon import Vitals, lapsed, open_pipe, stopped
 from django_gator.worker.queues import QueueSpec
 
 logger = logging.getLogger("django_gator.worker")
@@ -54,7 +70,8 @@ START_GRACE = 60.0
 #: each failure in a row, up to MAX_BACKOFF.
 FIRST_BACKOFF = 0.5
 MAX_BACKOFF = 30.0
-#: How often the supervisor looks at its workers and at the signals it received.
+#: How often the supervisor looks at its workers and at the signals it received (at least
+#: twice beacon.SAME_LOOK).
 TICK = 0.1
 #: Linux prctl(2) option: the signal this process gets when its parent exits.
 PR_SET_PDEATHSIG = 1
@@ -137,6 +154,11 @@ class Child:
     restart_at: float | None = None  # when to start the next process (after a backoff)
     finished: bool = False  # a burst worker that drained its queues: not replaced
     starts: int = 0
+    vitals: Vitals | None = None  # what its pipe said (see .beacon)
+    #: time.time() of the last heartbeat of a process in this slot (the health file); the
+    #: supervisor's start until the first.
+    last_ok: float = 0.0
+    killed_silent: float | None = None  # seconds of silence it was killed after
 
 
 class ProcessSupervisor:
@@ -152,6 +174,7 @@ class ProcessSupervisor:
         burst: bool = False,
         install_signal_handlers: bool = True,
         on_exit: Callable[[int], None] | None = None,
+        health_file: str | None = None,
     ) -> None:
         if processes < 1:
             raise ValueError(f"processes must be at least 1, got {processes}")
@@ -161,7 +184,17 @@ class ProcessSupervisor:
         self.install_signal_handlers = install_signal_handlers
         self.on_exit = on_exit  # called with the pid of each worker process that ended
         self.id = f"{socket.gethostname()}:{os.getpid()}:{token_hex(4)}"
-        self.children = [Child(index) for index in range(processes)]
+        self.health_file = health_file  # kept for every worker (see _keep_health_file)
+        self._health_at: float | None = None  # the modification time it was given
+        self.heartbeat_timeout = conf.heartbeat_timeout()
+        self.heartbeat_interval = conf.heartbeat_interval()
+        #: Silence after which a worker is killed: an interval before its heartbeat lapses,
+        #: so that it is dead before any other worker may rescue its jobs.
+        self.silence_limit = self.heartbeat_timeout - self.heartbeat_interval
+        self._last_tick = time.monotonic()
+        self._judge_after = 0.0  # no worker killed for silence before this (monotonic)
+        now = time.time()
+        self.children = [Child(index, last_ok=now) for index in range(processes)]
         self.started = 0  # worker processes started, replacements included
         self._signals: list[int] = []  # appended by the handler, acted on by the loop
         self._forwarded = 0
@@ -171,8 +204,8 @@ class ProcessSupervisor:
     def stopping(self) -> bool:
         return bool(self._signals)
 
-    def command(self, child: Child) -> list[str]:
-        extra = ["--supervisor", self.id, "--skip-checks"]
+    def command(self, child: Child, beacon: int) -> list[str]:
+        extra = ["--supervisor", self.id, "--beacon", str(beacon), "--skip-checks"]
         if child.index > 0 and "--no-scheduler" not in self.arguments:
             extra.append("--no-scheduler")  # one process dispatches the cron schedules
         return [sys.executable, "-m", "django", "gator_worker", *self.arguments, *extra]
@@ -189,11 +222,14 @@ class ProcessSupervisor:
             )
             for child in self.children:
                 self._start(child)
+            self._last_tick = time.monotonic()
             while self._live():
                 self._forward_signals()
                 now = time.monotonic()
+                self._note_own_stall(now)
                 for child in self.children:
                     self._look_at(child, now)
+                self._keep_health_file()
                 time.sleep(TICK)
         finally:
             self._stop_leftovers()
@@ -211,12 +247,22 @@ class ProcessSupervisor:
 
     def _start(self, child: Child) -> None:
         child.restart_at = None
-        child.process = subprocess.Popen(
-            self.command(child),
-            env=self._env,
-            stdin=subprocess.DEVNULL,
-            process_group=0,  # the terminal's Ctrl-C reaches the supervisor only
-        )
+        child.killed_silent = None
+        vitals, beacon = open_pipe()
+        try:
+            child.process = subprocess.Popen(
+                self.command(child, beacon),
+                env=self._env,
+                stdin=subprocess.DEVNULL,
+                process_group=0,  # the terminal's Ctrl-C reaches the supervisor only
+                pass_fds=(beacon,),
+            )
+        except BaseException:
+            vitals.close()
+            raise
+        finally:
+            os.close(beacon)  # the worker's now: EOF once it ends
+        child.vitals = vitals
         child.started_at = time.monotonic()
         child.starts += 1
         self.started += 1
@@ -228,22 +274,101 @@ class ProcessSupervisor:
         )
 
     def _look_at(self, child: Child, now: float) -> None:
-        """Reap ``child``'s process if it ended, and start another when one is due."""
+        """Hear what ``child``'s process said, kill it if its lifeline went silent, reap it
+        if it ended, and start another when one is due."""
         process = child.process
         if process is not None:
             code = process.poll()
+            self._listen(child, process.pid)  # after poll: all it wrote, if it ended
             if code is None:
+                self._judge(child, process, now)
                 return
             child.process = None
             if self.on_exit is not None:
                 self.on_exit(process.pid)
             self._ended(child, process.pid, code, now)
+            if child.vitals is not None:
+                child.vitals.close()
         if child.restart_at is not None and not self.stopping and now >= child.restart_at:
             self._start(child)
+
+    def _listen(self, child: Child, pid: int) -> None:
+        vitals = child.vitals
+        if vitals is None:
+            return
+        first, ran = vitals.last_end is None, vitals.ran
+        vitals.read()
+        if vitals.last_ok is not None:
+            child.last_ok = max(child.last_ok, vitals.last_ok)
+        if first and vitals.last_end is not None:
+            logger.info("Worker process heartbeating pid=%s slot=%s", pid, child.index)
+        if vitals.ran and not ran:
+            logger.info("Worker process ran its first job pid=%s slot=%s", pid, child.index)
+
+    def _note_own_stall(self, now: float) -> None:
+        """After a stall of this loop (the host was frozen or starved, and the workers with
+        it), judge no worker's silence for two heartbeat intervals: what they wrote
+        meanwhile is read first, and a live one writes again within an interval."""
+        gap = now - self._last_tick
+        self._last_tick = now
+        if gap > self.heartbeat_timeout / 2:
+            self._judge_after = now + 2 * self.heartbeat_interval
+            logger.warning(
+                "Supervisor loop stalled for %.1f s; judging no worker's heartbeat for %.1f s "
+                "id=%s",
+                gap,
+                2 * self.heartbeat_interval,
+                self.id,
+            )
+
+    def _judge(self, child: Child, process: subprocess.Popen[bytes], now: float) -> None:
+        """SIGKILL ``child``'s process if its lifeline has been silent for longer than the
+        silence limit, unless it is waiting on the database (see .beacon): not stopped, and
+        no other worker's heartbeat was answered since its round began. Its jobs are
+        rescued by the ordinary rescue of a lapsed heartbeat.
+
+        While the supervisor stops too: a worker finishing its jobs heartbeats until they
+        are done (then says it is leaving), and a frozen one would never end."""
+        vitals = child.vitals
+        if vitals is None or now < self._judge_after or child.killed_silent is not None:
+            return
+        others = [c.vitals for c in self.children if c is not child and c.vitals is not None]
+        silent = lapsed(vitals, others, process.pid, now, self.silence_limit)
+        if silent is None:
+            return
+        child.killed_silent = silent
+        logger.warning(
+            "Worker process silent for %.1f s (its heartbeat lapses at %gs): frozen, wedged "
+            "or deadlocked%s; killing it pid=%s slot=%s",
+            silent,
+            self.heartbeat_timeout,
+            " (stopped)" if stopped(process.pid) else "",
+            process.pid,
+            child.index,
+        )
+        process.kill()
+
+    def _keep_health_file(self) -> None:
+        """Give the health file the time of the oldest last heartbeat among the workers, so
+        that its age is the age of the stalest worker's heartbeat."""
+        if self.health_file is None:
+            return
+        times = [c.last_ok for c in self.children if not c.finished]
+        if not times or min(times) == self._health_at:
+            return
+        self._health_at = min(times)
+        try:
+            health.touch(self.health_file, at=self._health_at)
+        except OSError as exc:
+            logger.warning(
+                "Could not touch the health file path=%s error=%s", safe(self.health_file), exc
+            )
 
     def _ended(self, child: Child, pid: int, code: int, now: float) -> None:
         lived = now - child.started_at
         how = describe_exit(code)
+        if child.killed_silent is not None:
+            how += f" (killed after {child.killed_silent:.1f} s without a heartbeat)"
         if self.stopping:
             log = logger.info if code in (0, -signal.SIGTERM, -signal.SIGINT) else logger.warning
             log("Worker process stopped pid=%s %s", pid, how)
@@ -257,12 +382,13 @@ class ProcessSupervisor:
             logger.info("Worker process drained its queues pid=%s", pid)
             child.finished = True
             return
-        if lived < START_GRACE:
+        got_going = child.vitals is not None and child.vitals.ran
+        if got_going or lived >= START_GRACE:
+            child.failures = 0  # it had started: not a failure at start-up
+            delay = 0.0
+        else:
             child.failures += 1
             delay = min(FIRST_BACKOFF * 2 ** (child.failures - 1), MAX_BACKOFF)
-        else:
-            child.failures = 0
-            delay = 0.0
         child.restart_at = now + delay
         logger.warning(
             "Worker process ended pid=%s %s after=%.1fs; starting another in %.1fs "
@@ -310,13 +436,16 @@ class ProcessSupervisor:
 
     def _stop_leftovers(self) -> None:
         """After an error in the supervisor itself: stop the workers it leaves (they finish
-        their jobs), and wait for them."""
+        their jobs), and wait for them. Then close every pipe."""
         alive = [c for c in self.children if c.process is not None and c.process.poll() is None]
         for child in alive:
             self._signal(child, signal.SIGTERM)
         for child in alive:
             assert child.process is not None
             child.process.wait()
+        for child in self.children:
+            if child.vitals is not None:
+                child.vitals.close()
 
 
 def describe_exit(code: int) -> str:

@@ -44,6 +44,7 @@ from django_gator.engines import ClaimedJob, get_engine
 from django_gator.exceptions import JobTimeout, SchemaMissing
 from django_gator.worker import aio
 from django_gator.worker import connections as worker_connections
+from django_gator.worker.beacon import RAN, Beacon
 from django_gator.worker.claims import Claimer
 from django_gator.worker.executor import Executors
 from django_gator.worker.fetcher import Fetcher
@@ -83,6 +84,7 @@ class WorkerProcess:
         limits: Limits | None = None,
         supervisor: str = "",
         async_concurrency: int | None = None,
+        beacon: Beacon | None = None,
     ) -> None:
         self.specs = list(queues)
         self.concurrency = concurrency or conf.concurrency()
@@ -119,6 +121,8 @@ class WorkerProcess:
         # Recycling (--max-jobs, --max-memory) and the --processes supervisor, if any.
         self.limits = limits or Limits()
         self.supervisor = supervisor
+        self.beacon = beacon or Beacon()  # to the supervisor, if any (see .beacon)
+        self._ran_reported = False
         self.recycled: str | None = None  # why this worker stopped by itself to recycle
 
         # The event loop of async jobs (see .aio), if any job class is async.
@@ -150,7 +154,7 @@ class WorkerProcess:
             on_drained=self._drained,
             start_async=self.aio.submit if self.aio else lambda jobs: None,
         )
-        self.lifeline = Lifeline(self.engine, self.worker_id, self._register)
+        self.lifeline = Lifeline(self.engine, self.worker_id, self._register, self.beacon)
         self.pruner = Pruner(self.engine, self.worker_id, rng) if not burst else None
 
     @property
@@ -190,6 +194,7 @@ class WorkerProcess:
                 self._wake.clear()
                 self._take_signals()
                 self._take_limits()
+                self._report_first_job()
             self._shutdown()
         finally:
             for signum, handler in previous.items():
@@ -364,6 +369,13 @@ class WorkerProcess:
             spent = slots.spent_locked()
         if spent:
             self.request_stop()
+
+    def _report_first_job(self) -> None:
+        """Tell the supervisor, once, that this process has run a job to its outcome: it
+        got past its start-up, so if it dies now it is started again at once."""
+        if not self._ran_reported and self.slots.processed:
+            self._ran_reported = True
+            self.beacon.send(RAN)
 
     def _install_signals(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():

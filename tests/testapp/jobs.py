@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import time
@@ -94,6 +95,15 @@ class Sleep(Queueable):
         Execution.objects.create(
             job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label=label
         )
+
+
+class HoldsTheGil(Queueable):
+    """Wedges its worker process in C code that holds the GIL: a regular expression that
+    backtracks for longer than any test (2**64 steps). No other thread of the process,
+    its heartbeat's included, runs again."""
+
+    def handle(self) -> None:
+        re.match(r"(a+)+b", "a" * 64)
 
 
 class ReturnsObject(Queueable):

@@ -60,7 +60,8 @@ class Command(BaseCommand):
         "false), paused_at (ISO 8601 or null), paused_by, concurrency (null: no limit), "
         'rate_limit ("": none) and limits_by), workers (a list of '
         "objects with id, hostname, pid, queues, concurrency, started_at, heartbeat_at, "
-        "heartbeat_age (seconds), running, running_job_ids, supervisor: the id of the "
+        "heartbeat_age (seconds), stale (true when the heartbeat is older than half of "
+        "GATOR_HEARTBEAT_TIMEOUT), running, running_job_ids, supervisor: the id of the "
         "gator_worker --processes supervisor that started it, or empty) and total_rows (an "
         "object with count and exact: false when count is the database's estimate)."
     )
@@ -82,8 +83,9 @@ class Command(BaseCommand):
             "--check",
             action="store_true",
             help="Health check: exit 0 when healthy, 1 with the reasons otherwise (the "
-            "database unreachable, fewer live workers than --min-workers, a queue's oldest due "
-            "job older than --max-latency, a job running longer than --max-running).",
+            "database unreachable, fewer live workers than --min-workers, a live worker whose "
+            "heartbeat is stale: older than half of GATOR_HEARTBEAT_TIMEOUT, a queue's oldest "
+            "due job older than --max-latency, a job running longer than --max-running).",
         )
         parser.add_argument(
             "--max-latency",
@@ -208,7 +210,7 @@ class Command(BaseCommand):
                     _queues_text(w.queues),
                     str(w.concurrency),
                     str(w.running),
-                    wording.age(w.heartbeat_age),
+                    wording.age(w.heartbeat_age) + (" stale" if w.stale else ""),
                     ids or "-",
                 ]
             )

@@ -15,6 +15,7 @@ from django_gator import conf, health, metrics
 from django_gator.exceptions import SchemaMissing
 from django_gator.logutil import safe
 from django_gator.management.arguments import QUEUE_SPEC, SettingValue, WholeNumber
+from django_gator.worker.beacon import Beacon
 from django_gator.worker.limits import Limits
 from django_gator.worker.processes import (
     EXIT_RECYCLED,
@@ -26,7 +27,11 @@ from django_gator.worker.queues import QueueSpec
 from django_gator.worker.supervisor import WorkerProcess
 
 #: Options of the supervisor alone, not passed on to the worker processes it starts.
-SUPERVISOR_ONLY = ("processes", "supervisor", "settings", "pythonpath", "skip_checks", "version")
+#: The health file is the supervisor's: it stands for every worker process (see processes.py).
+SUPERVISOR_ONLY = (
+    *("processes", "supervisor", "beacon", "health_file"),
+    *("settings", "pythonpath", "skip_checks", "version"),
+)
 
 
 class Command(BaseCommand):
@@ -99,7 +104,8 @@ class Command(BaseCommand):
             default=None,
             metavar="PATH",
             help="Touch this file at start-up and at every heartbeat (for a liveness probe "
-            "that checks its age).",
+            "that checks its age). With --processes, the supervisor keeps it: its age is that "
+            "of the stalest worker process's last heartbeat.",
         )
         self._add_process_arguments(parser)
 
@@ -130,6 +136,8 @@ class Command(BaseCommand):
             "every second), as --max-jobs does.",
         )
         parser.add_argument("--supervisor", default="", help=argparse.SUPPRESS)
+        # The write end of the pipe to the supervisor (worker.beacon).
+        parser.add_argument("--beacon", type=int, default=None, help=argparse.SUPPRESS)
 
     def handle(
         self,
@@ -148,6 +156,7 @@ class Command(BaseCommand):
         max_jobs: int | None = None,
         max_memory: int | None = None,
         supervisor: str = "",
+        beacon: int | None = None,
         **options: Any,
     ) -> None:
         seen: set[str] = set()
@@ -166,6 +175,7 @@ class Command(BaseCommand):
             self._supervise(count, burst, metrics_port, health_file)
             return
         try:
+            to_supervisor = Beacon(beacon)
             limits = Limits(
                 max_jobs=max_jobs,
                 max_memory_mb=max_memory,
@@ -181,6 +191,7 @@ class Command(BaseCommand):
                 scheduler=False if no_scheduler else None,
                 limits=limits,
                 supervisor=supervisor,
+                beacon=to_supervisor,
             )
         except ValueError as exc:
             raise CommandError(str(exc), returncode=2) from None
@@ -240,7 +251,11 @@ class Command(BaseCommand):
         arguments = child_arguments(parser, options, SUPERVISOR_ONLY)
         try:
             ProcessSupervisor(
-                count, arguments, burst=burst, on_exit=metrics.mark_dead if directory else None
+                count,
+                arguments,
+                burst=burst,
+                on_exit=metrics.mark_dead if directory else None,
+                health_file=health_file,
             ).run()
         finally:
             if server is not None:
