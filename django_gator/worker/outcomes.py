@@ -8,7 +8,7 @@ otherwise the outcome is discarded and logged.
 
 The threaded worker, immediate mode and :func:`django_gator.testing.run_jobs` all write
 through :class:`Outcomes`. The worker passes a ``retrying`` function (see
-:class:`~django_gator.worker.connections.Retrier`) so writes outlast a database restart;
+:class:`~django_gator.worker.retrier.Retrier`) so writes outlast a database restart;
 inline runs write once and let errors reach their caller.
 """
 
@@ -46,7 +46,7 @@ T = TypeVar("T")
 
 class Retrying(Protocol):
     """Runs a database operation, retrying while the database is unreachable; None if it
-    gave up (see :class:`~django_gator.worker.connections.Retrier`)."""
+    gave up (see :class:`~django_gator.worker.retrier.Retrier`)."""
 
     def __call__(self, what: str, action: Callable[[], T]) -> T | None: ...
 
