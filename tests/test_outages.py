@@ -10,8 +10,10 @@ PostgreSQL pass of ``make test`` only, as they need no test database of their ow
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -192,16 +194,25 @@ def _chaos(cluster_args: list[str], env: dict[str, str], faults: str, log: Path)
         "12",
         *cluster_args,
     ]
+    # Its own process group, with the workers it starts: whatever happens, none of them
+    # outlives the test (a worker left running would retry a removed server for ever).
     with log.open("w") as out:
-        done = subprocess.run(
+        proc = subprocess.Popen(
             command,
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
             stderr=out,
             text=True,
-            timeout=900,
+            start_new_session=True,
         )
+        try:
+            stdout, _ = proc.communicate(timeout=900)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    done = subprocess.CompletedProcess(command, proc.returncode, stdout)
     failure = f"exit {done.returncode}\n{done.stdout}\n{log.read_text()[-5000:]}"
     assert done.returncode in (0, 1), failure
     assert done.stdout.strip(), failure
