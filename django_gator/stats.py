@@ -22,11 +22,10 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections
 from django.db.models import Count
 
 from django_gator import conf
-from django_gator.engines import get_engine
+from django_gator.engines import get_engine, reads
 from django_gator.models import Job, JobState, Queue, Worker
 
 #: The window of the ``*_last_hour`` counts, in seconds.
@@ -222,27 +221,9 @@ def estimated_total(alias: str | None = None) -> tuple[int, bool]:
     no row estimate, and its tables are small enough.
     """
     alias = alias or conf.database()
-    connection = connections[alias]
-    table = Job._meta.db_table
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(
-                "SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)",
-                [connection.ops.quote_name(table)],
-            )
-            row = cursor.fetchone()
-            # -1 (PostgreSQL 14+) or 0 with no pages: never vacuumed nor analyzed.
-            if row is not None and row[0] is not None and row[0] > 0:
-                return int(row[0]), False
-        elif connection.vendor == "mysql":
-            cursor.execute(
-                "SELECT TABLE_ROWS FROM information_schema.TABLES "
-                "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s",
-                [table],
-            )
-            row = cursor.fetchone()
-            if row is not None and row[0] is not None:
-                return int(row[0]), False
+    estimate = reads.row_estimate(get_engine(alias), Job._meta.db_table)
+    if estimate is not None:
+        return estimate, False
     return Job.objects.using(alias).count(), True
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from django.utils import timezone
 
 from django_gator import conf
-from django_gator.engines import get_engine
+from django_gator.engines import get_engine, reads
 from django_gator.engines.base import loads
 from django_gator.models import JobState
 from django_gator.tasks.framework import TaskError, TaskResult, TaskResultDoesNotExist
@@ -96,13 +96,7 @@ def running(task: Any, backend: str, job: Any, *, full: bool = True) -> Any:
     if not full:
         return build(task, backend, result_id, Status.RUNNING, job.args, job.kwargs)
     engine = get_engine(conf.database())
-    with engine.connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT created_at, started_at, locked_at, errors, reserved_by "
-            f"FROM {engine.job_table} WHERE id = %s",
-            [job.job_id],
-        )
-        row = cursor.fetchone()
+    row = reads.attempt_details(engine, job.job_id)
     if row is None:
         raise TaskResultDoesNotExist(result_id)
     created_at, started_at, locked_at, raw_errors, reserved_by = row

@@ -20,7 +20,7 @@ from django.db import IntegrityError, close_old_connections, transaction
 from django.db.models import Q
 
 from django_gator import conf
-from django_gator.engines import get_engine
+from django_gator.engines import get_engine, reads
 from django_gator.exceptions import JobNotRegistered
 from django_gator.logutil import safe
 from django_gator.models import Job, MisfirePolicy, Schedule, ScheduledRun, ScheduleSource
@@ -120,20 +120,10 @@ class Scheduler:
         """(now, the earliest next run of an enabled schedule or None) in one statement:
         what an idle worker's scheduler costs the database per look."""
         engine = get_engine(self.alias)
-        table = engine.connection.ops.quote_name(Schedule._meta.db_table)
-        earliest_sql = (
-            f"(SELECT MIN(next_run_at) FROM {table} WHERE enabled = %s AND next_run_at IS NOT NULL)"
+        db_now, earliest = reads.schedules_look(
+            engine, Schedule._meta.db_table, with_now=self._db_clock
         )
-        with engine.connection.cursor() as cursor:
-            if self._db_clock:
-                cursor.execute(f"SELECT {engine.now_sql}, {earliest_sql}", [True])
-                db_now, earliest = cursor.fetchone()
-                now = engine.to_dt(db_now)
-            else:
-                cursor.execute(f"SELECT {earliest_sql}", [True])
-                (earliest,) = cursor.fetchone()
-                now = self.now()
-        return now, None if earliest is None else engine.to_dt(earliest)
+        return (db_now if db_now is not None else self.now()), earliest
 
     def tick(self) -> datetime | None:
         """Handle every due schedule once; returns the earliest next run (None if none).
