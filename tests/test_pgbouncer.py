@@ -231,11 +231,14 @@ def test_heartbeats_and_rescue_work_through_pgbouncer(pgbouncer, spawn_worker, t
 @pytest.mark.django_db(transaction=True)
 def test_the_listener_works_through_gator_listen_database(pgbouncer, spawn_worker):
     # A 30 s poll: a job that starts within seconds was woken by NOTIFY.
-    env = pgbouncer.env(GATOR_TEST_LISTEN_DATABASE="direct", GATOR_POLL_INTERVAL="30")
+    env = pgbouncer.env(
+        GATOR_TEST_LISTEN_DATABASE="direct", GATOR_POLL_INTERVAL="30", GATOR_LOG_LEVEL="DEBUG"
+    )
     worker = spawn_worker("--concurrency", "2", env=env)
     wait_for(lambda: listening_backends() == 1, timeout=60)
-    time.sleep(0.5)  # the fetcher's first (empty) claim is done: it now waits for a wakeup
     for i in range(3):
+        # The fetcher's last claim found nothing: it now waits for a wakeup (or 30 s).
+        wait_for(lambda i=i: worker_output(worker).count("Worker idle") > i, timeout=30)
         started = time.monotonic()
         job = Record.dispatch(f"wake-{i}")
         wait_for(lambda job=job: Execution.objects.filter(job_id=job.pk).exists(), timeout=20)

@@ -177,13 +177,16 @@ def test_an_idle_worker_starts_a_job_long_before_its_next_poll():
         assert row.wakeup_address == worker.wakeup_address
         assert row.wakeup_address.startswith("127.0.0.1:")
         wakeup.refresh(connection.alias)
-        time.sleep(0.3)  # the fetcher's first claim found nothing; it now waits 30 s
         for i in range(3):
+            # The fetcher's last claim found nothing: it now waits 30 s for a poll.
+            assert worker.slots.idle.wait(20), "the worker never went idle"
+            started = time.monotonic()
             job = Echo.dispatch(i)
             wait_for(
                 lambda job=job: Job.objects.get(pk=job.pk).state == JobState.SUCCEEDED,
                 timeout=10,
             )
+            assert time.monotonic() - started < 10
     finally:
         worker.request_stop()
         thread.join(timeout=30)

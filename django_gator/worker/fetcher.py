@@ -138,6 +138,7 @@ class Fetcher:
             with slots.lock:
                 stopping = slots.stopping
                 if jobs and not stopping:
+                    slots.idle.clear()
                     held = slots.hand_out_locked(jobs)
                     for_loop = slots.async_slots.take_started()
                     idle_wait = MIN_POLL
@@ -157,6 +158,9 @@ class Fetcher:
                         wait = idle_wait
                         idle_wait = min(idle_wait * 2, self.poll_interval)
                     if not slots.succeeded and not slots.notified:
+                        if slots.in_flight == 0 and not slots.idle.is_set():
+                            slots.idle.set()
+                            logger.debug("Worker idle worker=%s", self.worker_id)
                         slots.fetch_needed.wait(
                             min(wait, self.executors.watchdog_wait_locked(self.poll_interval))
                         )

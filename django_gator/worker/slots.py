@@ -83,6 +83,10 @@ class Slots:
         self.notified = False  # a NOTIFY came for one of our queues
         self.woken: set[str] = set()  # the queues it named, until a round claims
         self.lingering = False  # the fetcher waits for fuller slots (see lingers_locked)
+        #: Set while the fetcher waits with nothing claimed, running or to write (its
+        #: last claim found nothing): what a test awaits before it dispatches a job that
+        #: only a wakeup can start in time. Cleared when a claim brings jobs.
+        self.idle = threading.Event()
         self.stopping = False  # no more claims
         self.closing = False  # executors exit once nothing is pending
         self.forced = False  # running jobs are not waited for
