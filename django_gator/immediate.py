@@ -57,6 +57,10 @@ def set_inline_runner(runner: InlineRunner, worker_id: Callable[[], str]) -> Non
     _inline_runner, _inline_worker_id = runner, worker_id
 
 
+def inline_runner_installed() -> bool:
+    return _inline_runner is not None and _inline_worker_id is not None
+
+
 def run_immediately(alias: str, job_ids: list[int]) -> None:
     """GATOR_IMMEDIATE: run these jobs, and the chain steps they lead to, in this thread.
 

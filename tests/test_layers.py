@@ -186,3 +186,15 @@ def test_sql_and_vendor_branches_live_behind_the_engines():
     assert SQL_OUTSIDE_ENGINES - offenders == set(), (
         "these modules no longer hold SQL: take them off SQL_OUTSIDE_ENGINES"
     )
+
+
+def test_every_upward_call_is_installed_by_the_one_wiring_point():
+    from django_gator import wiring
+    from django_gator.models import jobs as job_models
+
+    state = wiring.installed()
+    assert len(state) == 4
+    assert all(state.values()), state
+    before = list(job_models.cancel_hooks)
+    wiring.install()  # idempotent: ready() may run it again (tests, reloads)
+    assert job_models.cancel_hooks == before

@@ -56,6 +56,10 @@ def set_connection_hook(hook: ConnectionHook | None) -> None:
     _connection_hook = hook
 
 
+def connection_hook_installed() -> bool:
+    return _connection_hook is not None
+
+
 @dataclass(frozen=True, slots=True)
 class Position:
     """Where a keyset claim starts reading one queue (engines with ``supports_keyset``).

@@ -55,8 +55,9 @@ def record(alias: str | None, ids: list[int], action: str, by: str, **details: A
 
 
 #: Called with (alias, job ids) in the transaction of an operator's cancel() or discard(),
-#: for rows it may have ended ``cancelled``: :mod:`.workflows` installs the settling of
-#: workflow steps here (it imports this module, so this one cannot import it).
+#: for rows it may have ended ``cancelled``: :mod:`django_gator.wiring` installs the
+#: settling of workflow steps here (models.workflows imports this module, so this one
+#: cannot import it).
 cancel_hooks: list[Callable[[str, list[int]], None]] = []
 
 

@@ -44,6 +44,10 @@ def install(settle: Hook | None, reopen: Hook | None, probe: ProbeHook | None = 
     _settle, _reopen, _probe = settle, reopen, probe
 
 
+def installed() -> bool:
+    return None not in (_settle, _reopen, _probe)
+
+
 def _hook(hook: H | None) -> H:
     if hook is None:
         raise RuntimeError("django_gator is not ready: its batch statements are not installed")

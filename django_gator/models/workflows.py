@@ -43,7 +43,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from django_gator.models import membership
-from django_gator.models.jobs import Job, cancel_hooks
+from django_gator.models.jobs import Job
 from django_gator.models.pruning import Prunable
 from django_gator.states import FINAL_STATES, JobState, StepState
 from django_gator.validation import NAME_MAX_LENGTH, QUEUE_MAX_LENGTH
@@ -315,6 +315,3 @@ def settle_cancelled(alias: str, job_ids: Iterable[int]) -> None:
     that it ended ``cancelled`` (their descendants are cancelled; nothing is released, so
     no job row is inserted). Called in the cancelling transaction."""
     settle(alias, job_ids, states=(JobState.CANCELLED,))
-
-
-cancel_hooks.append(settle_cancelled)

@@ -1,0 +1,51 @@
+"""The one place where the package's layers are wired upward.
+
+Four lower layers call code that sits above them, without importing it (the layers of
+``.importlinter`` forbid that): GATOR_IMMEDIATE runs jobs with the worker's inline runner;
+the engines bound the LISTEN connection they open themselves with the worker's network
+bounds; the job verbs of ``models/`` settle, re-open and probe batches with the engines'
+statements; and an operator's cancel or discard settles the workflow steps it ended.
+:func:`install` puts each in place; the app's ``ready()`` calls it, and :func:`installed`
+says which are (a test holds every one to it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from django_gator import conf, immediate
+from django_gator.engines import core as engines
+from django_gator.engines import get_engine
+from django_gator.models import jobs, membership, workflows
+from django_gator.worker import connections, inline
+
+
+def install() -> None:
+    """Install every upward call (idempotent)."""
+    immediate.set_inline_runner(inline.run_inline, inline.inline_worker_id)
+    engines.set_connection_hook(connections.bound_connection)
+    membership.install(
+        settle=_settle_batches,
+        reopen=lambda alias, ids: get_engine(alias).reopen_batches(ids),
+        probe=lambda alias, batch_id: get_engine(alias).probe_batch(batch_id),
+    )
+    if workflows.settle_cancelled not in jobs.cancel_hooks:
+        jobs.cancel_hooks.append(workflows.settle_cancelled)
+
+
+def installed() -> dict[str, bool]:
+    """Each upward call, and whether it is in place."""
+    return {
+        "immediate.inline_runner": immediate.inline_runner_installed(),
+        "engines.connection_hook": engines.connection_hook_installed(),
+        "models.membership": membership.installed(),
+        "models.jobs.cancel_hooks": workflows.settle_cancelled in jobs.cancel_hooks,
+    }
+
+
+def _settle_batches(alias: str, ids: Collection[int]) -> None:
+    """The job verbs' batch settling: dispatch the callbacks now due, and under
+    GATOR_IMMEDIATE run them as a dispatch would."""
+    callbacks = get_engine(alias).settle_now(ids)
+    if callbacks and conf.immediate():
+        immediate.after_commit(alias, lambda: immediate.run_immediately(alias, callbacks))
