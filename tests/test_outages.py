@@ -22,7 +22,7 @@ from django.db import OperationalError, ProgrammingError, connection, connection
 
 from django_gator.engines.outages import is_outage
 from django_gator.models import Job, JobState
-from django_gator.worker.execution import outage_failure
+from django_gator.worker.policy import outage_failure
 from tests.conftest import ROOT, worker_output
 from tests.factories import claimed_job
 from tests.testapp.jobs import LosesItsConnection
