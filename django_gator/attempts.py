@@ -10,14 +10,14 @@ An attempt ends in one of three outcomes (like River's JobSetStateCompleted, ...
 - :class:`Failure`: anything else, retried or not (see its named constructors).
 
 Each says how metrics and traces name it: its ``label`` is ``succeeded``, ``snoozed``,
-``failed`` (will retry), ``dead`` or ``cancelled``. What travels to the
-engine is a :class:`Mark` (a success to write on its claim) or a :class:`Claim` (a claim to
-give back), each carrying the job's batch id when it has one, as the engine settles the
-batch in the same transaction.
+``failed`` (will retry), ``dead`` or ``cancelled``. What travels to the engine is a
+:class:`Mark` (a success to write on its claim) or a :class:`Claim` (a claim to fail,
+snooze or give back), each carrying the job's batch id when it has one, as the engine
+settles the batch in the same transaction.
 
 A leaf of the package: it imports the job states and nothing else of django_gator, so
 every layer can speak it. The outcomes are frozen; the marks and claims are NamedTuples,
-built for every job of a drain and sent to the database as they are.
+as every job of a drain gets one and the engines read them by the column.
 """
 
 from __future__ import annotations
@@ -179,7 +179,9 @@ class Mark(NamedTuple):
 
 
 class Claim(NamedTuple):
-    """A claim (``id``, ``attempts``) given back to ``waiting``, its attempt not charged."""
+    """A claim of this worker's (``id``, ``attempts``): what a failure, a snooze or a
+    release (back to ``waiting``, the attempt not charged) is written on, by the same
+    compare-and-set as a :class:`Mark`."""
 
     id: int
     attempts: int
