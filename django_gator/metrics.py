@@ -52,7 +52,8 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.dateparse import parse_datetime
 
 from django_gator import conf
-from django_gator.rows import ClaimedJob, outcome_label
+from django_gator.attempts import Outcome
+from django_gator.rows import ClaimedJob
 
 #: True while this process records job metrics (after :func:`enable`). The worker's hooks
 #: test it before calling in.
@@ -149,13 +150,13 @@ def track(concurrency: int, busy: Callable[[], int]) -> None:
     _metrics.threads.set(concurrency)
 
 
-def job_finished(job: ClaimedJob, outcome: object, elapsed_ms: float) -> None:
+def job_finished(job: ClaimedJob, outcome: Outcome, elapsed_ms: float) -> None:
     """An attempt of ``job`` ended with ``outcome`` after ``elapsed_ms`` (the outcome
     writer's hook)."""
     m = _metrics
     if m is None:
         return
-    label = outcome_label(outcome)
+    label = outcome.label
     key = (job.name, job.queue, label)
     children = m.children.get(key)
     if children is None:

@@ -159,36 +159,3 @@ class Inserted(NamedTuple):
     ids: list[int]
     created_at: list[datetime]
     next_execution_at: list[datetime]
-
-
-@dataclass(slots=True)
-class Failure:
-    """What to write when an attempt failed."""
-
-    dead: bool
-    retry_in: float | None  # seconds from now (database time) to the retry; None: no retry
-    queue: str
-    error: str  # one error-history entry, as JSON
-    last_error: str
-    cancelled: bool = False  # the job raised JobCancelled: end it ``cancelled``
-    exception: BaseException | None = None  # what was raised (not written; for signals)
-    #: The attempt is given back (attempts - 1): the job never ran (its name is unknown
-    #: to this worker, which may run older code than the dispatcher), or the database
-    #: went away under it (``outage``).
-    uncharged: bool = False
-    #: The attempt was cut short by a lost database connection: counted in ``outages``.
-    outage: bool = False
-    #: The attempt was cut by a stopping worker and is charged for it (see
-    #: Outcomes.hand_back): the row's ``handbacks`` goes up by one with this write.
-    handback: bool = False
-
-
-def outcome_label(outcome: object) -> str:
-    """How an attempt ended, as metrics and traces name it: ``succeeded``, ``failed`` (will
-    retry), ``dead``, ``cancelled`` or ``snoozed``."""
-    if isinstance(outcome, Failure):
-        if outcome.cancelled:
-            return "cancelled"
-        return "dead" if outcome.dead else "failed"
-    # A Snoozed outcome carries the seconds to wait; a Success does not.
-    return "snoozed" if hasattr(outcome, "seconds") else "succeeded"

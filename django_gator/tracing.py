@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import transaction
 
-from django_gator.rows import ClaimedJob, Failure, outcome_label
+from django_gator.attempts import Failure, Outcome
+from django_gator.rows import ClaimedJob
 
 try:
     from opentelemetry import propagate, trace
@@ -145,7 +146,9 @@ def traced_run(job: ClaimedJob, run: Callable[[], T]) -> T:
 
 
 def _settle(span: Any, outcome: object) -> None:
-    label = outcome_label(outcome)
+    if not isinstance(outcome, Outcome):
+        return  # (a caller other than the worker's run)
+    label = outcome.label
     span.set_attribute("gator.job.outcome", label)
     if isinstance(outcome, Failure) and label in ("failed", "dead"):
         if outcome.exception is not None:

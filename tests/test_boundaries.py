@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from django_gator.attempts import Mark
 from django_gator.engines import get_engine
 from django_gator.engines.base import LostClaim
 from django_gator.models import Job, JobState, Worker
@@ -165,7 +166,7 @@ def test_a_rescue_that_read_a_stale_row_never_undoes_a_completion():
     assert lost[:3] == (job.pk, 1, "slow")
 
     # Between the rescuer's read and its write, the slow worker finishes the job.
-    assert engine.mark_succeeded("slow", [(claim.id, claim.attempts, None)]) == [job.pk]
+    assert engine.mark_succeeded("slow", [Mark(claim.id, claim.attempts, None)]) == [job.pk]
     assert _rescue(engine, lost) is False
     row = Job.objects.get(pk=job.pk)
     assert (row.state, row.rescues, row.errors) == (JobState.SUCCEEDED, 0, None)

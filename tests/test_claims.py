@@ -18,6 +18,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from django_gator.attempts import Mark
 from django_gator.engines import get_engine
 from django_gator.engines.base import Position
 from django_gator.models import Job, JobState
@@ -221,7 +222,7 @@ def test_keyset_claims_and_queue_search_do_not_step_over_dead_entries(long_trans
         # Due an hour ago: the keyset claim's lookback (1 s) does not reach back to them.
         Noop.dispatch_many([[i] for i in range(count)], at=timezone.now() - timedelta(hours=1))
         while jobs := engine.claim("w", "default", 100, after=Position(position)):
-            engine.mark_succeeded("w", [(j.id, j.attempts, None) for j in jobs])
+            engine.mark_succeeded("w", [Mark(j.id, j.attempts, None) for j in jobs])
             position[0] = (jobs[-1].next_execution_at, jobs[-1].id)
 
     def statement(call: Any) -> tuple[str, Any]:

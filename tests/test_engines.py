@@ -7,6 +7,7 @@ import threading
 import pytest
 from django.db import connection, connections
 
+from django_gator.attempts import Claim, Mark
 from django_gator.engines import get_engine
 from django_gator.models import Job, JobState
 from tests.testapp.jobs import (
@@ -24,12 +25,12 @@ def test_outcome_writes_are_compare_and_set_on_the_claim():
     assert claim.attempts == 1
 
     # Another worker, or a stale attempt number, cannot write this claim's outcome.
-    assert engine.mark_succeeded("worker-b", [(claim.id, claim.attempts, None)]) == []
-    assert engine.mark_succeeded("worker-a", [(claim.id, claim.attempts + 1, None)]) == []
+    assert engine.mark_succeeded("worker-b", [Mark(claim.id, claim.attempts, None)]) == []
+    assert engine.mark_succeeded("worker-a", [Mark(claim.id, claim.attempts + 1, None)]) == []
     assert Job.objects.get(pk=job.pk).state == JobState.RUNNING
-    assert engine.mark_succeeded("worker-a", [(claim.id, claim.attempts, '"ok"')]) == [job.pk]
+    assert engine.mark_succeeded("worker-a", [Mark(claim.id, claim.attempts, '"ok"')]) == [job.pk]
     # Once written, the same write does nothing a second time.
-    assert engine.mark_succeeded("worker-a", [(claim.id, claim.attempts, '"ok"')]) == []
+    assert engine.mark_succeeded("worker-a", [Mark(claim.id, claim.attempts, '"ok"')]) == []
     job.refresh_from_db()
     assert (job.state, job.result) == (JobState.SUCCEEDED, "ok")
 
@@ -52,7 +53,7 @@ def test_released_claims_go_back_to_waiting_without_charging_the_attempt():
     job = Echo.dispatch("release")
     [claim] = engine.claim("worker-a", "echo", 1)
 
-    assert engine.release("worker-a", [(claim.id, claim.attempts)]) == [job.pk]
+    assert engine.release("worker-a", [Claim(claim.id, claim.attempts)]) == [job.pk]
 
     job.refresh_from_db()
     assert (job.state, job.attempts, job.started_at) == (JobState.WAITING, 0, None)
@@ -94,7 +95,7 @@ def test_postgres_claim_and_batched_mark_are_prepared_once_per_connection(settin
         for _ in range(3):  # the same statements, run again on the same connection
             claimed = engine.claim("worker-p", "echo", 2)
             assert len(claimed) == 2
-            marks = [(j.id, j.attempts, '"ok"') for j in claimed]
+            marks = [Mark(j.id, j.attempts, '"ok"') for j in claimed]
             assert sorted(engine.mark_succeeded("worker-p", marks)) == sorted(j.id for j in claimed)
         assert engine.claim("worker-p", "echo", 2) == []
 
@@ -129,8 +130,8 @@ def test_postgres_writes_the_success_marks_in_the_claim_statement():
     Echo.dispatch_many([[i] for i in range(5)])
     mine = engine.claim("worker-a", "echo", 2)
     [theirs] = engine.claim("worker-b", "echo", 1)
-    marks = [(j.id, j.attempts, '"ok"') for j in mine]
-    stale = (theirs.id, theirs.attempts, None)  # not worker-a's claim
+    marks = [Mark(j.id, j.attempts, '"ok"') for j in mine]
+    stale = Mark(theirs.id, theirs.attempts, None)  # not worker-a's claim
 
     with CaptureQueriesContext(connection) as captured:
         claimed, written = engine.claim_and_mark("worker-a", "echo", 5, [*marks, stale])
@@ -146,7 +147,7 @@ def test_postgres_writes_the_success_marks_in_the_claim_statement():
 
     after = Position({0: (claimed[-1].next_execution_at, claimed[-1].id)}, 1.0)
     nothing, written = engine.claim_and_mark(
-        "worker-a", "echo", 5, [(j.id, j.attempts, None) for j in claimed], after=after
+        "worker-a", "echo", 5, [Mark(j.id, j.attempts, None) for j in claimed], after=after
     )
     assert nothing == []
     assert sorted(written) == sorted(j.id for j in claimed)

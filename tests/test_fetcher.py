@@ -104,8 +104,7 @@ def test_a_burst_fetcher_claims_hands_out_and_stops_when_nothing_is_left():
     for _ in rows:  # this thread plays the executor
         job = parts.slots.next_job(me, lambda j: None)
         assert job is not None
-        outcome, elapsed_ms = parts.executors.execute(job)
-        parts.slots.finish(me, (job, outcome, elapsed_ms))
+        parts.slots.finish(me, parts.executors.execute(job))
     assert parts.drained.wait(10)
     runner.join(10)
     states = set(Job.objects.values_list("state", flat=True))

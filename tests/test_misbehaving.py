@@ -13,8 +13,8 @@ import time
 import pytest
 from django.db import connection
 
+from django_gator.attempts import Failure
 from django_gator.engines import get_engine
-from django_gator.engines.base import Failure
 from django_gator.models import Job, JobState
 from django_gator.worker.supervisor import WorkerProcess
 from tests.conftest import run_worker, wait_for, worker_output

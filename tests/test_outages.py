@@ -25,7 +25,7 @@ from django.db import DatabaseError, OperationalError, connection, connections
 
 from django_gator.engines.outages import is_outage
 from django_gator.models import Job, JobState
-from django_gator.worker.execution import outage_failure
+from django_gator.worker.policy import outage_failure
 from tests.conftest import ROOT, worker_output
 from tests.factories import claimed_job
 from tests.testapp.jobs import LosesItsConnection

@@ -8,11 +8,12 @@ import pytest
 from django.test import override_settings
 
 from django_gator import Workflow
+from django_gator.attempts import Mark, Success
 from django_gator.engines import get_engine
 from django_gator.exceptions import JobTimeout
 from django_gator.models import Job, JobState, WorkflowStep
 from django_gator.states import StepState
-from django_gator.worker.execution import Success, failure_for
+from django_gator.worker.execution import failure_for
 from django_gator.worker.outcomes import DEFERRED, Outcomes
 from tests.testapp.jobs import Boom, DagStep, Echo
 
@@ -48,7 +49,6 @@ def test_a_plain_success_is_left_for_the_batched_mark(outcomes):
     success = Success('"x"')
 
     assert outcomes.record(claimed, success, 1.0, batch=True) == DEFERRED
-    assert success.batched
     assert Job.objects.get(pk=row.pk).state == JobState.RUNNING  # nothing written yet
 
     outcomes.write_batch([(claimed, success, 1.0)])
@@ -75,7 +75,7 @@ def test_a_write_that_landed_before_its_answer_was_lost_counts_as_written(outcom
     Echo.dispatch("x")
     [claimed] = outcomes.engine.claim(WORKER, "echo", 1)
     # The first try committed, then the connection broke before the worker saw it.
-    assert outcomes.engine.mark_succeeded(WORKER, [(claimed.id, claimed.attempts, None)])
+    assert outcomes.engine.mark_succeeded(WORKER, [Mark(claimed.id, claimed.attempts, None)])
 
     assert outcomes.landed(claimed, "succeeded")
     assert outcomes.record(claimed, Success(None), 1.0, batch=False) == "succeeded"
@@ -222,9 +222,9 @@ def _refuse_batched_step_writes(outcomes: Outcomes, monkeypatch: Any, *writes: s
     monkeypatch.setattr(Outcomes, "write_steps", refuse)
     originals = {name: getattr(outcomes.engine, name) for name in writes}
     ids_of = {  # the job ids each write is about, from its second argument
-        "mark_succeeded_and_insert": lambda done: [done[0]],
-        "mark_failed_and_insert": lambda job_id: [job_id],
-        "release": lambda claims: [claim[0] for claim in claims],
+        "mark_succeeded_and_insert": lambda done: [done.id],
+        "mark_failed_and_insert": lambda claim: [claim.id],
+        "release": lambda claims: [claim.id for claim in claims],
     }
     bad: list[int] = []
     for name in writes:

@@ -13,8 +13,9 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from django_gator.attempts import Claim, Failure, Mark
 from django_gator.engines import get_engine
-from django_gator.engines.base import Failure, LostClaim
+from django_gator.engines.base import LostClaim
 from django_gator.models import Worker
 from tests.testapp.jobs import Noop
 
@@ -32,7 +33,7 @@ def _history() -> list[tuple[int, int]]:
     Noop.dispatch_many([[] for _ in range(HISTORY + 16)])
     for _ in range(HISTORY // 100):
         claimed = engine.claim(WORKER, "default", 100)
-        engine.mark_succeeded(WORKER, [(j.id, j.attempts, None) for j in claimed])
+        engine.mark_succeeded(WORKER, [Mark(j.id, j.attempts, None) for j in claimed])
     running = engine.claim(WORKER, "default", 16)
     assert len(running) == 16
     return [(j.id, j.attempts) for j in running]
@@ -93,13 +94,15 @@ def test_writes_to_known_jobs_find_them_by_primary_key(write):
     cutoff = engine.db_now() + timedelta(seconds=1)  # every worker counts as lapsed
     actions = {
         "mark_succeeded_batch": lambda: engine.mark_succeeded(
-            WORKER, [(i, a, None) for i, a in running]
+            WORKER, [Mark(i, a, None) for i, a in running]
         ),
         "mark_succeeded_one": lambda: engine.mark_succeeded(
-            WORKER, [(first_id, first_attempts, '"r"')]
+            WORKER, [Mark(first_id, first_attempts, '"r"')]
         ),
-        "mark_failed": lambda: engine.mark_failed(WORKER, first_id, first_attempts, _failure()),
-        "release": lambda: engine.release(WORKER, [(first_id, first_attempts)]),
+        "mark_failed": lambda: engine.mark_failed(
+            WORKER, Claim(first_id, first_attempts), _failure()
+        ),
+        "release": lambda: engine.release(WORKER, [Claim(first_id, first_attempts)]),
         "rescue": lambda: engine.rescue(
             LostClaim(first_id, first_attempts, WORKER, 0, False, 0),
             cutoff,
@@ -206,7 +209,7 @@ def test_the_generic_plans_of_the_prepared_statements_use_the_indexes(kind):
     actions = {
         "full": lambda: engine.claim(WORKER, "default", 10),
         "keyset": lambda: engine.claim(WORKER, "default", 10, after=after),
-        "mark": lambda: engine.mark_succeeded(WORKER, [(i, a, None) for i, a in running]),
+        "mark": lambda: engine.mark_succeeded(WORKER, [Mark(i, a, None) for i, a in running]),
     }
     sent: list[tuple[str, list[object]]] = []
 

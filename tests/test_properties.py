@@ -37,9 +37,11 @@ from hypothesis.stateful import (
 )
 
 from django_gator import Queueable
+from django_gator.attempts import Claim as EngineClaim
+from django_gator.attempts import Failure, Mark
 from django_gator.dispatch import enqueue
 from django_gator.engines import get_engine
-from django_gator.engines.base import ClaimedJob, Engine, Failure
+from django_gator.engines.base import ClaimedJob, Engine
 from django_gator.models import FINAL_STATES, READY_STATES, Job, JobState, Worker
 from django_gator.validation import QUEUE_MAX_LENGTH, QUEUE_RE, check_json
 from django_gator.worker.errors import error_entry
@@ -361,7 +363,7 @@ class JobLifecycle(RuleBasedStateMachine):
         expected = {j.id for j in due[:limit]}
 
         jobs, written = self.engine.claim_and_mark(
-            worker, queue, limit, [(c.id, c.attempts, r) for c, r in marks]
+            worker, queue, limit, [Mark(c.id, c.attempts, r) for c, r in marks]
         )
 
         landed, stale = self.succeed(worker, marks)
@@ -395,7 +397,7 @@ class JobLifecycle(RuleBasedStateMachine):
         claims = self.draw_claims(data)
         worker = data.draw(st.sampled_from([claims[0].owner, *WORKERS]), label="worker")
         marks = [(c, data.draw(st.sampled_from([None, f'["r",{c.id}]']))) for c in claims]
-        written = self.engine.mark_succeeded(worker, [(c.id, c.attempts, r) for c, r in marks])
+        written = self.engine.mark_succeeded(worker, [Mark(c.id, c.attempts, r) for c, r in marks])
         landed, stale = self.succeed(worker, marks)
         self.check_written(written, landed, len(marks))
         self.op = Op("succeed", frozenset(landed), frozenset(stale))
@@ -426,7 +428,7 @@ class JobLifecycle(RuleBasedStateMachine):
         )
         lands = self.lands(claim, worker)
 
-        written = self.engine.mark_failed(worker, claim.id, claim.attempts, failure)
+        written = self.engine.mark_failed(worker, EngineClaim(claim.id, claim.attempts), failure)
 
         assert written is lands
         if lands:
@@ -450,7 +452,7 @@ class JobLifecycle(RuleBasedStateMachine):
         worker = data.draw(st.sampled_from([claims[0].owner, *WORKERS]), label="worker")
         landed = {c.id for c in claims if self.lands(c, worker)}
 
-        written = self.engine.release(worker, [(c.id, c.attempts) for c in claims])
+        written = self.engine.release(worker, [EngineClaim(c.id, c.attempts) for c in claims])
 
         assert sorted(written) == sorted(landed)
         for job_id in landed:
@@ -674,9 +676,11 @@ def test_a_write_with_a_stale_or_forged_claim_changes_nothing(
         assert got is not None
         claims.append(Claim(job_id, got.attempts, worker))
         if end == "retry":
-            assert engine.mark_failed(worker, job_id, got.attempts, a_failure(got.attempts, worker))
+            assert engine.mark_failed(
+                worker, EngineClaim(job_id, got.attempts), a_failure(got.attempts, worker)
+            )
         elif end == "release":
-            assert engine.release(worker, [(job_id, got.attempts)]) == [job_id]
+            assert engine.release(worker, [EngineClaim(job_id, got.attempts)]) == [job_id]
         else:  # its worker never beat: lost
             WorkerProcess(install_signal_handlers=False).lifeline.rescue()
     got = engine.claim_by_id(holder, job_id)
@@ -691,14 +695,16 @@ def test_a_write_with_a_stale_or_forged_claim_changes_nothing(
     before = snapshot()
 
     for claim in others:
-        assert engine.mark_succeeded(claim.owner, [(job_id, claim.attempts, '"late"')]) == []
+        assert engine.mark_succeeded(claim.owner, [Mark(job_id, claim.attempts, '"late"')]) == []
         failure = a_failure(claim.attempts, claim.owner, dead=True, retry_in=None)
-        assert engine.mark_failed(claim.owner, job_id, claim.attempts, failure) is False
-        assert engine.release(claim.owner, [(job_id, claim.attempts)]) == []
+        assert (
+            engine.mark_failed(claim.owner, EngineClaim(job_id, claim.attempts), failure) is False
+        )
+        assert engine.release(claim.owner, [EngineClaim(job_id, claim.attempts)]) == []
         assert engine.claim_state(job_id) == ("running", held.attempts, holder)
 
     assert snapshot() == before
-    assert engine.mark_succeeded(holder, [(job_id, held.attempts, None)]) == [job_id]
+    assert engine.mark_succeeded(holder, [Mark(job_id, held.attempts, None)]) == [job_id]
     assert Job.objects.get(pk=job_id).state == JobState.SUCCEEDED
 
 

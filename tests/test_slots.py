@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
+from django_gator.attempts import Success
 from django_gator.engines import ClaimedJob
-from django_gator.worker.execution import Success
 from django_gator.worker.slots import Slots
 from tests.factories import claimed_job
 

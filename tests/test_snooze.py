@@ -16,10 +16,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_gator import Chain, Snooze, signals
+from django_gator.attempts import Claim, Snoozed
 from django_gator.engines import get_engine
 from django_gator.models import Job, JobState
 from django_gator.testing import run_jobs
-from django_gator.worker.execution import Snoozed
 from django_gator.worker.outcomes import Outcomes
 from tests.conftest import run_worker, wait_for, worker_output
 from tests.testapp import jobs
@@ -353,7 +353,7 @@ def test_a_snooze_that_landed_before_its_answer_was_lost_counts_as_written():
     row = SnoozesThenSucceeds.dispatch()
     [claimed] = engine.claim("snooze-test", "snooze", 1)
     # The first try committed, then the connection broke before the worker saw it.
-    assert engine.mark_snoozed("snooze-test", claimed.id, claimed.attempts, 30.0)
+    assert engine.mark_snoozed("snooze-test", Claim.of(claimed), 30.0)
 
     assert outcomes.record(claimed, Snoozed(30.0, Snooze(30)), 1.0, batch=False) == "waiting"
     row.refresh_from_db()

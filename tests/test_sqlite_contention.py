@@ -33,7 +33,7 @@ from django_gator import Queueable, conf
 from django_gator.engines.base import ClaimedJob
 from django_gator.engines.sqlite import ATOMIC_PAUSE_MAX, _lock_after_the_pause
 from django_gator.models import Job, JobState, Worker
-from django_gator.worker.execution import BUSY_ATTEMPTS, decide_retry
+from django_gator.worker.policy import BUSY_ATTEMPTS, decide_retry
 from tests.conftest import ROOT, stop_worker, wait_for, worker_env, worker_output
 from tests.testapp.jobs import AtomicAfterFlag, AtomicHold, Noop, RecordAfterFlag, Sleep
 from tests.testapp.models import Execution

@@ -13,7 +13,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from django_gator.engines.batching import BatchStatements, member_batches
+from django_gator.attempts import Claim, Failure, Mark, batches_of
+from django_gator.engines.batching import BatchStatements
 from django_gator.engines.core import (
     JOB_COLUMNS,
     KEYED_SQL,
@@ -27,7 +28,7 @@ from django_gator.engines.core import (
 from django_gator.engines.gauges import GaugeStatements, QueueGauge
 from django_gator.engines.workers import WorkerStatements
 from django_gator.engines.workflows import WorkflowStatements
-from django_gator.rows import ClaimedJob, Failure, InsertRow, LostClaim
+from django_gator.rows import ClaimedJob, InsertRow, LostClaim
 from django_gator.states import (
     READY_SQL,
     RUNNING_SQL,
@@ -44,7 +45,6 @@ __all__ = [
     "UNKEYED_SQL",
     "ClaimedJob",
     "Engine",
-    "Failure",
     "InsertRow",
     "Listener",
     "LostClaim",
@@ -54,10 +54,6 @@ __all__ = [
     "loads",
     "set_connection_hook",
 ]
-
-
-#: Values of a success mark, (id, attempts, result): a batch member's adds its batch id.
-MARK_WIDTH = 3
 
 
 class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStatements):
@@ -133,12 +129,10 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
             outages=row[17] if len(row) > 17 else 0,
         )
 
-    def mark_succeeded(
-        self, worker_id: str, done: Sequence[tuple[int, int, str | None]]
-    ) -> list[int]:
-        """Mark (id, attempts, result_json) claims succeeded; returns the ids written. A
-        batch member's mark carries its batch id too, and settles the batch with it."""
-        batches = any(len(d) > MARK_WIDTH for d in done)
+    def mark_succeeded(self, worker_id: str, done: Sequence[Mark]) -> list[int]:
+        """Write success marks, each a compare-and-set on its claim; returns the ids
+        written. A batch member's mark carries its batch id, and settles the batch with it."""
+        batches = any(d.batch_id is not None for d in done)
         with self.write_transaction() if batches else self.connection.cursor() as cursor:
             return self._mark_succeeded(cursor, worker_id, done)
 
@@ -152,23 +146,23 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
         self,
         cursor: Any,
         worker_id: str,
-        done: Sequence[tuple[int, int, str | None]],
+        done: Sequence[Mark],
         inserted: list[int] | None = None,
     ) -> list[int]:
         """One UPDATE for the whole batch, each row matched on its claim."""
-        ids = [d[0] for d in done]
+        ids = [d.id for d in done]
         params: list[Any] = []
         attempts_case = "CASE id " + " ".join("WHEN %s THEN %s" for _ in done) + " END"
-        for job_id, attempts, *_ in done:
-            params += [job_id, attempts]
-        if any(d[2] is not None for d in done):
-            with_result = [d for d in done if d[2] is not None]
+        for d in done:
+            params += [d.id, d.attempts]
+        with_result = [d for d in done if d.result is not None]
+        if with_result:
             result_sql = (
                 "CASE id "
                 + " ".join(f"WHEN %s THEN {self.json_param}" for _ in with_result)
                 + " ELSE NULL END"
             )
-            result_params = [v for d in with_result for v in (d[0], d[2])]
+            result_params = [v for d in with_result for v in (d.id, d.result)]
         else:
             result_sql, result_params = "NULL", []
         sql = (
@@ -184,7 +178,7 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
             cursor.execute(sql, all_params)
             # No RETURNING: all or, rarely, some; the caller checks any id not listed.
             written = ids if cursor.rowcount == len(ids) else []
-        self.settle_batches(cursor, member_batches(done, MARK_WIDTH), inserted)
+        self.settle_batches(cursor, batches_of(done), inserted)
         return written
 
     def claim_and_mark(
@@ -192,7 +186,7 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
         worker_id: str,
         queue: str,
         limit: int,
-        succeeded: Sequence[tuple[int, int, str | None]],
+        succeeded: Sequence[Mark],
         after: Position | None = None,
     ) -> tuple[list[ClaimedJob], list[int]]:
         """Write success marks and claim new jobs; with :attr:`mark_in_claim_transaction`
@@ -214,7 +208,7 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
     def mark_succeeded_and_insert(
         self,
         worker_id: str,
-        done: tuple[int, int, str | None],
+        done: Mark,
         rows: Sequence[InsertRow],
         inserted: list[int] | None = None,
     ) -> bool:
@@ -231,17 +225,16 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
     def mark_failed_and_insert(
         self,
         worker_id: str,
-        job_id: int,
-        attempts: int,
+        claim: Claim,
         failure: Failure,
         rows: Sequence[InsertRow],
         inserted: list[int] | None = None,
-        batch_id: int | None = None,
     ) -> bool:
         """mark_failed(), plus ``rows`` (a chain's error handler) in the same transaction;
         their ids are added to ``inserted``. A batch member's batch is settled with it."""
+        batch_id = claim.batch_id
         with self.write_transaction() as cursor:
-            written = self.mark_failed(worker_id, job_id, attempts, failure)
+            written = self.mark_failed(worker_id, claim, failure)
             if written and rows:
                 ids = self.insert_jobs(rows, notify={row.queue for row in rows})
                 if inserted is not None:
@@ -264,7 +257,9 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
             cursor.execute(f"SELECT {JOB_COLUMNS} FROM {self.job_table} WHERE id = %s", [job_id])
             return self.claimed(cursor.fetchone())
 
-    def mark_failed(self, worker_id: str, job_id: int, attempts: int, failure: Failure) -> bool:
+    def mark_failed(self, worker_id: str, claim: Claim, failure: Failure) -> bool:
+        """Write ``failure`` on ``claim`` (a compare-and-set); False if the claim was lost.
+        Its batch is not settled here: mark_failed_and_insert() does, in its transaction."""
         # A job whose cancellation was asked for ends cancelled, whatever its retry policy.
         sql = (
             f"UPDATE {self.cas_table} SET "
@@ -290,27 +285,20 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
             1 if failure.outage else 0,
             1 if failure.handback else 0,
             1 if failure.uncharged else 0,
-            job_id,
-            attempts,
+            claim.id,
+            claim.attempts,
             worker_id,
         ]
         with self.connection.cursor() as cursor:
             cursor.execute(sql, params)
             return bool(cursor.rowcount == 1)
 
-    def mark_snoozed(
-        self,
-        worker_id: str,
-        job_id: int,
-        attempts: int,
-        seconds: float,
-        batch_id: int | None = None,
-    ) -> bool:
+    def mark_snoozed(self, worker_id: str, claim: Claim, seconds: float) -> bool:
         """The claimed job raised Snooze: back to ``waiting``, due ``seconds`` from now
         (database time), its attempt given back and its ``snoozes`` counted; errors,
         ``last_error``, queue and retry state untouched. A job whose cancellation was asked
-        for ends ``cancelled`` instead (not counted as a snooze). False if the claim was
-        lost."""
+        for ends ``cancelled`` instead (not counted as a snooze), and a batch member's
+        batch is settled. False if the claim was lost."""
         sql = (
             f"UPDATE {self.cas_table} SET "
             f"next_execution_at = CASE WHEN cancel_requested THEN next_execution_at "
@@ -322,17 +310,18 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
             "attempts = attempts - 1 "
             f"WHERE {self.claim_match}"
         )
+        batch_id = claim.batch_id
         with self.write_transaction() if batch_id else self.connection.cursor() as cursor:
-            cursor.execute(sql, [seconds, job_id, attempts, worker_id])
+            cursor.execute(sql, [seconds, claim.id, claim.attempts, worker_id])
             written = bool(cursor.rowcount == 1)
             if written and batch_id is not None:
                 self.settle_batches(cursor, [batch_id])  # cancelled, if it was asked for
             return written
 
     def release(
-        self, worker_id: str, claims: Sequence[tuple[int, ...]], *, handback: bool = False
+        self, worker_id: str, claims: Sequence[Claim], *, handback: bool = False
     ) -> list[int]:
-        """Give (id, attempts) claims back to ``waiting`` without charging the attempt
+        """Give claims back to ``waiting`` without charging the attempt
         (``cancelled`` if a cancellation was asked for); returns the ids written. A batch
         member's claim carries its batch id too. ``handback``: the jobs were running when
         their worker stopped, and each row's ``handbacks`` goes up by one in the same
@@ -351,15 +340,15 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
         )
         counted = 1 if handback else 0
         with self.write_transaction() as cursor:
-            for job_id, attempts, *_ in claims:
-                cursor.execute(sql, [counted, job_id, attempts, worker_id])
+            for claim in claims:
+                cursor.execute(sql, [counted, claim.id, claim.attempts, worker_id])
                 if cursor.rowcount == 1:
-                    written.append(job_id)
-            self.settle_batches(cursor, member_batches(claims, 2))
+                    written.append(claim.id)
+            self.settle_batches(cursor, batches_of(claims))
         return written
 
-    def running_claims(self, worker_id: str) -> list[tuple[int, int]]:
-        """(id, attempts) of every job ``worker_id`` holds in ``running``. After a claim
+    def running_claims(self, worker_id: str) -> list[Claim]:
+        """The claim of every job ``worker_id`` holds in ``running`` (no batch id). After a claim
         whose answer was lost, the worker compares this with what it knows it holds."""
         with self.connection.cursor() as cursor:
             cursor.execute(
@@ -367,7 +356,7 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
                 f"WHERE reserved_by = %s AND {RUNNING_SQL}",
                 [worker_id],
             )
-            return [(row[0], row[1]) for row in cursor.fetchall()]
+            return [Claim(row[0], row[1]) for row in cursor.fetchall()]
 
     def claim_state(self, job_id: int) -> tuple[str, int, str | None] | None:
         """(state, attempts, reserved_by) of a row, to explain a compare-and-set that missed."""

@@ -29,7 +29,7 @@ success marks settle each batch once for the whole batch of marks.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection
 from typing import Any
 
 from django.db import connections
@@ -53,13 +53,6 @@ _COLUMNS = (
     "closed, generation, completed_generation, success_dispatched, dead_dispatched, "
     "on_success, on_complete, on_dead"
 )
-
-
-def member_batches(items: Iterable[Sequence[Any]], width: int) -> list[int]:
-    """The batch ids carried by outcome items of ``width`` values (a success mark ``(id,
-    attempts, result)``, a claim ``(id, attempts)``), to which the job's batch id is
-    appended when it has one."""
-    return sorted({item[width] for item in items if len(item) > width})
 
 
 class BatchStatements(DispatchStatements):

@@ -26,7 +26,8 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, cast
 
-from django_gator.engines.base import MARK_WIDTH, ClaimedJob, Engine
+from django_gator.attempts import Mark
+from django_gator.engines.base import ClaimedJob, Engine
 from django_gator.engines.flow_postgresql import ClassRow, OneTripClaim, Request, usable
 from django_gator.engines.flow_walk import (
     KEYSET_LOOKBACK,
@@ -126,7 +127,7 @@ class FlowClaims(FlowWalk):
         *,
         keyed: bool = True,
         limited: bool = True,
-        marks: Sequence[tuple[int, int, str | None]] = (),
+        marks: Sequence[Mark] = (),
     ) -> tuple[list[ClaimedJob], list[int]]:
         """Claim up to ``limit`` jobs of ``queue`` within every limit (see the module
         docstring), writing the success ``marks`` first in the same transaction (their
@@ -152,7 +153,7 @@ class FlowClaims(FlowWalk):
         limit: int,
         policy: Policy,
         kinds: tuple[bool, ...],
-        marks: Sequence[tuple[int, int, str | None]],
+        marks: Sequence[Mark],
     ) -> tuple[list[ClaimedJob], list[int]]:
         """PostgreSQL: the claim in one round trip (engines/flow_postgresql.py); when its
         chunk was too full of rows that did not fit, the walk goes on a statement at a time
@@ -165,7 +166,7 @@ class FlowClaims(FlowWalk):
         assert self.one_trip is not None
         pending = list(marks)
         written: list[int] = []
-        if any(len(mark) > MARK_WIDTH for mark in pending):
+        if any(mark.batch_id is not None for mark in pending):
             # A batch member's mark settles its batch in its transaction: written first.
             written = self.engine.mark_succeeded(worker_id, pending)
             pending = []

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from django_gator.attempts import Mark
 from django_gator.engines.base import JOB_COLUMNS, KEYED_SQL, UNKEYED_SQL, ClaimedJob
 from django_gator.models import FlowStart
 from django_gator.states import READY_SQL, RUNNING_SQL, claim_set_sql
@@ -149,7 +150,7 @@ class OneTripClaim:
         self.lookback = lookback
         self.ledger_table = engine.connection.ops.quote_name(FlowStart._meta.db_table)
 
-    def claim(self, request: Request, marks: Sequence[tuple[int, int, str | None]] = ()) -> Trip:
+    def claim(self, request: Request, marks: Sequence[Mark] = ()) -> Trip:
         """Make the claim of ``request``, writing the success ``marks`` first (see the
         module docstring)."""
         lock, claim = _Sql(), _Sql()
@@ -186,7 +187,7 @@ class OneTripClaim:
         statement: _Sql,
         worker_id: str,
         queue: str,
-        marks: Sequence[tuple[int, int, str | None]],
+        marks: Sequence[Mark],
     ) -> None:
         """The first statement: the marks, then the lock; answers the ids marked."""
         lock = f"SELECT name FROM {self.engine.queue_table} WHERE name = %s FOR UPDATE"

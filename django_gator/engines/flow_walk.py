@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
+from django_gator.attempts import Mark
 from django_gator.engines.base import JOB_COLUMNS, KEYED_SQL, UNKEYED_SQL, ClaimedJob, Engine
 from django_gator.engines.flow_postgresql import Floor
 from django_gator.limits import Rate, parse_rate
@@ -121,7 +122,7 @@ class FlowWalk:
         limit: int,
         policy: Policy,
         keyed: bool,
-        marks: Sequence[tuple[int, int, str | None]],
+        marks: Sequence[Mark],
     ) -> tuple[list[ClaimedJob], list[int]]:
         """The claim of the module docstring, a statement at a time."""
         for _ in range(2):
@@ -143,7 +144,7 @@ class FlowWalk:
         limit: int,
         policy: Policy,
         keyed: bool,
-        marks: Sequence[tuple[int, int, str | None]],
+        marks: Sequence[Mark],
     ) -> tuple[list[ClaimedJob], list[int]] | None:
         """One claim's transaction; None if the queue has no row to lock."""
         engine = self.engine

@@ -2,7 +2,7 @@
 
 A job whose own queries meet a restarting server, a failover or a killed connection did
 nothing wrong: its attempt is retried once the database is back, without charging its
-retry budget (:func:`django_gator.worker.execution.outage_failure`). This module only tells
+retry budget (:func:`django_gator.worker.policy.outage_failure`). This module only tells
 those errors apart, for every driver the engines support, by what the driver attaches to
 its exceptions (PostgreSQL's SQLSTATE, MySQL's error number); it imports no driver.
 

@@ -14,16 +14,15 @@ import psycopg
 from django.db import transaction
 
 from django_gator import conf
+from django_gator.attempts import Mark, batches_of
 from django_gator.engines.base import (
     JOB_COLUMNS,
-    MARK_WIDTH,
     UNKEYED_SQL,
     ClaimedJob,
     Engine,
     InsertRow,
     Listener,
     Position,
-    member_batches,
 )
 from django_gator.engines.dispatching import answered
 from django_gator.rows import Inserted, JobRows
@@ -468,7 +467,7 @@ class PostgresEngine(Engine):
         worker_id: str,
         queue: str,
         limit: int,
-        succeeded: Sequence[tuple[int, int, str | None]],
+        succeeded: Sequence[Mark],
         after: Position | None = None,
     ) -> tuple[list[ClaimedJob], list[int]]:
         """The success marks and the claim in one statement: one round trip and one commit
@@ -476,7 +475,7 @@ class PostgresEngine(Engine):
         ones of this worker, the claim waiting ones), each with its own compare-and-set or
         lock, so one statement changes nothing of what each does. Marks of batch members
         settle their batches in the mark's transaction: those go the two-statement way."""
-        if not succeeded or not limit or member_batches(succeeded, MARK_WIDTH):
+        if not succeeded or not limit or batches_of(succeeded):
             return super().claim_and_mark(worker_id, queue, limit, succeeded, after)
         picked, params = self._picked(queue, limit, after)
         marks, marks_params = self.marks_sql(worker_id, succeeded)
@@ -604,23 +603,19 @@ class PostgresEngine(Engine):
             cursor.execute(sql, [list(known)])
             return [row[0] for row in cursor.fetchall()]
 
-    def mark_succeeded(
-        self, worker_id: str, done: Sequence[tuple[int, int, str | None]]
-    ) -> list[int]:
+    def mark_succeeded(self, worker_id: str, done: Sequence[Mark]) -> list[int]:
         if len(done) == 1:
             return super().mark_succeeded(worker_id, done)
         sql, params = self.marks_sql(worker_id, done)
-        batches = member_batches(done, MARK_WIDTH)
+        batches = batches_of(done)
         with self.write_transaction() if batches else self.prepared_cursor() as cursor:
             cursor.execute(sql, params)
             written = [row[0] for row in cursor.fetchall()]
             self.settle_batches(cursor, batches)
             return written
 
-    def marks_sql(
-        self, worker_id: str, done: Sequence[tuple[int, int, str | None]]
-    ) -> tuple[str, list[Any]]:
-        """One UPDATE of (id, attempts, result JSON) success marks, each row found by its
+    def marks_sql(self, worker_id: str, done: Sequence[Mark]) -> tuple[str, list[Any]]:
+        """One UPDATE of success marks, each row found by its
         primary key (see guard()) and matched on its claim; returns the ids written. The
         batches of batch members are not settled here (see mark_succeeded)."""
         sql = (
@@ -631,9 +626,9 @@ class PostgresEngine(Engine):
             "AND j.reserved_by = %s THEN true END RETURNING j.id"
         )
         params: list[Any] = [
-            [d[0] for d in done],
-            [d[1] for d in done],
-            [d[2] for d in done],
+            [d.id for d in done],
+            [d.attempts for d in done],
+            [d.result for d in done],
             worker_id,
         ]
         return sql, params

@@ -49,6 +49,7 @@ from asgiref.sync import (
 from django.db import close_old_connections
 
 from django_gator import conf, signals
+from django_gator.attempts import Outcome, Success
 from django_gator.engines import ClaimedJob
 from django_gator.exceptions import (
     JobNotRegistered,
@@ -58,17 +59,15 @@ from django_gator.exceptions import (
 from django_gator.queueable import Queueable, effective_timeout, get_job_class
 from django_gator.worker.execution import (
     BadRow,
-    Outcome,
-    Success,
-    _failure,
-    _result_json,
+    dead_failure,
     finished,
     instance_for,
     raised_outcome,
+    result_json,
     unknown_name_failure,
 )
 from django_gator.worker.hygiene import ConnectionWatch
-from django_gator.worker.outcomes import Outcomes
+from django_gator.worker.outcomes import DEFERRED, Outcomes
 from django_gator.worker.slots import Finished, Slots
 
 logger = logging.getLogger("django_gator.worker")
@@ -240,11 +239,11 @@ async def arun_claimed(job: ClaimedJob, worker_id: str, orm: OrmThread) -> Outco
         if signals.job_started.has_listeners(job_class):
             await sync_to_async(signals.send)(signals.job_started, job_class, job=instance)
         result = await _within_timeout(instance)
-        outcome = Success(_result_json(job, result))
+        outcome = Success(result_json(job, result))
     except JobNotRegistered as exc:
         return unknown_name_failure(job, worker_id, exc)
     except BadRow as exc:
-        return _failure(job, worker_id, exc, None, force_dead=True)
+        return dead_failure(job, worker_id, exc)
     except asyncio.CancelledError as exc:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
@@ -358,7 +357,7 @@ class AsyncRunner:
         try:
             outcome = await arun_claimed(job, self.outcomes.worker_id, self.orm)
             elapsed_ms = (time.perf_counter() - started) * 1000
-            await self._write(self.outcomes.record, job, outcome, elapsed_ms, batch=True)
+            state = await self._write(self.outcomes.record, job, outcome, elapsed_ms, batch=True)
         except asyncio.CancelledError:
             return  # a forced stop: the worker gives the job back
         except BaseException as exc:
@@ -369,8 +368,10 @@ class AsyncRunner:
                 logger.exception("Could not record the failure of job id=%s", job.id)
             self._finish(job, None)
             return
-        batched = isinstance(outcome, Success) and outcome.batched
-        self._finish(job, (job, outcome, elapsed_ms) if batched else None)  # type: ignore[arg-type]
+        if state == DEFERRED and isinstance(outcome, Success):
+            self._finish(job, (job, outcome, elapsed_ms))
+        else:
+            self._finish(job, None)
 
     def _finish(self, job: ClaimedJob, finished: Finished | None) -> None:
         """Hand the job back to the slots; start the async job that waited for its slot."""

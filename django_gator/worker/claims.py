@@ -53,9 +53,10 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
+from django_gator.attempts import Mark
 from django_gator.engines import ClaimedJob
 from django_gator.engines.base import Engine, Position
-from django_gator.worker.flow import FlowRouter, Mark
+from django_gator.worker.flow import FlowRouter
 from django_gator.worker.queues import QueueSpec, weighted_order
 
 #: How long the all-queues mode trusts its list of queues with ready work.

@@ -3,24 +3,20 @@ the caller writes the outcome with a compare-and-set on its claim."""
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import json
 import logging
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from asgiref.sync import async_to_sync, iscoroutinefunction, sync_to_async
 from django.db import transaction
 
-from django_gator import conf, retry, signals, tracing
-from django_gator.engines.base import ClaimedJob, Failure
-from django_gator.engines.outages import is_outage
-from django_gator.engines.sqlite import is_busy
+from django_gator import conf, signals, tracing
+from django_gator.attempts import Failure, Outcome, Snoozed, Success
 from django_gator.exceptions import (
     GatorError,
     JobCancelled,
@@ -31,6 +27,7 @@ from django_gator.exceptions import (
 )
 from django_gator.logutil import safe
 from django_gator.queueable import Queueable, effective_timeout, get_job_class
+from django_gator.rows import ClaimedJob
 from django_gator.states import JobState
 from django_gator.validation import check_json
 from django_gator.worker.errors import (
@@ -40,6 +37,7 @@ from django_gator.worker.errors import (
     qualified_name,
 )
 from django_gator.worker.hygiene import ConnectionWatch
+from django_gator.worker.policy import decide_retry, outage_failure
 
 logger = logging.getLogger("django_gator.worker")
 
@@ -47,28 +45,6 @@ logger = logging.getLogger("django_gator.worker")
 class BadRow(GatorError):
     """A row that cannot be turned into a call: its args are not a list, its kwargs not an
     object. Retrying cannot fix it, so the job goes straight to ``dead``."""
-
-
-@dataclass(slots=True)
-class Success:
-    result: str | None  # JSON, or None for a None / non-JSON return value
-    batched: bool = False  # left for the fetcher to write with other successes
-    # Atomic jobs: True if the success mark committed with handle()'s transaction, False if
-    # the claim was lost and the transaction rolled back; None for other jobs.
-    written: bool | None = None
-
-
-@dataclass(slots=True)
-class Snoozed:
-    """handle() raised :class:`~django_gator.exceptions.Snooze`: the job goes back to
-    ``waiting``, due ``seconds`` from now, its attempt given back, no error recorded."""
-
-    seconds: float
-    exception: Snooze
-
-
-#: Every outcome of an attempt that run_claimed() decides.
-Outcome = Success | Failure | Snoozed
 
 
 class ClaimLost(GatorError):
@@ -155,10 +131,8 @@ def _run_claimed(
     """
     instance: Queueable | None = None
     started = time.perf_counter()
-    result_json: str | None = None
-    watcher = None
-    if watch:
-        watcher = ConnectionWatch(None if watch is True else watch)
+    result: str | None = None
+    watcher = ConnectionWatch(None if watch is True else watch) if watch else None
     raised: BaseException | None = None
     outcome: Outcome
     try:
@@ -168,42 +142,48 @@ def _run_claimed(
             signals.send(signals.job_started, job_class, job=instance)
             if job_class.atomic and commit is not None:
                 with atomic() if atomic else transaction.atomic(using=conf.database()):
-                    result_json = _result_json(job, call_handle(instance))
-                    if not commit(result_json):
+                    result = result_json(job, call_handle(instance))
+                    if not commit(result):
                         raise ClaimLost(f"job {job.id} is no longer claimed by {worker_id}")
-                outcome = Success(result_json, written=True)
+                outcome = Success(result, written=True)
             else:
-                outcome = Success(_result_json(job, call_handle(instance)))
+                outcome = Success(result_json(job, call_handle(instance)))
     except ClaimLost:
-        outcome = Success(result_json, written=False)
+        outcome = Success(result, written=False)
     except JobNotRegistered as exc:
         return unknown_name_failure(job, worker_id, exc)
     except BadRow as exc:
-        return _failure(job, worker_id, exc, None, force_dead=True)
+        return dead_failure(job, worker_id, exc)
     except BaseException as exc:
         raised = exc
     leftovers = watcher.clean() if watcher is not None else []
     if leftovers:
+        error = left_open(job, leftovers)
         # An atomic job's outcome is settled: its success mark committed (or found the
         # claim lost) inside handle()'s transaction, before the stray one was opened.
-        settled = raised is None and isinstance(outcome, Success) and outcome.written is not None
-        logger.warning(
-            "Job left %s; rolled back and reconnected id=%s name=%s attempt=%s",
-            " and ".join(leftovers),
-            job.id,
-            safe(job.name),
-            job.attempts,
-        )
-        if raised is None and not settled:
-            raised = TransactionLeftOpen(
-                f"handle() returned with {' and '.join(leftovers)}; its uncommitted writes "
-                "were rolled back. Commit with transaction.atomic() instead of a raw BEGIN, "
-                "and end every transaction the job starts."
-            )
+        if raised is None and isinstance(outcome, Success) and outcome.written is None:
+            raised = error
     if raised is not None:
         outcome = raised_outcome(job, worker_id, raised, instance)
     finished(instance, outcome, time.perf_counter() - started)
     return outcome
+
+
+def left_open(job: ClaimedJob, leftovers: Sequence[str]) -> TransactionLeftOpen:
+    """Log what ``job`` left open on its connections (rolled back and reconnected by the
+    watch); the error its attempt fails with, unless its outcome was settled already."""
+    logger.warning(
+        "Job left %s; rolled back and reconnected id=%s name=%s attempt=%s",
+        " and ".join(leftovers),
+        job.id,
+        safe(job.name),
+        job.attempts,
+    )
+    return TransactionLeftOpen(
+        f"handle() returned with {' and '.join(leftovers)}; its uncommitted writes "
+        "were rolled back. Commit with transaction.atomic() instead of a raw BEGIN, "
+        "and end every transaction the job starts."
+    )
 
 
 def raised_outcome(
@@ -256,12 +236,14 @@ def finished(instance: Queueable | None, outcome: Outcome, duration: float) -> N
 
 def outcome_state(outcome: Failure, instance: Queueable | None) -> str:
     """The state a failure will write (cancellation asked for wins over a retry)."""
-    if outcome.cancelled or (instance is not None and instance._cancel_seen):
+    if instance is not None and instance._cancel_seen:
         return JobState.CANCELLED.value
-    return (JobState.DEAD if outcome.dead else JobState.FAILED).value
+    return outcome.state
 
 
-def _result_json(job: ClaimedJob, result: Any) -> str | None:
+def result_json(job: ClaimedJob, result: Any) -> str | None:
+    """What handle() returned, as the JSON stored in the row's ``result``; None for None
+    or a value JSON cannot hold (logged)."""
     if result is None:
         return None
     try:
@@ -272,6 +254,12 @@ def _result_json(job: ClaimedJob, result: Any) -> str | None:
         )
         return None
     return json.dumps(result, separators=(",", ":"), ensure_ascii=False)
+
+
+def dead_failure(job: ClaimedJob, worker_id: str, exc: BaseException) -> Failure:
+    """The outcome of an attempt that retrying cannot fix (a bad row; a job class no
+    longer registered when its timeout or hand-back is written): ``dead``."""
+    return _failure(job, worker_id, exc, None, force_dead=True)
 
 
 def _failure(
@@ -291,8 +279,6 @@ def _failure(
     dead, delay, queue = True, None, job.queue
     if not force_dead and not cancelled and instance is not None:
         dead, delay, queue = decide_retry(instance, exc, job)
-    # Milliseconds: SQLite reads the delay back from its decimal text.
-    retry_in = None if dead or cancelled else round(float(delay or 0), 3)
     if instance is not None and not cancelled:
         try:
             instance.on_error(exc)
@@ -303,108 +289,12 @@ def _failure(
                 safe(job.name),
                 loggable_traceback(job, hook_exc),
             )
-    return Failure(
-        dead=dead and not cancelled,
-        retry_in=retry_in,
-        queue=queue,
-        error=error,
-        last_error=summary,
-        cancelled=cancelled,
-        exception=exc,
-    )
-
-
-#: The wait before retrying a job whose attempt an outage cut short: it doubles with each
-#: outage the job met, from OUTAGE_FIRST_WAIT up to OUTAGE_MAX_WAIT seconds. The failure is
-#: only written once the database answers again, so the first retry comes soon after.
-OUTAGE_FIRST_WAIT = 1.0
-OUTAGE_MAX_WAIT = 60.0
-
-
-def outage_failure(job: ClaimedJob, worker_id: str, exc: BaseException) -> Failure | None:
-    """The outcome of an attempt that failed because the database went away under the job
-    (a restart, a failover, a killed connection: :func:`~django_gator.engines.outages.
-    is_outage`), or None if ``exc`` is no such error or the job has met
-    ``GATOR_OUTAGE_RETRIES`` of them already.
-
-    An outage is not the job's fault, so the attempt is given back (the job's retry budget
-    and ``retry_decision()`` are untouched, ``on_error()`` is not called) and the job is
-    tried again once the database is back; the error stays in its history, marked as an
-    outage, and the row counts it in ``outages``. Past the bound the failure is an
-    ordinary one, which the job's own policy decides (a database that drops every attempt
-    of one job is not a passing outage)."""
-    limit = conf.outage_retries()
-    if job.outages >= limit or not is_outage(exc):
-        return None
-    wait = min(OUTAGE_FIRST_WAIT * 2**job.outages, OUTAGE_MAX_WAIT)
-    note = (
-        f"the database connection was lost: retried without charging an attempt "
-        f"(outage {job.outages + 1} of {limit})"
-    )
-    error, summary = error_entry(
-        exc, attempt=job.attempts, worker_id=worker_id, extra={"outage": True}, note=note
-    )
-    return Failure(
-        dead=False,
-        retry_in=round(wait, 3),
-        queue=job.queue,
-        error=error,
-        last_error=summary,
-        exception=exc,
-        uncharged=True,
-        outage=True,
-    )
-
-
-#: Attempts in all that a job failing on SQLite's "database is locked" gets (the wait
-#: before each retry doubles from 1 s up to BUSY_MAX_WAIT); after that its policy applies.
-BUSY_ATTEMPTS = 10
-BUSY_MAX_WAIT = 60.0
-
-
-def decide_retry(
-    instance: Queueable, exc: BaseException, job: ClaimedJob
-) -> tuple[bool, float | None, str]:
-    """(dead?, seconds to wait, queue of the retry) after ``exc`` on ``job``.
-
-    A failure on SQLite's "database is locked" is retried (see BUSY_ATTEMPTS) unless
-    ``retry_decision()`` decides otherwise; every other one as the job's class says."""
-    policy = type(instance).retry
-    retry_count = max(job.attempts - 1, 0)
-    try:
-        decision = instance.retry_decision(exc, retry_count)
-    except Exception as hook_exc:
-        logger.error(
-            "retry_decision() raised; applying the class policy id=%s name=%s traceback=%s",
-            job.id,
-            safe(job.name),
-            loggable_traceback(job, hook_exc),
-        )
-        decision = None
-    queue = policy.queue if policy is not None and policy.queue else job.queue
-    if decision is None and job.attempts < BUSY_ATTEMPTS and is_busy(exc):
-        # SQLite's write lock stayed busy beyond the busy timeout: another writer's doing,
-        # not the job's, so it is tried again soon, whatever its retry policy.
-        return False, min(2.0**retry_count, BUSY_MAX_WAIT), queue
-    if decision is False:
-        return True, None, queue
-    if policy is not None and not policy.allows(retry_count):
-        return True, None, queue
-    if decision is None or decision is True:
-        if policy is None:
-            return True, None, queue
-        return False, policy.delay(retry_count), queue
-    try:
-        return False, retry.delay_for(decision, retry_count), queue
-    except ValueError:
-        logger.error(
-            "retry_decision() returned %s, not seconds, 'exponential' or False; the job goes "
-            "dead id=%s name=%s",
-            safe(decision),
-            job.id,
-            safe(job.name),
-        )
-        return True, None, queue
+    if cancelled:
+        return Failure.cancel(queue, error, summary, exception=exc)
+    if dead:
+        return Failure.discard(queue, error, summary, exception=exc)
+    # Milliseconds: SQLite reads the delay back from its decimal text.
+    return Failure.retry(queue, error, summary, after=round(float(delay or 0), 3), exception=exc)
 
 
 #: Shortest and longest wait between two tries of a job whose name is unknown.
@@ -425,7 +315,7 @@ def unknown_name_failure(job: ClaimedJob, worker_id: str, exc: JobNotRegistered)
     age = _age_seconds(job.created_at)
     if age is None or age >= window:
         error, summary = error_entry(exc, attempt=job.attempts, worker_id=worker_id, tb="")
-        return Failure(dead=True, retry_in=None, queue=job.queue, error=error, last_error=summary)
+        return Failure.discard(job.queue, error, summary)
     # The wait grows with the job's age (5, 5, 10, 20, 40, 60, 60 ... s), and the last one
     # ends at the window's end.
     wait = min(max(UNKNOWN_NAME_FIRST_WAIT, age), UNKNOWN_NAME_MAX_WAIT, window - age)
@@ -437,14 +327,7 @@ def unknown_name_failure(job: ClaimedJob, worker_id: str, exc: JobNotRegistered)
         f"waiting {wait:.0f} s for a worker that knows it, dead after {window - age:.0f} s"
     )
     error, summary = error_entry(cause, attempt=job.attempts, worker_id=worker_id, tb="")
-    return Failure(
-        dead=False,
-        retry_in=round(wait, 3),
-        queue=job.queue,
-        error=error,
-        last_error=summary,
-        uncharged=True,
-    )
+    return Failure.give_back(job.queue, error, summary, after=round(wait, 3))
 
 
 class UnknownJobName(GatorError):
@@ -477,7 +360,7 @@ def unstorable_failure(
         f"{exception_text(error)[0][:300]}); it began: {original[:300]}"
     )
     entry, summary = error_entry(exc, attempt=attempt, worker_id=worker, tb="")
-    return dataclasses.replace(failure, error=entry, last_error=summary)
+    return failure.with_error(entry, summary)
 
 
 class UnstorableError(GatorError):
@@ -493,7 +376,7 @@ def failure_for(
     try:
         job_class = get_job_class(job.name)
     except JobNotRegistered:
-        return _failure(job, worker_id, exc, None, force_dead=True)
+        return dead_failure(job, worker_id, exc)
     instance = job_class(
         job_id=job.id, attempt=job.attempts, queue=job.queue, args=job.args, kwargs=job.kwargs
     )

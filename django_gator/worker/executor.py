@@ -24,13 +24,14 @@ from collections.abc import Callable
 
 from django.db import connections
 
+from django_gator.attempts import Success
 from django_gator.engines import ClaimedJob
 from django_gator.engines.base import Engine
 from django_gator.exceptions import JobNotRegistered, JobTimeout
 from django_gator.queueable import effective_timeout, get_job_class
-from django_gator.worker.execution import Outcome, Success, run_claimed
+from django_gator.worker.execution import run_claimed
 from django_gator.worker.hygiene import after_job, before_job
-from django_gator.worker.outcomes import Outcomes
+from django_gator.worker.outcomes import DEFERRED, Outcomes
 from django_gator.worker.slots import Finished, Slots
 
 logger = logging.getLogger("django_gator.worker")
@@ -67,9 +68,7 @@ class Executors:
                 return
             finished: Finished | None = None
             try:
-                outcome, elapsed_ms = self.execute(job)
-                if isinstance(outcome, Success) and outcome.batched:
-                    finished = (job, outcome, elapsed_ms)
+                finished = self.execute(job)
             except BaseException as exc:
                 logger.exception("Executor error id=%s", job.id)
                 if self.slots.still_running(me):  # else the watchdog writes its outcome
@@ -77,9 +76,9 @@ class Executors:
             if not self.slots.finish(me, finished):
                 return  # timed out: a fresh thread has this slot; this one retires
 
-    def execute(self, job: ClaimedJob) -> tuple[Outcome, float]:
-        """Run the job and record its outcome (a plain success is returned ``batched``,
-        for the fetcher to write)."""
+    def execute(self, job: ClaimedJob) -> Finished | None:
+        """Run the job and record its outcome; a plain success is returned, for the
+        fetcher to write with others."""
         thread_connections = connections.all()
         before_job(thread_connections)
         started = time.perf_counter()
@@ -98,9 +97,11 @@ class Executors:
         if not self.slots.still_running(threading.current_thread()):
             # The watchdog took this job over and writes its JobTimeout outcome; whatever
             # this thread ended with (often the JobTimeout raised into it) is not written.
-            return outcome, elapsed_ms
-        self.outcomes.record(job, outcome, elapsed_ms, batch=True)
-        return outcome, elapsed_ms
+            return None
+        if self.outcomes.record(job, outcome, elapsed_ms, batch=True) != DEFERRED:
+            return None
+        assert isinstance(outcome, Success)
+        return job, outcome, elapsed_ms
 
     # -- the watchdog (on the fetcher thread) ----------------------------------------------
     def watchdog_wait_locked(self, poll_interval: float) -> float:

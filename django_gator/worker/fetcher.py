@@ -250,10 +250,10 @@ class Fetcher:
         ``waiting`` with its attempt uncharged, as the job never started."""
         held = self.engine.running_claims(self.worker_id)
         known = self.slots.held_ids() | {job.id for job, _, _ in unmarked}
-        orphans = [(job_id, attempts) for job_id, attempts in held if job_id not in known]
+        orphans = [claim for claim in held if claim.id not in known]
         if orphans:
             released = self.engine.with_steps(  # a cancelled orphan may be a workflow step
-                [job_id for job_id, _ in orphans],
+                [claim.id for claim in orphans],
                 None,
                 functools.partial(self.engine.release, self.worker_id, orphans),
             )

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 
 from django_gator import conf
+from django_gator.attempts import Mark
 from django_gator.engines.base import ClaimedJob, Engine
 from django_gator.engines.flow import ClassLimits, FlowClaims
 from django_gator.exceptions import JobNotRegistered
@@ -39,9 +40,6 @@ LIMITS_TTL = 5.0
 ROUTES_TTL = 1.0
 #: Seconds a queue's limited claim rests after one that found nothing.
 LIMITED_BACKOFF = 0.2
-
-#: A success mark: (job id, attempt, result JSON).
-Mark = tuple[int, int, "str | None"]
 
 
 def class_limits(name: str) -> ClassLimits | None:

@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass, field
 from secrets import token_hex
 
+from django_gator.attempts import Failure
 from django_gator.engines import ClaimedJob, get_engine
-from django_gator.engines.base import Failure
 from django_gator.logutil import safe
 from django_gator.worker.execution import run_claimed
 from django_gator.worker.outcomes import Outcomes

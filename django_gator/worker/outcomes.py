@@ -17,26 +17,20 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from django.db import DatabaseError
 
 from django_gator import conf, metrics
+from django_gator.attempts import Claim, Failure, Mark, Outcome, Snoozed, Success
 from django_gator.engines import ClaimedJob
-from django_gator.engines.base import Engine, Failure
+from django_gator.engines.base import Engine
 from django_gator.exceptions import JobHandedBack, JobTimeout
 from django_gator.logutil import safe
 from django_gator.queueable import effective_timeout, get_job_class
 from django_gator.redaction import mask_text, secret_values
 from django_gator.states import JobState
-from django_gator.worker.execution import (
-    Outcome,
-    Snoozed,
-    Success,
-    failure_for,
-    outcome_state,
-    unstorable_failure,
-)
+from django_gator.worker.execution import failure_for, unstorable_failure
 from django_gator.worker.retrier import refused
 
 logger = logging.getLogger("django_gator.worker")
@@ -96,7 +90,6 @@ class Outcomes:
         if outcome.written is not None:
             return self._atomic(job, outcome, elapsed_ms)
         if batch:
-            outcome.batched = True
             return DEFERRED
         return self._success(job, outcome, elapsed_ms)
 
@@ -107,7 +100,7 @@ class Outcomes:
             _steps(job),
             self.follow_ups,
             lambda: self.engine.mark_succeeded_and_insert(
-                self.worker_id, _member((job.id, job.attempts, result), job), [], self.follow_ups
+                self.worker_id, Mark.of(job, result), [], self.follow_ups
             ),
         )
 
@@ -129,14 +122,12 @@ class Outcomes:
 
     # -- batched successes -----------------------------------------------------------------
     @staticmethod
-    def marks(
-        batch: Sequence[tuple[ClaimedJob, Success, float]],
-    ) -> list[tuple[int, int, str | None]]:
-        return [_member((job.id, job.attempts, success.result), job) for job, success, _ in batch]
+    def marks(batch: Sequence[tuple[ClaimedJob, Success, float]]) -> list[Mark]:
+        return [Mark.of(job, success.result) for job, success, _ in batch]
 
     def write_steps(
         self, batch: Sequence[tuple[ClaimedJob, Success, float]]
-    ) -> tuple[list[tuple[int, int, str | None]], list[int]]:
+    ) -> tuple[list[Mark], list[int]]:
         """Write the batched successes of workflow steps among ``batch`` in one transaction
         that also settles their workflows (releases the steps that waited for them, and a
         batch step whose last member this was). Returns the marks of the other successes,
@@ -250,7 +241,7 @@ class Outcomes:
         not start, a claim whose answer was lost), jobs whose outcome could not be written
         at all, or, with ``handback``, jobs cut off while they ran by a stopping worker
         (see :meth:`hand_back`: only those are counted in the row's ``handbacks``)."""
-        claims = [_member((j.id, j.attempts), j) for j in jobs]
+        claims = [Claim.of(j) for j in jobs]
         released = self.engine.with_steps(
             [id_ for j in jobs for id_ in _steps(j)],
             self.follow_ups,
@@ -302,8 +293,7 @@ class Outcomes:
                 f"(GATOR_MAX_HANDBACKS = {bound}); this attempt is charged. A job that "
                 "never ends needs a timeout (its class's, or GATOR_DEFAULT_TIMEOUT)"
             )
-            failure = failure_for(job, self.worker_id, exc, elapsed_ms / 1000)
-            failure.handback = True
+            failure = failure_for(job, self.worker_id, exc, elapsed_ms / 1000).charging_handback()
             try:
                 self.record(job, failure, elapsed_ms, batch=False)
             except Exception:
@@ -339,7 +329,7 @@ class Outcomes:
                 self.follow_ups,
                 lambda: self.engine.mark_succeeded_and_insert(
                     self.worker_id,
-                    _member((job.id, job.attempts, outcome.result), job),
+                    Mark.of(job, outcome.result),
                     [],
                     self.follow_ups,
                 ),
@@ -379,9 +369,7 @@ class Outcomes:
             lambda: self.engine.with_steps(
                 _steps(job),
                 self.follow_ups,
-                lambda: self.engine.mark_snoozed(
-                    self.worker_id, job.id, job.attempts, outcome.seconds, job.batch_id
-                ),
+                lambda: self.engine.mark_snoozed(self.worker_id, Claim.of(job), outcome.seconds),
             ),
         )
         if written is None:
@@ -403,7 +391,7 @@ class Outcomes:
         return JobState.WAITING.value
 
     def _failure(self, job: ClaimedJob, outcome: Failure, elapsed_ms: float) -> str | None:
-        result = outcome_state(outcome, None)
+        result = outcome.state
 
         def write(failure: Failure) -> bool | None:
             return self.retrying(
@@ -412,13 +400,7 @@ class Outcomes:
                     _steps(job),
                     self.follow_ups,
                     lambda: self.engine.mark_failed_and_insert(
-                        self.worker_id,
-                        job.id,
-                        job.attempts,
-                        failure,
-                        [],
-                        self.follow_ups,
-                        job.batch_id,
+                        self.worker_id, Claim.of(job), failure, [], self.follow_ups
                     ),
                 ),
             )
@@ -454,12 +436,6 @@ def _steps(job: ClaimedJob) -> list[int]:
     """``[job.id]`` for a workflow step (whose final state settles its workflow), else
     nothing."""
     return [job.id] if job.chain_id is not None else []
-
-
-def _member(item: tuple[Any, ...], job: ClaimedJob) -> Any:
-    """An outcome item for the engine, with the job's batch id appended if it has one (the
-    engine settles the batch in the same transaction)."""
-    return item if job.batch_id is None else (*item, job.batch_id)
 
 
 def _workflow(job: ClaimedJob) -> str:

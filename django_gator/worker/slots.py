@@ -25,8 +25,8 @@ from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
+from django_gator.attempts import Success
 from django_gator.engines import ClaimedJob
-from django_gator.worker.execution import Success
 
 #: A plain success waiting for its batched mark: the job, its outcome, its duration (ms).
 Finished = tuple[ClaimedJob, Success, float]
