@@ -179,6 +179,22 @@ def backend_id() -> int:
         return int(cursor.fetchone()[0])
 
 
+def kill_backend(backend: int) -> None:
+    """Have the server kill the connection whose id is ``backend`` (``pg_terminate_backend``,
+    ``KILL CONNECTION``), from a connection of its own."""
+    from django.db import connection, connections
+
+    other = connections.create_connection(connection.alias)
+    try:
+        with other.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute("SELECT pg_terminate_backend(%s)", [backend])
+            else:
+                cursor.execute(f"KILL CONNECTION {int(backend)}")
+    finally:
+        other.close()
+
+
 def kill_worker_connections(spare: frozenset[int] = frozenset()) -> int:
     """Kill every other connection to this database (the workers'), but those whose
     backend ids are in ``spare``; returns how many."""

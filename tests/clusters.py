@@ -63,7 +63,7 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _as_postgres(command: list[str]) -> list[str]:
+def as_postgres(command: list[str]) -> list[str]:
     """Run as the postgres OS user when we are root (PostgreSQL refuses to run as root)."""
     if os.geteuid() != 0:
         return command
@@ -75,7 +75,7 @@ def _as_postgres(command: list[str]) -> list[str]:
 
 def _run(command: list[str], timeout: float = 120, **kwargs: object) -> str:
     done = subprocess.run(
-        _as_postgres(command), capture_output=True, text=True, timeout=timeout, **kwargs
+        as_postgres(command), capture_output=True, text=True, timeout=timeout, **kwargs
     )  # type: ignore[call-overload]
     if done.returncode != 0:
         raise RuntimeError(

@@ -26,22 +26,17 @@ from django.db import DatabaseError, OperationalError, connection, connections
 from django_gator.engines.outages import is_outage
 from django_gator.models import Job, JobState
 from django_gator.worker.policy import outage_failure
+from tests.chaos import kill_backend
 from tests.conftest import ROOT, worker_output
 from tests.factories import claimed_job
 from tests.testapp.jobs import LosesItsConnection
 from tests.testapp.models import Execution
 
+BACKEND_ID_SQL = {"postgresql": "SELECT pg_backend_pid()", "mysql": "SELECT CONNECTION_ID()"}
+
 server_only = pytest.mark.skipif(
     connection.vendor == "sqlite", reason="SQLite has no server whose connection can be lost"
 )
-
-
-def _kill(backend: int) -> None:
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute("SELECT pg_terminate_backend(%s)", [backend])
-        else:
-            cursor.execute(f"KILL CONNECTION {int(backend)}")
 
 
 def _killed_connection_error() -> BaseException:
@@ -49,13 +44,9 @@ def _killed_connection_error() -> BaseException:
     other = connections.create_connection("default")
     try:
         with other.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_backend_pid()"
-                if connection.vendor == "postgresql"
-                else "SELECT CONNECTION_ID()"
-            )
+            cursor.execute(BACKEND_ID_SQL[connection.vendor])
             backend = int(cursor.fetchone()[0])
-        _kill(backend)
+        kill_backend(backend)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
@@ -134,7 +125,7 @@ def _run_losing_job(tmp_path: Path, spawn_worker, env: dict[str, str]) -> Job:
     while not backend_file.exists():
         assert time.monotonic() < deadline, worker_output(worker)
         time.sleep(0.02)
-    _kill(int(backend_file.read_text()))
+    kill_backend(int(backend_file.read_text()))
     go_file.touch()
     while True:
         job.refresh_from_db()

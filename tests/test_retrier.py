@@ -11,40 +11,17 @@ from django.db import IntegrityError, OperationalError, connection
 
 from django_gator.models import Job
 from django_gator.worker.retrier import Retrier, backoff, drop_connection, refused
+from tests.chaos import backend_id, kill_backend
 from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _backend() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_backend_pid()"
-            if connection.vendor == "postgresql"
-            else "SELECT CONNECTION_ID()"
-        )
-        return int(cursor.fetchone()[0])
-
-
-def _kill_from_another_connection(backend: int) -> None:
-    from django.db import connections
-
-    other = connections.create_connection("default")
-    try:
-        with other.cursor() as cursor:
-            if connection.vendor == "postgresql":
-                cursor.execute("SELECT pg_terminate_backend(%s)", [backend])
-            else:
-                cursor.execute(f"KILL CONNECTION {int(backend)}")
-    finally:
-        other.close()
-
-
 @pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite has no connection to kill")
 def test_a_write_on_a_killed_connection_is_tried_again_on_a_fresh_one():
     job = JobFactory()
-    before = _backend()
-    _kill_from_another_connection(before)
+    before = backend_id()
+    kill_backend(before)
     retrying = Retrier("default", "w1", lambda until_stop: False)
     tries: list[int] = []
 
@@ -54,7 +31,7 @@ def test_a_write_on_a_killed_connection_is_tried_again_on_a_fresh_one():
 
     assert retrying("set a priority", write) == 1
     assert len(tries) >= 2, "the first try met the killed connection"
-    assert _backend() != before, "the retry reconnected"
+    assert backend_id() != before, "the retry reconnected"
     assert Job.objects.get(pk=job.pk).priority == 5
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import pwd
-import shlex
 import shutil
 import socket
 import subprocess
@@ -12,6 +11,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
+
+from tests.clusters import as_postgres
 
 #: Server settings of the throwaway cluster beyond initdb's stock configuration.
 CLUSTER_SETTINGS = {
@@ -34,16 +35,6 @@ TABLE_AUTOVACUUM = {
     "autovacuum_analyze_scale_factor": "0.02",
     "autovacuum_vacuum_cost_delay": "0",
 }
-
-
-def _as_postgres(command: list[str]) -> list[str]:
-    """Run as the postgres OS user when we are root (PostgreSQL refuses to run as root)."""
-    if os.geteuid() != 0:
-        return command
-    runuser = shutil.which("runuser")
-    if runuser:
-        return [runuser, "-u", "postgres", "--", *command]
-    return ["su", "postgres", "-c", shlex.join(command)]
 
 
 class ThrowawayCluster:
@@ -81,7 +72,7 @@ class ThrowawayCluster:
             os.chown(self.directory, user.pw_uid, user.pw_gid)
         initdb = [str(self.bindir / "initdb"), "-D", str(self.data), "-U", "postgres"]
         subprocess.run(
-            _as_postgres([*initdb, "-A", "trust", "-E", "UTF8", "--no-instructions"]),
+            as_postgres([*initdb, "-A", "trust", "-E", "UTF8", "--no-instructions"]),
             check=True,
             capture_output=True,
             timeout=120,
@@ -93,14 +84,14 @@ class ThrowawayCluster:
         }
         conf = "".join(f"{name} = {value}\n" for name, value in extra.items())
         subprocess.run(
-            _as_postgres(["sh", "-c", f"cat >> {self.data / 'postgresql.conf'}"]),
+            as_postgres(["sh", "-c", f"cat >> {self.data / 'postgresql.conf'}"]),
             input=conf.encode(),
             check=True,
             timeout=30,
         )
         pg_ctl = [str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.log)]
         subprocess.run(
-            _as_postgres([*pg_ctl, "-w", "-t", "60", "start"]),
+            as_postgres([*pg_ctl, "-w", "-t", "60", "start"]),
             check=True,
             capture_output=True,
             timeout=90,
@@ -131,7 +122,7 @@ class ThrowawayCluster:
     def stop(self) -> None:
         if self.running:
             subprocess.run(
-                _as_postgres(
+                as_postgres(
                     [str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"]
                 ),
                 check=False,
