@@ -22,6 +22,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_gator import Queueable
+from django_gator.attempts import Mark
 from django_gator.engines import get_engine
 from django_gator.engines.flow import ClassLimits, FlowClaims
 from django_gator.limits import Rate, parse_rate, validate_concurrency
@@ -265,7 +266,7 @@ def test_marks_are_written_in_the_claim_and_free_their_slots():
     jobs = [Span.dispatch("/dev/null", "s", 0) for _ in range(2)]
     [first], _ = flow.claim("w1", "spans", 5, limits_of)
     assert flow.claim("w1", "spans", 5, limits_of) == ([], [])
-    [second], written = flow.claim("w1", "spans", 5, limits_of, marks=[(first.id, 1, None)])
+    [second], written = flow.claim("w1", "spans", 5, limits_of, marks=[Mark(first.id, 1, None)])
     assert (written, second.id) == ([jobs[0].pk], jobs[1].pk)
     assert Job.objects.get(pk=jobs[0].pk).state == JobState.SUCCEEDED
 
@@ -276,7 +277,7 @@ def test_a_deleted_queue_row_is_made_again():
     jobs = [KeyedSpan.dispatch("/dev/null", str(i), 0) for i in range(2)]
     [first], _ = flow.claim("w1", "keyed", 1, limits_of)
     Queue.objects.all().delete()  # an operator deleted it in the admin
-    [second], written = flow.claim("w1", "keyed", 1, limits_of, marks=[(first.id, 1, None)])
+    [second], written = flow.claim("w1", "keyed", 1, limits_of, marks=[Mark(first.id, 1, None)])
     assert (written, second.id) == ([jobs[0].pk], jobs[1].pk)
     assert Queue.objects.filter(name="keyed").exists()
 
@@ -438,7 +439,7 @@ def test_postgres_claims_in_one_round_trip_with_a_plan_prepared_once(settings):
     for _ in range(2):
         flow.claim("w1", "spans", 1, limits_of)
     with CaptureQueriesContext(connection) as sent:
-        [third], _ = flow.claim("w1", "spans", 1, limits_of, marks=[(spans[0].pk, 1, None)])
+        [third], _ = flow.claim("w1", "spans", 1, limits_of, marks=[Mark(spans[0].pk, 1, None)])
     [statement] = [q["sql"] for q in sent.captured_queries]
     assert "FOR UPDATE" in statement
     assert "; EXECUTE gator_flow_" in statement
