@@ -376,6 +376,8 @@ def test_a_transaction_left_idle_on_a_live_worker(spawn_worker):
     # An atomic job that writes, then does not talk to the database for twice the network
     # timeout. PostgreSQL's bounds (keepalives) never end a live worker's transaction.
     # MariaDB's only per-session bound, idle_transaction_timeout, does: the documented cost.
+    # The job then sees its connection lost, which is an outage to it: its attempt is given
+    # back (and counted), its writes rolled back; the burst worker leaves it for later.
     row = Execution.objects.create(job_id=0, attempt=0, pid=0, label="before")
     job = UpdateAndHold.dispatch(row.pk, hold=2 * NETWORK_TIMEOUT)
     proc = spawn_worker("--burst")
@@ -385,5 +387,11 @@ def test_a_transaction_left_idle_on_a_live_worker(spawn_worker):
     if connection.vendor == "postgresql":
         assert (job.state, job.attempts, row.label) == (JobState.SUCCEEDED, 1, "attempt 1")
     else:
-        assert (job.state, row.label) == (JobState.DEAD, "before"), job.last_error
+        assert (job.state, job.attempts, job.outages, row.label) == (
+            JobState.FAILED,
+            0,
+            1,
+            "before",
+        ), job.last_error
         assert "OperationalError" in job.last_error
+        assert job.errors[-1]["outage"] is True
