@@ -11,7 +11,8 @@ Importing this package imports no models, so it is safe from settings or a model
 
 from django_gator.chain import Chain
 from django_gator.exceptions import GatorError, JobCancelled, JobNotRegistered, Snooze
-from django_gator.queueable import Queueable, job
+from django_gator.jobfunction import job
+from django_gator.queueable import Queueable
 from django_gator.registry import get_job_class
 from django_gator.retry import Retry
 from django_gator.schedules import Cron

@@ -15,7 +15,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django_gator.queueable import JobFunction, Queueable, resolve_job_class
+from django_gator.jobfunction import JobFunction, resolve_job_class
+from django_gator.queueable import Queueable
 from django_gator.workflows import Step, Workflow
 
 if TYPE_CHECKING:

@@ -93,9 +93,9 @@ def flow_key(job_class: Any, keyer: Any, args: Any, kwargs: Any) -> str | None:
     """The concurrency key a dispatch of ``job_class`` stores: None for a class without
     limits, ``""`` for a limited class without concurrency_key() (the class is one key),
     else what ``keyer.concurrency_key(*args, **kwargs)`` returns."""
-    if not job_class._gator_limited:
+    if not job_class.traits.is_limited:
         return None
-    if not job_class._gator_keyed:
+    if not job_class.traits.is_keyed:
         return ""
     return validate_key(keyer.concurrency_key(*args, **kwargs), job_class.name)
 

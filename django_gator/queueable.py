@@ -1,4 +1,5 @@
-"""Job classes and the ``@job`` decorator.
+"""Job classes: :class:`Queueable`, which a job subclasses (``@job`` builds one around a
+function: :mod:`django_gator.jobfunction`).
 
 A job class registers itself in :mod:`django_gator.registry` when it is defined. Its
 ``dispatch()`` and ``cancel_requested()`` reach the dispatch code and the models through
@@ -9,18 +10,16 @@ are ready.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import inspect
-import itertools
 import json
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
-from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from django_gator import collector, conf, limits, validation
+from django_gator import conf
+from django_gator.items import dispatch_items
 
 # The registry's functions are still importable from here, where they were first.
 from django_gator.registry import get_job_class as get_job_class
@@ -29,7 +28,7 @@ from django_gator.registry import register
 from django_gator.registry import registered_jobs as registered_jobs
 from django_gator.registry import unregister as unregister
 from django_gator.retry import Interval, Retry
-from django_gator.wording import article
+from django_gator.traits import JobTraits, read_traits
 
 if TYPE_CHECKING:
     from datetime import datetime, timedelta
@@ -39,8 +38,6 @@ if TYPE_CHECKING:
 #: A middleware: called as ``middleware(job, call_next)``; returns what ``call_next()`` returns.
 Middleware = Callable[[Any, Callable[[], Any]], Any]
 
-#: Keyword names that dispatch() takes for itself; a handler cannot use them as parameters.
-DISPATCH_OPTIONS = frozenset({"wait", "at", "queue", "priority", "on_commit"})
 #: Argument shapes (count of positional arguments, names of keyword ones) remembered per
 #: job class as fitting handle(); a class called with more shapes binds the others each time.
 MAX_SHAPES = 1000
@@ -70,6 +67,9 @@ class Queueable:
     ``rate_limit``: at most this many starts per window, ``"100/m"`` (``/s``, ``/m``,
     ``/h``), per key when the class defines :meth:`concurrency_key`.
 
+    Read, never set: ``traits``, a :class:`~django_gator.traits.JobTraits` worked out when
+    the class is defined (is it async, unique, limited, keyed; its handler's signature).
+
     While ``handle()`` runs, ``self.job_id``, ``self.attempt`` (1 for the first run),
     ``self.queue``, ``self.args`` and ``self.kwargs`` describe the job being run.
     """
@@ -91,15 +91,13 @@ class Queueable:
     #: Seconds between two database reads of cancel_requested().
     cancel_check_interval: ClassVar[float] = 1.0
 
-    _gator_signature: ClassVar[inspect.Signature]
+    #: What the class is (async, unique, limited, keyed; its handler's signature), read
+    #: from its definition when it is defined: see :class:`~django_gator.traits.JobTraits`.
+    traits: ClassVar[JobTraits]
+    #: True in a base class whose dispatch options never travel with the arguments (a
+    #: Django task's), so that handle() may have parameters named like them.
+    _options_apart_from_arguments: ClassVar[bool] = False
     _gator_fits: ClassVar[set[int | tuple[Any, ...]]]  # argument shapes that bind
-    _gator_accepts_anything: ClassVar[bool]
-    _gator_unique: ClassVar[bool]
-    _gator_async: ClassVar[bool] = False
-    #: The class has a concurrency or rate limit: its rows carry a concurrency key.
-    _gator_limited: ClassVar[bool] = False
-    _gator_keyed: ClassVar[bool] = False
-    _gator_check_dispatch_options: ClassVar[bool] = True
 
     def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -107,57 +105,10 @@ class Queueable:
             return
         if "name" not in cls.__dict__:
             cls.name = f"{cls.__module__}.{cls.__qualname__}"
-        validation.validate_name(cls.name)
-        validation.validate_queue(cls.queue)
-        validation.validate_priority(cls.priority)
-        validation.validate_timeout(cls.timeout)
-        if cls.retry is not None and not isinstance(cls.retry, Retry):
-            raise TypeError(
-                f"{cls.__qualname__}.retry must be a django_gator.Retry or None, got {cls.retry!r}"
-            )
-        if cls.handle is Queueable.handle:
-            raise TypeError(f"{cls.__qualname__} must define handle()")
-        for flag in ("unique", "atomic"):
-            if not isinstance(getattr(cls, flag), bool):
-                raise TypeError(
-                    f"{cls.__qualname__}.{flag} must be True or False, got {getattr(cls, flag)!r}"
-                )
-        if isinstance(cls.middleware, str | bytes) or not all(callable(m) for m in cls.middleware):
-            raise TypeError(
-                f"{cls.__qualname__}.middleware must be a list of callables "
-                f"(job, call_next), got {cls.middleware!r}"
-            )
+        traits = read_traits(cls, Queueable)
         cls.middleware = tuple(cls.middleware)
-        cls._gator_async = cls._handler_is_async()
-        if cls._gator_async and cls.atomic:
-            raise TypeError(
-                f"{cls.__qualname__} is an async job (its handler is `async def`) and sets "
-                "atomic = True, which cannot be honoured: its ORM calls run in a thread that "
-                "every async job of the worker shares, outside any transaction of the "
-                "worker's; write the transaction inside the job (sync_to_async around a "
-                "function that uses transaction.atomic()), or make handle() a plain def"
-            )
-        cls._gator_unique = cls.unique or cls.unique_key is not Queueable.unique_key
-        _check_limits(cls)
-        signature = cls._handler_signature()
-        clash = DISPATCH_OPTIONS & {
-            p.name
-            for p in signature.parameters.values()
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-        }
-        if clash and cls._gator_check_dispatch_options:
-            raise TypeError(
-                f"{cls.__qualname__}.handle() has the {_parameters(clash)}, which "
-                f"dispatch() takes as options ({', '.join(sorted(DISPATCH_OPTIONS))}); "
-                "rename them"
-            )
-        cls._gator_signature = signature
+        cls.traits = traits
         cls._gator_fits = set()
-        kinds = [p.kind for p in signature.parameters.values()]
-        cls._gator_accepts_anything = kinds == [
-            inspect.Parameter.VAR_POSITIONAL,
-            inspect.Parameter.VAR_KEYWORD,
-        ] or kinds == [inspect.Parameter.VAR_POSITIONAL]
         register(cls)
 
     @classmethod
@@ -203,7 +154,7 @@ class Queueable:
         if not type(self).unique:
             return None
         try:
-            bound = type(self)._gator_signature.bind(*args, **kwargs)
+            bound = type(self).traits.signature.bind(*args, **kwargs)
             bound.apply_defaults()
             identity: Any = bound.arguments
         except TypeError:
@@ -282,9 +233,8 @@ class Queueable:
     @classmethod
     def check_arguments(cls, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         """Raise TypeError if ``handle()`` could not be called with these arguments."""
-        if cls._gator_accepts_anything and (
-            not kwargs or len(cls._gator_signature.parameters) == 2
-        ):
+        traits = cls.traits
+        if traits.accepts_anything and (not kwargs or len(traits.signature.parameters) == 2):
             return
         # Whether arguments bind depends only on how many positional ones there are and
         # the names of the keyword ones: a shape that fitted once fits again (dispatch_many
@@ -294,7 +244,7 @@ class Queueable:
         if shape in fits:
             return
         try:
-            cls._gator_signature.bind(*args, **kwargs)
+            traits.signature.bind(*args, **kwargs)
         except TypeError as exc:
             raise TypeError(f"{cls.name}: arguments do not fit handle(): {exc}") from None
         if len(fits) < MAX_SHAPES:
@@ -436,167 +386,3 @@ def _fits(job_class: type[Queueable], args: list[Any], kwargs: dict[str, Any]) -
     except TypeError:
         return False
     return True
-
-
-#: The kwargs of an item given as a list (read only: shared by every such item).
-_NO_KWARGS: Mapping[str, Any] = MappingProxyType({})
-_SEQUENCES = frozenset({list, tuple})
-
-
-def dispatch_items(
-    arguments: Iterable[Sequence[Any] | Mapping[str, Any]], caller: str = "dispatch_many()"
-) -> list[tuple[Sequence[Any], Mapping[str, Any]]]:
-    """dispatch_many()'s items as (args, kwargs) pairs (``caller`` names the call in the
-    error about an item that is neither). With the garbage collector paused when they are
-    many (see collector.paused)."""
-    with collector.paused(len(arguments) if isinstance(arguments, Sized) else None):
-        if isinstance(arguments, list) and _SEQUENCES.issuperset(map(type, arguments)):
-            return list(zip(arguments, itertools.repeat(_NO_KWARGS), strict=False))
-        items: list[tuple[Sequence[Any], Mapping[str, Any]]] = []
-        append = items.append
-        for index, item in enumerate(arguments):
-            kind = type(item)
-            if kind is list or kind is tuple:  # the usual case, before the slower ABC check
-                append((cast(Sequence[Any], item), _NO_KWARGS))
-            elif isinstance(item, Mapping):
-                append(((), item))
-            elif isinstance(item, list | tuple):
-                append((item, _NO_KWARGS))
-            else:
-                raise TypeError(
-                    f"{caller} item {index} is {article(type(item).__name__)}; "
-                    "pass a list of positional arguments or a dict of keyword arguments"
-                )
-        return items
-
-
-class FunctionJob(Queueable, abstract=True):
-    """The class ``@job`` builds around a plain function."""
-
-    func: ClassVar[Callable[..., Any]]
-
-    @classmethod
-    def _handler_signature(cls) -> inspect.Signature:
-        return inspect.signature(cls.func)
-
-    @classmethod
-    def _handler_is_async(cls) -> bool:
-        return inspect.iscoroutinefunction(cls.func)
-
-    def handle(self, *args: Any, **kwargs: Any) -> Any:
-        return type(self).func(*args, **kwargs)
-
-
-class JobFunction:
-    """What ``@job`` returns: still callable as the plain function, plus ``dispatch``."""
-
-    def __init__(self, func: Callable[..., Any], job_class: type[FunctionJob]) -> None:
-        self.func = func
-        self.job_class = job_class
-        self.name = job_class.name
-        functools.update_wrapper(self, func)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.func(*args, **kwargs)
-
-    def dispatch(self, *args: Any, **kwargs: Any) -> Job:
-        return self.job_class.dispatch(*args, **kwargs)
-
-    def dispatch_many(self, arguments: Iterable[Any], **options: Any) -> list[Job]:
-        return self.job_class.dispatch_many(arguments, **options)
-
-    async def adispatch(self, *args: Any, **kwargs: Any) -> Job:
-        return await self.job_class.adispatch(*args, **kwargs)
-
-    async def adispatch_many(self, arguments: Iterable[Any], **options: Any) -> list[Job]:
-        return await self.job_class.adispatch_many(arguments, **options)
-
-    def __repr__(self) -> str:
-        return f"<job {self.name}>"
-
-
-_UNSET: Any = object()
-
-
-def job(
-    func: Callable[..., Any] | None = None,
-    *,
-    name: str | None = None,
-    queue: str = _UNSET,
-    priority: int = _UNSET,
-    retry: Retry | None = _UNSET,
-    timeout: float | None = _UNSET,
-    unique: bool = _UNSET,
-    atomic: bool = _UNSET,
-    middleware: Sequence[Middleware] = _UNSET,
-    schedule: Any = _UNSET,
-    concurrency_limit: int | None = _UNSET,
-    rate_limit: str | None = _UNSET,
-    concurrency_key: Callable[..., str | None] = _UNSET,
-) -> Any:
-    """Turn a function into a job: ``@job`` or ``@job(queue="critical", retry=Retry(...))``.
-
-    The options are the Queueable class attributes of the same names; ``concurrency_key``
-    is a function of the job's arguments."""
-
-    def wrap(f: Callable[..., Any]) -> JobFunction:
-        attrs: dict[str, Any] = {
-            "func": staticmethod(f),
-            "__module__": f.__module__,
-            "__qualname__": f.__qualname__,
-            "__doc__": f.__doc__,
-            "name": name or f"{f.__module__}.{f.__qualname__}",
-        }
-        for key, value in (
-            ("queue", queue),
-            ("priority", priority),
-            ("retry", retry),
-            ("timeout", timeout),
-            ("unique", unique),
-            ("atomic", atomic),
-            ("middleware", middleware),
-            ("schedule", schedule),
-            ("concurrency_limit", concurrency_limit),
-            ("rate_limit", rate_limit),
-        ):
-            if value is not _UNSET:
-                attrs[key] = value
-        if concurrency_key is not _UNSET:
-            keyer = concurrency_key
-            attrs["concurrency_key"] = lambda self, *args, **kwargs: keyer(*args, **kwargs)
-        job_class = type(f.__name__, (FunctionJob,), attrs)
-        return JobFunction(f, job_class)
-
-    return wrap(func) if func is not None else wrap
-
-
-def _check_limits(cls: type[Queueable]) -> None:
-    """Validate the class's flow-control attributes (ValueError naming the bad value)."""
-    where = cls.__qualname__
-    try:
-        limits.validate_concurrency(cls.concurrency_limit, f"{where}.concurrency_limit")
-        limits.parse_rate(cls.rate_limit, f"{where}.rate_limit")
-    except ValueError as exc:
-        raise ValueError(str(exc)) from None
-    cls._gator_limited = cls.concurrency_limit is not None or bool(cls.rate_limit)
-    cls._gator_keyed = cls.concurrency_key is not Queueable.concurrency_key
-    if cls._gator_keyed and not cls._gator_limited:
-        raise TypeError(
-            f"{where} defines concurrency_key() but neither concurrency_limit nor rate_limit"
-        )
-
-
-def resolve_job_class(target: type[Queueable] | JobFunction) -> type[Queueable]:
-    """Accept a Queueable subclass or a ``@job`` function wherever a job is named."""
-    if isinstance(target, JobFunction):
-        return target.job_class
-    if isinstance(target, type) and issubclass(target, Queueable) and hasattr(target, "name"):
-        return target
-    raise TypeError(f"expected a Queueable subclass or a @job function, got {target!r}")
-
-
-def _parameters(names: Iterable[str]) -> str:
-    """``parameter 'wait'`` or ``parameters 'at', 'wait'``."""
-    shown = sorted(names)
-    word = "parameter" if len(shown) == 1 else "parameters"
-    return f"{word} {', '.join(repr(name) for name in shown)}"

@@ -35,7 +35,7 @@ def keys_for(job_name: str) -> frozenset[str]:
 
 def _positional_names(job_name: str, count: int) -> list[str | None]:
     try:
-        signature = get_job_class(job_name)._gator_signature
+        signature = get_job_class(job_name).traits.signature
     except (JobNotRegistered, AttributeError):
         return [None] * count
     names: list[str | None] = []

@@ -15,7 +15,8 @@ from typing import Any
 from django.utils import timezone
 
 from django_gator import conf, wording
-from django_gator.queueable import JobFunction, Queueable, resolve_job_class
+from django_gator.jobfunction import JobFunction, resolve_job_class
+from django_gator.queueable import Queueable
 from django_gator.states import JobState
 from django_gator.validation import short_repr
 
@@ -93,7 +94,7 @@ def run_jobs(
 def _call(job_class: type[Queueable], args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     """The arguments as handle() sees them, so f(5) and f(user_id=5) compare equal."""
     try:
-        bound = job_class._gator_signature.bind(*args, **kwargs)
+        bound = job_class.traits.signature.bind(*args, **kwargs)
     except TypeError:
         return (list(args), dict(kwargs))
     bound.apply_defaults()

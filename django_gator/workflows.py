@@ -36,7 +36,9 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django_gator import conf, limits, validation
-from django_gator.queueable import JobFunction, Queueable, dispatch_items, resolve_job_class
+from django_gator.items import dispatch_items
+from django_gator.jobfunction import JobFunction, resolve_job_class
+from django_gator.queueable import Queueable
 
 if TYPE_CHECKING:
     from django_gator.models import Batch, Job, WorkflowRun
@@ -281,7 +283,7 @@ class Workflow:
             step_queue = queue if queue is not None else step.job_class.queue
             try:
                 args_json, kwargs_json = validation.encode_payload(step.args, step.kwargs)
-                keyer = step.job_class(queue=step_queue) if step.job_class._gator_keyed else None
+                keyer = step.job_class(queue=step_queue) if step.job_class.traits.is_keyed else None
                 key = (
                     None
                     if step.is_batch

@@ -145,6 +145,7 @@ def test_rows_reach_code_only_through_the_registry():
         PACKAGE / "dispatch.py",
         PACKAGE / "chain.py",
         PACKAGE / "queueable.py",
+        PACKAGE / "jobfunction.py",
         PACKAGE / "registry.py",
         PACKAGE / "rows.py",
     ]

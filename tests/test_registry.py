@@ -3,7 +3,9 @@ unknown and tampered names (never imported)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import inspect
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,17 +15,13 @@ import pytest
 
 from django_gator import GatorError, JobNotRegistered, Queueable, Retry, get_job_class, job
 from django_gator.exceptions import AlreadyRegistered
+from django_gator.jobfunction import FunctionJob, resolve_job_class
 from django_gator.models import Job, JobState
-from django_gator.queueable import (
-    FunctionJob,
-    register,
-    registered_jobs,
-    resolve_job_class,
-    unregister,
-)
+from django_gator.queueable import register, registered_jobs, unregister
+from django_gator.traits import JobTraits
 from tests.conftest import run_worker
 from tests.factories import JobFactory
-from tests.testapp.jobs import Echo, add, record_kw
+from tests.testapp.jobs import Echo, add, async_record, record_kw, refresh_feed
 
 
 @pytest.fixture(autouse=True)
@@ -51,7 +49,7 @@ def test_autodiscovered_jobs_are_registered_under_their_names():
     assert get_job_class("tests.testapp.jobs.record_kw") is record_kw.job_class
     assert issubclass(add.job_class, FunctionJob)
     # Abstract bases are not jobs.
-    assert "django_gator.queueable.FunctionJob" not in jobs
+    assert "django_gator.jobfunction.FunctionJob" not in jobs
     assert "django_gator.queueable.Queueable" not in jobs
 
 
@@ -97,7 +95,7 @@ def test_an_unregistered_job_is_no_longer_found():
         "os.system",
         "subprocess.run",
         "builtins.eval",
-        "django_gator.queueable.FunctionJob",  # a real Queueable subclass, but abstract
+        "django_gator.jobfunction.FunctionJob",  # a real Queueable subclass, but abstract
         "tests.testapp.jobs",  # the module that holds the jobs
         "",
         "tests.testapp.jobs.Echo\n",
@@ -394,3 +392,78 @@ def test_a_good_definition_with_every_option_registers():
     instance = Configured(job_id=7, attempt=2)
     assert (instance.job_id, instance.attempt, instance.queue) == (7, 2, "emails")
     assert Configured(queue="retries").queue == "retries"
+
+
+# -- traits ----------------------------------------------------------------------------------
+
+
+def test_a_plain_class_has_the_plain_traits():
+    signature = Echo.traits.signature
+    assert Echo.traits == JobTraits(signature=signature, accepts_anything=True)
+    assert [p.kind for p in signature.parameters.values()] == [
+        inspect.Parameter.VAR_POSITIONAL,
+        inspect.Parameter.VAR_KEYWORD,
+    ]
+    # Traits are fixed when the class is defined.
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Echo.traits.is_unique = True  # type: ignore[misc]
+
+
+def test_traits_say_async_unique_limited_and_keyed():
+    class Fetch(Queueable):
+        unique = True
+
+        async def handle(self, url: str, *, depth: int = 1) -> None:
+            return None
+
+    class PerAccount(Queueable):
+        rate_limit = "10/s"
+
+        def handle(self, account_id: int) -> None:
+            return None
+
+        def concurrency_key(self, account_id: int) -> str:
+            return f"account:{account_id}"
+
+        def unique_key(self, account_id: int) -> str:
+            return str(account_id)
+
+    class Capped(Queueable):
+        concurrency_limit = 2
+
+        def handle(self, **kwargs: object) -> None:
+            return None
+
+    assert Fetch.traits.is_async
+    assert Fetch.traits.is_unique
+    assert not (Fetch.traits.is_limited)
+    assert not (Fetch.traits.is_keyed)
+    assert list(Fetch.traits.signature.parameters) == ["url", "depth"]
+    assert not Fetch.traits.accepts_anything
+    assert not PerAccount.traits.is_async
+    assert PerAccount.traits.is_unique  # unique_key() of its own, unique left False
+    assert PerAccount.traits.is_limited
+    assert PerAccount.traits.is_keyed
+    assert Capped.traits.is_limited
+    assert not Capped.traits.is_keyed
+    assert not Capped.traits.accepts_anything
+
+
+def test_job_functions_have_their_functions_traits():
+    assert list(add.job_class.traits.signature.parameters) == ["a", "b"]
+    assert not add.job_class.traits.is_async
+    assert async_record.job_class.traits.is_async
+    assert refresh_feed.job_class.traits.is_unique
+
+
+def test_a_subclass_has_its_own_traits():
+    class Base(Queueable):
+        def handle(self, a: int) -> None:
+            return None
+
+    class Limited(Base):
+        concurrency_limit = 1
+
+    assert not Base.traits.is_limited
+    assert Limited.traits.is_limited
+    assert Limited.traits.signature == Base.traits.signature

@@ -57,7 +57,7 @@ def formatted(caplog: pytest.LogCaptureFixture) -> list[str]:
         "os.system",
         "subprocess.run",
         "builtins.eval",
-        "django_gator.queueable.FunctionJob",
+        "django_gator.jobfunction.FunctionJob",
         "tests.testapp.jobs",
         "tests.testapp.jobs.Echo\nINFO forged log line",
         "x\rINFO forged",

@@ -192,7 +192,7 @@ def _flow_key(name: str, queue: str, args: Any, kwargs: Any) -> str | None:
     without one (held to no class limit) rather than lost, and the error is logged."""
     try:
         job_class = get_job_class(name)
-        keyer = job_class(queue=queue) if job_class._gator_keyed else None
+        keyer = job_class(queue=queue) if job_class.traits.is_keyed else None
         return limits.flow_key(job_class, keyer, args, kwargs)
     except JobNotRegistered:
         return None

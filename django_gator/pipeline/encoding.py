@@ -70,7 +70,7 @@ def job_rows(
             chain=chain_json,
             encode=encode,
         )
-        if job_class._gator_limited or job_class._gator_unique:
+        if job_class.traits.is_limited or job_class.traits.is_unique:
             _keys(job_class, queue, rows, args_col, kwargs_col, many)
     return rows, (args_col, kwargs_col)
 
@@ -89,8 +89,8 @@ def _streamed(
     if (
         not many
         or len(args_col) < STREAM_MIN_ROWS
-        or job_class._gator_limited
-        or job_class._gator_unique
+        or job_class.traits.is_limited
+        or job_class.traits.is_unique
         or job_class.misfits(args_col, kwargs_col)
     ):
         return None
@@ -185,13 +185,15 @@ def _keys(
     many: bool,
 ) -> None:
     """The rows' unique keys and flow-control keys, from the class's methods."""
-    keyer = job_class(queue=queue) if job_class._gator_unique or job_class._gator_keyed else None
+    keyer = (
+        job_class(queue=queue) if job_class.traits.is_unique or job_class.traits.is_keyed else None
+    )
     unique_keys: list[str | None] = []
     flow_keys: list[str | None] = []
     for index, (args, kwargs) in enumerate(zip(args_col, kwargs_col, strict=True)):
         try:
             flow_keys.append(limits.flow_key(job_class, keyer, args, kwargs))
-            if keyer is not None and job_class._gator_unique:
+            if keyer is not None and job_class.traits.is_unique:
                 unique_keys.append(
                     validation.validate_unique_key(
                         keyer.unique_key(*args, **kwargs), job_class.name
@@ -200,7 +202,7 @@ def _keys(
         except (TypeError, ValueError) as exc:
             _name_item(exc, index, many)
             raise
-    if job_class._gator_limited:
+    if job_class.traits.is_limited:
         rows.concurrency_keys = flow_keys
     if unique_keys:
         rows.unique_keys = unique_keys

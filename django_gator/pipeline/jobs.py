@@ -96,7 +96,7 @@ class JobsInsert(Insert):
         gives them their ids (fill) where the database is busy (a large COPY: while it
         draws the ids from the sequence, and while it reads the last lines)."""
         rows = self.rows
-        unique = self.sender._gator_unique
+        unique = self.sender.traits.is_unique
         if unique or not engine.streams_rows(len(rows)):
             rows.settle()
         if unique:

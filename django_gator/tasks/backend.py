@@ -52,7 +52,7 @@ class TaskJob(Queueable, abstract=True):
     task: Any  # the Task, as the @task decorator made it
     backend_alias: str
     # The framework passes options apart from arguments: a parameter may be named "queue".
-    _gator_check_dispatch_options = False
+    _options_apart_from_arguments = True
 
     @classmethod
     def _handler_signature(cls) -> inspect.Signature:
@@ -67,7 +67,7 @@ class TaskJob(Queueable, abstract=True):
         return inspect.iscoroutinefunction(cls.task.func)
 
     def handle(self, *args: Any, **kwargs: Any) -> Any:
-        if type(self)._gator_async:
+        if type(self).traits.is_async:
             return self._ahandle(*args, **kwargs)  # the worker awaits it on its loop
         task = type(self).task
         result = self._started()

@@ -84,7 +84,7 @@ CLOSE_TIMEOUT = 10.0
 def runs_async(job: ClaimedJob) -> bool:
     """Whether ``job`` is an async job (its class's handler is ``async def``)."""
     try:
-        return get_job_class(job.name)._gator_async
+        return get_job_class(job.name).traits.is_async
     except JobNotRegistered:
         return False  # a thread writes its outcome (see unknown_name_failure)
 
@@ -93,7 +93,7 @@ def any_async_jobs() -> bool:
     """Whether a registered job class is async (a worker then starts its loop)."""
     from django_gator.registry import registered_jobs
 
-    return any(cls._gator_async for cls in registered_jobs().values())
+    return any(cls.traits.is_async for cls in registered_jobs().values())
 
 
 async def acall_handle(instance: Queueable) -> Any:

@@ -48,7 +48,7 @@ def class_limits(name: str) -> ClassLimits | None:
         job_class = get_job_class(name)
     except JobNotRegistered:
         return None
-    if not job_class._gator_limited:
+    if not job_class.traits.is_limited:
         return None
     return ClassLimits(job_class.concurrency_limit, parse_rate(job_class.rate_limit))
 
@@ -81,7 +81,7 @@ class FlowRouter:
         if self._limits_read_at is None or now - self._limits_read_at >= LIMITS_TTL:
             self.limited = self.flow.limited_queues()
             self._limits_read_at = now
-        if any(job_class._gator_limited for job_class in registered_jobs().values()):
+        if any(job_class.traits.is_limited for job_class in registered_jobs().values()):
             self.keyed = self.flow.keyed_queues()
         else:
             self.keyed = set()

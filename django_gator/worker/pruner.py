@@ -169,7 +169,7 @@ class Pruner:
         the queues whose row has a rate limit."""
         windows: list[tuple[dict[str, str], int]] = []
         for name, job_class in sorted(registered_jobs().items()):
-            if not job_class._gator_limited:
+            if not job_class.traits.is_limited:
                 continue
             rate = parse_rate(job_class.rate_limit)
             if rate is not None and rate.seconds < LONGEST_WINDOW:
