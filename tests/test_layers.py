@@ -329,7 +329,6 @@ LONG_MODULES = {
     "engines/flow_walk.py",
     "engines/postgresql.py",
     "indexes.py",
-    "metrics.py",
     "models/jobs.py",
     "validation.py",
     "worker/outcomes.py",

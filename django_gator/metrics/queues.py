@@ -1,0 +1,121 @@
+"""The queues' figures, read from the database (cached), as Prometheus gauges: the
+:class:`QueueCollector` that :func:`view` serves."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from django.core.cache import caches
+from django.http import HttpRequest, HttpResponse
+
+from django_gator import conf
+from django_gator.metrics.client import client as prometheus
+
+
+def queue_figures(alias: str | None = None) -> dict[str, Any]:
+    """The queues' figures, read from the database at most once per
+    ``GATOR_METRICS_CACHE_SECONDS`` through the Django cache ``GATOR_METRICS_CACHE``.
+
+    With a cache the replicas share (Redis, Memcached, the database cache), one replica
+    refreshes them per interval: the first to take a short lock (``cache.add``) reads the
+    database, and the others serve the figures stored until the new ones are in. With
+    a per-process cache (LocMemCache, Django's default) each process refreshes once per
+    interval. A figure is ``{"at": unix time read, "db_now": ..., "queues": [...]}``."""
+    alias = alias or conf.database()
+    interval = conf.metrics_cache_seconds()
+    if interval <= 0:
+        return _read_figures(alias)
+    cache = caches[conf.metrics_cache()]
+    key = f"django_gator:metrics:queues:{alias}"
+    figures: dict[str, Any] | None = cache.get(key)
+    if figures is not None and time.time() - figures["at"] < interval:
+        return figures
+    # Whoever takes the lock refreshes; the others keep serving what is stored.
+    if figures is not None and not cache.add(f"{key}:refresh", 1, timeout=max(interval, 1)):
+        return figures
+    figures = _read_figures(alias)
+    cache.set(key, figures, timeout=max(interval * 4, 60))
+    return figures
+
+
+def _read_figures(alias: str) -> dict[str, Any]:
+    """The figures, read with one statement (see engines/gauges.py)."""
+    from django_gator.engines import get_engine
+
+    db_now, gauges = get_engine(alias).queue_gauges()
+    return {
+        "at": time.time(),
+        "db_now": db_now.timestamp(),
+        "queues": [
+            {
+                "queue": q.queue,
+                "ready": q.ready,
+                "scheduled": q.scheduled,
+                "running": q.running,
+                "dead": q.dead,
+                "oldest_due": None if q.oldest_due_at is None else q.oldest_due_at.timestamp(),
+                "oldest_running": (
+                    None if q.oldest_running_at is None else q.oldest_running_at.timestamp()
+                ),
+                "paused": q.paused,
+            }
+            for q in gauges
+        ],
+    }
+
+
+class QueueCollector:
+    """The queues' gauges, from :func:`queue_figures`."""
+
+    def __init__(self, alias: str | None = None) -> None:
+        self.alias = alias
+
+    def collect(self) -> Iterable[Any]:
+        prometheus()
+        from prometheus_client.core import GaugeMetricFamily as gauge
+
+        figures = queue_figures(self.alias)
+        age = time.time() - figures["at"]
+        families = {
+            key: gauge(f"gator_queue_{name}", text, labels=["queue"])
+            for key, name, text in (
+                ("ready", "ready_jobs", "Waiting or failed jobs due now"),
+                ("scheduled", "scheduled_jobs", "Waiting or failed jobs due later"),
+                ("running", "running_jobs", "Running jobs"),
+                ("dead", "dead_jobs", "Dead jobs"),
+                ("oldest_due", "oldest_due_age_seconds", "Age of the oldest ready job"),
+                (
+                    "oldest_running",
+                    "oldest_running_age_seconds",
+                    "Seconds the oldest running job has run (since its claim)",
+                ),
+                ("paused", "paused", "1 when the queue is paused"),
+            )
+        }
+        for q in figures["queues"]:
+            for key, family in families.items():
+                value = q.get(key)  # figures cached by an older version lack new keys
+                if key in ("oldest_due", "oldest_running"):
+                    value = 0.0 if value is None else max(0.0, figures["db_now"] + age - value)
+                family.add_metric([q["queue"]], float(value))
+        yield from families.values()
+        yield gauge(
+            "gator_queue_figures_age_seconds",
+            "Seconds since the queue figures were read from the database",
+            value=age,
+        )
+
+
+def view(request: HttpRequest) -> HttpResponse:
+    """The queues' figures in Prometheus' text format; mount it in your urls::
+
+        path("metrics/gator", django_gator.metrics.view)
+
+    It is not protected: put it where only your Prometheus reaches it, or wrap it
+    (``staff_member_required``, a network rule)."""
+    client = prometheus()
+    registry = client.CollectorRegistry()
+    registry.register(QueueCollector())
+    return HttpResponse(client.generate_latest(registry), content_type=client.CONTENT_TYPE_LATEST)

@@ -1,0 +1,91 @@
+"""The HTTP server of a worker's ``/metrics`` (``gator_worker --metrics-port``), with the
+heartbeat ages computed at scrape time."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from django_gator.metrics.client import client as prometheus
+from django_gator.metrics.multiprocess import multiprocess_dir
+
+
+class MetricsServer:
+    """The HTTP server of ``/metrics`` (a daemon thread); :meth:`close` stops it."""
+
+    def __init__(self, server: Any, thread: threading.Thread) -> None:
+        self._server = server
+        self._thread = thread
+        self.port: int = server.server_port
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+class MetricsPortBusy(ValueError):
+    """The port given to ``--metrics-port`` cannot be listened on."""
+
+
+def serve(port: int, addr: str = "") -> MetricsServer:
+    """Serve ``/metrics`` on ``addr:port`` (every interface by default) from a daemon
+    thread: this process's metrics, or, in multiprocess mode, those of every process
+    sharing the directory. Raises :class:`MetricsPortBusy` naming the port."""
+    client = prometheus()
+    registry = _served_registry(client)
+    try:
+        # Every interface by default: Prometheus scrapes the worker from another host.
+        any_interface = "0.0.0.0"  # noqa: S104
+        server, thread = client.start_http_server(
+            port, addr=addr or any_interface, registry=registry
+        )
+    except OSError as exc:
+        raise MetricsPortBusy(
+            f"cannot serve metrics on port {port}: {exc.strerror or exc}"
+        ) from None
+    return MetricsServer(server, thread)
+
+
+def _served_registry(client: Any) -> Any:
+    path = multiprocess_dir()
+    if path is None:
+        source: Any = client.REGISTRY
+    else:
+        from prometheus_client import multiprocess
+
+        source = client.CollectorRegistry()
+        multiprocess.MultiProcessCollector(source, path=path)
+    registry = client.CollectorRegistry()
+    registry.register(_Combined(source))
+    return registry
+
+
+class _Combined:
+    """A registry's metrics, and the heartbeat ages computed from their timestamps."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        now = time.time()
+        ages = None
+        for family in self.source.collect():
+            yield family
+            if family.name == "gator_worker_heartbeat_timestamp_seconds":
+                ages = GaugeMetricFamily(
+                    "gator_worker_heartbeat_age_seconds",
+                    "Seconds since the worker's last heartbeat",
+                    labels=sorted({k for s in family.samples for k in s.labels}),
+                )
+                for sample in family.samples:
+                    if not sample.value:
+                        continue  # no heartbeat yet
+                    labels = [sample.labels[k] for k in sorted(sample.labels)]
+                    ages.add_metric(labels, max(0.0, now - sample.value))
+        if ages is not None:
+            yield ages
