@@ -20,6 +20,7 @@ from django_gator import conf, validation
 from django_gator.cron import next_occurrence as next_occurrence
 from django_gator.cron import occurrences as occurrences
 from django_gator.cron import validate_cron, validate_timezone
+from django_gator.payload import encode_payload
 from django_gator.registry import get_job_class, registered_jobs
 
 #: Misfire policies: what a worker does with occurrences missed while no worker ran.
@@ -103,7 +104,7 @@ def build_spec(name: str, job_name: str, cron: Cron, source: str) -> ScheduleSpe
     args = list(check("args", lambda v: _sequence(v, "args"), cron.args))
     kwargs = dict(check("kwargs", lambda v: _mapping(v, "kwargs"), cron.kwargs))
     check("args", lambda _: job_class.check_arguments(args, kwargs), None)
-    check("args", lambda _: validation.encode_payload(args, kwargs), None)
+    check("args", lambda _: encode_payload(args, kwargs), None)
     queue = None if cron.queue is None else check("queue", validation.validate_queue, cron.queue)
     priority = (
         None

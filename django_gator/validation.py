@@ -6,18 +6,14 @@ the call without reading our source.
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.utils import timezone
 
-from django_gator import conf
-from django_gator.exceptions import PayloadTooLarge
 from django_gator.wording import article
 
 QUEUE_RE = re.compile(r"[A-Za-z0-9_.:\-]+")
@@ -56,15 +52,7 @@ def check_json(value: object, path: str) -> None:
     (jsonb hands them back as ints), ints of over 14,000 bits and nesting over
     :data:`MAX_DEPTH` levels.
     """
-    # Fast path: a flat list or dict of plain atoms (most job arguments).
-    if isinstance(value, list) and type(value) is list:
-        if all(_plain(v) for v in value):
-            return
-    elif (
-        isinstance(value, dict)
-        and type(value) is dict
-        and all(type(k) is str and _clean_str(k) and _plain(v) for k, v in value.items())
-    ):
+    if _flat_and_plain(value):
         return
     stack: list[tuple[object, str, int]] = [(value, path, 0)]
     while stack:
@@ -73,47 +61,68 @@ def check_json(value: object, path: str) -> None:
             continue
         if isinstance(item, str):
             _check_str(item, where)
-            continue
-        if isinstance(item, int):
-            if item.bit_length() > MAX_INT_BITS:
-                raise TypeError(
-                    f"{where} is an int of {item.bit_length()} bits, over the {MAX_INT_BITS} "
-                    "that JSON is used with here; pass it as a str"
-                )
-            continue
-        if isinstance(item, float):
-            if not math.isfinite(item):
-                raise TypeError(
-                    f"{where} is {item!r}, which JSON cannot represent; "
-                    "pass None or a finite number"
-                )
-            if abs(item) >= FLOAT_LIMIT:
-                raise TypeError(
-                    f"{where} is the float {item!r}; PostgreSQL's jsonb hands floats of 1e16 "
-                    "and more back as ints: pass it as a str or an int"
-                )
-            continue
-        if depth >= MAX_DEPTH and type(item) in (list, dict):
+        elif isinstance(item, int | float):
+            _check_number(item, where)
+        elif depth >= MAX_DEPTH and type(item) in (list, dict):
             raise TypeError(f"{where} is nested deeper than {MAX_DEPTH} levels")
-        if type(item) is list:
+        elif type(item) is list:
             stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(item))
-            continue
-        if type(item) is dict:
-            for key, v in item.items():
-                if not isinstance(key, str):
-                    raise TypeError(
-                        f"{where} has the key {short_repr(key)} of type "
-                        f"{_type_name(key)}; JSON object keys must be str"
-                    )
-                _check_str(key, f"{where} key {short_repr(key)}")
-                stack.append((v, f"{where}[{key!r}]", depth + 1))
-            continue
-        hint = " (tuples come back as lists: pass a list)" if isinstance(item, tuple) else ""
+        elif type(item) is dict:
+            stack.extend(_dict_items(item, where, depth))
+        else:
+            hint = " (tuples come back as lists: pass a list)" if isinstance(item, tuple) else ""
+            raise TypeError(
+                f"{where} is {article(_type_name(item))} ({short_repr(item)}), which does not "
+                f"round-trip through JSON{hint}; pass JSON-compatible values (str, int, float, "
+                "bool, None, list, dict with str keys), e.g. an id instead of a model instance"
+            )
+
+
+def _flat_and_plain(value: object) -> bool:
+    """The fast path: a flat list or dict (str keys) of plain atoms, most job arguments."""
+    if isinstance(value, list) and type(value) is list:
+        return all(_plain(v) for v in value)
+    return (
+        isinstance(value, dict)
+        and type(value) is dict
+        and all(type(k) is str and _clean_str(k) and _plain(v) for k, v in value.items())
+    )
+
+
+def _check_number(item: float, where: str) -> None:
+    """Refuse an int too long, or a float that is not finite or that jsonb turns into an
+    int."""
+    if isinstance(item, int):
+        if item.bit_length() > MAX_INT_BITS:
+            raise TypeError(
+                f"{where} is an int of {item.bit_length()} bits, over the {MAX_INT_BITS} "
+                "that JSON is used with here; pass it as a str"
+            )
+        return
+    if not math.isfinite(item):
         raise TypeError(
-            f"{where} is {article(_type_name(item))} ({short_repr(item)}), which does not "
-            f"round-trip through JSON{hint}; pass JSON-compatible values (str, int, float, bool, "
-            "None, list, dict with str keys), e.g. an id instead of a model instance"
+            f"{where} is {item!r}, which JSON cannot represent; pass None or a finite number"
         )
+    if abs(item) >= FLOAT_LIMIT:
+        raise TypeError(
+            f"{where} is the float {item!r}; PostgreSQL's jsonb hands floats of 1e16 "
+            "and more back as ints: pass it as a str or an int"
+        )
+
+
+def _dict_items(item: dict[Any, Any], where: str, depth: int) -> list[tuple[object, str, int]]:
+    """A dict's values to check next, with their paths; TypeError at a key that is not a
+    str or holds a refused character."""
+    items: list[tuple[object, str, int]] = []
+    for key, v in item.items():
+        if not isinstance(key, str):
+            raise TypeError(
+                f"{where} has the key {short_repr(key)} of type "
+                f"{_type_name(key)}; JSON object keys must be str"
+            )
+        _check_str(key, f"{where} key {short_repr(key)}")
+        items.append((v, f"{where}[{key!r}]", depth + 1))
+    return items
 
 
 def _plain(v: object) -> bool:
@@ -144,181 +153,13 @@ def _type_name(value: object) -> str:
     return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
 
 
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+#: The encoder of :func:`dumps` (compact, non-ASCII kept, NaN refused).
+ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def dumps(value: object) -> str:
     """Compact JSON (one shared encoder: json.dumps() with options builds one per call)."""
-    return _ENCODER.encode(value)
-
-
-def encode_payload(
-    args: Sequence[Any], kwargs: Mapping[str, Any], limit: int | None = None
-) -> tuple[str, str]:
-    """Validate and serialize one job's arguments; returns (args_json, kwargs_json)."""
-    args_list = list(args)
-    check_json(args_list, "args")
-    kwargs_dict = dict(kwargs)
-    check_json(kwargs_dict, "kwargs")
-    args_json = _dumps_checked(args_list) if args_list else "[]"
-    kwargs_json = _dumps_checked(kwargs_dict) if kwargs_dict else "{}"
-    if limit is None:
-        limit = conf.max_payload_bytes()
-    size = _utf8_len(args_json) + _utf8_len(kwargs_json)
-    if size > limit:
-        raise PayloadTooLarge(
-            f"job payload is {size} bytes, over GATOR_MAX_PAYLOAD_BYTES={limit}; "
-            "store large data elsewhere and pass its id"
-        )
-    return args_json, kwargs_json
-
-
-def _column_encoder() -> Callable[[object, int], list[str]] | None:
-    """:func:`dumps` made once at C level (None without the C accelerator): calling
-    ``JSONEncoder.encode`` builds a new C encoder every time, which costs more than
-    encoding a short argument list. The same options, so the same text; no check for
-    circular references (it is given only lists and dicts of atoms). Called with the value
-    and 0, it returns the text in one or more pieces."""
-    from json import encoder
-
-    make = getattr(encoder, "c_make_encoder", None)
-    if make is None:
-        return None
-    return make(
-        None, _ENCODER.default, encoder.encode_basestring, None, ":", ",", False, False, False
-    )
-
-
-_C_ENCODER = _column_encoder()
-#: The types a row may hold, at the top of its args list or as a kwargs value, to be
-#: checked by column (subclasses, containers and the rest go through check_json).
-_ATOMS = frozenset({str, int, float, bool, type(None)})
-_STR = frozenset({str})
-#: What, in JSON text of atoms, may stand for a value check_json refuses: an escaped NUL, a
-#: lone surrogate, or an exponent (floats from 1e16 up print as 1e+16).
-_DOUBTFUL = re.compile(r"\\u0000|[\ud800-\udfff]|e\+")
-#: Rows whose JSON is longer than this many characters are checked one by one: an int of
-#: over MAX_INT_BITS bits prints over 4,214 digits.
-_LONG = 4000
-
-
-def encode_columns(
-    args_col: list[list[Any]], kwargs_col: list[dict[str, Any]], limit: int
-) -> tuple[list[str], list[str], list[int]]:
-    """Serialize the arguments of many jobs at once, as :func:`encode_payload` would each
-    job's; returns (args JSON, kwargs JSON, doubtful).
-
-    Rows made of atoms (str, int, float, bool and None at the top of args, str keys and
-    atom values in kwargs) are checked a column at a time, with set operations and one
-    regular expression over their JSON, and encoded by one C encoder. ``doubtful`` lists,
-    in order, the rows those checks could not clear (nested values, subclasses, NUL and
-    lone surrogates, large numbers, payloads near the limit): their entries here are
-    placeholders, and each must go through :func:`encode_payload`, which raises for a bad
-    one and otherwise returns its JSON."""
-    count = len(args_col)
-    if not count:
-        return [], [], []
-    any_kwargs = any(kwargs_col)
-    flat: list[bool] | None = None  # None: every row is flat
-    if not _ATOMS.issuperset(map(type, itertools.chain.from_iterable(args_col))) or (
-        any_kwargs
-        and not (
-            _STR.issuperset(map(type, itertools.chain.from_iterable(kwargs_col)))
-            and _ATOMS.issuperset(
-                map(type, itertools.chain.from_iterable(map(dict.values, kwargs_col)))
-            )
-        )
-    ):
-        flat = [
-            _ATOMS.issuperset(map(type, args))
-            and (
-                not kwargs
-                or (
-                    _STR.issuperset(map(type, kwargs))
-                    and _ATOMS.issuperset(map(type, kwargs.values()))
-                )
-            )
-            for args, kwargs in zip(args_col, kwargs_col, strict=True)
-        ]
-    doubtful: set[int] = set()
-    args_json = _encode_rows(args_col, flat, "[]", doubtful)
-    kwargs_json = _encode_rows(kwargs_col, flat, "{}", doubtful) if any_kwargs else ["{}"] * count
-    if flat is not None:
-        doubtful.update(index for index, ok in enumerate(flat) if not ok)
-    longest = min(_LONG, limit // 4)  # UTF-8 takes at most 4 bytes a character
-    for column in (args_json, kwargs_json):
-        if _may_be_doubtful("".join(column)):
-            doubtful.update(i for i, text in enumerate(column) if _DOUBTFUL.search(text))
-    if max(map(len, args_json)) + max(map(len, kwargs_json)) > longest:
-        doubtful.update(
-            i
-            for i, (a, k) in enumerate(zip(args_json, kwargs_json, strict=True))
-            if len(a) + len(k) > longest
-        )
-    return args_json, kwargs_json, sorted(doubtful)
-
-
-def _dumps_checked(value: list[Any] | dict[str, Any]) -> str:
-    """:func:`dumps` of a value check_json accepted (so neither circular nor too deep for
-    the encoder without the check for cycles)."""
-    if _C_ENCODER is None:
-        return dumps(value)
-    return "".join(_C_ENCODER(value, 0))
-
-
-def _may_be_doubtful(text: str) -> bool:
-    """Whether _DOUBTFUL may match in ``text``: the same answer as searching it, found with
-    substring tests (a few milliseconds for 100,000 rows, against 30 for the search)."""
-    if "\\u0000" in text or "e+" in text:
-        return True
-    if text.isascii():
-        return False
-    try:
-        text.encode()
-    except UnicodeEncodeError:  # a lone surrogate
-        return True
-    return False
-
-
-def _encode_rows(
-    column: Sequence[list[Any] | dict[str, Any]],
-    flat: list[bool] | None,
-    empty: str,
-    failed: set[int],
-) -> list[str]:
-    """The JSON of each flat row of ``column`` (``empty`` for an empty one); the others,
-    and those the encoder refuses (NaN, ints too long to print), get a placeholder and
-    their index in ``failed``."""
-    encoder = _C_ENCODER
-    join = "".join
-    try:
-        if encoder is None:
-            return [
-                dumps(value) if value and (flat is None or flat[index]) else empty
-                for index, value in enumerate(column)
-            ]
-        if flat is None:
-            return [join(encoder(value, 0)) if value else empty for value in column]
-        return [
-            join(encoder(value, 0)) if value and ok else empty
-            for value, ok in zip(column, flat, strict=True)
-        ]
-    except (TypeError, ValueError, OverflowError, RecursionError):
-        pass
-    out = []
-    for index, value in enumerate(column):
-        text = empty
-        if value and (flat is None or flat[index]):
-            try:
-                text = dumps(value)
-            except (TypeError, ValueError, OverflowError, RecursionError):
-                failed.add(index)
-        out.append(text)
-    return out
-
-
-def _utf8_len(text: str) -> int:
-    return len(text) if text.isascii() else len(text.encode())
+    return ENCODER.encode(value)
 
 
 def validate_queue(queue: object) -> str:

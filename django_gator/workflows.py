@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from django_gator import conf, limits, validation
 from django_gator.items import dispatch_items
 from django_gator.jobfunction import JobFunction, resolve_job_class
+from django_gator.payload import encode_payload
 from django_gator.queueable import Queueable
 
 if TYPE_CHECKING:
@@ -282,7 +283,7 @@ class Workflow:
         for step in self.steps:
             step_queue = queue if queue is not None else step.job_class.queue
             try:
-                args_json, kwargs_json = validation.encode_payload(step.args, step.kwargs)
+                args_json, kwargs_json = encode_payload(step.args, step.kwargs)
                 keyer = step.job_class(queue=step_queue) if step.job_class.traits.is_keyed else None
                 key = (
                     None
@@ -393,7 +394,7 @@ def _members(step: Step, keyer: Queueable | None) -> list[MemberSpec]:
     limit = conf.max_payload_bytes()
     for index, (args, kwargs) in enumerate(step.members):
         try:
-            args_json, kwargs_json = validation.encode_payload(args, kwargs, limit)
+            args_json, kwargs_json = encode_payload(args, kwargs, limit)
             key = limits.flow_key(step.job_class, keyer, args, kwargs)
         except (TypeError, ValueError) as exc:
             exc.args = (f"{step.label()}, batch item {index}: {exc}", *exc.args[1:])

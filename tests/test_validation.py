@@ -17,10 +17,10 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from django_gator.exceptions import PayloadTooLarge
+from django_gator.payload import encode_payload
 from django_gator.validation import (
     MAX_INT_BITS,
     check_json,
-    encode_payload,
     resolve_when,
     validate_name,
     validate_priority,

@@ -22,6 +22,7 @@ from django_gator import conf, redaction, validation
 from django_gator.admin.pages import RETRY_PERMISSION, AdminPage, username
 from django_gator.exceptions import JobNotRegistered
 from django_gator.models import Job, JobState, record
+from django_gator.payload import encode_payload
 from django_gator.queueable import get_job_class
 
 #: The audit action of an argument edit. Its entry keeps ``before`` and ``after``, each
@@ -87,7 +88,7 @@ def parse_arguments(
     args = _unmask(args, hidden_args)
     kwargs = _unmask(kwargs, hidden_kwargs)
     try:
-        validation.encode_payload(args, kwargs)
+        encode_payload(args, kwargs)
         get_job_class(job.name).check_arguments(args, kwargs)
     except JobNotRegistered:
         pass  # nothing to check against; the worker will say so again

@@ -16,8 +16,9 @@ from django.http import HttpRequest
 
 from django_gator import schedules
 from django_gator.models import Schedule, ScheduleSource
+from django_gator.payload import encode_payload
 from django_gator.queueable import get_job_class, registered_jobs
-from django_gator.validation import encode_payload, validate_queue
+from django_gator.validation import validate_queue
 
 
 class ScheduleForm(forms.ModelForm):

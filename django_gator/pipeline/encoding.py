@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django_gator import collector, conf, limits, validation
+from django_gator import collector, conf, limits, payload, validation
 from django_gator.registry import is_registered
 from django_gator.rows import JobRows
 
@@ -120,12 +120,12 @@ def _encode_range(
     whole dispatch_many."""
     with collector.paused(stop - start):
         chunk_args, chunk_kwargs = args_col[start:stop], kwargs_col[start:stop]
-        encoded_args, encoded_kwargs, doubtful = validation.encode_columns(
+        encoded_args, encoded_kwargs, doubtful = payload.encode_columns(
             chunk_args, chunk_kwargs, limit
         )
         for index in doubtful:
             try:
-                encoded_args[index], encoded_kwargs[index] = validation.encode_payload(
+                encoded_args[index], encoded_kwargs[index] = payload.encode_payload(
                     chunk_args[index], chunk_kwargs[index], limit
                 )
             except (TypeError, ValueError) as exc:
@@ -144,22 +144,20 @@ def _payloads(
     many: bool,
 ) -> tuple[list[str], list[str]]:
     """Check that each item's arguments fit handle() and are JSON; returns their JSON. The
-    checks run a column at a time (see validation.encode_columns and Queueable.misfits);
+    checks run a column at a time (see payload.encode_columns and Queueable.misfits);
     the items they cannot clear at once are checked one by one, in order, so the error
     raised is the one of the first bad item, as if every item had been checked in turn. A
     single item is checked as it is."""
     if len(args_col) == 1:
         try:
             job_class.check_arguments(args_col[0], kwargs_col[0])
-            args_json, kwargs_json = validation.encode_payload(args_col[0], kwargs_col[0], limit)
+            args_json, kwargs_json = payload.encode_payload(args_col[0], kwargs_col[0], limit)
         except (TypeError, ValueError) as exc:
             _name_item(exc, 0, many)
             raise
         return [args_json], [kwargs_json]
     misfits = job_class.misfits(args_col, kwargs_col)
-    args_col_json, kwargs_col_json, doubtful = validation.encode_columns(
-        args_col, kwargs_col, limit
-    )
+    args_col_json, kwargs_col_json, doubtful = payload.encode_columns(args_col, kwargs_col, limit)
     if misfits or doubtful:
         misfit = set(misfits)
         for index in sorted(misfit.union(doubtful)):
@@ -167,7 +165,7 @@ def _payloads(
             try:
                 if index in misfit:
                     job_class.check_arguments(args, kwargs)  # raises
-                args_col_json[index], kwargs_col_json[index] = validation.encode_payload(
+                args_col_json[index], kwargs_col_json[index] = payload.encode_payload(
                     args, kwargs, limit
                 )
             except (TypeError, ValueError) as exc:
