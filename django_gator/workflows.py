@@ -30,16 +30,15 @@ A :class:`~django_gator.chain.Chain` is a workflow whose steps form a line.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
-from django_gator import conf, limits, validation
+from django_gator import conf, validation
 from django_gator.items import dispatch_items
 from django_gator.jobfunction import JobFunction, resolve_job_class
-from django_gator.payload import encode_payload
 from django_gator.queueable import Queueable
+from django_gator.workflow_specs import StepSpec, step_specs
 
 if TYPE_CHECKING:
     from django_gator.models import Batch, Job, WorkflowRun
@@ -279,34 +278,7 @@ class Workflow:
             validation.validate_queue(queue)
         if priority is not None:
             validation.validate_priority(priority)
-        specs = []
-        for step in self.steps:
-            step_queue = queue if queue is not None else step.job_class.queue
-            try:
-                args_json, kwargs_json = encode_payload(step.args, step.kwargs)
-                keyer = step.job_class(queue=step_queue) if step.job_class.traits.is_keyed else None
-                key = (
-                    None
-                    if step.is_batch
-                    else limits.flow_key(step.job_class, keyer, step.args, step.kwargs)
-                )
-            except (TypeError, ValueError) as exc:
-                exc.args = (f"{step.label()}: {exc}", *exc.args[1:])
-                raise
-            specs.append(
-                StepSpec(
-                    position=step.position,
-                    job_class=step.job_class,
-                    args_json=args_json,
-                    kwargs_json=kwargs_json,
-                    queue=step_queue,
-                    priority=priority if priority is not None else step.job_class.priority,
-                    after=sorted({d.position for d in step.after}),
-                    on_dead=step.on_dead,
-                    concurrency_key=key,
-                    members=None if step.members is None else _members(step, keyer),
-                )
-            )
+        specs = step_specs(self.steps, queue, priority)
         return specs, validation.resolve_when(wait=wait, at=at)
 
     def _insert(
@@ -328,79 +300,6 @@ class Workflow:
             step.job = roots.get(step.position)
             step.batch = batches.get(step.position)
         return run
-
-
-class StepSpec:
-    """A checked step, its arguments serialized: what dispatch_workflow inserts."""
-
-    __slots__ = (
-        "after",
-        "args_json",
-        "concurrency_key",
-        "job_class",
-        "kwargs_json",
-        "members",
-        "on_dead",
-        "position",
-        "priority",
-        "queue",
-    )
-
-    def __init__(
-        self,
-        *,
-        position: int,
-        job_class: type[Queueable],
-        args_json: str,
-        kwargs_json: str,
-        queue: str,
-        priority: int,
-        after: list[int],
-        on_dead: str,
-        concurrency_key: str | None = None,
-        members: list[MemberSpec] | None = None,
-    ) -> None:
-        self.position = position
-        self.job_class = job_class
-        self.args_json = args_json
-        self.kwargs_json = kwargs_json
-        self.queue = queue
-        self.priority = priority
-        self.after = after
-        self.on_dead = on_dead
-        #: For a class with a concurrency or rate limit (see limits.flow_key).
-        self.concurrency_key = concurrency_key
-        #: A batch step's members, checked and serialized; None for a step of one job.
-        self.members = members
-
-    def values(self) -> tuple[Any, Any]:
-        return json.loads(self.args_json), json.loads(self.kwargs_json)
-
-
-class MemberSpec(NamedTuple):
-    """One member of a batch step, its arguments checked and serialized."""
-
-    args: list[Any]
-    kwargs: dict[str, Any]
-    args_json: str
-    kwargs_json: str
-    concurrency_key: str | None
-
-
-def _members(step: Step, keyer: Queueable | None) -> list[MemberSpec]:
-    """Serialize a batch step's members (the arguments were checked by add_batch())."""
-    assert step.members is not None
-    out = []
-    limit = conf.max_payload_bytes()
-    for index, (args, kwargs) in enumerate(step.members):
-        try:
-            args_json, kwargs_json = encode_payload(args, kwargs, limit)
-            key = limits.flow_key(step.job_class, keyer, args, kwargs)
-        except (TypeError, ValueError) as exc:
-            exc.args = (f"{step.label()}, batch item {index}: {exc}", *exc.args[1:])
-            raise
-        out.append(MemberSpec(list(args), dict(kwargs), args_json, kwargs_json, key))
-    return out
 
 
 def _find_cycle(steps: Sequence[Step]) -> list[Step]:

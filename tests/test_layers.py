@@ -333,7 +333,6 @@ LONG_MODULES = {
     "worker/outcomes.py",
     "worker/processes.py",
     "worker/supervisor.py",
-    "workflows.py",
 }
 LONG_FUNCTIONS = {
     "admin/chart.py:chart_context",

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from django_gator.engines import Engine
     from django_gator.queueable import Queueable
     from django_gator.rows import InsertRow
-    from django_gator.workflows import StepSpec
+    from django_gator.workflow_specs import StepSpec
 
 logger = logging.getLogger("django_gator.dispatch")
 
