@@ -191,7 +191,7 @@ def test_sql_and_vendor_branches_live_behind_the_engines():
 
 def test_every_upward_call_is_installed_by_the_one_wiring_point():
     from django_gator import wiring
-    from django_gator.models import jobs as job_models
+    from django_gator.models import job_queries as job_models
 
     state = wiring.installed()
     assert len(state) == 4
@@ -329,7 +329,6 @@ LONG_MODULES = {
     "engines/flow_walk.py",
     "engines/postgresql.py",
     "indexes.py",
-    "models/jobs.py",
     "worker/outcomes.py",
     "worker/processes.py",
     "worker/supervisor.py",

@@ -8,14 +8,14 @@ and the domain verbs used by the admin and the management commands.
 
 from django_gator.models.batches import Batch, BatchError
 from django_gator.models.flow import FlowStart
-from django_gator.models.jobs import (
+from django_gator.models.job_queries import (
     ERROR_CLASS_RE,
-    Job,
     JobQuerySet,
     Pruned,
     exception_class_name,
     record,
 )
+from django_gator.models.jobs import Job
 from django_gator.models.leases import Lease, LeaseQuerySet
 from django_gator.models.queues import Queue, QueueQuerySet
 from django_gator.models.schedules import MisfirePolicy, Schedule, ScheduledRun, ScheduleSource

@@ -24,7 +24,8 @@ from django.utils import timezone
 from django_gator import conf
 from django_gator.exceptions import JobNotRegistered
 from django_gator.models import membership
-from django_gator.models.jobs import Job, JobQuerySet
+from django_gator.models.job_queries import JobQuerySet
+from django_gator.models.jobs import Job
 from django_gator.models.pruning import Prunable
 from django_gator.registry import get_job_class, is_registered
 from django_gator.states import ACTIVE_STATES, JobState
