@@ -12,12 +12,18 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from django.db import DatabaseError
 
 from django_gator import conf, metrics, schema, stats, wording
 from django_gator.engines import get_engine
 from django_gator.logutil import safe
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from django_gator.engines.gauges import QueueGauge
 
 logger = logging.getLogger("django_gator.worker")
 
@@ -113,6 +119,16 @@ def check(
             runners = stats.long_runners(max_running, alias, now=now, limit=LONG_RUNNERS_NAMED + 1)
     except DatabaseError as exc:
         return Health([f"database {alias!r} unreachable: {safe(str(exc), 300)}"], 0, 0)
+    problems = _worker_problems(live, min_workers)
+    if max_latency is not None:
+        problems += _latency_problems(queues, now, max_latency)
+    if max_running is not None:
+        problems += _runner_problems(runners, max_running)
+    return Health(problems, len(live), len(queues))
+
+
+def _worker_problems(live: list[stats.WorkerStats], min_workers: int) -> list[str]:
+    """Too few live workers, and each live worker whose heartbeat is stale."""
     problems = []
     if len(live) < min_workers:
         problems.append(
@@ -128,22 +144,33 @@ def check(
                 "cut off from the database, or dead and not yet declared lost; it holds "
                 f"{wording.count(w.running, 'running job')}"
             )
-    if max_latency is not None:
-        for q in queues:
-            if q.paused or q.oldest_due_at is None:
-                continue
-            age = max(0.0, (now - q.oldest_due_at).total_seconds())
-            if age > max_latency:
-                problems.append(
-                    f"queue {safe(q.queue, 100)!r}: its oldest due job has waited {age:.1f} s, "
-                    f"more than --max-latency {max_latency:g}"
-                )
-    for runner in runners[:LONG_RUNNERS_NAMED]:
-        problems.append(
-            f"job {runner.id} ({safe(runner.name, 100)}) has run for {runner.age:.1f} s on "
-            f"worker {safe(runner.worker, 100)}, more than --max-running {max_running:g}"
-            + (f" (handed back {runner.handbacks} times before)" if runner.handbacks else "")
-        )
+    return problems
+
+
+def _latency_problems(queues: list[QueueGauge], now: datetime, max_latency: float) -> list[str]:
+    """Each queue, not paused, whose oldest due job has waited over ``max_latency``."""
+    problems = []
+    for q in queues:
+        if q.paused or q.oldest_due_at is None:
+            continue
+        age = max(0.0, (now - q.oldest_due_at).total_seconds())
+        if age > max_latency:
+            problems.append(
+                f"queue {safe(q.queue, 100)!r}: its oldest due job has waited {age:.1f} s, "
+                f"more than --max-latency {max_latency:g}"
+            )
+    return problems
+
+
+def _runner_problems(runners: list[stats.LongRunner], max_running: float) -> list[str]:
+    """The first LONG_RUNNERS_NAMED jobs running over ``max_running``, then whether there
+    are more."""
+    problems = [
+        f"job {runner.id} ({safe(runner.name, 100)}) has run for {runner.age:.1f} s on "
+        f"worker {safe(runner.worker, 100)}, more than --max-running {max_running:g}"
+        + (f" (handed back {runner.handbacks} times before)" if runner.handbacks else "")
+        for runner in runners[:LONG_RUNNERS_NAMED]
+    ]
     if len(runners) > LONG_RUNNERS_NAMED:
         problems.append(f"and more jobs running longer than --max-running {max_running:g}")
-    return Health(problems, len(live), len(queues))
+    return problems

@@ -20,13 +20,16 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db.models import Count
 
 from django_gator import conf
 from django_gator.engines import get_engine, reads
 from django_gator.models import Job, JobState, Queue, Worker
+
+if TYPE_CHECKING:
+    from django_gator.engines.gauges import QueueGauge
 
 #: The window of the ``*_last_hour`` counts, in seconds.
 LAST_HOUR = 3600.0
@@ -164,22 +167,10 @@ def queue_stats(
         return stats
 
     for gauge in gauges:
-        stats = entry(gauge.queue)
-        stats.ready = gauge.ready
-        stats.scheduled = gauge.scheduled
-        stats.running = gauge.running
-        stats.dead = gauge.dead
-        if gauge.oldest_due_at is not None:
-            stats.oldest_due_at = gauge.oldest_due_at
-            stats.oldest_due_age = max(0.0, (now - gauge.oldest_due_at).total_seconds())
-        if gauge.oldest_running_at is not None:
-            stats.oldest_running_at = gauge.oldest_running_at
-            stats.oldest_running_age = max(0.0, (now - gauge.oldest_running_at).total_seconds())
-
+        _apply_gauge(entry(gauge.queue), gauge, now)
     failed_rows = jobs.filter(state=JobState.FAILED).values("queue").annotate(count=Count("*"))
     for failed in failed_rows:
         entry(failed["queue"]).failed = failed["count"]
-
     since = now - timedelta(seconds=LAST_HOUR)
     recent_rows = (
         jobs.filter(state__in=(JobState.SUCCEEDED, JobState.DEAD), finished_at__gte=since)
@@ -188,16 +179,8 @@ def queue_stats(
     )
     for recent in recent_rows:
         setattr(entry(recent["queue"]), f"{recent['state']}_last_hour", recent["count"])
-
     for queue in Queue.objects.using(alias):
-        known = entry(queue.name)
-        known.paused = queue.paused
-        known.paused_at = queue.paused_at if queue.paused else None
-        known.paused_by = queue.paused_by if queue.paused else ""
-        known.concurrency = queue.concurrency
-        known.rate_limit = queue.rate_limit
-        known.limits_by = queue.limits_by
-
+        _apply_queue_row(entry(queue.name), queue)
     if exact:
         final_rows = (
             jobs.filter(state__in=(JobState.SUCCEEDED, JobState.CANCELLED))
@@ -206,8 +189,32 @@ def queue_stats(
         )
         for final in final_rows:
             setattr(entry(final["queue"]), str(final["state"]), final["count"])
-
     return [by_queue[name] for name in sorted(by_queue)]
+
+
+def _apply_gauge(stats: QueueStats, gauge: QueueGauge, now: datetime) -> None:
+    """A queue's gauges (ready, scheduled, running, dead, the oldest due and running jobs
+    and their ages at ``now``) into its figures."""
+    stats.ready = gauge.ready
+    stats.scheduled = gauge.scheduled
+    stats.running = gauge.running
+    stats.dead = gauge.dead
+    if gauge.oldest_due_at is not None:
+        stats.oldest_due_at = gauge.oldest_due_at
+        stats.oldest_due_age = max(0.0, (now - gauge.oldest_due_at).total_seconds())
+    if gauge.oldest_running_at is not None:
+        stats.oldest_running_at = gauge.oldest_running_at
+        stats.oldest_running_age = max(0.0, (now - gauge.oldest_running_at).total_seconds())
+
+
+def _apply_queue_row(stats: QueueStats, queue: Queue) -> None:
+    """A queue's row (pause, limits) into its figures."""
+    stats.paused = queue.paused
+    stats.paused_at = queue.paused_at if queue.paused else None
+    stats.paused_by = queue.paused_by if queue.paused else ""
+    stats.concurrency = queue.concurrency
+    stats.rate_limit = queue.rate_limit
+    stats.limits_by = queue.limits_by
 
 
 def estimated_total(alias: str | None = None) -> tuple[int, bool]:

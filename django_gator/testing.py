@@ -50,30 +50,17 @@ def run_jobs(
     """
     # Here, not at the top: a project's test modules may import this module before Django's
     # apps are ready, and the models and the worker need them. Not an import cycle.
-    from django_gator.models import READY_STATES, Job, Queue
+    from django_gator.models import Job
     from django_gator.worker.inline import inline_worker_id, run_inline
 
-    if now is not None and advance is not None:
-        raise ValueError("pass either now= or advance=, not both")
-    if now is not None and timezone.is_naive(now):
-        raise ValueError(f"now= must be timezone-aware, got {now.isoformat()}")
-    if isinstance(advance, int | float):
-        advance = timedelta(seconds=advance)
+    advance = _advance(now, advance)
     queues = [queue] if isinstance(queue, str) else list(queue or [])
     alias = conf.database()
     worker_id = inline_worker_id()
     ran: list[int] = []
     while True:
-        clock = now or timezone.now() + (advance or timedelta())
-        due = (
-            Job.objects.using(alias)
-            .filter(state__in=READY_STATES, next_execution_at__lte=clock)
-            .exclude(queue__in=Queue.objects.using(alias).paused_names())
-        )
-        if queues:
-            due = due.filter(queue__in=queues)
-        order = due.order_by("-priority", "next_execution_at", "id")
-        job_id = order.values_list("pk", flat=True).first()
+        clock = now or timezone.now() + advance
+        job_id = _next_due(alias, clock, queues)
         if job_id is None:
             break
         if len(ran) >= max_jobs:
@@ -89,6 +76,34 @@ def run_jobs(
             raise outcome.exception
     rows = Job.objects.using(alias).in_bulk(ran)
     return [rows[pk] for pk in ran if pk in rows]
+
+
+def _advance(now: datetime | None, advance: timedelta | float | None) -> timedelta:
+    """run_jobs()'s ``advance`` as a timedelta (zero without one); ValueError for both
+    ``now`` and ``advance``, or a naive ``now``."""
+    if now is not None and advance is not None:
+        raise ValueError("pass either now= or advance=, not both")
+    if now is not None and timezone.is_naive(now):
+        raise ValueError(f"now= must be timezone-aware, got {now.isoformat()}")
+    if isinstance(advance, int | float):
+        return timedelta(seconds=advance)
+    return advance or timedelta()
+
+
+def _next_due(alias: str, clock: datetime, queues: list[str]) -> int | None:
+    """The id of the job a worker would claim next at ``clock`` (of ``queues``, if any);
+    None when none is due."""
+    from django_gator.models import READY_STATES, Job, Queue  # not at the top: see run_jobs()
+
+    due = (
+        Job.objects.using(alias)
+        .filter(state__in=READY_STATES, next_execution_at__lte=clock)
+        .exclude(queue__in=Queue.objects.using(alias).paused_names())
+    )
+    if queues:
+        due = due.filter(queue__in=queues)
+    order = due.order_by("-priority", "next_execution_at", "id")
+    return order.values_list("pk", flat=True).first()
 
 
 def _call(job_class: type[Queueable], args: Sequence[Any], kwargs: dict[str, Any]) -> Any:

@@ -42,6 +42,37 @@ def chart_context(
     def y(value: float) -> float:
         return base - plot_h * value / top
 
+    bars, ticks, zone = _bars(points, top, left, base, plot_h, bar_w)
+    return {
+        "width": width,
+        "height": height,
+        "minutes": len(points),
+        "colours": CHART_COLOURS,
+        "legend_x": width - right - 150,
+        "left": left,
+        "right": width - right,
+        "head": head,
+        "base": base,
+        "count_label_x": left - 4,
+        "grid": [
+            {"y": _at(y(value)), "label_y": _at(y(value) + 4), "value": value}
+            for value in sorted({0, round(top / 2), top})
+        ],
+        "bars": bars,
+        "ticks": ticks,
+        "tick_end": base + 4,
+        "tick_label_y": base + 15,
+        "time_label": f"time ({zone})" if zone else "time",
+        "time_label_x": _at(left + plot_w / 2),
+        "time_label_y": height - 4,
+    }
+
+
+def _bars(
+    points: list[dict[str, Any]], top: int, left: int, base: int, plot_h: int, bar_w: float
+) -> tuple[list[dict[str, Any]], list[dict[str, str]], str]:
+    """One stacked bar per minute, a time tick every 10 minutes, and the name of the time
+    zone the minutes are shown in."""
     bars = []
     ticks = []
     zone = ""
@@ -67,29 +98,7 @@ def chart_context(
         )
         if minute.minute % 10 == 0:
             ticks.append({"x": _at(left + (i + 0.5) * bar_w), "label": f"{minute:%H:%M}"})
-    return {
-        "width": width,
-        "height": height,
-        "minutes": len(points),
-        "colours": CHART_COLOURS,
-        "legend_x": width - right - 150,
-        "left": left,
-        "right": width - right,
-        "head": head,
-        "base": base,
-        "count_label_x": left - 4,
-        "grid": [
-            {"y": _at(y(value)), "label_y": _at(y(value) + 4), "value": value}
-            for value in sorted({0, round(top / 2), top})
-        ],
-        "bars": bars,
-        "ticks": ticks,
-        "tick_end": base + 4,
-        "tick_label_y": base + 15,
-        "time_label": f"time ({zone})" if zone else "time",
-        "time_label_x": _at(left + plot_w / 2),
-        "time_label_y": height - 4,
-    }
+    return bars, ticks, zone
 
 
 def chart_svg(points: list[dict[str, Any]], width: int = 720, height: int = 210) -> str:

@@ -84,6 +84,24 @@ def graph_context(run: WorkflowRun, site: str = "admin") -> dict[str, Any]:
     ids = [s.job_id for s in steps if s.job_id is not None]
     jobs = dict(Job.objects.using(run._state.db).filter(pk__in=ids).values_list("pk", "state"))
     members = member_counts(run._state.db, steps)
+    depth, rows, place = _layout(steps)
+    nodes = [_node(step, place[step.position], jobs, members, site) for step in steps]
+    columns = max(depth.values(), default=0) + 1
+    return {
+        "nodes": nodes,
+        "edges": _edges(steps, place),
+        "node_w": NODE_W,
+        "node_h": NODE_H,
+        "width": 2 * MARGIN + columns * NODE_W + (columns - 1) * GAP_X,
+        "height": 2 * MARGIN + max(rows.values(), default=1) * (NODE_H + GAP_Y) - GAP_Y,
+    }
+
+
+def _layout(
+    steps: list[WorkflowStep],
+) -> tuple[dict[int, int], dict[int, int], dict[int, tuple[float, float]]]:
+    """Each step's column (its depth: one more than its deepest dependency), the number of
+    rows per column, and each step's place (x, y), by position."""
     depth: dict[int, int] = {}
     for step in sorted(steps, key=lambda s: s.position):  # dependencies come first
         depth[step.position] = 1 + max((depth.get(p, 0) for p in step.after), default=-1)
@@ -97,45 +115,58 @@ def graph_context(run: WorkflowRun, site: str = "admin") -> dict[str, Any]:
             MARGIN + column * (NODE_W + GAP_X),
             MARGIN + row * (NODE_H + GAP_Y),
         )
-    nodes = []
-    for step in steps:
-        x, y = place[step.position]
-        state = shown_state(step, jobs, members)
-        short = step.name.rsplit(".", 1)[-1]
-        title = f"step {step.position}: {step.name} ({state})"
-        summary = ""
-        url = ""
-        if step.job_id is not None:
-            url = reverse(f"{site}:django_gator_job_change", args=[step.job_id])
-        if step.is_batch:
-            summary = batch_summary(step, members)
-            title = f"step {step.position}: batch of {step.name} ({state}, {summary})"
-            if step.batch_id is not None:
-                counts = members.get(step.batch_id, {})
-                title += "; " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-                url = reverse(f"{site}:django_gator_job_batch", args=[step.batch_id])
-        if step.reason:
-            title += f"; {step.reason}"
-        nodes.append(
-            {
-                "position": step.position,
-                "label": short if len(short) <= 20 else short[:19] + "…",
-                "state": state,
-                "summary": summary,
-                "batch": step.is_batch,
-                "title": title,
-                "colour": COLOURS.get(state, "#8a8a8a"),
-                "dashed": step.state == StepState.BLOCKED,
-                "x": x,
-                "y": y,
-                "back_x": x + 4,  # a batch step's stack: the box behind
-                "back_y": y - 4,
-                "text_x": x + 8,
-                "line1_y": y + 15,
-                "line2_y": y + 30,
-                "url": url,
-            }
-        )
+    return depth, rows, place
+
+
+def _node(
+    step: WorkflowStep,
+    at: tuple[float, float],
+    jobs: dict[int, str],
+    members: dict[int, dict[str, int]],
+    site: str,
+) -> dict[str, Any]:
+    """One step's box: its place, label, state, colour, tooltip and link."""
+    x, y = at
+    state = shown_state(step, jobs, members)
+    short = step.name.rsplit(".", 1)[-1]
+    title = f"step {step.position}: {step.name} ({state})"
+    summary = ""
+    url = ""
+    if step.job_id is not None:
+        url = reverse(f"{site}:django_gator_job_change", args=[step.job_id])
+    if step.is_batch:
+        summary = batch_summary(step, members)
+        title = f"step {step.position}: batch of {step.name} ({state}, {summary})"
+        if step.batch_id is not None:
+            counts = members.get(step.batch_id, {})
+            title += "; " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+            url = reverse(f"{site}:django_gator_job_batch", args=[step.batch_id])
+    if step.reason:
+        title += f"; {step.reason}"
+    return {
+        "position": step.position,
+        "label": short if len(short) <= 20 else short[:19] + "…",
+        "state": state,
+        "summary": summary,
+        "batch": step.is_batch,
+        "title": title,
+        "colour": COLOURS.get(state, "#8a8a8a"),
+        "dashed": step.state == StepState.BLOCKED,
+        "x": x,
+        "y": y,
+        "back_x": x + 4,  # a batch step's stack: the box behind
+        "back_y": y - 4,
+        "text_x": x + 8,
+        "line1_y": y + 15,
+        "line2_y": y + 30,
+        "url": url,
+    }
+
+
+def _edges(
+    steps: list[WorkflowStep], place: dict[int, tuple[float, float]]
+) -> list[dict[str, float]]:
+    """An arrow from each dependency's box to its dependent's."""
     edges = []
     for step in steps:
         x2, y2 = place[step.position]
@@ -151,15 +182,7 @@ def graph_context(run: WorkflowRun, site: str = "admin") -> dict[str, Any]:
                     "cx": (start + end) / 2,
                 }
             )
-    columns = max(depth.values(), default=0) + 1
-    return {
-        "nodes": nodes,
-        "edges": edges,
-        "node_w": NODE_W,
-        "node_h": NODE_H,
-        "width": 2 * MARGIN + columns * NODE_W + (columns - 1) * GAP_X,
-        "height": 2 * MARGIN + max(rows.values(), default=1) * (NODE_H + GAP_Y) - GAP_Y,
-    }
+    return edges
 
 
 def render_graph(run: WorkflowRun, site: str = "admin") -> str:

@@ -263,11 +263,7 @@ def _move(
     if state == StepState.RELEASED:
         return
     if not cancels:  # succeeded, or dead with on_dead="continue"
-        if step.children:
-            # Counted down whatever the child's state, so that a child cancelled by
-            # another step and brought back later has the right count.
-            steps.filter(position__in=step.children).update(waiting_on=F("waiting_on") - 1)
-            _release_ready(steps, step.children, out)
+        _credit_children(steps, step, out)
         return
     descendants = _all_descendants(steps, step.children)
     if descendants:
@@ -277,14 +273,29 @@ def _move(
             cancelled_by=position,
         )
     if state == StepState.DEAD and job_id is not None:
-        handler = (
-            WorkflowRun.objects.using(alias)
-            .filter(pk=step.workflow_id)
-            .values_list("on_error", flat=True)
-        )
-        name = handler.first()
-        if name:
-            out.handlers.append((name, step.workflow_id, job_id))
+        _add_error_handler(alias, step, job_id, out)
+
+
+def _credit_children(steps: Any, step: WorkflowStep, out: Settled) -> None:
+    """``step`` succeeded (or counts as if): each child waits on one step fewer, and those
+    waiting on none are released."""
+    if step.children:
+        # Counted down whatever the child's state, so that a child cancelled by
+        # another step and brought back later has the right count.
+        steps.filter(position__in=step.children).update(waiting_on=F("waiting_on") - 1)
+        _release_ready(steps, step.children, out)
+
+
+def _add_error_handler(alias: str, step: WorkflowStep, job_id: int, out: Settled) -> None:
+    """The workflow's on_error handler, if it has one, is due for ``step``'s dead job."""
+    handler = (
+        WorkflowRun.objects.using(alias)
+        .filter(pk=step.workflow_id)
+        .values_list("on_error", flat=True)
+    )
+    name = handler.first()
+    if name:
+        out.handlers.append((name, step.workflow_id, job_id))
 
 
 def _release_ready(steps: Any, positions: Sequence[int], out: Settled) -> None:
