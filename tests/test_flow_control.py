@@ -1,6 +1,6 @@
 """Flow control: queue concurrency and rate limits, per-key limits of job classes, their
 claim on every engine, settings and bad input. The proof with real worker processes is in
-tests/test_flow_workers.py."""
+tests/reliability/test_flow_workers.py."""
 
 from __future__ import annotations
 
@@ -630,7 +630,7 @@ def test_gator_queue_list_and_gator_status_show_limits():
 
 
 def test_a_burst_worker_drains_a_single_key_one_at_a_time(tmp_path):
-    from tests.test_flow_workers import max_overlap
+    from tests.reliability.test_flow_workers import max_overlap
 
     ledger = tmp_path / "ledger.txt"
     jobs = KeyedSpan.dispatch_many([[str(ledger), "one", 0.02]] * 6)

@@ -20,7 +20,7 @@ from django_gator.worker import beacon
 from django_gator.worker.processes import Child, ProcessSupervisor
 from tests.conftest import wait_for, worker_output
 from tests.test_health import check
-from tests.test_processes import START, alive, children_of
+from tests.worker.test_processes import START, alive, children_of
 from tests.testapp.jobs import HoldsTheGil, Record
 from tests.testapp.models import Execution
 
