@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections, transaction
 from django.utils.dateparse import parse_datetime
@@ -25,6 +25,7 @@ from django_gator.states import (
 )
 
 if TYPE_CHECKING:
+    from django_gator.engines.contract import JobEngine
     from django_gator.worker.connections import NetworkBounds
 
 #: The rows the ordinary claim takes: no concurrency key (a job of a class with limits has
@@ -43,7 +44,7 @@ JOB_COLUMNS = (
 
 #: What runs on each connection an engine opens itself, outside Django's: see
 #: set_connection_hook().
-ConnectionHook = Callable[["EngineCore", Any], None]
+ConnectionHook = Callable[["JobEngine", Any], None]
 _connection_hook: ConnectionHook | None = None
 
 
@@ -177,7 +178,7 @@ class EngineCore:
         it to the installed hook (see set_connection_hook())."""
         hook = _connection_hook
         if hook is not None:
-            hook(self, raw)
+            hook(cast("JobEngine", self), raw)  # every engine is one (see get_engine())
 
     def prepare_bookkeeping(self) -> None:
         """Tune this thread's connection for the worker's own writes (claims, outcome
