@@ -41,7 +41,7 @@ from tests.conftest import (
     worker_output,
 )
 from tests.factories import JobFactory
-from tests.test_plans import explain
+from tests.engines.test_contract_plans import explain
 from tests.testapp.jobs import Boom, Noop, RecordFailsFirst, Sleep
 
 pytestmark = pytest.mark.django_db(transaction=True)

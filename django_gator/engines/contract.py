@@ -169,8 +169,9 @@ class JobEngine(Protocol):
 
     def ready_queues(self, known: Sequence[str] = ()) -> list[str]:
         """The queues holding waiting or failed jobs the ordinary claim takes, except
-        paused ones, sorted: one statement, a skip scan of the ready index (a descent per
-        queue, whatever the number of rows). ``known`` (:attr:`supports_keyset`): queues
+        paused ones, sorted: one statement, a skip scan (a descent per queue, whatever the
+        number of rows) of the ready index on PostgreSQL and MariaDB (SQLite plans it on
+        the (state, finished_at) index). ``known`` (:attr:`supports_keyset`): queues
         the caller claims from anyway, neither read nor returned."""
 
     def claim_by_id(self, worker_id: str, job_id: int) -> ClaimedJob | None:
@@ -179,8 +180,8 @@ class JobEngine(Protocol):
         any other state or gone. One transaction: the UPDATE, then a read of the row."""
 
     def running_claims(self, worker_id: str) -> list[Claim]:
-        """The claim (id, attempts) of every job ``worker_id`` holds in ``running``: one
-        statement, through the running jobs' index by owner."""
+        """The claim (id, attempts) of every job ``worker_id`` holds in ``running``. One
+        statement."""
 
     def claim_state(self, job_id: int) -> tuple[str, int, str | None] | None:
         """(state, attempts, reserved_by) of a row, by primary key, to explain a

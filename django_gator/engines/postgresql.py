@@ -432,7 +432,7 @@ class PostgresEngine(Engine):
         wrapper goes around it, so execute wrappers and error translation apply as to any
         cursor. After five runs PostgreSQL may keep one generic plan for any parameters,
         when its estimated cost is no higher than that of the plans made for the values at
-        hand (``plan_cache_mode = auto``); tests/test_plans.py checks those plans.
+        hand (``plan_cache_mode = auto``); tests/engines/test_contract_plans.py checks those plans.
 
         The ordinary cursor instead: behind a transaction pooler (``pooled``: nothing may
         stay in a server session), and while queries are logged (DEBUG, or a test capturing
