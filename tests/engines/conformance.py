@@ -38,7 +38,9 @@ def statements(alias: str = "default") -> Iterator[list[str]]:
     """The SQL of every statement sent on this thread's connection of ``alias`` meanwhile
     (a round trip each), through an execute wrapper: it sees the engines' prepared cursors
     too, and BEGIN/COMMIT sent as statements, but not the driver's own transaction calls
-    (Django's atomic() on PostgreSQL)."""
+    (Django's atomic() on PostgreSQL). The connection is opened first, so the session
+    set-up a new connection sends (MariaDB's isolation level) is not counted."""
+    connections[alias].ensure_connection()
     sent: list[str] = []
 
     def record(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:

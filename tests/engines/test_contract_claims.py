@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db import connection, connections, transaction
+from django.utils import timezone
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from django_gator import pause_queue
 from django_gator.attempts import Claim, Mark
@@ -52,39 +57,50 @@ def test_a_claim_of_a_paused_queue_takes_nothing():
     assert Job.objects.get().state == JobState.WAITING
 
 
+@hsettings(
+    max_examples=8, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(
+    jobs=st.integers(1, 30),
+    limits=st.lists(st.integers(1, 5), min_size=2, max_size=4),
+)
 @covers("claim_and_mark")
-def test_concurrent_claims_on_their_own_connections_never_share_a_row():
+def test_concurrent_claims_never_hand_a_job_to_two_workers(jobs: int, limits: list[int]) -> None:
+    """Workers on their own connections claim at once until nothing is left: every job is
+    claimed exactly once, by the worker its row names."""
+    Job.objects.all().delete()
     engine = get_engine("default")
-    jobs = Echo.dispatch_many([[i] for i in range(40)])
-    start = threading.Barrier(4, timeout=30)
-    taken: dict[str, list[int]] = {}
-    errors: list[BaseException] = []
+    ids = {job.pk for job in Noop.dispatch_many([[]] * jobs, queue="race")}
+    got: dict[str, list[int]] = {}
+    failures: list[BaseException] = []
+    start = threading.Barrier(len(limits))
 
-    def claimer(worker: str) -> None:
+    def work(worker: str, limit: int) -> None:
+        mine = got.setdefault(worker, [])
         try:
-            start.wait()
-            mine = taken.setdefault(worker, [])
-            while True:
-                claimed, _ = engine.claim_and_mark(worker, "echo", 3, [])
-                if not claimed:
-                    return
-                mine += [j.id for j in claimed]
-        except BaseException as exc:  # reported below
-            errors.append(exc)
+            start.wait(timeout=30)
+            while batch := engine.claim_and_mark(worker, "race", limit, [])[0]:
+                mine += [job.id for job in batch]
+        except BaseException as exc:
+            failures.append(exc)
         finally:
-            connections.close_all()  # this thread's
+            connections.close_all()
 
-    threads = [threading.Thread(target=claimer, args=(f"worker-{n}",)) for n in range(4)]
+    threads = [
+        threading.Thread(target=work, args=(f"racer-{i}", limit)) for i, limit in enumerate(limits)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=120)
-
-    assert not errors, errors
-    every = [job_id for ids in taken.values() for job_id in ids]
-    assert sorted(every) == sorted(j.pk for j in jobs)  # each row once, none lost
-    owners = dict(Job.objects.values_list("id", "reserved_by"))
-    assert all(owners[job_id] == worker for worker, ids in taken.items() for job_id in ids)
+        thread.join(timeout=60)
+    assert not failures, failures
+    everything = [job_id for claimed in got.values() for job_id in claimed]
+    assert sorted(everything) == sorted(ids), "a job was claimed twice, or never"
+    assert engine.claim_and_mark("late", "race", 10, []) == ([], [])
+    owners = dict(Job.objects.filter(pk__in=ids).values_list("pk", "reserved_by"))
+    for worker, claimed in got.items():
+        assert all(owners[job_id] == worker for job_id in claimed)
+    assert set(Job.objects.filter(pk__in=ids).values_list("state", "attempts")) == {("running", 1)}
 
 
 @pytest.mark.skipif("connection.vendor == 'sqlite'", reason="SQLite's writer waits instead")
@@ -191,6 +207,44 @@ def test_postgres_marks_even_when_a_keyset_claim_finds_nothing():
     assert nothing == []
     assert sorted(written) == sorted(j.id for j in claimed)
     assert Job.objects.filter(state=JobState.SUCCEEDED).count() == 2
+
+
+def _position(job: Any, lookback: float = 0.0) -> Position:
+    """The keyset position just after ``job`` (a claimed job, or a Job row)."""
+    return Position({job.priority: (job.next_execution_at, job.id)}, lookback)
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'")
+@covers("claim_and_mark", "supports_keyset")
+def test_a_keyset_claim_reads_each_priority_from_its_position():
+    engine = get_engine("default")
+    jobs = Noop.dispatch_many([[i] for i in range(5)])
+    first = engine.claim_and_mark("w", "default", 2, [])[0]
+    assert [j.id for j in first] == [jobs[0].pk, jobs[1].pk]
+    urgent = Noop.dispatch("urgent", priority=50)  # a priority without a position
+    back_dated = Noop.dispatch("late", at=timezone.now() - timedelta(hours=1))
+
+    after = engine.claim_and_mark("w", "default", 3, [], after=_position(first[-1]))[0]
+    # The new priority is read from the start of its range; the back-dated job lies
+    # before the position of priority 0 and is not seen.
+    assert [j.id for j in after] == [urgent.pk, jobs[2].pk, jobs[3].pk]
+    full = engine.claim_and_mark("w", "default", 3, [])[0]
+    assert {j.id for j in full} == {back_dated.pk, jobs[4].pk}  # the full claim sees it
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'")
+@covers("claim_and_mark", "supports_keyset")
+def test_the_lookback_finds_a_job_placed_just_before_the_position():
+    engine = get_engine("default")
+    [older, newer] = [Noop.dispatch(i) for i in range(2)]
+    [newer_claim], _ = engine.claim_and_mark("w", "default", 1, [], after=_position(older))
+    assert newer_claim.id == newer.pk
+    # A position past ``older`` (as if it committed after ``newer`` was claimed): without
+    # a lookback it is hidden, with one it is found.
+    assert engine.claim_and_mark("w", "default", 1, [], after=_position(newer_claim)) == ([], [])
+    after = _position(newer_claim, lookback=60)
+    [found], _ = engine.claim_and_mark("w", "default", 1, [], after=after)
+    assert found.id == older.pk
 
 
 @covers("supports_keyset")
