@@ -116,9 +116,11 @@ class JobEngine(Protocol):
     ) -> Inserted:
         """Insert one dispatch call's ``waiting`` rows, in the caller's transaction; the
         answer (ids, created_at, next_execution_at) in the rows' order. One INSERT for any
-        number of rows (a JSON document expanded by the database; PostgreSQL: ``unnest()``
-        arrays, or COPY from 1,000 rows), split only past the engine's size limit, the
-        parts in one transaction. ``notify``: queues whose listening workers wake when it
+        number of rows (a JSON document the database expands, split only past the
+        engine's size limit, the parts in one transaction; PostgreSQL: ``unnest()``
+        arrays, and from 1,000 rows COPY, its ids reserved in one statement before; MySQL
+        8, which has no INSERT ... RETURNING: an INSERT and a read per row, in one
+        transaction). ``notify``: queues whose listening workers wake when it
         commits. ``prepare()`` runs once before the ids are known, ``meanwhile(answer)``
         once after; an exception from either stores nothing."""
 
@@ -162,10 +164,11 @@ class JobEngine(Protocol):
         single writer), and a paused or limited queue yields nothing: one primary-key probe
         of its row in the queue table per statement. The jobs are read through the ready
         index (``gator_job_ready``; MariaDB ``gator_job_ready_my``) in its order, without a
-        sort. Round trips, with marks and a limit: PostgreSQL one statement (two when a
-        mark is a batch member's); SQLite and MariaDB one transaction. Without marks, the
-        claim alone: one statement (MariaDB: SELECT ... FOR UPDATE SKIP LOCKED then one
-        UPDATE, in one transaction)."""
+        sort. Round trips, with marks and a limit: PostgreSQL one statement (when a mark
+        is a batch member's, the marks and their batches' settling in one transaction,
+        then the claim); SQLite and MariaDB one transaction. Without marks, the claim
+        alone: one statement (MariaDB: SELECT ... FOR UPDATE SKIP LOCKED, then one UPDATE
+        of what it picked, in one transaction)."""
 
     def ready_queues(self, known: Sequence[str] = ()) -> list[str]:
         """The queues holding waiting or failed jobs the ordinary claim takes, except
@@ -327,7 +330,8 @@ class JobEngine(Protocol):
     def queue_gauges(self) -> tuple[datetime, list[QueueGauge]]:
         """The database's now and every queue's gauges (ready, scheduled, running, dead,
         oldest due and running times, paused), sorted by name. One statement, each part
-        reading one index (the ready, running and dead ones), never the finished rows."""
+        reading one index (the ready, running and dead ones; see engines/gauges.py, and
+        tests/test_metrics.py for their plans), never the finished rows."""
 
 
 def behind(engine: JobEngine) -> Engine:

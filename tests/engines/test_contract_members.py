@@ -32,3 +32,20 @@ def test_every_member_of_the_contract_has_a_conformance_test():
 def test_the_contract_lists_what_the_package_calls():
     # Not vacuous: the protocol has the operations the worker and dispatch use.
     assert {"claim_and_mark", "mark_succeeded", "insert_rows", "rescue"} <= contract_members()
+
+
+def test_only_the_engines_reach_behind_the_contract():
+    """``contract.behind()`` hands the engine's internals to modules of engines/ only."""
+    import ast
+
+    from tests.conftest import ROOT
+
+    package = ROOT / "django_gator"
+    outside = []
+    for path in sorted(package.rglob("*.py")):
+        if path.is_relative_to(package / "engines"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and any(a.name == "behind" for a in node.names):
+                outside.append(str(path.relative_to(ROOT)))
+    assert outside == []
