@@ -40,8 +40,8 @@ from tests.conftest import (
     worker_env,
     worker_output,
 )
+from tests.engines.test_contract_plans import explain
 from tests.factories import JobFactory
-from tests.engines.test_plans import explain
 from tests.testapp.jobs import Boom, Noop, RecordFailsFirst, Sleep
 
 pytestmark = pytest.mark.django_db(transaction=True)

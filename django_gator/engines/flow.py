@@ -27,7 +27,8 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, cast
 
 from django_gator.attempts import Mark
-from django_gator.engines.base import ClaimedJob, Engine
+from django_gator.engines.base import ClaimedJob
+from django_gator.engines.contract import JobEngine, behind
 from django_gator.engines.flow_postgresql import ClassRow, OneTripClaim, Request, usable
 from django_gator.engines.flow_walk import (
     KEYSET_LOOKBACK,
@@ -56,7 +57,8 @@ RATES_MEMORY = 10.0
 class FlowClaims(FlowWalk):
     """The limited claim and what the worker's router reads, for one engine."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, job_engine: JobEngine) -> None:
+        engine = behind(job_engine)
         super().__init__(engine)
         #: PostgreSQL: the claim in one round trip (engines/flow_postgresql.py).
         self.one_trip = (

@@ -82,7 +82,7 @@ class PostgresListener(Listener):
 class PostgresEngine(Engine):
     vendor = "postgresql"
     can_listen = True
-    json_param = "%s::jsonb"
+    _json_param = "%s::jsonb"
     now_sql = "statement_timestamp()"
     later_sql = "statement_timestamp() + %s::float8 * interval '1 second'"
 
@@ -346,7 +346,7 @@ class PostgresEngine(Engine):
         raw = django_connection.get_new_connection(params)
         try:
             raw.autocommit = True
-            self.opened_own_connection(raw)  # a worker process bounds it as its others
+            self._opened_own_connection(raw)  # a worker process bounds it as its others
             raw.execute(f"LISTEN {CHANNEL}")
             yield PostgresListener(raw)
         finally:
@@ -361,7 +361,7 @@ class PostgresEngine(Engine):
           writes; the affected jobs simply run again, and a dispatch, which commits in the
           caller's transaction, is never affected. GATOR_ASYNC_COMMIT = False leaves it on.
         - ``plan_cache_mode = force_generic_plan``: the claim and success-mark statements
-          are prepared once per session (see prepared_cursor) and their plan does not
+          are prepared once per session (see _prepared_cursor) and their plan does not
           depend on the values bound (the same index scans whatever the queue, the batch or
           the keyset position). Left to choose, PostgreSQL kept planning them anew at each
           run (a custom plan: its estimate for the generic one, with a LIMIT it cannot
@@ -416,7 +416,7 @@ class PostgresEngine(Engine):
         with raw.cursor() as cursor:
             cursor.execute(sql, params)
 
-    def guard(self, condition: str) -> str:
+    def _guard(self, condition: str) -> str:
         # Inside a CASE the conditions can neither drive an index scan nor prove a partial
         # index's predicate, so the planner has only the primary key to find the row by.
         return f"CASE WHEN {condition} AND {RUNNING_SQL} AND reserved_by = %s THEN true END"
@@ -424,7 +424,7 @@ class PostgresEngine(Engine):
     supports_keyset = True
 
     @contextmanager
-    def prepared_cursor(self) -> Iterator[Any]:
+    def _prepared_cursor(self) -> Iterator[Any]:
         """A cursor for the worker's hot statements (the claim, the batched success mark):
         it binds the parameters on the server and has the statement prepared on its first
         run, so PostgreSQL parses and plans each of them once per connection instead of on
@@ -432,7 +432,7 @@ class PostgresEngine(Engine):
         wrapper goes around it, so execute wrappers and error translation apply as to any
         cursor. After five runs PostgreSQL may keep one generic plan for any parameters,
         when its estimated cost is no higher than that of the plans made for the values at
-        hand (``plan_cache_mode = auto``); tests/engines/test_plans.py checks those plans.
+        hand (``plan_cache_mode = auto``); tests/engines/test_contract_plans.py checks those plans.
 
         The ordinary cursor instead: behind a transaction pooler (``pooled``: nothing may
         stay in a server session), and while queries are logged (DEBUG, or a test capturing
@@ -455,7 +455,7 @@ class PostgresEngine(Engine):
     ) -> list[ClaimedJob]:
         picked, params = self._picked(queue, limit, after)
         sql = f"WITH picked AS ({picked}) {self._claim_update}"
-        with self.prepared_cursor() as cursor:
+        with self._prepared_cursor() as cursor:
             cursor.execute(sql, [*params, worker_id])
             rows = cursor.fetchall()
         jobs = [self.claimed(row) for row in rows]
@@ -485,7 +485,7 @@ class PostgresEngine(Engine):
             " SELECT m.ids, c.* FROM (SELECT array_agg(id) AS ids FROM marked) AS m"
             " LEFT JOIN claimed AS c ON true"
         )
-        with self.prepared_cursor() as cursor:
+        with self._prepared_cursor() as cursor:
             cursor.execute(sql, [*marks_params, *params, worker_id])
             rows = cursor.fetchall()
         written = rows[0][0] or []
@@ -608,15 +608,15 @@ class PostgresEngine(Engine):
             return super().mark_succeeded(worker_id, done)
         sql, params = self.marks_sql(worker_id, done)
         batches = batches_of(done)
-        with self.write_transaction() if batches else self.prepared_cursor() as cursor:
+        with self.write_transaction() if batches else self._prepared_cursor() as cursor:
             cursor.execute(sql, params)
             written = [row[0] for row in cursor.fetchall()]
-            self.settle_batches(cursor, batches)
+            self._settle_batches(cursor, batches)
             return written
 
     def marks_sql(self, worker_id: str, done: Sequence[Mark]) -> tuple[str, list[Any]]:
         """One UPDATE of success marks, each row found by its
-        primary key (see guard()) and matched on its claim; returns the ids written. The
+        primary key (see _guard()) and matched on its claim; returns the ids written. The
         batches of batch members are not settled here (see mark_succeeded)."""
         sql = (
             f"UPDATE {self.job_table} AS j SET state = {SQL_SUCCEEDED}, "
@@ -651,7 +651,7 @@ def _texts(null: str) -> Callable[[list[Any]], list[str]]:
 
 class _PreparedCursor(psycopg.Cursor[Any]):
     """psycopg's server-binding cursor, preparing every statement it runs (see
-    PostgresEngine.prepared_cursor). Django opens its connections with psycopg's prepared
+    PostgresEngine._prepared_cursor). Django opens its connections with psycopg's prepared
     statements off (``prepare_threshold`` None, which makes psycopg ignore even the
     statements it has prepared), so the threshold is lifted for this cursor's statements
     only: the connection's other cursors are left as configured."""

@@ -42,15 +42,15 @@ class SQLiteEngine(Engine):
     # NULL || '...' is NULL, and strftime() of a NULL modifier is NULL.
     later_sql = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s || ' seconds')"
 
-    mark_in_claim_transaction = True
+    _mark_in_claim_transaction = True
     # Writers take turns (BEGIN IMMEDIATE): a batch row needs no lock of its own.
-    row_lock_sql = ""
+    _row_lock_sql = ""
 
     def __init__(self, alias: str) -> None:
         super().__init__(alias)
         # Compare-and-set writes look rows up by rowid only: without the hint, a batch of
         # ids is planned on an index of states, whose running entries grow with every job.
-        self.cas_table_sql = f"{self.job_table} NOT INDEXED"
+        self._cas_table_sql = f"{self.job_table} NOT INDEXED"
         self.atomic_turns = AtomicTurns()
 
     @contextmanager
@@ -101,7 +101,7 @@ class SQLiteEngine(Engine):
     def write_transaction(self) -> Iterator[Any]:
         # Take the write lock up front: a deferred transaction that reads and then writes
         # fails with SQLITE_BUSY when another connection wrote in between.
-        with self.raw_transaction("BEGIN IMMEDIATE") as cursor:
+        with self._raw_transaction("BEGIN IMMEDIATE") as cursor:
             yield cursor
 
     def insert_sql(self) -> str:

@@ -43,7 +43,7 @@ PLAIN_REST seconds (a round that finds nothing else still makes it).
 
 In the all-queues mode the queues the worker has claimed from are claimed from every round
 (a keyset claim of an empty queue is one index descent per priority), and the search for
-other queues with work jumps over them (see ``Engine.ready_queues``).
+other queues with work jumps over them (see ``JobEngine.ready_queues``).
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from django_gator.attempts import Mark
-from django_gator.engines import ClaimedJob
-from django_gator.engines.base import Engine, Position
+from django_gator.engines import ClaimedJob, JobEngine
+from django_gator.engines.core import Position
 from django_gator.worker.flow import FlowRouter
 from django_gator.worker.queues import QueueSpec, weighted_order
 
@@ -90,7 +90,7 @@ class Claimer:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: JobEngine,
         worker_id: str,
         specs: Sequence[QueueSpec] = (),
         rng: random.Random | None = None,

@@ -44,8 +44,7 @@ from django.db import connections
 from django.db.backends.signals import connection_created
 
 from django_gator import conf
-from django_gator.engines import get_engine
-from django_gator.engines.core import EngineCore
+from django_gator.engines import JobEngine, get_engine
 
 logger = logging.getLogger("django_gator.worker")
 
@@ -168,7 +167,7 @@ def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
         bound_connection(get_engine(connection.alias), connection.connection)
 
 
-def bound_connection(engine: EngineCore, raw: Any) -> None:
+def bound_connection(engine: JobEngine, raw: Any) -> None:
     """Bound the silence of ``raw``, a driver connection a worker process just opened, on
     both ends (also for connections Django does not open, like the LISTEN one). Nothing
     outside a worker process, or when off. Never raises: a connection that cannot be

@@ -28,8 +28,7 @@ from collections.abc import Callable, Sequence
 
 from django.db import close_old_connections
 
-from django_gator.engines import ClaimedJob
-from django_gator.engines.base import Engine
+from django_gator.engines import ClaimedJob, JobEngine
 from django_gator.worker.claims import Claimer
 from django_gator.worker.executor import Executors
 from django_gator.worker.outcomes import Outcomes, Retrying, has_steps, log_lost
@@ -52,7 +51,7 @@ class Fetcher:
     def __init__(
         self,
         *,
-        engine: Engine,
+        engine: JobEngine,
         slots: Slots,
         claimer: Claimer,
         executors: Executors,

@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from django.db import close_old_connections
 
 from django_gator import conf, health
-from django_gator.engines.base import Engine
+from django_gator.engines import JobEngine
 from django_gator.exceptions import WorkerLost
 from django_gator.logutil import safe
 from django_gator.states import JobState
@@ -46,7 +46,7 @@ class Lifeline:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: JobEngine,
         worker_id: str,
         register: Callable[[], object] = lambda: None,
         beacon: Beacon | None = None,

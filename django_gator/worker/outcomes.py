@@ -23,8 +23,7 @@ from django.db import DatabaseError
 
 from django_gator import conf, metrics
 from django_gator.attempts import Claim, Failure, Mark, Outcome, Snoozed, Success
-from django_gator.engines import ClaimedJob
-from django_gator.engines.base import Engine
+from django_gator.engines import ClaimedJob, JobEngine
 from django_gator.exceptions import JobHandedBack, JobTimeout
 from django_gator.logutil import safe
 from django_gator.queueable import effective_timeout, get_job_class
@@ -62,7 +61,7 @@ class Outcomes:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: JobEngine,
         worker_id: str,
         retrying: Retrying | None = None,
         follow_ups: list[int] | None = None,
