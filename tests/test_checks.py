@@ -4,7 +4,8 @@ that ``manage.py gator_worker`` refuses to start on a bad setting.
 
 The bad values of each setting come from tests/test_conf.py (BAD), which fails when a
 setting is declared without them. The admin's schedule form is tested in
-tests/reliability/test_bad_input.py; the Tasks backend's check (E006) in tests/tasks/test_backend.py.
+tests/reliability/test_bad_input.py; the Tasks backend's check (E006) in
+tests/tasks/test_backend.py.
 """
 
 from __future__ import annotations
