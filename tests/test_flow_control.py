@@ -711,7 +711,7 @@ def test_the_ordinary_claim_of_a_queue_busy_with_limited_jobs_rests():
 
 
 def test_keyset_reads_find_higher_priorities_and_back_dated_jobs(monkeypatch):
-    from django_gator.engines import flow_walk
+    from django_gator.engines import flow_keyset
 
     engine = get_engine("default")
     flow = FlowClaims(engine)
@@ -729,6 +729,6 @@ def test_keyset_reads_find_higher_priorities_and_back_dated_jobs(monkeypatch):
     assert take(1) == [urgent.pk]  # a higher priority is read whole
     # The back-dated job lies before the position: found at the latest by the next full
     # read, here forced at once.
-    monkeypatch.setattr(flow_walk, "FULL_READ_EVERY", 0.0)
+    monkeypatch.setattr(flow_keyset, "FULL_READ_EVERY", 0.0)
     assert take(1) == [old.pk]
     assert take(5) == [j.pk for j in jobs[4:]]

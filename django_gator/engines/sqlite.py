@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sqlite3
 import struct
 import threading
 import time
@@ -18,6 +17,7 @@ from typing import Any
 from django.db import OperationalError, transaction
 
 from django_gator.engines.base import JOB_COLUMNS, UNKEYED_SQL, ClaimedJob, Engine, Position
+from django_gator.engines.outages import is_busy
 from django_gator.states import READY_SQL, SQL_WAITING, claim_set_sql
 
 try:
@@ -139,18 +139,6 @@ class SQLiteEngine(Engine):
         jobs = [self.claimed(row) for row in cursor.fetchall()]
         jobs.sort(key=lambda j: (-j.priority, j.id))
         return jobs
-
-
-def is_busy(exc: BaseException | None) -> bool:
-    """Whether ``exc``, or an error it was raised from, is SQLite's SQLITE_BUSY ("database
-    is locked"): another connection held the write lock beyond the busy timeout."""
-    for _ in range(5):  # Django's OperationalError is raised from the driver's
-        if exc is None:
-            return False
-        if isinstance(exc, sqlite3.OperationalError):
-            return getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_BUSY
-        exc = exc.__cause__
-    return False
 
 
 class AtomicTurns:

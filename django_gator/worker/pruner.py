@@ -47,7 +47,7 @@ from django.db import close_old_connections, models
 
 from django_gator import conf
 from django_gator.engines import JobEngine
-from django_gator.engines.flow_walk import key_scope, queue_scope
+from django_gator.engines.flow_ledger import key_scope, queue_scope
 from django_gator.limits import UNITS, parse_rate
 from django_gator.models import Batch, FlowStart, Job, JobState, Lease, Queue, WorkflowRun
 from django_gator.registry import registered_jobs
