@@ -323,10 +323,6 @@ LONG_FUNCTIONS = {
     "stats.py:queue_stats",
     "testing.py:run_jobs",
     "validation.py:check_json",
-    "worker/claims.py:claim",
-    "worker/execution.py:_run_claimed",
-    "worker/fetcher.py:run",
-    "worker/lifeline.py:rescue",
     "worker/supervisor.py:__init__",
 }
 
