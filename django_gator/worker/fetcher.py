@@ -32,9 +32,10 @@ from django_gator.engines import ClaimedJob
 from django_gator.engines.base import Engine
 from django_gator.worker.claims import Claimer
 from django_gator.worker.executor import Executors
-from django_gator.worker.outcomes import Outcomes, Retrying, has_steps, log_lost
+from django_gator.worker.outcomes import Outcomes, has_steps
 from django_gator.worker.retrier import backoff, drop_connection, refused
 from django_gator.worker.slots import Finished, Round, Slots
+from django_gator.worker.writes import Retrying, log_lost
 
 logger = logging.getLogger("django_gator.worker")
 
