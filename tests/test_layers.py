@@ -302,7 +302,6 @@ LONG_MODULES = {
     "models/jobs.py",
     "queueable.py",
     "validation.py",
-    "worker/processes.py",
     "worker/supervisor.py",
     "workflows.py",
 }

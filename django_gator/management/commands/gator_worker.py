@@ -16,13 +16,9 @@ from django_gator.exceptions import SchemaMissing
 from django_gator.logutil import safe
 from django_gator.management.arguments import QUEUE_SPEC, SettingValue, WholeNumber
 from django_gator.worker.beacon import Beacon
+from django_gator.worker.children import EXIT_RECYCLED
 from django_gator.worker.limits import Limits
-from django_gator.worker.processes import (
-    EXIT_RECYCLED,
-    ProcessSupervisor,
-    as_child,
-    child_arguments,
-)
+from django_gator.worker.processes import ProcessSupervisor, as_child, child_arguments
 from django_gator.worker.queues import QueueSpec
 from django_gator.worker.supervisor import WorkerProcess
 
