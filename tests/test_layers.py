@@ -302,7 +302,6 @@ LONG_MODULES = {
     "models/jobs.py",
     "queueable.py",
     "validation.py",
-    "worker/supervisor.py",
     "workflows.py",
 }
 LONG_FUNCTIONS = {
@@ -317,7 +316,6 @@ LONG_FUNCTIONS = {
     "stats.py:queue_stats",
     "testing.py:run_jobs",
     "validation.py:check_json",
-    "worker/supervisor.py:__init__",
 }
 
 
