@@ -76,9 +76,23 @@ class Command(BaseCommand):
         try:
             self._dispatches(options, only)
             if "batch" in only:
-                self._batches(options)
+                self._compare(
+                    options,
+                    bench.bench_batch_dispatch(options["batch"], options["rounds"]),
+                    f"dispatch_many of {options['batch']:,}: plain / in a Batch",
+                    "in a Batch / plain, median",
+                    "plain",
+                    "Batch",
+                )
             if "batch_step" in only:
-                self._batch_steps(options)
+                self._compare(
+                    options,
+                    bench.bench_batch_step_dispatch(options["batch"], options["rounds"]),
+                    f"{options['batch']:,} jobs: in a Batch / as a batch step",
+                    "batch step / Batch, median",
+                    "Batch",
+                    "batch step",
+                )
             if "latency" in only:
                 p50, p90 = bench.bench_latency(options["latency"], options["concurrency"])
                 samples = wording.count(options["latency"], "sample")
@@ -121,33 +135,25 @@ class Command(BaseCommand):
                 f"{rate:,.0f} tasks/s",
             )
 
-    def _batches(self, options: dict[str, Any]) -> None:
-        """dispatch_many plain and in a Batch, alternately; then their drains."""
-        from django_gator import bench
-
-        rounds = bench.bench_batch_dispatch(options["batch"], options["rounds"])
-        for plain_s, batched_s in rounds:
+    def _compare(
+        self,
+        options: dict[str, Any],
+        rounds: list[tuple[float, float]],
+        label: str,
+        median: str,
+        first: str,
+        second: str,
+    ) -> None:
+        """Two ways of dispatching, alternately: each round's times, the median ratio of the
+        second to the first; then the drains of the jobs dispatched each way."""
+        for first_s, second_s in rounds:
             self._line(
-                f"dispatch_many of {options['batch']:,}: plain / in a Batch",
-                f"{plain_s * 1000:.0f} / {batched_s * 1000:.0f} ms (x{batched_s / plain_s:.2f})",
+                label,
+                f"{first_s * 1000:.0f} / {second_s * 1000:.0f} ms (x{second_s / first_s:.2f})",
             )
-        ratios = sorted(b / p for p, b in rounds)
-        self._line("in a Batch / plain, median", f"x{ratios[len(ratios) // 2]:.2f}")
-        self._drains(options, "plain", "Batch")
-
-    def _batch_steps(self, options: dict[str, Any]) -> None:
-        """Jobs in a Batch and as a workflow's batch step, alternately; then their drains."""
-        from django_gator import bench
-
-        rounds = bench.bench_batch_step_dispatch(options["batch"], options["rounds"])
-        for batch_s, step_s in rounds:
-            self._line(
-                f"{options['batch']:,} jobs: in a Batch / as a batch step",
-                f"{batch_s * 1000:.0f} / {step_s * 1000:.0f} ms (x{step_s / batch_s:.2f})",
-            )
-        ratios = sorted(s / b for b, s in rounds)
-        self._line("batch step / Batch, median", f"x{ratios[len(ratios) // 2]:.2f}")
-        self._drains(options, "Batch", "batch step")
+        ratios = sorted(b / a for a, b in rounds)
+        self._line(median, f"x{ratios[len(ratios) // 2]:.2f}")
+        self._drains(options, first, second)
 
     def _drains(self, options: dict[str, Any], first: str, second: str) -> None:
         """Drain ``--drain`` jobs dispatched two ways ("plain", "Batch": its members, "batch
