@@ -292,28 +292,16 @@ LONG_MODULES = {
     "models/jobs.py",
     "queueable.py",
     "validation.py",
-    "worker/outcomes.py",
-    "worker/processes.py",
-    "worker/supervisor.py",
     "workflows.py",
 }
 LONG_FUNCTIONS = {
     "admin/chart.py:chart_context",
     "admin/workflows.py:graph_context",
     "health.py:check",
-    "management/commands/gator_bench.py:handle",
-    "management/commands/gator_retry.py:handle",
-    "management/commands/gator_worker.py:add_arguments",
-    "management/commands/gator_worker.py:handle",
     "models/workflows.py:_move",
     "stats.py:queue_stats",
     "testing.py:run_jobs",
     "validation.py:check_json",
-    "worker/claims.py:claim",
-    "worker/execution.py:_run_claimed",
-    "worker/fetcher.py:run",
-    "worker/lifeline.py:rescue",
-    "worker/supervisor.py:__init__",
 }
 
 
