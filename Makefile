@@ -82,9 +82,9 @@ endef
 sysdeps:
 	@$(check_sysdeps)
 
-# Tools some tests need, from Debian packages: the partition tests (tests/test_partitions.py)
+# Tools some tests need, from Debian packages: the partition tests (tests/reliability/test_partitions.py)
 # cut a worker process off the database with iptables, as root; the PgBouncer tests
-# (tests/test_pgbouncer.py) start their own pgbouncer in front of PostgreSQL. Without the
+# (tests/reliability/test_pgbouncer.py) start their own pgbouncer in front of PostgreSQL. Without the
 # tool those tests skip, saying why. As root with apt-get, the test targets install it;
 # under CI=true a missing tool that cannot be installed is an error.
 # $(call check_tool,COMMAND (= its package),TESTS)
@@ -217,10 +217,10 @@ CHAOS_KILLS      ?= 20
 CHAOS_PG_FAULTS  ?= sigterm=3,sigstop=2,connkill=3,pg_restart=1
 CHAOS_SMALL_JOBS ?= 3000
 CHAOS_SMALL_KILLS ?= 8
-# Issue 18's batch proof (tests/test_batch_chaos.py), on each database (10,000 members and
+# Issue 18's batch proof (tests/reliability/test_batch_chaos.py), on each database (10,000 members and
 # 6 SIGKILLs: 29-51 s each, 2026-11-24).
 CHAOS_BATCH_JOBS ?= 10000
-CHAOS_PYTEST = $(VENV_PY) -m pytest tests/test_chaos.py -s -p no:cacheprovider $(PYTEST_ARGS)
+CHAOS_PYTEST = $(VENV_PY) -m pytest tests/reliability/test_chaos.py -s -p no:cacheprovider $(PYTEST_ARGS)
 test-chaos: install
 	@failed=""; \
 	$(call header,PostgreSQL chaos: $(CHAOS_JOBS) jobs / $(CHAOS_KILLS) SIGKILLs and more faults); \
@@ -241,7 +241,7 @@ test-chaos: install
 	  echo; echo "==> Batch chaos: $(CHAOS_BATCH_JOBS) members / 6 SIGKILLs on $${url:-SQLite}"; \
 	  $(if $(TEST_DB_SUFFIX),TOX_PARALLEL_ENV='$(TEST_DB_SUFFIX)') DATABASE_URL="$$url" \
 	    GATOR_BATCH_CHAOS_JOBS=$(CHAOS_BATCH_JOBS) GATOR_BATCH_CHAOS_KILLS=6 \
-	    $(VENV_PY) -m pytest tests/test_batch_chaos.py -s -p no:cacheprovider $(PYTEST_ARGS) \
+	    $(VENV_PY) -m pytest tests/reliability/test_batch_chaos.py -s -p no:cacheprovider $(PYTEST_ARGS) \
 	    || failed="$$failed batch:$${url:-SQLite}"; \
 	done; \
 	if [ -n "$$failed" ]; then echo; echo "==> make test-chaos FAILED on:$$failed" >&2; exit 1; fi; \

@@ -14,6 +14,7 @@ from typing import Any
 from django.db import connections
 
 from django_gator import conf
+from django_gator.engines import get_engine, schema
 from django_gator.models import FlowStart, Job, JobState, Queue
 from django_gator.queueable import Queueable
 from django_gator.worker.queues import QueueSpec
@@ -90,10 +91,7 @@ def clean() -> int:
     WorkflowRun.objects.using(alias).filter(name="bench").delete()
     Queue.objects.using(alias).filter(name=QUEUE).delete()
     FlowStart.objects.using(alias).filter(scope__startswith=f"job:{BenchKeyed.name}|").delete()
-    connection = connections[alias]
-    if connection.vendor == "postgresql" and not connection.in_atomic_block:
-        with connection.cursor() as cursor:
-            cursor.execute(f"VACUUM ANALYZE {connection.ops.quote_name(Job._meta.db_table)}")
+    schema.vacuum_jobs(get_engine(alias))
     return deleted
 
 

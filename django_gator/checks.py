@@ -37,6 +37,7 @@ from django.core import checks
 from django.db import connections
 
 from django_gator import conf, schema
+from django_gator.engines.checks import server_checks
 from django_gator.limits import QUEUE_OPTIONS, unknown_queue_options
 from django_gator.validation import validate_queue
 
@@ -133,13 +134,7 @@ def check_database(
         or alias not in settings.DATABASES
     ):
         return []
-    messages = _check_tables(alias)
-    connection = connections[alias]
-    if connection.vendor == "sqlite":
-        messages += _check_sqlite(alias, connection)
-    elif connection.vendor == "mysql":
-        messages += _check_mysql(alias, connection)
-    return messages
+    return _check_tables(alias) + server_checks(alias, connections[alias])
 
 
 def _check_tables(alias: str) -> list[checks.CheckMessage]:
@@ -169,62 +164,3 @@ def _inside_migrate() -> bool:
             return True
         frame = frame.f_back  # type: ignore[assignment]
     return False
-
-
-def _check_sqlite(alias: str, connection: Any) -> list[checks.CheckMessage]:
-    messages: list[checks.CheckMessage] = []
-    # An in-memory database lives in one process, so nothing can block on it, and it cannot
-    # be in WAL mode. That includes the test runner's database for a file database without
-    # TEST NAME ("file:memorydb_default?mode=memory&cache=shared"), which the check sees in
-    # every `manage.py test` run.
-    if connection.is_in_memory_db():
-        return messages
-    with connection.cursor() as cursor:
-        cursor.execute("PRAGMA journal_mode")
-        mode = cursor.fetchone()[0]
-    if str(mode).lower() != "wal":
-        messages.append(
-            checks.Warning(
-                f"SQLite database {alias!r} is in {mode!r} journal mode, not WAL.",
-                hint=(
-                    'Add "init_command": "PRAGMA journal_mode=WAL;" to its OPTIONS, so '
-                    "workers and web requests do not block each other."
-                ),
-                id="django_gator.W001",
-            )
-        )
-    transaction_mode = connection.settings_dict.get("OPTIONS", {}).get("transaction_mode")
-    if str(transaction_mode or "").upper() != "IMMEDIATE":
-        current = "no transaction_mode" if transaction_mode is None else repr(transaction_mode)
-        messages.append(
-            checks.Warning(
-                f"SQLite database {alias!r} does not use IMMEDIATE transactions "
-                f"(OPTIONS has {current}).",
-                hint=(
-                    'Add "transaction_mode": "IMMEDIATE" to its OPTIONS; otherwise an atomic() '
-                    'block that dispatches a job can fail with "database is locked" while a '
-                    "worker writes."
-                ),
-                id="django_gator.W002",
-            )
-        )
-    return messages
-
-
-def _check_mysql(alias: str, connection: Any) -> list[checks.CheckMessage]:
-    connection.ensure_connection()
-    minimum: tuple[int, ...]
-    if connection.mysql_is_mariadb:
-        minimum, product = (10, 6), "MariaDB"
-    else:
-        minimum, product = (8, 0, 1), "MySQL"
-    version = connection.mysql_version
-    if version < minimum:
-        return [
-            checks.Error(
-                f"{product} {'.'.join(map(str, version))} on {alias!r} has no SKIP LOCKED.",
-                hint=f"django-gator needs {product} {'.'.join(map(str, minimum))} or newer.",
-                id="django_gator.E004",
-            )
-        ]
-    return []

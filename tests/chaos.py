@@ -32,7 +32,7 @@ must not kill them. Their attempts cut short by an outage are given back (an err
 marked ``outage``); the check counts only the charged ones against the attempts. After
 the run, no gracefully stopped worker may have left its row behind.
 
-From the tests: ``tests/test_chaos.py`` runs it on the test database. By hand, on a
+From the tests: ``tests/reliability/test_chaos.py`` runs it on the test database. By hand, on a
 database of your own (its job and ledger tables are emptied first)::
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/chaos \\

@@ -29,6 +29,30 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"django-gator: Django {django.get_version()}, database {engine}"
 
 
+#: Modules whose tests all start worker processes (or servers) through their own harness
+#: rather than the ``spawn_worker`` fixture.
+PROCESS_MODULES = {
+    "tests/reliability/test_batch_chaos.py",
+    "tests/reliability/test_chaos.py",
+    "tests/reliability/test_outages.py",
+    "tests/reliability/test_partitions.py",
+    "tests/reliability/test_sqlite_contention.py",
+    "tests/worker/test_processes.py",
+    "tests/worker/test_supervision.py",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``processes`` the tests that start real worker processes (the ``spawn_worker``
+    fixture, directly or through another fixture, or a module of PROCESS_MODULES). They
+    run the same worker code under every Django line, so CI's Django 6.1 line leaves them
+    to the Django 5.2 line (``-m "not processes"``); ``make test`` runs them all."""
+    for item in items:
+        path = Path(str(item.fspath)).relative_to(ROOT).as_posix()
+        if "spawn_worker" in getattr(item, "fixturenames", ()) or path in PROCESS_MODULES:
+            item.add_marker(pytest.mark.processes)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Remove the file by which SQLite workers take turns (engines/sqlite.py) next to the
     test database, which pytest-django removes."""

@@ -94,11 +94,11 @@ if os.environ.get("GATOR_TEST_CLOCK_FILE"):
 GATOR_SHUTDOWN_TIMEOUT = float(os.environ.get("GATOR_SHUTDOWN_TIMEOUT", "10"))
 GATOR_MAX_RESCUES = int(os.environ.get("GATOR_MAX_RESCUES", "3"))
 GATOR_OUTAGE_RETRIES = int(os.environ.get("GATOR_OUTAGE_RETRIES", "10"))
-if "GATOR_ASYNC_COMMIT" in os.environ:  # tests/test_outages.py: durable success marks
+if "GATOR_ASYNC_COMMIT" in os.environ:  # tests/reliability/test_outages.py: durable success marks
     GATOR_ASYNC_COMMIT = os.environ["GATOR_ASYNC_COMMIT"] == "1"
 GATOR_MAX_HANDBACKS = int(os.environ.get("GATOR_MAX_HANDBACKS", "3"))
 # Unknown job names end dead at once in tests, unless a test waits for a deploy
-# (tests/test_unknown_names.py).
+# (tests/worker/test_unknown_names.py).
 GATOR_UNKNOWN_JOB_WINDOW = float(os.environ.get("GATOR_UNKNOWN_JOB_WINDOW", "0"))
 
 if os.environ.get("GATOR_TEST_DB_NAME") and _db["ENGINE"] != "django.db.backends.sqlite3":
@@ -106,7 +106,7 @@ if os.environ.get("GATOR_TEST_DB_NAME") and _db["ENGINE"] != "django.db.backends
     _db.setdefault("TEST", {})["NAME"] = os.environ["GATOR_TEST_DB_NAME"]
 
 if os.environ.get("GATOR_TEST_PG_HOSTS") and _db["ENGINE"].endswith("postgresql"):
-    # A primary that can move (tests/test_outages.py's failover): libpq tries each
+    # A primary that can move (tests/reliability/test_outages.py's failover): libpq tries each
     # HOST:PORT in turn and keeps the one that accepts writes, as on a managed database
     # with a standby (Patroni, RDS Multi-AZ without a DNS name).
     _hosts = [h.rsplit(":", 1) for h in os.environ["GATOR_TEST_PG_HOSTS"].split(",")]
@@ -114,7 +114,7 @@ if os.environ.get("GATOR_TEST_PG_HOSTS") and _db["ENGINE"].endswith("postgresql"
     _db.setdefault("OPTIONS", {}).update(target_session_attrs="read-write", connect_timeout=5)
 
 if os.environ.get("GATOR_TEST_PGBOUNCER_PORT") and _db["ENGINE"].endswith("postgresql"):
-    # tests/test_pgbouncer.py: this process reaches the database through a PgBouncer in
+    # tests/reliability/test_pgbouncer.py: this process reaches the database through a PgBouncer in
     # transaction mode; "direct" is the same database without it (for LISTEN).
     DATABASES["direct"] = {**_db, "OPTIONS": dict(_db.get("OPTIONS") or {})}
     _db.update(HOST="127.0.0.1", PORT=int(os.environ["GATOR_TEST_PGBOUNCER_PORT"]))

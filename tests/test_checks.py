@@ -4,7 +4,8 @@ that ``manage.py gator_worker`` refuses to start on a bad setting.
 
 The bad values of each setting come from tests/test_conf.py (BAD), which fails when a
 setting is declared without them. The admin's schedule form is tested in
-tests/test_bad_input.py; the Tasks backend's check (E006) in tests/test_tasks.py.
+tests/reliability/test_bad_input.py; the Tasks backend's check (E006) in
+tests/tasks/test_backend.py.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from django.test import override_settings
 
 from django_gator import Cron, Queueable, conf
 from django_gator import checks as gator_checks
+from django_gator.engines import checks as engine_checks
 from django_gator.models import Job, JobState
 from django_gator.queueable import registered_jobs, unregister
 from tests.conftest import ROOT, worker_output
@@ -288,7 +290,7 @@ def test_an_old_mariadb_or_mysql_is_an_error_with_the_version_needed(
     try:
         wrapper.ensure_connection()
         wrapper.__dict__.update(mysql_is_mariadb=mariadb, mysql_version=version)
-        found = gator_checks._check_mysql("default", wrapper)
+        found = engine_checks.check_mysql("default", wrapper)
     finally:
         wrapper.close()
 

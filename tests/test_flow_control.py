@@ -1,6 +1,6 @@
 """Flow control: queue concurrency and rate limits, per-key limits of job classes, their
 claim on every engine, settings and bad input. The proof with real worker processes is in
-tests/test_flow_workers.py."""
+tests/reliability/test_flow_workers.py."""
 
 from __future__ import annotations
 
@@ -630,7 +630,7 @@ def test_gator_queue_list_and_gator_status_show_limits():
 
 
 def test_a_burst_worker_drains_a_single_key_one_at_a_time(tmp_path):
-    from tests.test_flow_workers import max_overlap
+    from tests.reliability.test_flow_workers import max_overlap
 
     ledger = tmp_path / "ledger.txt"
     jobs = KeyedSpan.dispatch_many([[str(ledger), "one", 0.02]] * 6)
@@ -711,7 +711,7 @@ def test_the_ordinary_claim_of_a_queue_busy_with_limited_jobs_rests():
 
 
 def test_keyset_reads_find_higher_priorities_and_back_dated_jobs(monkeypatch):
-    from django_gator.engines import flow_walk
+    from django_gator.engines import flow_keyset
 
     engine = get_engine("default")
     flow = FlowClaims(engine)
@@ -729,6 +729,6 @@ def test_keyset_reads_find_higher_priorities_and_back_dated_jobs(monkeypatch):
     assert take(1) == [urgent.pk]  # a higher priority is read whole
     # The back-dated job lies before the position: found at the latest by the next full
     # read, here forced at once.
-    monkeypatch.setattr(flow_walk, "FULL_READ_EVERY", 0.0)
+    monkeypatch.setattr(flow_keyset, "FULL_READ_EVERY", 0.0)
     assert take(1) == [old.pk]
     assert take(5) == [j.pk for j in jobs[4:]]

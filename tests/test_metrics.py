@@ -40,8 +40,8 @@ from tests.conftest import (
     worker_env,
     worker_output,
 )
+from tests.engines.test_contract_plans import explain
 from tests.factories import JobFactory
-from tests.test_plans import explain
 from tests.testapp.jobs import Boom, Noop, RecordFailsFirst, Sleep
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -397,7 +397,7 @@ def test_the_dead_queue_index_migration_rebuilds_an_index_left_invalid():
     planner never uses; running the migration's step again replaces it."""
     from django.apps import apps as registry
 
-    from django_gator import indexes
+    from django_gator.engines import schema
 
     def valid() -> bool | None:
         with connection.cursor() as cursor:
@@ -416,13 +416,13 @@ def test_the_dead_queue_index_migration_rebuilds_an_index_left_invalid():
         )
     assert valid() is False
     with connection.schema_editor(atomic=False) as editor:
-        indexes.create_dead_queue_index(registry, editor)
+        schema.create_dead_queue_index(registry, editor)
     assert valid() is True
     with connection.schema_editor(atomic=False) as editor:
-        indexes.drop_dead_queue_index(registry, editor)
+        schema.drop_dead_queue_index(registry, editor)
     assert valid() is None
     with connection.schema_editor(atomic=False) as editor:
-        indexes.create_dead_queue_index(registry, editor)
+        schema.create_dead_queue_index(registry, editor)
     assert valid() is True
 
 

@@ -15,14 +15,13 @@ import importlib
 import json
 import random
 import re
-import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, NamedTuple
 
 import pytest
-from django.db import connections, transaction
+from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 from hypothesis import HealthCheck, given, note
@@ -761,52 +760,6 @@ def test_a_job_whose_workers_keep_getting_lost_goes_dead_after_max_crashes_alone
         assert (row.finished_at is None) is (state == JobState.WAITING)
         assert f"worker {owner} stopped heartbeating" in row.last_error
         assert ("ran alone in it" in row.last_error) is alone
-
-
-@pytest.mark.django_db(transaction=True)
-@hsettings(
-    max_examples=8, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
-)
-@given(
-    jobs=st.integers(1, 30),
-    limits=st.lists(st.integers(1, 5), min_size=2, max_size=4),
-)
-def test_concurrent_claims_never_hand_a_job_to_two_workers(jobs: int, limits: list[int]) -> None:
-    """Workers on their own connections claim at once until nothing is left: every job is
-    claimed exactly once, by the worker its row names."""
-    Job.objects.all().delete()
-    engine = get_engine("default")
-    ids = {job.pk for job in Noop.dispatch_many([[]] * jobs, queue="race")}
-    got: dict[str, list[int]] = {}
-    failures: list[BaseException] = []
-    start = threading.Barrier(len(limits))
-
-    def work(worker: str, limit: int) -> None:
-        mine = got.setdefault(worker, [])
-        try:
-            start.wait(timeout=30)
-            while batch := engine.claim(worker, "race", limit):
-                mine += [job.id for job in batch]
-        except BaseException as exc:
-            failures.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [
-        threading.Thread(target=work, args=(f"racer-{i}", limit)) for i, limit in enumerate(limits)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert not failures, failures
-    everything = [job_id for claimed in got.values() for job_id in claimed]
-    assert sorted(everything) == sorted(ids), "a job was claimed twice, or never"
-    assert engine.claim("late", "race", 10) == []
-    owners = dict(Job.objects.filter(pk__in=ids).values_list("pk", "reserved_by"))
-    for worker, claimed in got.items():
-        assert all(owners[job_id] == worker for job_id in claimed)
-    assert set(Job.objects.filter(pk__in=ids).values_list("state", "attempts")) == {("running", 1)}
 
 
 # -- 2. what dispatch accepts and stores ------------------------------------------------------

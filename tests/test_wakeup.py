@@ -174,7 +174,7 @@ def test_an_idle_worker_starts_a_job_long_before_its_next_poll():
     try:
         wait_for(lambda: Worker.objects.filter(id=worker.worker_id).exists(), timeout=20)
         row = Worker.objects.get(id=worker.worker_id)
-        assert row.wakeup_address == worker.wakeup_address
+        assert row.wakeup_address == worker.registration.wakeup_address
         assert row.wakeup_address.startswith("127.0.0.1:")
         wakeup.refresh(connection.alias)
         for i in range(3):
@@ -199,16 +199,16 @@ def test_postgresql_workers_publish_no_address_and_off_means_off():
         assert not wakeup.enabled(connection.alias)
         worker = WorkerProcess(concurrency=1, install_signal_handlers=False)
         worker._bind_wakeups()
-        assert worker.wakeup_socket is None
+        assert worker.registration.wakeup_socket is None
     worker = WorkerProcess(concurrency=1, install_signal_handlers=False)
     worker._bind_wakeups()
     try:
-        assert (worker.wakeup_socket is None) == (connection.vendor == "postgresql")
+        assert (worker.registration.wakeup_socket is None) == (connection.vendor == "postgresql")
         # LISTEN or a wakeup socket: no quick polls either way.
         assert worker.fetcher.listening
     finally:
-        if worker.wakeup_socket is not None:
-            worker.wakeup_socket.close()
+        if worker.registration.wakeup_socket is not None:
+            worker.registration.wakeup_socket.close()
 
 
 def test_a_port_in_use_leaves_the_worker_polling(inbox):

@@ -421,9 +421,9 @@ def succeeded_steps(run: WorkflowRun) -> int:
 
 
 def run_with_fault(spawn_worker: Any, fault: str, done: Callable[[], bool]) -> None:
-    """A worker that injects ``fault`` (tests/test_boundaries.py), and, if the fault killed
-    it, a clean one, until ``done()``; then stopped, the fault seen in its log."""
-    from tests.test_boundaries import FAST
+    """A worker that injects ``fault`` (tests/reliability/test_boundaries.py), and, if the
+    fault killed it, a clean one, until ``done()``; then stopped, the fault seen in its log."""
+    from tests.reliability.test_boundaries import FAST
 
     faulty = spawn_worker("--concurrency", "1", env={**FAST, "GATOR_TEST_FAULT": fault})
     if fault.startswith("kill_"):

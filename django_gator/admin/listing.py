@@ -23,19 +23,18 @@ On a jobs table of millions of rows, what Django's admin does by default costs s
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin.views.main import PAGE_VAR, ChangeList
 from django.core.paginator import Page, Paginator
-from django.db import DatabaseError, connections
 from django.db.models import BigIntegerField, ExpressionWrapper, F, Max, TextField
 from django.db.models.functions import Cast
 from django.http import HttpRequest, HttpResponse
 from django.utils.functional import cached_property
 
 from django_gator import stats
+from django_gator.engines.listing import planned_rows
 from django_gator.models import Job
 
 #: Job ids a text search reads at most, unless asked to read everything (on PostgreSQL, a
@@ -43,18 +42,6 @@ from django_gator.models import Job
 SEARCH_WINDOW = 50_000
 #: The query parameter that asks for a search of every row.
 SEARCH_ALL = "search_all"
-
-
-def planned_rows(queryset: Any) -> int | None:
-    """PostgreSQL's estimate of the rows ``queryset`` returns (EXPLAIN, nothing run), or
-    None elsewhere or if it cannot tell."""
-    if connections[queryset.db].vendor != "postgresql":
-        return None
-    try:
-        plan = json.loads(queryset.order_by().explain(format="json"))
-        return int(plan[0]["Plan"]["Plan Rows"])
-    except (DatabaseError, ValueError, KeyError, IndexError, TypeError):
-        return None
 
 
 class EstimatedCountPaginator(Paginator):

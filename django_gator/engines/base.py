@@ -137,7 +137,7 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
             return self._mark_succeeded(cursor, worker_id, done)
 
     #: A JSON value as a query parameter.
-    json_param = "%s"
+    _json_param = "%s"
 
     #: Whether UPDATE ... RETURNING works (it does not on MySQL and MariaDB).
     update_returning = True
@@ -159,16 +159,16 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
         if with_result:
             result_sql = (
                 "CASE id "
-                + " ".join(f"WHEN %s THEN {self.json_param}" for _ in with_result)
+                + " ".join(f"WHEN %s THEN {self._json_param}" for _ in with_result)
                 + " ELSE NULL END"
             )
             result_params = [v for d in with_result for v in (d.id, d.result)]
         else:
             result_sql, result_params = "NULL", []
         sql = (
-            f"UPDATE {self.cas_table} SET state = {SQL_SUCCEEDED}, finished_at = {self.now_sql}, "
+            f"UPDATE {self._cas_table} SET state = {SQL_SUCCEEDED}, finished_at = {self.now_sql}, "
             f"result = {result_sql} WHERE id IN ({', '.join(['%s'] * len(ids))}) "
-            f"AND {self.guard(f'attempts = {attempts_case}')}"
+            f"AND {self._guard(f'attempts = {attempts_case}')}"
         )
         all_params = [*result_params, *ids, *params, worker_id]
         if self.update_returning:
@@ -178,7 +178,7 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
             cursor.execute(sql, all_params)
             # No RETURNING: all or, rarely, some; the caller checks any id not listed.
             written = ids if cursor.rowcount == len(ids) else []
-        self.settle_batches(cursor, batches_of(done), inserted)
+        self._settle_batches(cursor, batches_of(done), inserted)
         return written
 
     def claim_and_mark(
@@ -189,9 +189,9 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
         succeeded: Sequence[Mark],
         after: Position | None = None,
     ) -> tuple[list[ClaimedJob], list[int]]:
-        """Write success marks and claim new jobs; with :attr:`mark_in_claim_transaction`
+        """Write success marks and claim new jobs; with :attr:`_mark_in_claim_transaction`
         both happen in one transaction (one commit)."""
-        if self.mark_in_claim_transaction and succeeded and limit:
+        if self._mark_in_claim_transaction and succeeded and limit:
             with self.write_transaction() as cursor:
                 written = self._mark_succeeded(cursor, worker_id, succeeded)
                 return self._claim(cursor, worker_id, queue, limit), written
@@ -199,10 +199,10 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
         return self.claim(worker_id, queue, limit, after) if limit else [], written
 
     #: Whether success marks share the claim's transaction (where a commit is costly).
-    mark_in_claim_transaction = False
+    _mark_in_claim_transaction = False
 
     def _claim(self, cursor: Any, worker_id: str, queue: str, limit: int) -> list[ClaimedJob]:
-        """The claim on an open cursor, for engines that set mark_in_claim_transaction."""
+        """The claim on an open cursor, for engines that set _mark_in_claim_transaction."""
         raise NotImplementedError
 
     def mark_succeeded_and_insert(
@@ -240,7 +240,7 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
                 if inserted is not None:
                     inserted += [r[0] for r in ids]
             if written and batch_id is not None:
-                self.settle_batches(cursor, [batch_id], inserted)
+                self._settle_batches(cursor, [batch_id], inserted)
         return written
 
     def claim_by_id(self, worker_id: str, job_id: int) -> ClaimedJob | None:
@@ -262,7 +262,7 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
         Its batch is not settled here: mark_failed_and_insert() does, in its transaction."""
         # A job whose cancellation was asked for ends cancelled, whatever its retry policy.
         sql = (
-            f"UPDATE {self.cas_table} SET "
+            f"UPDATE {self._cas_table} SET "
             f"state = CASE WHEN %s OR cancel_requested THEN {SQL_CANCELLED} ELSE %s END, "
             f"next_execution_at = COALESCE({self.later_sql}, next_execution_at), queue = %s, "
             f"finished_at = CASE WHEN %s OR cancel_requested THEN {self.now_sql} ELSE NULL END, "
@@ -271,7 +271,7 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
             "handbacks = handbacks + %s, "
             # Last: MySQL evaluates SET left to right (the WHERE sees the old value).
             "attempts = attempts - %s "
-            f"WHERE {self.claim_match}"
+            f"WHERE {self._claim_match}"
         )
         params = [
             failure.cancelled,
@@ -300,7 +300,7 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
         for ends ``cancelled`` instead (not counted as a snooze), and a batch member's
         batch is settled. False if the claim was lost."""
         sql = (
-            f"UPDATE {self.cas_table} SET "
+            f"UPDATE {self._cas_table} SET "
             f"next_execution_at = CASE WHEN cancel_requested THEN next_execution_at "
             f"ELSE {self.later_sql} END, "
             f"finished_at = CASE WHEN cancel_requested THEN {self.now_sql} ELSE NULL END, "
@@ -308,14 +308,14 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
             # Last: MySQL evaluates SET left to right (the WHERE sees the old values).
             f"state = CASE WHEN cancel_requested THEN {SQL_CANCELLED} ELSE {SQL_WAITING} END, "
             "attempts = attempts - 1 "
-            f"WHERE {self.claim_match}"
+            f"WHERE {self._claim_match}"
         )
         batch_id = claim.batch_id
         with self.write_transaction() if batch_id else self.connection.cursor() as cursor:
             cursor.execute(sql, [seconds, claim.id, claim.attempts, worker_id])
             written = bool(cursor.rowcount == 1)
             if written and batch_id is not None:
-                self.settle_batches(cursor, [batch_id])  # cancelled, if it was asked for
+                self._settle_batches(cursor, [batch_id])  # cancelled, if it was asked for
             return written
 
     def release(
@@ -328,7 +328,7 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
         compare-and-set (a claim that never started is not counted)."""
         written: list[int] = []
         sql = (
-            f"UPDATE {self.cas_table} SET "
+            f"UPDATE {self._cas_table} SET "
             f"state = CASE WHEN cancel_requested THEN {SQL_CANCELLED} ELSE {SQL_WAITING} END, "
             f"finished_at = CASE WHEN cancel_requested THEN {self.now_sql} ELSE NULL END, "
             # started_at before attempts: MySQL evaluates SET left to right, later
@@ -336,7 +336,7 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
             "started_at = CASE WHEN attempts <= 1 THEN NULL ELSE started_at END, "
             "handbacks = handbacks + %s, "
             "attempts = attempts - 1 "
-            f"WHERE {self.claim_match}"
+            f"WHERE {self._claim_match}"
         )
         counted = 1 if handback else 0
         with self.write_transaction() as cursor:
@@ -344,7 +344,7 @@ class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStateme
                 cursor.execute(sql, [counted, claim.id, claim.attempts, worker_id])
                 if cursor.rowcount == 1:
                     written.append(claim.id)
-            self.settle_batches(cursor, batches_of(claims))
+            self._settle_batches(cursor, batches_of(claims))
         return written
 
     def running_claims(self, worker_id: str) -> list[Claim]:

@@ -14,7 +14,7 @@ holds it to its commit, so the last to take it sees every other member's outcome
 committed before releasing the lock), provided its check reads the newest committed rows:
 PostgreSQL's READ COMMITTED gives each statement a fresh snapshot, SQLite has one writer at
 a time, and on MariaDB/MySQL (REPEATABLE READ) each look at the members is a locking read
-with NOWAIT (see :meth:`BatchStatements.member_in`), as a plain read there may see a
+with NOWAIT (see :meth:`BatchStatements._member_in`), as a plain read there may see a
 snapshot taken before the lock. The row's ``completed_generation``, written under the
 lock, keeps a completion from being answered twice.
 
@@ -42,11 +42,11 @@ from django_gator.registry import get_job_class
 from django_gator.rows import InsertRow
 from django_gator.states import ACTIVE_STATES, SQL_CANCELLED, SQL_DEAD, sql_list
 
-#: State conditions of member_in().
+#: State conditions of _member_in().
 ACTIVE = f"IN {sql_list(ACTIVE_STATES)}"
 DEAD = f"= {SQL_DEAD}"
 ENDED_BADLY = f"IN ({SQL_DEAD}, {SQL_CANCELLED})"
-#: What member_in() answers when it has not seen such a member for sure.
+#: What _member_in() answers when it has not seen such a member for sure.
 NOT_SEEN = (None, LOCKED)
 
 _COLUMNS = (
@@ -63,9 +63,9 @@ class BatchStatements(DispatchStatements):
         self.batch_table = connections[alias].ops.quote_name(Batch._meta.db_table)
 
     #: Appended to the SELECT that locks a batch row (SQLite: the write lock is the lock).
-    row_lock_sql = " FOR UPDATE"
+    _row_lock_sql = " FOR UPDATE"
 
-    def settle_batches(
+    def _settle_batches(
         self, cursor: Any, batch_ids: Collection[int], inserted: list[int] | None = None
     ) -> None:
         """In the open transaction of ``cursor``, after members of ``batch_ids`` changed:
@@ -76,7 +76,7 @@ class BatchStatements(DispatchStatements):
 
     def _settle(self, cursor: Any, batch_id: int, inserted: list[int] | None = None) -> None:
         cursor.execute(
-            f"SELECT {_COLUMNS} FROM {self.batch_table} WHERE id = %s{self.row_lock_sql}",
+            f"SELECT {_COLUMNS} FROM {self.batch_table} WHERE id = %s{self._row_lock_sql}",
             [batch_id],
         )
         row = cursor.fetchone()
@@ -87,17 +87,17 @@ class BatchStatements(DispatchStatements):
         )
         callbacks: list[str] = []
         changes: list[str] = []
-        if on_dead and not dead_done and self.member_in(cursor, batch_id, DEAD) not in NOT_SEEN:
+        if on_dead and not dead_done and self._member_in(cursor, batch_id, DEAD) not in NOT_SEEN:
             # (A member seen LOCKED is being changed; its own settling follows ours.)
             callbacks.append(on_dead)
             changes.append("dead_dispatched = TRUE")
-        if closed and completed < generation and not self.has_active_members(cursor, batch_id):
+        if closed and completed < generation and not self._has_active_members(cursor, batch_id):
             if on_complete:
                 callbacks.append(on_complete)
             if (
                 on_success
                 and not success_done
-                and self.member_in(cursor, batch_id, ENDED_BADLY) is None
+                and self._member_in(cursor, batch_id, ENDED_BADLY) is None
             ):
                 callbacks.append(on_success)
                 changes.append("success_dispatched = TRUE")
@@ -117,7 +117,7 @@ class BatchStatements(DispatchStatements):
             if inserted is not None:
                 inserted += [r[0] for r in ids]
 
-    def member_in(self, cursor: Any, batch_id: int, state_sql: str) -> int | None:
+    def _member_in(self, cursor: Any, batch_id: int, state_sql: str) -> int | None:
         """The id of a member of ``batch_id`` whose state is ``state_sql`` (``= 'dead'``,
         ``IN (...)``) as of the newest commit (the batch row is locked by this
         transaction), or None. Engines whose reads may see an older snapshot answer
@@ -129,10 +129,10 @@ class BatchStatements(DispatchStatements):
         row = cursor.fetchone()
         return None if row is None else int(row[0])
 
-    def has_active_members(self, cursor: Any, batch_id: int) -> bool:
+    def _has_active_members(self, cursor: Any, batch_id: int) -> bool:
         """Whether a member of ``batch_id`` is waiting, failed or running (or being changed
         by another transaction, which settles the batch after ours)."""
-        return self.member_in(cursor, batch_id, ACTIVE) is not None
+        return self._member_in(cursor, batch_id, ACTIVE) is not None
 
     def probe_batch(self, batch_id: int) -> Probe | None:
         """Lock the row of ``batch_id`` and read what its workflow step needs (see
@@ -140,16 +140,16 @@ class BatchStatements(DispatchStatements):
         the row is gone."""
         with self.connection.cursor() as cursor:
             cursor.execute(
-                f"SELECT closed FROM {self.batch_table} WHERE id = %s{self.row_lock_sql}",
+                f"SELECT closed FROM {self.batch_table} WHERE id = %s{self._row_lock_sql}",
                 [batch_id],
             )
             row = cursor.fetchone()
             if row is None:
                 return None
-            active, dead, cancelled = self.probe_members(cursor, batch_id)
+            active, dead, cancelled = self._probe_members(cursor, batch_id)
             return Probe(closed=bool(row[0]), active=active, dead=dead, cancelled=cancelled)
 
-    def probe_members(self, cursor: Any, batch_id: int) -> tuple[bool, int | None, int | None]:
+    def _probe_members(self, cursor: Any, batch_id: int) -> tuple[bool, int | None, int | None]:
         """(a member is active, a dead member's id, a cancelled member's id) of the locked
         batch ``batch_id``, as of the newest commit: one statement, run after the one that
         took the lock (so its snapshot sees the commit of the lock's previous holder)."""
@@ -161,7 +161,7 @@ class BatchStatements(DispatchStatements):
         active, dead, cancelled = cursor.fetchone()
         return active is not None, dead, cancelled
 
-    def after_rescue(self, cursor: Any, job_id: int) -> None:
+    def _after_rescue(self, cursor: Any, job_id: int) -> None:
         """Settle the batch of job ``job_id`` (a rescue knows only the job)."""
         cursor.execute(f"SELECT batch_id FROM {self.job_table} WHERE id = %s", [job_id])
         row = cursor.fetchone()
@@ -175,7 +175,7 @@ class BatchStatements(DispatchStatements):
         with self.connection.cursor() as cursor:
             for batch_id in sorted(batch_ids):
                 cursor.execute(
-                    f"SELECT id FROM {self.batch_table} WHERE id = %s{self.row_lock_sql}",
+                    f"SELECT id FROM {self.batch_table} WHERE id = %s{self._row_lock_sql}",
                     [batch_id],
                 )
                 cursor.execute(
@@ -185,11 +185,11 @@ class BatchStatements(DispatchStatements):
                 )
 
     def settle_now(self, batch_ids: Collection[int]) -> list[int]:
-        """settle_batches() on this engine's connection, in the caller's transaction;
+        """_settle_batches() on this engine's connection, in the caller's transaction;
         returns the ids of the callbacks it dispatched."""
         inserted: list[int] = []
         with self.connection.cursor() as cursor:
-            self.settle_batches(cursor, batch_ids, inserted)
+            self._settle_batches(cursor, batch_ids, inserted)
         return inserted
 
 

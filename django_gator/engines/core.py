@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections, transaction
 from django.utils.dateparse import parse_datetime
@@ -25,6 +25,7 @@ from django_gator.states import (
 )
 
 if TYPE_CHECKING:
+    from django_gator.engines.contract import JobEngine
     from django_gator.worker.connections import NetworkBounds
 
 #: The rows the ordinary claim takes: no concurrency key (a job of a class with limits has
@@ -43,7 +44,7 @@ JOB_COLUMNS = (
 
 #: What runs on each connection an engine opens itself, outside Django's: see
 #: set_connection_hook().
-ConnectionHook = Callable[["EngineCore", Any], None]
+ConnectionHook = Callable[["JobEngine", Any], None]
 _connection_hook: ConnectionHook | None = None
 
 
@@ -143,7 +144,7 @@ class EngineCore:
         return transaction.atomic(using=self.alias)
 
     @contextmanager
-    def raw_transaction(self, begin: str) -> Iterator[Any]:
+    def _raw_transaction(self, begin: str) -> Iterator[Any]:
         """A transaction opened with ``begin`` on the cursor itself, outside Django's
         autocommit bookkeeping (fewer round trips than atomic() on some databases). Inside a
         caller's atomic block, or one of ours, it joins that transaction instead."""
@@ -172,12 +173,12 @@ class EngineCore:
         rely on session state (SET, LISTEN, prepared statements)."""
         return self.alias in conf.pooled_databases()
 
-    def opened_own_connection(self, raw: Any) -> None:
+    def _opened_own_connection(self, raw: Any) -> None:
         """``raw``, a driver connection this engine opened itself, is about to be used: hand
         it to the installed hook (see set_connection_hook())."""
         hook = _connection_hook
         if hook is not None:
-            hook(self, raw)
+            hook(cast("JobEngine", self), raw)  # every engine is one (see get_engine())
 
     def prepare_bookkeeping(self) -> None:
         """Tune this thread's connection for the worker's own writes (claims, outcome
@@ -226,10 +227,10 @@ class EngineCore:
 
     # -- compare-and-set on the claim ---------------------------------------------------
     #: The jobs table as the target of compare-and-set writes (engines may add an index
-    #: hint there; see guard()).
-    cas_table_sql = ""
+    #: hint there; see _guard()).
+    _cas_table_sql = ""
 
-    def guard(self, condition: str) -> str:
+    def _guard(self, condition: str) -> str:
         """``condition`` AND "still running, and still ours": the check of every
         compare-and-set on a claim. It adds one ``%s``, the worker id, after the
         parameters of ``condition``.
@@ -241,10 +242,10 @@ class EngineCore:
         return f"{condition} AND {RUNNING_SQL} AND reserved_by = %s"
 
     @property
-    def claim_match(self) -> str:
+    def _claim_match(self) -> str:
         """One claim: ``id``, ``attempts`` and the worker id, as three parameters."""
-        return f"id = %s AND {self.guard('attempts = %s')}"
+        return f"id = %s AND {self._guard('attempts = %s')}"
 
     @property
-    def cas_table(self) -> str:
-        return self.cas_table_sql or self.job_table
+    def _cas_table(self) -> str:
+        return self._cas_table_sql or self.job_table

@@ -193,7 +193,7 @@ class DispatchStatements(EngineCore):
 
     # -- unique jobs ---------------------------------------------------------------------
     #: Matches the active row of (name, unique_key) through the database's unique index.
-    unique_match_sql = f"name = %s AND unique_key = %s AND {ACTIVE_SQL}"
+    _unique_match_sql = f"name = %s AND unique_key = %s AND {ACTIVE_SQL}"
     #: Inserts tried per row before a dispatch of a unique job gives up.
     UNIQUE_TRIES = 10
 
@@ -226,7 +226,7 @@ class DispatchStatements(EngineCore):
     ) -> tuple[int, datetime, datetime, bool]:
         error: IntegrityError | None = None
         for _ in range(self.UNIQUE_TRIES):
-            existing = self.find_unique(row.name, row.unique_key)
+            existing = self._find_unique(row.name, row.unique_key)
             if existing is not None:
                 return (*existing, False)
             try:
@@ -247,17 +247,17 @@ class DispatchStatements(EngineCore):
         that running it again from the start can succeed."""
         return False
 
-    def unique_lookup_lock(self) -> str:
+    def _unique_lookup_lock(self) -> str:
         """Appended to the lookup of an active unique row when a plain read could miss the
         newest commit (a snapshot taken earlier in the transaction); empty by default."""
         return ""
 
-    def find_unique(self, name: str, key: str | None) -> tuple[int, datetime, datetime] | None:
+    def _find_unique(self, name: str, key: str | None) -> tuple[int, datetime, datetime] | None:
         """(id, created_at, next_execution_at) of the active job holding ``key``, if any."""
         with self.connection.cursor() as cursor:
             cursor.execute(
                 f"SELECT id, created_at, next_execution_at FROM {self.job_table} "
-                f"WHERE {self.unique_match_sql}{self.unique_lookup_lock()}",
+                f"WHERE {self._unique_match_sql}{self._unique_lookup_lock()}",
                 [name, key],
             )
             row = cursor.fetchone()

@@ -27,16 +27,13 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, cast
 
 from django_gator.attempts import Mark
-from django_gator.engines.base import ClaimedJob, Engine
-from django_gator.engines.flow_postgresql import ClassRow, OneTripClaim, Request, usable
-from django_gator.engines.flow_walk import (
-    KEYSET_LOOKBACK,
-    Candidate,
-    ClassLimits,
-    FlowWalk,
-    Policy,
-    logger,
-)
+from django_gator.engines.base import ClaimedJob
+from django_gator.engines.contract import JobEngine, behind
+from django_gator.engines.flow_keyset import KEYSET_LOOKBACK, Candidate
+from django_gator.engines.flow_ledger import ClassLimits, Policy
+from django_gator.engines.flow_postgresql import OneTripClaim, Trip, usable
+from django_gator.engines.flow_statement import ClassRow, Request
+from django_gator.engines.flow_walk import FlowWalk, logger
 from django_gator.limits import parse_rate
 from django_gator.models import Queue
 from django_gator.registry import registered_jobs
@@ -56,7 +53,8 @@ RATES_MEMORY = 10.0
 class FlowClaims(FlowWalk):
     """The limited claim and what the worker's router reads, for one engine."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, job_engine: JobEngine) -> None:
+        engine = behind(job_engine)
         super().__init__(engine)
         #: PostgreSQL: the claim in one round trip (engines/flow_postgresql.py).
         self.one_trip = (
@@ -163,13 +161,36 @@ class FlowClaims(FlowWalk):
         queue or the rows it read had one within the last RATES_MEMORY seconds; a claim
         without them takes nothing of a queue with a rate, nor any row of a class with
         one, and says so: the claim is made again with them, for what is left."""
-        assert self.one_trip is not None
         pending = list(marks)
         written: list[int] = []
         if any(mark.batch_id is not None for mark in pending):
             # A batch member's mark settles its batch in its transaction: written first.
             written = self.engine.mark_succeeded(worker_id, pending)
             pending = []
+        jobs, more = self._trips(worker_id, queue, limit, policy, kinds, pending, written)
+        if more and len(jobs) < limit:
+            keyed = True in kinds
+            walked, _ = self._walk_claim(worker_id, queue, limit - len(jobs), policy, keyed, ())
+            jobs += walked
+        jobs.sort(key=lambda j: (-j.priority, j.id))
+        return jobs, written
+
+    def _trips(
+        self,
+        worker_id: str,
+        queue: str,
+        limit: int,
+        policy: Policy,
+        kinds: tuple[bool, ...],
+        marks: list[Mark],
+        written: list[int],
+    ) -> tuple[list[ClaimedJob], bool]:
+        """The one-trip claims of _claim_one_trip: a second one with the rate limits when
+        the first, without them, met one and took less than ``limit``; a third and fourth
+        when the queue's row was gone (made again). Appends the ids of the ``marks``
+        written to ``written``; returns the jobs claimed and whether the walk may find
+        more."""
+        assert self.one_trip is not None
         classes = self._class_rows(policy)
         keyed = True in kinds
         rates = time.monotonic() < self._rates_until.get(queue, 0.0)
@@ -183,21 +204,13 @@ class FlowClaims(FlowWalk):
             self._ensure_row(queue)
             floors = {kind: self._floor(queue, kind) for kind in kinds}
             request = Request(worker_id, queue, want, chunk, classes, floors, rates)
-            trip = self.one_trip.claim(request, pending)
+            trip = self.one_trip.claim(request, marks)
             written += trip.written
-            pending = []
+            marks = []
             if not trip.found:
                 self._rows.discard(queue)  # its row was deleted since: make it again
                 continue
-            if trip.bad_rate:
-                logger.error("Queue has a bad rate_limit; nothing claimed queue=%s", queue)
-            self._seen = [
-                Candidate(j.id, j.name, trip.keys[j.id], j.priority, due, due)
-                for j in trip.jobs
-                if (due := j.next_execution_at) is not None
-            ]
-            self._seen += [Candidate(*row, row[4]) for row in trip.skipped]
-            self._advance(queue, {job.id for job in trip.jobs})
+            self._took(queue, trip)
             jobs += trip.jobs
             more = trip.more
             if trip.rated or trip.rated_rows:
@@ -207,11 +220,19 @@ class FlowClaims(FlowWalk):
                     if len(jobs) < limit:
                         continue
             break
-        if more and len(jobs) < limit:
-            walked, _ = self._walk_claim(worker_id, queue, limit - len(jobs), policy, keyed, ())
-            jobs += walked
-        jobs.sort(key=lambda j: (-j.priority, j.id))
-        return jobs, written
+        return jobs, more
+
+    def _took(self, queue: str, trip: Trip) -> None:
+        """Move the keyset positions past what ``trip`` claimed."""
+        if trip.bad_rate:
+            logger.error("Queue has a bad rate_limit; nothing claimed queue=%s", queue)
+        self._seen = [
+            Candidate(j.id, j.name, trip.keys[j.id], j.priority, due, due)
+            for j in trip.jobs
+            if (due := j.next_execution_at) is not None
+        ]
+        self._seen += [Candidate(*row, row[4]) for row in trip.skipped]
+        self._advance(queue, {job.id for job in trip.jobs})
 
     def _class_rows(self, policy: Policy) -> list[ClassRow]:
         """The registered classes with limits, as the one-trip claim reads them."""

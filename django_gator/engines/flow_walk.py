@@ -1,5 +1,6 @@
 """The limited claim a statement at a time, on every database (PostgreSQL sends it in one
-round trip when it can: engines/flow_postgresql.py), and the keyset positions of both.
+round trip when it can: engines/flow_postgresql.py). Its keyset positions are kept in
+engines/flow_keyset.py, its limits and ledger in engines/flow_ledger.py.
 
 One claim, one transaction:
 
@@ -24,17 +25,17 @@ One claim, one transaction:
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from datetime import datetime
+from typing import Any
 
 from django_gator.attempts import Mark
 from django_gator.engines.base import JOB_COLUMNS, KEYED_SQL, UNKEYED_SQL, ClaimedJob, Engine
-from django_gator.engines.flow_postgresql import Floor
+from django_gator.engines.flow_keyset import Candidate, KeysetPositions
+from django_gator.engines.flow_ledger import Ledger, Policy, key_scope, queue_scope
 from django_gator.limits import Rate, parse_rate
-from django_gator.models import FlowStart, Queue
+from django_gator.models import Queue
 from django_gator.states import READY_SQL, RUNNING_SQL, claim_set_sql
 
 logger = logging.getLogger("django_gator.worker")
@@ -43,36 +44,6 @@ logger = logging.getLogger("django_gator.worker")
 CHUNK = 64
 #: Chunks read per claim at most: the rows a claim looks at are bounded.
 MAX_CHUNKS = 8
-#: Keyset reads (PostgreSQL): each priority is read from no later than this many seconds
-#: before now, and a full read is made at least every FULL_READ_EVERY seconds (see
-#: FlowWalk._floor and worker/claims.py, whose keyset claims these follow).
-KEYSET_LOOKBACK = 1.0
-FULL_READ_EVERY = 10.0
-
-
-@dataclass(frozen=True)
-class ClassLimits:
-    """A job class's limits, per key (the whole class when it has no concurrency_key)."""
-
-    concurrency: int | None = None
-    rate: Rate | None = None
-
-
-#: job name -> its class's limits (None: no limits, or a name this worker does not know).
-Policy = Callable[[str], ClassLimits | None]
-
-
-class Candidate(NamedTuple):
-    id: int
-    name: str
-    key: str | None
-    priority: int
-    due: datetime
-    raw_due: Any  # as the database returned it (for the next chunk's WHERE)
-
-    def order(self) -> tuple[int, datetime, int]:
-        """Sorts like the claim: priority first, then due time, then id."""
-        return (-self.priority, self.due, self.id)
 
 
 @dataclass(frozen=True)
@@ -89,31 +60,16 @@ class _NoRow(Exception):
     """The queue's row is gone: roll back, make it again, claim again."""
 
 
-def queue_scope(queue: str) -> str:
-    return f"queue:{queue}"
-
-
-def key_scope(name: str, key: str) -> str:
-    return f"job:{name}|{key}"
-
-
-class FlowWalk:
-    """The limited claim a statement at a time, for one engine, and the keyset positions
+class FlowWalk(KeysetPositions):
+    """The limited claim a statement at a time, for one engine, with the keyset positions
     of the limited claims (see the module docstring)."""
 
     def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        qn = engine.connection.ops.quote_name
-        self.ledger_table = qn(FlowStart._meta.db_table)
+        super().__init__(engine)
+        self.ledger = Ledger(engine)
         self.mysql = engine.vendor == "mysql"
         self.lock_sql = "" if engine.vendor == "sqlite" else " FOR UPDATE"
         self._rows: set[str] = set()  # queues known to have a row to lock
-        #: Keyset reads (PostgreSQL): per (queue, keyed), the position of the last job
-        #: claimed at each priority, and when the last full read was (see _floor).
-        self.keyset = engine.supports_keyset
-        self._floors: dict[tuple[str, bool], dict[int, tuple[Any, int]]] = {}
-        self._full_at: dict[tuple[str, bool], float] = {}
-        self._seen: list[Candidate] = []
 
     def _walk_claim(
         self,
@@ -170,7 +126,7 @@ class FlowWalk:
                 return [], written
             budget = limit
             if rate is not None:
-                started = self._starts(cursor, [queue_scope(queue)], rate, now)
+                started = self.ledger.starts(cursor, [queue_scope(queue)], rate, now)
                 budget = min(budget, rate.starts - started.get(queue_scope(queue), 0))
             if budget <= 0:
                 return [], written
@@ -179,7 +135,7 @@ class FlowWalk:
             if not picked:
                 return [], written
             jobs = self._mark_running(cursor, worker_id, [c.id for c in picked], now)
-            self._record_starts(cursor, queue if rate else None, rate, jobs, picked, policy, now)
+            self.ledger.record(cursor, queue if rate else None, rate, jobs, picked, policy, now)
         jobs.sort(key=lambda j: (-j.priority, j.id))
         return jobs, written
 
@@ -202,24 +158,6 @@ class FlowWalk:
             )
         cursor.execute(sql, [])
         return {(r[0], r[1]): int(r[2]) for r in cursor.fetchall()}
-
-    def _starts(
-        self, cursor: Any, scopes: Sequence[str], rate: Rate, now: datetime
-    ) -> dict[str, int]:
-        """Starts per scope within ``rate``'s window ending ``now``."""
-        if not scopes:
-            return {}
-        since = self.engine.adapt_dt(now - timedelta(seconds=rate.seconds))
-        counts: dict[str, int] = {}
-        for start in range(0, len(scopes), 500):
-            part = scopes[start : start + 500]
-            cursor.execute(
-                f"SELECT scope, COUNT(*) FROM {self.ledger_table} WHERE scope IN "
-                f"({', '.join(['%s'] * len(part))}) AND started_at > %s GROUP BY scope",
-                [*part, since],
-            )
-            counts.update((r[0], int(r[1])) for r in cursor.fetchall())
-        return counts
 
     def _pick(
         self,
@@ -293,7 +231,7 @@ class FlowWalk:
                 by_rate.setdefault(limits.rate, []).append(pair)
             room[pair] = free
         for rate, rated in by_rate.items():
-            counts = self._starts(cursor, [key_scope(*p) for p in rated], rate, now)
+            counts = self.ledger.starts(cursor, [key_scope(*p) for p in rated], rate, now)
             for pair in rated:
                 room[pair] = min(room[pair], rate.starts - counts.get(key_scope(*pair), 0))
 
@@ -421,110 +359,3 @@ class FlowWalk:
             [*ids, worker_id],
         )
         return [engine.claimed(row) for row in cursor.fetchall()]
-
-    def _record_starts(
-        self,
-        cursor: Any,
-        queue: str | None,
-        rate: Rate | None,
-        jobs: Sequence[ClaimedJob],
-        picked: Sequence[Candidate],
-        policy: Policy,
-        now: datetime,
-    ) -> None:
-        """One ledger row per start and rate-limited scope; the rows of those scopes that
-        left their window are deleted."""
-        claimed = {job.id for job in jobs}
-        scopes: list[str] = []
-        windows: dict[str, int] = {}
-        for candidate in picked:
-            if candidate.id not in claimed:
-                continue
-            if queue is not None and rate is not None:
-                scopes.append(queue_scope(queue))
-                windows[queue_scope(queue)] = rate.seconds
-            limits = policy(candidate.name) if candidate.key is not None else None
-            if limits is not None and limits.rate is not None and candidate.key is not None:
-                scope = key_scope(candidate.name, candidate.key)
-                scopes.append(scope)
-                windows[scope] = limits.rate.seconds
-        if not scopes:
-            return
-        at = self.engine.adapt_dt(now)
-        cursor.execute(
-            f"INSERT INTO {self.ledger_table} (scope, started_at) VALUES "
-            + ", ".join(["(%s, %s)"] * len(scopes)),
-            [item for scope in scopes for item in (scope, at)],
-        )
-        by_window: dict[int, list[str]] = {}
-        for scope, seconds in windows.items():
-            by_window.setdefault(seconds, []).append(scope)
-        for seconds, names in by_window.items():
-            cursor.execute(
-                f"DELETE FROM {self.ledger_table} WHERE scope IN "
-                f"({', '.join(['%s'] * len(names))}) AND started_at <= %s",
-                [*names, self.engine.adapt_dt(now - timedelta(seconds=seconds))],
-            )
-
-    def _floor(self, queue: str, keyed: bool) -> Floor | None:
-        """The keyset position of (queue, kind) for the next read, or None for a full read.
-
-        Keyset reads (PostgreSQL), as the ordinary claim's (worker/claims.py): claiming
-        leaves dead entries at the start of the ready index that PostgreSQL removes only
-        once no open transaction can see them, and a read from the start steps over all of
-        them. So when the last claims of (queue, kind) were all at one priority, the first
-        chunk reads that priority from the last job claimed (or KEYSET_LOOKBACK seconds
-        before now, if earlier), plus the higher and lower priorities whole; a full read
-        at least every FULL_READ_EVERY seconds finds jobs placed before a position."""
-        if not self.keyset:
-            return None
-        key = (queue, keyed)
-        floors = self._floors.get(key, {})
-        if len(floors) != 1 or time.monotonic() - self._full_at.get(key, 0.0) > FULL_READ_EVERY:
-            self._full_at[key] = time.monotonic()
-            return None
-        [(priority, (due, job_id))] = floors.items()
-        return Floor(priority, due, job_id)
-
-    def _floor_parts(
-        self, queue: str, keyed: bool, after: Candidate | None, now: datetime
-    ) -> list[tuple[str, list[Any]]] | None:
-        """The keyset reads of the first chunk (see _floor); None: a full read."""
-        floor = None if after is not None else self._floor(queue, keyed)
-        if floor is None:
-            return None
-        due, job_id = floor.due, floor.id
-        since = now - timedelta(seconds=KEYSET_LOOKBACK)
-        if since < self.engine.to_dt(due):
-            due, job_id = since, 0
-        priority = floor.priority
-        return [
-            (" AND priority > %s", [priority]),
-            (
-                " AND priority = %s AND (next_execution_at > %s OR (next_execution_at = %s"
-                " AND id > %s))",
-                [priority, due, due, job_id],
-            ),
-            (" AND priority < %s", [priority]),
-        ]
-
-    def _advance(self, queue: str, claimed: set[int]) -> None:
-        """Move the keyset positions past the jobs just claimed: per kind, the claimed
-        prefix of what the claim read in order (a row it read and left, say of a full key,
-        stays after the position)."""
-        if not self.keyset:
-            return
-        for keyed in (True, False):
-            seen = sorted(
-                (c for c in self._seen if (c.key is not None) == keyed), key=Candidate.order
-            )
-            prefix: dict[int, tuple[Any, int]] = {}
-            for candidate in seen:
-                if candidate.id not in claimed:
-                    break
-                prefix[candidate.priority] = (candidate.raw_due, candidate.id)
-            if prefix:
-                floors = self._floors.setdefault((queue, keyed), {})
-                floors.clear()
-                floors.update(prefix)
-        self._seen = []

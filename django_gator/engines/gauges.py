@@ -59,7 +59,7 @@ class GaugeStatements(EngineCore):
         """The rows of the limited claim's ready index (jobs with a concurrency key)."""
         return f"{READY_SQL} AND {KEYED_SQL}"
 
-    def ready_gauge_conditions(self) -> list[str]:
+    def _ready_gauge_conditions(self) -> list[str]:
         """The ready part's conditions, one part each: together they are every waiting
         and failed job, each part the predicate of one partial index."""
         return [self.ready_condition(), self.keyed_ready_condition()]
@@ -71,7 +71,7 @@ class GaugeStatements(EngineCore):
             f"SELECT '{READY}', queue, COUNT(CASE WHEN next_execution_at <= {now} THEN 1 END), "
             f"COUNT(*), MIN(CASE WHEN next_execution_at <= {now} THEN next_execution_at END) "
             f"FROM {job} WHERE {condition} GROUP BY queue"
-            for condition in self.ready_gauge_conditions()
+            for condition in self._ready_gauge_conditions()
         ]
         parts += [
             f"SELECT '{kind}', queue, COUNT(*), 0, {at} FROM {job} WHERE {where} GROUP BY queue"

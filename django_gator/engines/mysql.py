@@ -36,18 +36,18 @@ class MySQLEngine(Engine):
     later_sql = "TIMESTAMPADD(MICROSECOND, ROUND(%s * 1000000), UTC_TIMESTAMP(6))"
     update_returning = False
 
-    mark_in_claim_transaction = True
+    _mark_in_claim_transaction = True
 
     def __init__(self, alias: str) -> None:
         super().__init__(alias)
         # Compare-and-set writes look rows up by primary key, never through the
         # (state, reserved_by) index, whatever the optimizer estimates.
-        self.cas_table_sql = f"{self.job_table} FORCE INDEX (PRIMARY)"
+        self._cas_table_sql = f"{self.job_table} FORCE INDEX (PRIMARY)"
 
     @contextmanager
     def write_transaction(self) -> Iterator[Any]:
         # START TRANSACTION ... COMMIT: two round trips fewer than toggling autocommit.
-        with self.raw_transaction("START TRANSACTION") as cursor:
+        with self._raw_transaction("START TRANSACTION") as cursor:
             yield cursor
 
     def prepare_worker_session(self, raw: Any, bounds: NetworkBounds) -> None:
@@ -76,16 +76,16 @@ class MySQLEngine(Engine):
     def keyed_ready_condition(self) -> str:
         return "flow_rank IS NOT NULL"
 
-    def ready_gauge_conditions(self) -> list[str]:
+    def _ready_gauge_conditions(self) -> list[str]:
         # The ready indexes lead with the queue and hold a NULL rank for every finished row:
         # a count over all queues would read all of them. The (state, queue) index goes
         # straight to the waiting and failed rows.
         return [READY_SQL]
 
     # The virtual column behind the unique index holds the key only while the job is active.
-    unique_match_sql = "name = %s AND unique_active = %s"
+    _unique_match_sql = "name = %s AND unique_active = %s"
 
-    def unique_lookup_lock(self) -> str:
+    def _unique_lookup_lock(self) -> str:
         """A locking read only where a plain one could be stale.
 
         Under READ COMMITTED (Django's default for MySQL) every plain read sees the newest
@@ -112,7 +112,7 @@ class MySQLEngine(Engine):
     #: ER_LOCK_WAIT_TIMEOUT (MariaDB's NOWAIT) and ER_LOCK_NOWAIT (MySQL's).
     NOWAIT_ERRORS = (1205, 3572)
 
-    def member_in(self, cursor: Any, batch_id: int, state_sql: str) -> int | None:
+    def _member_in(self, cursor: Any, batch_id: int, state_sql: str) -> int | None:
         """A locking read, so it sees the newest commit whatever this transaction's
         snapshot (REPEATABLE READ), with NOWAIT, so it never waits while holding the batch
         row: a member locked by another transaction is being written by it, which then
@@ -132,12 +132,12 @@ class MySQLEngine(Engine):
         row = cursor.fetchone()
         return None if row is None else int(row[0])
 
-    def probe_members(self, cursor: Any, batch_id: int) -> tuple[bool, int | None, int | None]:
-        # Three locking reads (see member_in); a scalar subquery cannot lock NOWAIT.
+    def _probe_members(self, cursor: Any, batch_id: int) -> tuple[bool, int | None, int | None]:
+        # Three locking reads (see _member_in); a scalar subquery cannot lock NOWAIT.
         return (
-            self.has_active_members(cursor, batch_id),
-            self.member_in(cursor, batch_id, DEAD),
-            self.member_in(cursor, batch_id, f"= {SQL_CANCELLED}"),
+            self._has_active_members(cursor, batch_id),
+            self._member_in(cursor, batch_id, DEAD),
+            self._member_in(cursor, batch_id, f"= {SQL_CANCELLED}"),
         )
 
     def insert_rows(

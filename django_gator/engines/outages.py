@@ -4,7 +4,8 @@ A job whose own queries meet a restarting server, a failover or a killed connect
 nothing wrong: its attempt is retried once the database is back, without charging its
 retry budget (:func:`django_gator.worker.policy.outage_failure`). This module only tells
 those errors apart, for every driver the engines support, by what the driver attaches to
-its exceptions (PostgreSQL's SQLSTATE, MySQL's error number); it imports no driver.
+its exceptions (PostgreSQL's SQLSTATE, MySQL's error number); it imports no driver but
+the standard library's sqlite3.
 
 What counts as an outage:
 
@@ -22,11 +23,14 @@ What counts as an outage:
   names the server's read-only option.
 - Any driver's ``InterfaceError`` (a connection already closed).
 
-SQLite has no server to lose ("database is locked" is another writer's doing, handled on
-its own).
+SQLite has no server to lose: "database is locked" is another writer's doing, told apart
+by :func:`is_busy` (a failed attempt that met it is tried again soon, see
+:mod:`django_gator.worker.policy`).
 """
 
 from __future__ import annotations
+
+import sqlite3
 
 #: PostgreSQL SQLSTATEs of an outage, beyond class 08.
 PG_OUTAGE_STATES = frozenset({"57P01", "57P02", "57P03", "53300", "25006"})
@@ -75,3 +79,15 @@ def _says_outage(exc: BaseException) -> bool:
 
 def _database_error(module: str) -> bool:
     return module.startswith(("psycopg", "MySQLdb", "pymysql", "django.db"))
+
+
+def is_busy(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an error it was raised from, is SQLite's SQLITE_BUSY ("database
+    is locked"): another connection held the write lock beyond the busy timeout."""
+    for _ in range(5):  # Django's OperationalError is raised from the driver's
+        if exc is None:
+            return False
+        if isinstance(exc, sqlite3.OperationalError):
+            return getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_BUSY
+        exc = exc.__cause__
+    return False

@@ -10,13 +10,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django_gator.engines.core import EngineCore
+from django_gator.engines.contract import JobEngine, behind
 
 
-def attempt_details(engine: EngineCore, job_id: int) -> tuple[Any, ...] | None:
+def attempt_details(job_engine: JobEngine, job_id: int) -> tuple[Any, ...] | None:
     """(created_at, started_at, locked_at, errors, reserved_by) of job ``job_id``, by its
     primary key (a running task's result, read on the worker's hot path without the ORM);
     None if there is no such row. Times as the driver returns them (``engine.to_dt``)."""
+    engine = behind(job_engine)
     with engine.connection.cursor() as cursor:
         cursor.execute(
             f"SELECT created_at, started_at, locked_at, errors, reserved_by "
@@ -28,11 +29,12 @@ def attempt_details(engine: EngineCore, job_id: int) -> tuple[Any, ...] | None:
 
 
 def schedules_look(
-    engine: EngineCore, schedule_table: str, *, with_now: bool
+    job_engine: JobEngine, schedule_table: str, *, with_now: bool
 ) -> tuple[datetime | None, datetime | None]:
     """(the database's now if ``with_now``, else None; the earliest ``next_run_at`` of an
     enabled schedule or None), in one statement: what an idle worker's scheduler costs the
     database per look."""
+    engine = behind(job_engine)
     table = engine.connection.ops.quote_name(schedule_table)
     earliest_sql = (
         f"(SELECT MIN(next_run_at) FROM {table} WHERE enabled = %s AND next_run_at IS NOT NULL)"
@@ -51,14 +53,14 @@ def schedules_look(
     )
 
 
-def row_estimate(engine: EngineCore, table: str) -> int | None:
+def row_estimate(job_engine: JobEngine, table: str) -> int | None:
     """The database's own estimate of ``table``'s row count, or None where it has none
     (SQLite) or has not made one yet (a PostgreSQL table never vacuumed nor analyzed).
 
     PostgreSQL: ``pg_class.reltuples``, kept by VACUUM and ANALYZE. MySQL/MariaDB:
     ``information_schema.TABLES.TABLE_ROWS``, InnoDB's estimate (it can be off by tens of
     percent, and MySQL 8 caches it for ``information_schema_stats_expiry`` seconds)."""
-    connection = engine.connection
+    connection = behind(job_engine).connection
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sqlite3
 import struct
 import threading
 import time
@@ -18,6 +17,7 @@ from typing import Any
 from django.db import OperationalError, transaction
 
 from django_gator.engines.base import JOB_COLUMNS, UNKEYED_SQL, ClaimedJob, Engine, Position
+from django_gator.engines.outages import is_busy
 from django_gator.states import READY_SQL, SQL_WAITING, claim_set_sql
 
 try:
@@ -42,15 +42,15 @@ class SQLiteEngine(Engine):
     # NULL || '...' is NULL, and strftime() of a NULL modifier is NULL.
     later_sql = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s || ' seconds')"
 
-    mark_in_claim_transaction = True
+    _mark_in_claim_transaction = True
     # Writers take turns (BEGIN IMMEDIATE): a batch row needs no lock of its own.
-    row_lock_sql = ""
+    _row_lock_sql = ""
 
     def __init__(self, alias: str) -> None:
         super().__init__(alias)
         # Compare-and-set writes look rows up by rowid only: without the hint, a batch of
         # ids is planned on an index of states, whose running entries grow with every job.
-        self.cas_table_sql = f"{self.job_table} NOT INDEXED"
+        self._cas_table_sql = f"{self.job_table} NOT INDEXED"
         self.atomic_turns = AtomicTurns()
 
     @contextmanager
@@ -101,7 +101,7 @@ class SQLiteEngine(Engine):
     def write_transaction(self) -> Iterator[Any]:
         # Take the write lock up front: a deferred transaction that reads and then writes
         # fails with SQLITE_BUSY when another connection wrote in between.
-        with self.raw_transaction("BEGIN IMMEDIATE") as cursor:
+        with self._raw_transaction("BEGIN IMMEDIATE") as cursor:
             yield cursor
 
     def insert_sql(self) -> str:
@@ -139,18 +139,6 @@ class SQLiteEngine(Engine):
         jobs = [self.claimed(row) for row in cursor.fetchall()]
         jobs.sort(key=lambda j: (-j.priority, j.id))
         return jobs
-
-
-def is_busy(exc: BaseException | None) -> bool:
-    """Whether ``exc``, or an error it was raised from, is SQLite's SQLITE_BUSY ("database
-    is locked"): another connection held the write lock beyond the busy timeout."""
-    for _ in range(5):  # Django's OperationalError is raised from the driver's
-        if exc is None:
-            return False
-        if isinstance(exc, sqlite3.OperationalError):
-            return getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_BUSY
-        exc = exc.__cause__
-    return False
 
 
 class AtomicTurns:

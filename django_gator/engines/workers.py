@@ -122,7 +122,7 @@ class WorkerStatements(EngineCore):
         test run), so that losing the worker now is blamed on the job."""
         with self.connection.cursor() as cursor:
             cursor.execute(
-                f"UPDATE {self.cas_table} SET isolated = TRUE WHERE {self.claim_match}",
+                f"UPDATE {self._cas_table} SET isolated = TRUE WHERE {self._claim_match}",
                 [job_id, attempts, worker_id],
             )
             return bool(cursor.rowcount == 1)
@@ -146,14 +146,14 @@ class WorkerStatements(EngineCore):
         blame written is the one that was read.
         """
         sql = (
-            f"UPDATE {self.cas_table} SET "
+            f"UPDATE {self._cas_table} SET "
             f"state = CASE WHEN cancel_requested THEN {SQL_CANCELLED} ELSE %s END, "
             f"rescues = rescues + 1, next_execution_at = {self.now_sql}, "
             f"finished_at = CASE WHEN %s OR cancel_requested THEN {self.now_sql} ELSE NULL END, "
             f"errors = {self.json_append_sql('errors')}, last_error = %s, error_class = %s, "
             # Last, for MySQL's left-to-right SET: the WHERE reads the old values.
             "crashes = crashes + %s, suspect = TRUE, isolated = FALSE "
-            f"WHERE {self.claim_match} AND isolated = %s AND NOT EXISTS (SELECT 1 FROM "
+            f"WHERE {self._claim_match} AND isolated = %s AND NOT EXISTS (SELECT 1 FROM "
             f"{self.worker_table} w WHERE w.id = %s AND w.heartbeat_at >= %s)"
         )
         params = [
@@ -174,10 +174,10 @@ class WorkerStatements(EngineCore):
             cursor.execute(sql, params)
             rescued = bool(cursor.rowcount == 1)
             if rescued:
-                self.after_rescue(cursor, lost.id)
+                self._after_rescue(cursor, lost.id)
             return rescued
 
-    def after_rescue(self, cursor: Any, job_id: int) -> None:
+    def _after_rescue(self, cursor: Any, job_id: int) -> None:
         """In the rescue's transaction: what follows (the job's batch is settled)."""
 
     def forget_workers(self, cutoff: datetime, only: Sequence[str] | None = None) -> int:

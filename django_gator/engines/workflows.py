@@ -46,7 +46,7 @@ class WorkflowStatements(DispatchStatements):
             with transaction.atomic(using=self.alias):
                 written = write()
                 if written:
-                    self.settle_steps(job_ids, inserted)
+                    self._settle_steps(job_ids, inserted)
             return written
 
         # InnoDB may end one of two transactions that lock the same steps in another
@@ -54,13 +54,13 @@ class WorkflowStatements(DispatchStatements):
         # running it again is safe). In a caller's transaction, only the caller can.
         return retrying_deadlocks(self, write_and_settle, "a workflow step's end")
 
-    def settle_steps(self, job_ids: Sequence[int], inserted: list[int] | None = None) -> None:
+    def _settle_steps(self, job_ids: Sequence[int], inserted: list[int] | None = None) -> None:
         """Inside an open transaction: release or cancel what follows the steps among
         ``job_ids`` that reached a final state (exactly once; a step settled already is
         left alone)."""
-        self.insert_settled(settle(self.alias, job_ids), inserted)
+        self._insert_settled(settle(self.alias, job_ids), inserted)
 
-    def insert_settled(self, settled: Settled, inserted: list[int] | None) -> None:
+    def _insert_settled(self, settled: Settled, inserted: list[int] | None) -> None:
         """Insert what ``settled`` asks for, in the open transaction: the job of each
         released step (for a batch step, its batch and its members) and the on_error
         handlers; the released steps record their job or batch."""

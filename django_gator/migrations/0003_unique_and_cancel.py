@@ -1,9 +1,9 @@
 """Unique jobs and cooperative cancellation: two columns, and the unique index built to suit
-each database (see django_gator.indexes)."""
+each database (see django_gator.indexes and django_gator.engines.schema)."""
 
 from django.db import migrations, models
 
-from django_gator import indexes
+from django_gator.engines import schema
 
 
 class Migration(migrations.Migration):
@@ -30,5 +30,5 @@ class Migration(migrations.Migration):
                 help_text="Cancellation asked for while running; the job may stop early.",
             ),
         ),
-        migrations.RunPython(indexes.create_unique, indexes.drop_unique),
+        migrations.RunPython(schema.create_unique, schema.drop_unique),
     ]

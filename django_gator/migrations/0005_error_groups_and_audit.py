@@ -2,7 +2,7 @@
 
 from django.db import migrations, models
 
-from django_gator import indexes
+from django_gator.engines import schema
 
 
 class Migration(migrations.Migration):
@@ -31,5 +31,5 @@ class Migration(migrations.Migration):
                 null=True,
             ),
         ),
-        migrations.RunPython(indexes.create_groups_index, indexes.drop_groups_index),
+        migrations.RunPython(schema.create_groups_index, schema.drop_groups_index),
     ]

@@ -3,7 +3,7 @@ lost while it ran alone count toward its poison-pill limit."""
 
 from django.db import migrations, models
 
-from django_gator import indexes
+from django_gator.engines import schema
 
 
 class Migration(migrations.Migration):
@@ -41,5 +41,5 @@ class Migration(migrations.Migration):
             ),
         ),
         # SQLite rebuilds the table to add NOT NULL columns, dropping the partial indexes.
-        migrations.RunPython(indexes.restore_after_rebuild, migrations.RunPython.noop),
+        migrations.RunPython(schema.restore_after_rebuild, migrations.RunPython.noop),
     ]

@@ -2,7 +2,7 @@
 
 from django.db import migrations, models
 
-from django_gator import indexes
+from django_gator.engines import schema
 
 
 class Migration(migrations.Migration):
@@ -22,5 +22,5 @@ class Migration(migrations.Migration):
             ),
         ),
         # SQLite rebuilds the table to add NOT NULL columns, dropping the partial indexes.
-        migrations.RunPython(indexes.restore_after_rebuild, migrations.RunPython.noop),
+        migrations.RunPython(schema.restore_after_rebuild, migrations.RunPython.noop),
     ]

@@ -4,7 +4,7 @@ claim (the ordinary ready index no longer holds jobs with a concurrency key)."""
 
 from django.db import migrations, models
 
-from django_gator import indexes
+from django_gator.engines import schema
 
 
 class Migration(migrations.Migration):
@@ -77,5 +77,5 @@ class Migration(migrations.Migration):
                 ],
             },
         ),
-        migrations.RunPython(indexes.create_flow, indexes.drop_flow),
+        migrations.RunPython(schema.create_flow, schema.drop_flow),
     ]

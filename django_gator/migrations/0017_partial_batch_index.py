@@ -5,6 +5,7 @@ MySQL and MariaDB, which have no partial indexes, keep 0012's index."""
 from django.db import migrations
 
 from django_gator import indexes
+from django_gator.engines import schema
 
 
 class Migration(migrations.Migration):
@@ -19,7 +20,7 @@ class Migration(migrations.Migration):
                 migrations.RemoveIndex(model_name="job", name=indexes.FULL_BATCH_INDEX),
             ],
             database_operations=[
-                migrations.RunPython(indexes.create_batch_index, indexes.drop_batch_index),
+                migrations.RunPython(schema.create_batch_index, schema.drop_batch_index),
             ],
         ),
     ]

@@ -6,7 +6,7 @@ reads the table), which cannot run in a transaction: the migration is not atomic
 
 from django.db import migrations
 
-from django_gator import indexes
+from django_gator.engines import schema
 
 
 class Migration(migrations.Migration):
@@ -16,5 +16,5 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RunPython(indexes.create_dead_queue_index, indexes.drop_dead_queue_index),
+        migrations.RunPython(schema.create_dead_queue_index, schema.drop_dead_queue_index),
     ]

@@ -7,15 +7,15 @@ from typing import Any
 
 from django.db import migrations, models
 
-from django_gator import indexes
+from django_gator.engines import schema
 
 
 def restore_indexes(apps: Any, schema_editor: Any) -> None:
     """SQLite rebuilds the table to add NOT NULL columns, dropping the partial indexes of
     0002-0017 and 0018's dead-queue index: put them back."""
-    indexes.restore_after_rebuild(apps, schema_editor)
+    schema.restore_after_rebuild(apps, schema_editor)
     if schema_editor.connection.vendor == "sqlite":
-        indexes.restore_dead_queue_index(apps.get_model("django_gator", "Job"), schema_editor)
+        schema.restore_dead_queue_index(apps.get_model("django_gator", "Job"), schema_editor)
 
 
 class Migration(migrations.Migration):

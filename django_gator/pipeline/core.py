@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 from django_gator import conf, tracing, wakeup
-from django_gator.engines import Engine, get_engine
+from django_gator.engines import JobEngine, get_engine
 from django_gator.pipeline import deferred
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class Insert(abc.ABC):
         self.prepare()
 
     @abc.abstractmethod
-    def write(self, engine: Engine) -> list[Job]:
+    def write(self, engine: JobEngine) -> list[Job]:
         """The engine's INSERT; returns the jobs it created (a unique job that existed
         already is not among them)."""
         raise NotImplementedError

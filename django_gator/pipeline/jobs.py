@@ -22,7 +22,7 @@ from django_gator.pipeline.unsaved import FIELDS, mark_saved, unsaved_jobs
 if TYPE_CHECKING:
     from django.db import DatabaseError
 
-    from django_gator.engines import Engine
+    from django_gator.engines import JobEngine
     from django_gator.models import Batch
     from django_gator.queueable import Queueable
     from django_gator.rows import Inserted, JobRows
@@ -72,7 +72,7 @@ class JobsInsert(Insert):
     def due_now(self) -> set[str]:
         return {self.rows.queue} if self.rows.run_at is None else set()
 
-    def write(self, engine: Engine) -> list[Job]:
+    def write(self, engine: JobEngine) -> list[Job]:
         """The INSERT: fills in the returned jobs; returns those it created. Members of a
         batch are counted into it in the same transaction."""
         member_of = self.member_of
@@ -91,7 +91,7 @@ class JobsInsert(Insert):
                     job.chain_id, job.chain_position = step_of
             return self._write_rows(engine)
 
-    def _write_rows(self, engine: Engine) -> list[Job]:
+    def _write_rows(self, engine: JobEngine) -> list[Job]:
         """The INSERT and the returned jobs' ids. The engine builds the jobs (prepare) and
         gives them their ids (fill) where the database is busy (a large COPY: while it
         draws the ids from the sequence, and while it reads the last lines)."""
@@ -114,7 +114,7 @@ class JobsInsert(Insert):
         engine.insert_rows(rows, notify=self.due_now(), prepare=self.prepare, meanwhile=fill)
         return jobs
 
-    def _write_unique(self, engine: Engine) -> list[Job]:
+    def _write_unique(self, engine: JobEngine) -> list[Job]:
         """Insert the rows whose key no active job holds; the other returned jobs take the
         values of the job that holds it ("dispatch returns the existing job")."""
         self.prepare()

@@ -21,7 +21,7 @@ from django_gator.pipeline.unsaved import mark_saved, unsaved_job
 from django_gator.registry import is_registered
 
 if TYPE_CHECKING:
-    from django_gator.engines import Engine
+    from django_gator.engines import JobEngine
     from django_gator.queueable import Queueable
     from django_gator.rows import InsertRow
     from django_gator.workflow_specs import StepSpec
@@ -131,7 +131,7 @@ class WorkflowInsert(core.Insert):
             rows[0].queue for rows in self.members.values() if rows
         }
 
-    def write(self, engine: Engine) -> list[Job]:
+    def write(self, engine: JobEngine) -> list[Job]:
         inserted = engine.insert_workflow(
             self.run, self.steps, self.roots, self.batches, self.members
         )

@@ -43,7 +43,7 @@ PLAIN_REST seconds (a round that finds nothing else still makes it).
 
 In the all-queues mode the queues the worker has claimed from are claimed from every round
 (a keyset claim of an empty queue is one index descent per priority), and the search for
-other queues with work jumps over them (see ``Engine.ready_queues``).
+other queues with work jumps over them (see ``JobEngine.ready_queues``).
 """
 
 from __future__ import annotations
@@ -51,11 +51,12 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from django_gator.attempts import Mark
-from django_gator.engines import ClaimedJob
-from django_gator.engines.base import Engine, Position
+from django_gator.engines import ClaimedJob, JobEngine
+from django_gator.engines.core import Position
 from django_gator.worker.flow import FlowRouter
 from django_gator.worker.queues import QueueSpec, weighted_order
 
@@ -84,13 +85,28 @@ COST_WEIGHT = 0.3
 PLAIN_REST = 0.05
 
 
+@dataclass
+class _Round:
+    """One call of :meth:`Claimer.claim`: what it still wants, and what it has done."""
+
+    limit: int
+    pending: list[Mark]  # success marks not yet written
+    claimed: list[ClaimedJob] = field(default_factory=list)
+    written: list[int] = field(default_factory=list)  # ids whose mark was written
+    rested: list[str] = field(default_factory=list)  # limited claims resting
+    plain_rested: list[str] = field(default_factory=list)  # ordinary claims resting
+
+    def want(self) -> int:
+        return self.limit - len(self.claimed)
+
+
 class Claimer:
     """Claims for one worker: weighted queue order, and keyset claims that start where the
     previous claim of each queue and priority stopped (see the module docstring)."""
 
     def __init__(
         self,
-        engine: Engine,
+        engine: JobEngine,
         worker_id: str,
         specs: Sequence[QueueSpec] = (),
         rng: random.Random | None = None,
@@ -135,6 +151,26 @@ class Claimer:
         queue while the worker drains "reports"). A queue whose last claim was filled keeps
         its place in the weighted order, so a busy queue gains nothing from its wakeups."""
         pending = list(marks)
+        names = self._round_order(limit, woken)
+        if not names:
+            written = self.engine.mark_succeeded(self.worker_id, pending) if pending else []
+            return [], written
+        round_ = _Round(limit, pending)
+        for name in names:
+            self._claim_queue(round_, name)
+            if len(round_.claimed) >= limit:
+                break
+        if not round_.claimed:
+            self._claim_resting(round_)
+        if round_.pending:
+            round_.written += self.engine.mark_succeeded(self.worker_id, round_.pending)
+        if not round_.claimed and not self.specs:
+            self._queue_cache = (0.0, [])  # look for new queues next time
+        return round_.claimed, round_.written
+
+    def _round_order(self, limit: int, woken: Collection[str]) -> list[str]:
+        """The queues this round claims from, in order: the weighted order, with the woken
+        queues not known to have a backlog first (see :meth:`claim`)."""
         names = self.queue_order() if limit else []
         if woken and limit and not self.specs:
             # All queues: a queue named by a wakeup has work, listed or not (the list of
@@ -144,67 +180,58 @@ class Claimer:
             first = [name for name in names if name in woken and name not in self._full]
             if first:
                 names = first + [name for name in names if name not in first]
-        if not names:
-            written = self.engine.mark_succeeded(self.worker_id, pending) if pending else []
-            return [], written
-        claimed: list[ClaimedJob] = []
-        written = []
-        rested: list[str] = []  # limited claims resting
-        plain_rested: list[str] = []  # ordinary claims resting
-        for name in names:
-            want = limit - len(claimed)
-            ordinary, limited = self.flow.route(name)
-            if not limited and self.flow.resting(name):
-                rested.append(name)
-            if ordinary and limited and self.clock() < self._plain_rest.get(name, 0.0):
-                ordinary = False
-                plain_rested.append(name)
-            jobs: list[ClaimedJob] = []
-            if ordinary:
-                # When the limited claim follows, the marks go with it (on PostgreSQL in
-                # its round trip, where the ordinary claim would spend one of its own).
-                marks = [] if limited else pending
-                jobs, marked = self._ordinary(name, want, marks)
-                written += marked
-                if marks:
-                    pending = []
-                if limited and not jobs:
-                    self._plain_rest[name] = self.clock() + PLAIN_REST
-                else:
-                    self._plain_rest.pop(name, None)
-            if limited and len(jobs) < want:
-                more, marked = self.flow.claim(name, want - len(jobs), pending)
-                written += marked
-                pending = []
-                jobs = jobs + more
-            claimed += jobs
-            if len(jobs) < want:
-                self._full.discard(name)
+        return names
+
+    def _claim_queue(self, round_: _Round, name: str) -> None:
+        """Claim what the round still wants from queue ``name``: the ordinary claim (unless
+        it rests), then the limited one for what that left; note the claims resting."""
+        want = round_.want()
+        ordinary, limited = self.flow.route(name)
+        if not limited and self.flow.resting(name):
+            round_.rested.append(name)
+        if ordinary and limited and self.clock() < self._plain_rest.get(name, 0.0):
+            ordinary = False
+            round_.plain_rested.append(name)
+        jobs: list[ClaimedJob] = []
+        if ordinary:
+            # When the limited claim follows, the marks go with it (on PostgreSQL in
+            # its round trip, where the ordinary claim would spend one of its own).
+            marks = [] if limited else round_.pending
+            jobs, marked = self._ordinary(name, want, marks)
+            round_.written += marked
+            if marks:
+                round_.pending = []
+            if limited and not jobs:
+                self._plain_rest[name] = self.clock() + PLAIN_REST
             else:
-                self._full.add(name)
-            if len(claimed) >= limit:
-                break
-        if not claimed:
-            # A round that found nothing: the claims resting after they found nothing are
-            # made too (a slot may have freed since, a job come), so that an idle or burst
-            # worker never takes a rest for an empty queue.
-            for name in plain_rested:
-                if len(claimed) < limit:
-                    jobs, marked = self._ordinary(name, limit - len(claimed), pending)
-                    written += marked
-                    pending = []
-                    claimed += jobs
-            for name in rested:
-                if len(claimed) < limit:
-                    jobs, marked = self.flow.claim(name, limit - len(claimed), pending)
-                    written += marked
-                    pending = []
-                    claimed += jobs
-        if pending:
-            written += self.engine.mark_succeeded(self.worker_id, pending)
-        if not claimed and not self.specs:
-            self._queue_cache = (0.0, [])  # look for new queues next time
-        return claimed, written
+                self._plain_rest.pop(name, None)
+        if limited and len(jobs) < want:
+            more, marked = self.flow.claim(name, want - len(jobs), round_.pending)
+            round_.written += marked
+            round_.pending = []
+            jobs = jobs + more
+        round_.claimed += jobs
+        if len(jobs) < want:
+            self._full.discard(name)
+        else:
+            self._full.add(name)
+
+    def _claim_resting(self, round_: _Round) -> None:
+        """A round that found nothing: the claims resting after they found nothing are
+        made too (a slot may have freed since, a job come), so that an idle or burst
+        worker never takes a rest for an empty queue."""
+        for name in round_.plain_rested:
+            if round_.want() > 0:
+                jobs, marked = self._ordinary(name, round_.want(), round_.pending)
+                round_.written += marked
+                round_.pending = []
+                round_.claimed += jobs
+        for name in round_.rested:
+            if round_.want() > 0:
+                jobs, marked = self.flow.claim(name, round_.want(), round_.pending)
+                round_.written += marked
+                round_.pending = []
+                round_.claimed += jobs
 
     def held_back(self) -> bool:
         """Whether a due job of this worker's queues waits for a limit that will let it

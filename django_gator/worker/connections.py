@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,12 +42,9 @@ from django.db import connections
 from django.db.backends.signals import connection_created
 
 from django_gator import conf
-from django_gator.engines import get_engine
-from django_gator.engines.core import EngineCore
+from django_gator.engines import JobEngine, get_engine, sessions
 
 logger = logging.getLogger("django_gator.worker")
-
-VENDORS = ("postgresql", "mysql")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,16 +80,6 @@ class NetworkBounds:
             idle_transaction_timeout=max(1, math.ceil(seconds)),
         )
 
-    def libpq_options(self) -> dict[str, int]:
-        return {
-            "keepalives": 1,
-            "keepalives_idle": self.keepalive_idle,
-            "keepalives_interval": self.keepalive_interval,
-            "keepalives_count": self.keepalive_count,
-            "tcp_user_timeout": self.user_timeout_ms,
-            "connect_timeout": self.connect_timeout,
-        }
-
 
 _lock = threading.Lock()
 _users = 0  # WorkerProcess.run() calls in progress (tests run several in one process)
@@ -126,8 +111,7 @@ def prepare() -> Callable[[], None]:
             if settings_dict.get("CONN_MAX_AGE", 0) == 0:
                 settings_dict["CONN_MAX_AGE"] = max_age
             if _bounds is not None:
-                vendor = connections[alias].vendor
-                client = _client_options(vendor, _bounds)
+                client = sessions.client_options(connections[alias], _bounds)
                 settings_dict["OPTIONS"] = {**client, **(settings_dict.get("OPTIONS") or {})}
         if _bounds is not None:
             connection_created.connect(_on_connection_created, dispatch_uid=__name__)
@@ -152,23 +136,13 @@ def _undo() -> None:
         _saved.clear()
 
 
-def _client_options(vendor: str, bounds: NetworkBounds) -> dict[str, Any]:
-    if vendor == "postgresql":
-        return bounds.libpq_options()
-    if vendor == "mysql":
-        # mysqlclient has no keepalive options (they are set on the socket once connected),
-        # and its read_timeout would cut a long statement: only the connect is bounded.
-        return {"connect_timeout": bounds.connect_timeout}
-    return {}
-
-
 def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
     """A new connection in a worker process: bound its silence on both ends."""
-    if _bounds is not None and connection.vendor in VENDORS:
+    if _bounds is not None and sessions.is_bounded(connection):
         bound_connection(get_engine(connection.alias), connection.connection)
 
 
-def bound_connection(engine: EngineCore, raw: Any) -> None:
+def bound_connection(engine: JobEngine, raw: Any) -> None:
     """Bound the silence of ``raw``, a driver connection a worker process just opened, on
     both ends (also for connections Django does not open, like the LISTEN one). Nothing
     outside a worker process, or when off. Never raises: a connection that cannot be
@@ -177,9 +151,7 @@ def bound_connection(engine: EngineCore, raw: Any) -> None:
     if current is None or getattr(raw, "_gator_network_bounds", None) == current:
         return  # a pooled connection checked out again
     try:
-        if engine.vendor == "mysql":
-            set_socket_options(raw.fileno(), current)
-        engine.prepare_worker_session(raw, current)
+        sessions.bound_session(engine, raw, current)
     except Exception as exc:  # the driver's own errors, not Django's, on a raw connection
         logger.warning(
             "Could not bound the silence of a database connection alias=%s error=%r",
@@ -188,23 +160,3 @@ def bound_connection(engine: EngineCore, raw: Any) -> None:
         )
         return
     raw._gator_network_bounds = current
-
-
-def set_socket_options(fd: int, bounds: NetworkBounds) -> None:
-    """TCP keepalive and user timeout on the socket ``fd`` (a TCP one; others are left)."""
-    sock = socket.socket(fileno=os.dup(fd))
-    try:
-        if sock.family not in (socket.AF_INET, socket.AF_INET6):
-            return
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        for name, value in (
-            ("TCP_KEEPIDLE", bounds.keepalive_idle),
-            ("TCP_KEEPINTVL", bounds.keepalive_interval),
-            ("TCP_KEEPCNT", bounds.keepalive_count),
-            ("TCP_USER_TIMEOUT", bounds.user_timeout_ms),
-        ):
-            option = getattr(socket, name, None)  # Linux has all four; others may not
-            if option is not None:
-                sock.setsockopt(socket.IPPROTO_TCP, option, value)
-    finally:
-        sock.close()

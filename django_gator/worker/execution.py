@@ -131,7 +131,6 @@ def _run_claimed(
     """
     instance: Queueable | None = None
     started = time.perf_counter()
-    result: str | None = None
     watcher = ConnectionWatch(None if watch is True else watch) if watch else None
     raised: BaseException | None = None
     outcome: Outcome
@@ -141,15 +140,9 @@ def _run_claimed(
             job_class = type(instance)
             signals.send(signals.job_started, job_class, job=instance)
             if job_class.atomic and commit is not None:
-                with atomic() if atomic else transaction.atomic(using=conf.database()):
-                    result = result_json(job, call_handle(instance))
-                    if not commit(result):
-                        raise ClaimLost(f"job {job.id} is no longer claimed by {worker_id}")
-                outcome = Success(result, written=True)
+                outcome = _handle_atomically(job, instance, worker_id, commit, atomic)
             else:
                 outcome = Success(result_json(job, call_handle(instance)))
-    except ClaimLost:
-        outcome = Success(result, written=False)
     except JobNotRegistered as exc:
         return unknown_name_failure(job, worker_id, exc)
     except BadRow as exc:
@@ -167,6 +160,26 @@ def _run_claimed(
         outcome = raised_outcome(job, worker_id, raised, instance)
     finished(instance, outcome, time.perf_counter() - started)
     return outcome
+
+
+def _handle_atomically(
+    job: ClaimedJob,
+    instance: Queueable,
+    worker_id: str,
+    commit: Commit,
+    atomic: Callable[[], AbstractContextManager[Any]] | None,
+) -> Success:
+    """Run an atomic job's handler and write its success mark in one transaction; a
+    success not ``written`` if the mark found the claim lost (the transaction rolled back)."""
+    result: str | None = None
+    try:
+        with atomic() if atomic else transaction.atomic(using=conf.database()):
+            result = result_json(job, call_handle(instance))
+            if not commit(result):
+                raise ClaimLost(f"job {job.id} is no longer claimed by {worker_id}")
+    except ClaimLost:
+        return Success(result, written=False)
+    return Success(result, written=True)
 
 
 def left_open(job: ClaimedJob, leftovers: Sequence[str]) -> TransactionLeftOpen:

@@ -25,8 +25,7 @@ from collections.abc import Callable
 from django.db import connections
 
 from django_gator.attempts import Success
-from django_gator.engines import ClaimedJob
-from django_gator.engines.base import Engine
+from django_gator.engines import ClaimedJob, JobEngine
 from django_gator.exceptions import JobNotRegistered, JobTimeout
 from django_gator.queueable import effective_timeout, get_job_class
 from django_gator.worker.execution import run_claimed
@@ -43,7 +42,7 @@ Spawn = Callable[[str, Callable[[], None]], threading.Thread]
 class Executors:
     """The executor threads of one worker, and their watchdog."""
 
-    def __init__(self, slots: Slots, outcomes: Outcomes, engine: Engine, spawn: Spawn) -> None:
+    def __init__(self, slots: Slots, outcomes: Outcomes, engine: JobEngine, spawn: Spawn) -> None:
         self.slots = slots
         self.outcomes = outcomes
         self.engine = engine

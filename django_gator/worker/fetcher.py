@@ -28,13 +28,13 @@ from collections.abc import Callable, Sequence
 
 from django.db import close_old_connections
 
-from django_gator.engines import ClaimedJob
-from django_gator.engines.base import Engine
+from django_gator.engines import ClaimedJob, JobEngine
 from django_gator.worker.claims import Claimer
 from django_gator.worker.executor import Executors
-from django_gator.worker.outcomes import Outcomes, Retrying, has_steps, log_lost
+from django_gator.worker.outcomes import Outcomes, has_steps
 from django_gator.worker.retrier import backoff, drop_connection, refused
-from django_gator.worker.slots import Finished, Slots
+from django_gator.worker.slots import Finished, Round, Slots
+from django_gator.worker.writes import Retrying, log_lost
 
 logger = logging.getLogger("django_gator.worker")
 
@@ -52,7 +52,7 @@ class Fetcher:
     def __init__(
         self,
         *,
-        engine: Engine,
+        engine: JobEngine,
         slots: Slots,
         claimer: Claimer,
         executors: Executors,
@@ -82,48 +82,23 @@ class Fetcher:
         #: batched successes). They decide whether a claim waits for fuller slots.
         self.claim_seconds = 0.0
         self.job_seconds = 0.0
+        self._failures = 0  # claims failed in a row
+        self._idle_wait = MIN_POLL  # the next idle poll's wait (polling engines)
 
     def run(self) -> None:
-        slots = self.slots
-        failures = 0
-        idle_wait = MIN_POLL
         while True:
-            with slots.lock:
-                while not slots.wants_fetch_locked():
-                    slots.fetch_needed.wait(self.executors.watchdog_wait_locked(self.poll_interval))
-                    self.executors.enforce_timeouts_locked()
-                self.linger_locked()
-                turn = slots.next_round_locked()
+            turn = self._await_round()
             self.executors.write_timeouts()
             if turn.stopping:
                 if turn.suspect is not None:
-                    slots.hold_again(turn.suspect)  # released by the shutdown
-                self.outcomes.write_batch(slots.take_succeeded())
+                    self.slots.hold_again(turn.suspect)  # released by the shutdown
+                self.outcomes.write_batch(self.slots.take_succeeded())
                 return
-            batch = slots.take_succeeded()
-            try:
-                close_old_connections()
-                self.engine.prepare_bookkeeping()
-                if failures:
-                    self.release_orphans(batch)
-                marks, written = self.outcomes.write_steps(batch)  # with their workflows
-                started = time.perf_counter()
-                jobs, marked = self.claimer.claim(turn.free, marks, turn.woken)
-                written += marked
-                self.measure(time.perf_counter() - started, batch)
-                failures = 0
-            except Exception as exc:
-                failures += 1
-                logger.exception("Claim failed; retrying worker=%s", self.worker_id)
-                drop_connection(self.engine.alias)
-                if refused(exc) and has_steps(batch):
-                    # Perhaps the steps' batched write: it would fail the same way again.
-                    batch = self.outcomes.write_steps_alone(batch)
-                slots.put_back_succeeded(batch)  # written next time (marks are idempotent)
-                if turn.suspect is not None:
-                    slots.hold_again(turn.suspect)
-                self.stopped.wait(backoff(failures))
+            batch = self.slots.take_succeeded()
+            claimed = self._claim(turn, batch)
+            if claimed is None:
                 continue
+            jobs, written = claimed
             self.outcomes.settle_batch(batch, written)
             if turn.suspect is not None:
                 # Every success mark is written by now (nothing else was running): a crash
@@ -132,52 +107,110 @@ class Fetcher:
                 continue
             if turn.free <= 0:
                 continue
-            # A burst worker that found nothing: read, before taking the lock, whether due
-            # jobs wait for a limit that will let them run (then it waits for them).
-            held_back = not jobs and self.burst and turn.idle and self._held_back()
-            with slots.lock:
-                stopping = slots.stopping
-                if jobs and not stopping:
-                    slots.idle.clear()
-                    held = slots.hand_out_locked(jobs)
-                    for_loop = slots.async_slots.take_started()
-                    idle_wait = MIN_POLL
-                elif not jobs and not stopping:
-                    if (
-                        self.burst
-                        and turn.idle
-                        and slots.in_flight == 0
-                        and not slots.succeeded
-                        and not held_back
-                    ):
-                        self.on_drained()
-                        return
-                    if self.listening:
-                        wait = self.poll_interval
-                    else:
-                        wait = idle_wait
-                        idle_wait = min(idle_wait * 2, self.poll_interval)
-                    if not slots.succeeded and not slots.notified:
-                        if slots.in_flight == 0 and not slots.idle.is_set():
-                            slots.idle.set()
-                            logger.debug("Worker idle worker=%s", self.worker_id)
-                        slots.fetch_needed.wait(
-                            min(wait, self.executors.watchdog_wait_locked(self.poll_interval))
-                        )
-                    continue
-            if stopping:
-                if jobs:
-                    # A stop came in while we were claiming: hand these straight back.
-                    self.retrying("release jobs", functools.partial(self.outcomes.release, jobs))
+            if not self._hand_out(turn, jobs):
                 return
-            if for_loop:
-                self.start_async(for_loop)
-            if held:
-                logger.info(
-                    "Holding suspects until they can run alone worker=%s ids=%s",
-                    self.worker_id,
-                    ",".join(str(job.id) for job in held),
-                )
+
+    def _await_round(self) -> Round:
+        """Wait until there is something to do (enforcing the timeouts meanwhile), linger
+        for fuller slots, and take the round's turn."""
+        slots = self.slots
+        with slots.lock:
+            while not slots.wants_fetch_locked():
+                slots.fetch_needed.wait(self.executors.watchdog_wait_locked(self.poll_interval))
+                self.executors.enforce_timeouts_locked()
+            self.linger_locked()
+            return slots.next_round_locked()
+
+    def _claim(
+        self, turn: Round, batch: list[Finished]
+    ) -> tuple[list[ClaimedJob], list[int]] | None:
+        """Claim for the round's free slots, writing ``batch``'s success marks (the
+        workflow steps' first, with their workflows): the jobs claimed and the ids
+        written. None after a failure: the batch is put back for the next round, which
+        comes after a backoff and first gives back what the failed claim may have taken."""
+        try:
+            close_old_connections()
+            self.engine.prepare_bookkeeping()
+            if self._failures:
+                self.release_orphans(batch)
+            marks, written = self.outcomes.write_steps(batch)  # with their workflows
+            started = time.perf_counter()
+            jobs, marked = self.claimer.claim(turn.free, marks, turn.woken)
+            written += marked
+            self.measure(time.perf_counter() - started, batch)
+            self._failures = 0
+        except Exception as exc:
+            self._failures += 1
+            logger.exception("Claim failed; retrying worker=%s", self.worker_id)
+            drop_connection(self.engine.alias)
+            if refused(exc) and has_steps(batch):
+                # Perhaps the steps' batched write: it would fail the same way again.
+                batch = self.outcomes.write_steps_alone(batch)
+            self.slots.put_back_succeeded(batch)  # written next time (marks are idempotent)
+            if turn.suspect is not None:
+                self.slots.hold_again(turn.suspect)
+            self.stopped.wait(backoff(self._failures))
+            return None
+        return jobs, written
+
+    def _hand_out(self, turn: Round, jobs: list[ClaimedJob]) -> bool:
+        """Give the claimed jobs to the executors and the event loop, or with none, wait
+        for the next round. False when the fetcher is to end: a stop came in (the jobs
+        go straight back), or a burst worker found nothing left to do."""
+        slots = self.slots
+        # A burst worker that found nothing: read, before taking the lock, whether due
+        # jobs wait for a limit that will let them run (then it waits for them).
+        held_back = not jobs and self.burst and turn.idle and self._held_back()
+        with slots.lock:
+            stopping = slots.stopping
+            if not jobs and not stopping:
+                return self._idle_locked(turn, held_back)
+            if not stopping:
+                slots.idle.clear()
+                held = slots.hand_out_locked(jobs)
+                for_loop = slots.async_slots.take_started()
+                self._idle_wait = MIN_POLL
+        if stopping:
+            if jobs:
+                # A stop came in while we were claiming: hand these straight back.
+                self.retrying("release jobs", functools.partial(self.outcomes.release, jobs))
+            return False
+        if for_loop:
+            self.start_async(for_loop)
+        if held:
+            logger.info(
+                "Holding suspects until they can run alone worker=%s ids=%s",
+                self.worker_id,
+                ",".join(str(job.id) for job in held),
+            )
+        return True
+
+    def _idle_locked(self, turn: Round, held_back: bool) -> bool:
+        """A claim that found nothing (lock held): end a drained burst worker (False), or
+        wait, polling sooner after recent work, unless a success or a wakeup waits."""
+        slots = self.slots
+        if (
+            self.burst
+            and turn.idle
+            and slots.in_flight == 0
+            and not slots.succeeded
+            and not held_back
+        ):
+            self.on_drained()
+            return False
+        if self.listening:
+            wait = self.poll_interval
+        else:
+            wait = self._idle_wait
+            self._idle_wait = min(self._idle_wait * 2, self.poll_interval)
+        if not slots.succeeded and not slots.notified:
+            if slots.in_flight == 0 and not slots.idle.is_set():
+                slots.idle.set()
+                logger.debug("Worker idle worker=%s", self.worker_id)
+            slots.fetch_needed.wait(
+                min(wait, self.executors.watchdog_wait_locked(self.poll_interval))
+            )
+        return True
 
     def _held_back(self) -> bool:
         """A burst worker that found nothing to claim: whether due jobs of its queues wait

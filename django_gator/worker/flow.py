@@ -25,7 +25,7 @@ from collections.abc import Callable, Collection, Sequence
 
 from django_gator import conf
 from django_gator.attempts import Mark
-from django_gator.engines.base import ClaimedJob, Engine
+from django_gator.engines import ClaimedJob, JobEngine
 from django_gator.engines.flow import ClassLimits, FlowClaims
 from django_gator.exceptions import JobNotRegistered
 from django_gator.limits import parse_rate
@@ -57,7 +57,7 @@ class FlowRouter:
     """Routes each queue's claim; used by the fetcher thread only (no lock)."""
 
     def __init__(
-        self, engine: Engine, worker_id: str, clock: Callable[[], float] = time.monotonic
+        self, engine: JobEngine, worker_id: str, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.flow = FlowClaims(engine)
         self.engine = engine

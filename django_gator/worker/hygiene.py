@@ -29,6 +29,8 @@ from typing import Any
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from django_gator.engines.sessions import transaction_left_open
+
 logger = logging.getLogger("django_gator.worker")
 
 #: Statements that change a session's state beyond one transaction.
@@ -125,7 +127,7 @@ class ConnectionWatch:
             if connection.connection is None or not (used.used or connection.in_atomic_block):
                 continue  # no query, no transaction (autocommit flipped alone: Django's)
             try:
-                open_transaction = _transaction_left_open(connection)
+                open_transaction = transaction_left_open(connection)
             except Exception:
                 logger.warning(
                     "Could not check a connection after a job; closing it alias=%s",
@@ -144,27 +146,6 @@ class ConnectionWatch:
                 )
                 _discard(connection)
         return problems
-
-
-def _transaction_left_open(connection: Any) -> bool:
-    """Whether ``connection`` (a Django wrapper, connected, used by the job) is inside a
-    transaction that the job opened and did not end."""
-    if connection.in_atomic_block or not connection.get_autocommit():
-        return True
-    raw = connection.connection
-    if connection.vendor == "postgresql":
-        import psycopg
-
-        status = raw.info.transaction_status
-        return bool(status != psycopg.pq.TransactionStatus.IDLE)
-    if connection.vendor == "sqlite":
-        return bool(raw.in_transaction)
-    if connection.vendor == "mysql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT @@in_transaction")
-            row = cursor.fetchone()
-        return bool(row and row[0])
-    return False
 
 
 def _discard(connection: Any) -> None:

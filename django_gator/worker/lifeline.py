@@ -24,9 +24,10 @@ from datetime import datetime, timedelta
 from django.db import close_old_connections
 
 from django_gator import conf, health
-from django_gator.engines.base import Engine
+from django_gator.engines import JobEngine
 from django_gator.exceptions import WorkerLost
 from django_gator.logutil import safe
+from django_gator.rows import LostClaim
 from django_gator.states import JobState
 from django_gator.worker.beacon import BUSY, BYE, FAILED, OK, Beacon
 from django_gator.worker.errors import error_entry
@@ -46,7 +47,7 @@ class Lifeline:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: JobEngine,
         worker_id: str,
         register: Callable[[], object] = lambda: None,
         beacon: Beacon | None = None,
@@ -142,44 +143,43 @@ class Lifeline:
         if sweep:
             self._last_sweep = time.monotonic()
         for claim in lost:
-            owner = claim.owner or ""
-            verdict = verdicts.get(owner, Liveness.UNKNOWN)
+            verdict = verdicts.get(claim.owner or "", Liveness.UNKNOWN)
             if verdict is Liveness.ALIVE or (not judging and verdict is Liveness.UNKNOWN):
                 continue
-            dead = claim.isolated and claim.crashes + 1 >= max_rescues
-            if not claim.isolated:
-                reason = (
-                    f"worker {owner} stopped heartbeating while running this job; the job is "
-                    "now a suspect, and its next attempts run with no other job beside them, "
-                    "so that a crash is blamed only on the job that caused it"
-                )
-            else:
-                reason = (
-                    f"worker {owner} stopped heartbeating while this job ran alone in it "
-                    f"(crash {claim.crashes + 1} of {max_rescues} allowed)"
-                )
-                if dead:
-                    reason += "; it crashes its worker, so it is a likely poison pill"
-            if verdict is not Liveness.UNKNOWN:
-                reason += f" (its process on this host is {verdict.value})"
-            error, summary = error_entry(
-                WorkerLost(reason), attempt=claim.attempts, worker_id=owner, tb=""
+            self._take_back(claim, cutoff, verdict, max_rescues)
+        if judging:
+            self._forget_lapsed(cutoff, verdicts)
+
+    def _take_back(
+        self, claim: LostClaim, cutoff: datetime, verdict: Liveness, max_rescues: int
+    ) -> None:
+        """Rescue one lost claim: back to ``waiting`` as a suspect, or ``dead`` when it has
+        now crashed its worker ``max_rescues`` times while running alone."""
+        owner = claim.owner or ""
+        dead = claim.isolated and claim.crashes + 1 >= max_rescues
+        reason = _rescue_reason(claim, owner, dead, max_rescues)
+        if verdict is not Liveness.UNKNOWN:
+            reason += f" (its process on this host is {verdict.value})"
+        error, summary = error_entry(
+            WorkerLost(reason), attempt=claim.attempts, worker_id=owner, tb=""
+        )
+        # A rescue can end the job (dead, cancelled): a workflow step's dependents are
+        # settled in its transaction.
+        rescue = functools.partial(
+            self.engine.rescue, claim, cutoff, dead=dead, error=error, last_error=summary
+        )
+        if self.engine.with_steps([claim.id], None, rescue):
+            logger.warning(
+                "Rescued job id=%s from lost worker=%s result=%s isolated=%s",
+                claim.id,
+                safe(owner),
+                (JobState.DEAD if dead else JobState.WAITING).value,
+                "yes" if claim.isolated else "no",
             )
-            # A rescue can end the job (dead, cancelled): a workflow step's dependents are
-            # settled in its transaction.
-            rescue = functools.partial(
-                self.engine.rescue, claim, cutoff, dead=dead, error=error, last_error=summary
-            )
-            if self.engine.with_steps([claim.id], None, rescue):
-                logger.warning(
-                    "Rescued job id=%s from lost worker=%s result=%s isolated=%s",
-                    claim.id,
-                    safe(owner),
-                    (JobState.DEAD if dead else JobState.WAITING).value,
-                    "yes" if claim.isolated else "no",
-                )
-        if not judging:
-            return
+
+    def _forget_lapsed(self, cutoff: datetime, verdicts: dict[str, Liveness]) -> None:
+        """Remove the rows of the workers judged lost: every lapsed one, or where workers
+        share this host, those judged here."""
         if not self.engine.workers_share_a_host:
             self.engine.forget_workers(cutoff)
             return
@@ -210,3 +210,20 @@ class Lifeline:
                     self.worker_id,
                 )
         return verdicts
+
+
+def _rescue_reason(claim: LostClaim, owner: str, dead: bool, max_rescues: int) -> str:
+    """What the rescued attempt's error entry says happened."""
+    if not claim.isolated:
+        return (
+            f"worker {owner} stopped heartbeating while running this job; the job is "
+            "now a suspect, and its next attempts run with no other job beside them, "
+            "so that a crash is blamed only on the job that caused it"
+        )
+    reason = (
+        f"worker {owner} stopped heartbeating while this job ran alone in it "
+        f"(crash {claim.crashes + 1} of {max_rescues} allowed)"
+    )
+    if dead:
+        reason += "; it crashes its worker, so it is a likely poison pill"
+    return reason

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Collection
 
 from django_gator import wakeup
-from django_gator.engines.base import Engine
+from django_gator.engines import JobEngine
 from django_gator.worker.retrier import backoff
 from django_gator.worker.slots import Slots
 
@@ -19,7 +19,7 @@ logger = logging.getLogger("django_gator.worker")
 
 
 def listen(
-    engine: Engine,
+    engine: JobEngine,
     slots: Slots,
     queues: Collection[str],
     stopped: threading.Event,

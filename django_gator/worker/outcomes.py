@@ -2,9 +2,8 @@
 
 Every outcome is a compare-and-set on the claim (job id, attempt, worker id), so a worker
 that lost its claim meanwhile (rescued after a stall, cancelled by an operator) writes
-nothing over the job's new life. When the compare-and-set changes no row, :meth:`landed`
-asks whether an earlier try of the same write committed before its answer was lost;
-otherwise the outcome is discarded and logged.
+nothing over the job's new life (each write, and how a write that changed no row is told
+from one whose answer was lost, is in :mod:`.writes`).
 
 The threaded worker, immediate mode and :func:`django_gator.testing.run_jobs` all write
 through :class:`Outcomes`. The worker passes a ``retrying`` function (see
@@ -17,62 +16,36 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
-
-from django.db import DatabaseError
 
 from django_gator import conf, metrics
 from django_gator.attempts import Claim, Failure, Mark, Outcome, Snoozed, Success
 from django_gator.engines import ClaimedJob
-from django_gator.engines.base import Engine
 from django_gator.exceptions import JobHandedBack, JobTimeout
-from django_gator.logutil import safe
 from django_gator.queueable import effective_timeout, get_job_class
-from django_gator.redaction import mask_text, secret_values
 from django_gator.states import JobState
-from django_gator.worker.execution import failure_for, unstorable_failure
+from django_gator.worker.execution import failure_for
 from django_gator.worker.retrier import refused
+from django_gator.worker.writes import (
+    OutcomeWrites,
+    log_lost,
+    log_success,
+    step_ids,
+    workflow_part,
+)
 
 logger = logging.getLogger("django_gator.worker")
 
-T = TypeVar("T")
-
-
-class Retrying(Protocol):
-    """Runs a database operation, retrying while the database is unreachable; None if it
-    gave up (see :class:`~django_gator.worker.retrier.Retrier`)."""
-
-    def __call__(self, what: str, action: Callable[[], T]) -> T | None: ...
-
-
 #: What :meth:`Outcomes.record` returns for a plain success left for the batched mark.
 DEFERRED = "deferred"
-
-
-def _once(what: str, action: Callable[[], T]) -> T | None:
-    return action()
 
 
 def has_steps(batch: Sequence[tuple[ClaimedJob, Success, float]]) -> bool:
     return any(job.chain_id is not None for job, _, _ in batch)
 
 
-class Outcomes:
-    """Writes the outcomes of one worker's attempts (``worker_id``'s claims)."""
-
-    def __init__(
-        self,
-        engine: Engine,
-        worker_id: str,
-        retrying: Retrying | None = None,
-        follow_ups: list[int] | None = None,
-    ) -> None:
-        self.engine = engine
-        self.worker_id = worker_id
-        self.retrying: Retrying = retrying or _once
-        #: Where the ids of the rows an outcome inserted (workflow steps it released, an
-        #: on_error handler) are collected, if the caller wants them.
-        self.follow_ups = follow_ups
+class Outcomes(OutcomeWrites):
+    """Writes the outcomes of one worker's attempts (``worker_id``'s claims): which write
+    each outcome takes, the batched successes, and the claims given back."""
 
     # -- one attempt -----------------------------------------------------------------------
     def record(
@@ -97,7 +70,7 @@ class Outcomes:
         """An atomic job's success mark (and its chain's next step), written inside the
         transaction that ran handle(); False if the job is no longer ours."""
         return self.engine.with_steps(
-            _steps(job),
+            step_ids(job),
             self.follow_ups,
             lambda: self.engine.mark_succeeded_and_insert(
                 self.worker_id, Mark.of(job, result), [], self.follow_ups
@@ -232,7 +205,7 @@ class Outcomes:
                 log_lost(job, JobState.SUCCEEDED)
                 continue
             if logger.isEnabledFor(logging.INFO):
-                _log_success(job, elapsed_ms, _workflow(job))
+                log_success(job, elapsed_ms, workflow_part(job))
 
     # -- giving back -----------------------------------------------------------------------
     def release(self, jobs: Sequence[ClaimedJob], *, handback: bool = False) -> list[int]:
@@ -243,7 +216,7 @@ class Outcomes:
         (see :meth:`hand_back`: only those are counted in the row's ``handbacks``)."""
         claims = [Claim.of(j) for j in jobs]
         released = self.engine.with_steps(
-            [id_ for j in jobs for id_ in _steps(j)],
+            [id_ for j in jobs for id_ in step_ids(j)],
             self.follow_ups,
             lambda: self.engine.release(self.worker_id, claims, handback=handback),
         )
@@ -304,162 +277,3 @@ class Outcomes:
                     "release a job", functools.partial(self.release, [job], handback=True)
                 )
         return released
-
-    def landed(self, job: ClaimedJob, expected: str, *, given_back: bool = False) -> bool:
-        """After a compare-and-set changed no row: did an earlier try of this very write
-        commit (the connection broke before we saw the answer)? ``given_back``: the write
-        gave the attempt back (a snooze), so the row has one attempt fewer."""
-        state = self.retrying(f"read job {job.id}", lambda: self.engine.claim_state(job.id))
-        attempts = job.attempts - 1 if given_back else job.attempts
-        if state is None or state[1:] != (attempts, self.worker_id):
-            return False
-        # A failure turns into "cancelled" when a cancellation was asked for.
-        return state[0] == expected or (
-            expected != JobState.SUCCEEDED and state[0] == JobState.CANCELLED
-        )
-
-    # -- the writes ------------------------------------------------------------------------
-    def _success(self, job: ClaimedJob, outcome: Success, elapsed_ms: float) -> str | None:
-        """A success written on its own; for a workflow step, with the release of the
-        steps that waited for it in the same transaction."""
-        written = self.retrying(
-            f"record success of job {job.id}",
-            lambda: self.engine.with_steps(
-                _steps(job),
-                self.follow_ups,
-                lambda: self.engine.mark_succeeded_and_insert(
-                    self.worker_id,
-                    Mark.of(job, outcome.result),
-                    [],
-                    self.follow_ups,
-                ),
-            ),
-        )
-        if written is None:
-            return None
-        if not written and not self.landed(job, JobState.SUCCEEDED):
-            log_lost(job, JobState.SUCCEEDED)
-            return None
-        if logger.isEnabledFor(logging.INFO):
-            _log_success(job, elapsed_ms, _workflow(job))
-        return JobState.SUCCEEDED.value
-
-    def _atomic(self, job: ClaimedJob, outcome: Success, elapsed_ms: float) -> str | None:
-        """An atomic job's success, already written with its transaction (or not)."""
-        if not outcome.written:
-            # The mark found the job taken back (rescued, or cancelled by an operator): the
-            # job's transaction rolled back, so its effects are undone, and whoever holds
-            # the job now decides what happens to it.
-            logger.warning(
-                "Lost job; its transaction rolled back id=%s name=%s attempt=%s worker=%s",
-                job.id,
-                safe(job.name),
-                job.attempts,
-                self.worker_id,
-            )
-            return None
-        _log_success(job, elapsed_ms, " atomic=yes")
-        return JobState.SUCCEEDED.value
-
-    def _snoozed(self, job: ClaimedJob, outcome: Snoozed, elapsed_ms: float) -> str | None:
-        """Back to waiting, due later, the attempt given back (``cancelled`` instead if a
-        cancellation was asked for meanwhile). Nothing follows in a chain: the step waits."""
-        written = self.retrying(
-            f"record snooze of job {job.id}",
-            lambda: self.engine.with_steps(
-                _steps(job),
-                self.follow_ups,
-                lambda: self.engine.mark_snoozed(self.worker_id, Claim.of(job), outcome.seconds),
-            ),
-        )
-        if written is None:
-            return None
-        if not written and not self.landed(job, JobState.WAITING, given_back=True):
-            log_lost(job, JobState.WAITING)
-            return None
-        logger.info(
-            "Processed job id=%s name=%s result=snoozed queue=%s attempt=%s duration_ms=%.1f "
-            "snoozed_s=%g",
-            job.id,
-            safe(job.name),
-            safe(job.queue),
-            job.attempts,
-            elapsed_ms,
-            outcome.seconds,
-        )
-        # As for a failure, a cancellation asked for meanwhile makes the row ``cancelled``.
-        return JobState.WAITING.value
-
-    def _failure(self, job: ClaimedJob, outcome: Failure, elapsed_ms: float) -> str | None:
-        result = outcome.state
-
-        def write(failure: Failure) -> bool | None:
-            return self.retrying(
-                f"record failure of job {job.id}",
-                lambda: self.engine.with_steps(
-                    _steps(job),
-                    self.follow_ups,
-                    lambda: self.engine.mark_failed_and_insert(
-                        self.worker_id, Claim.of(job), failure, [], self.follow_ups
-                    ),
-                ),
-            )
-
-        try:
-            written = write(outcome)
-        except DatabaseError as exc:
-            # The database refused this entry (retrying cannot help): record the failure
-            # with an entry that says what was refused instead.
-            logger.exception("The failure of job id=%s could not be stored as is", job.id)
-            outcome = unstorable_failure(outcome, exc, attempt=job.attempts, worker=self.worker_id)
-            written = write(outcome)
-        if written is None:
-            return None
-        if not written and not self.landed(job, result, given_back=outcome.uncharged):
-            log_lost(job, result)
-            return None
-        logger.warning(
-            "Processed job id=%s name=%s result=%s queue=%s attempt=%s duration_ms=%.1f%s error=%s",
-            job.id,
-            safe(job.name),
-            result,
-            safe(job.queue),
-            job.attempts,
-            elapsed_ms,
-            f" outage={job.outages + 1} retry_in_s={outcome.retry_in:g}" if outcome.outage else "",
-            safe(mask_text(outcome.last_error, secret_values(job.name, job.args, job.kwargs))),
-        )
-        return result
-
-
-def _steps(job: ClaimedJob) -> list[int]:
-    """``[job.id]`` for a workflow step (whose final state settles its workflow), else
-    nothing."""
-    return [job.id] if job.chain_id is not None else []
-
-
-def _workflow(job: ClaimedJob) -> str:
-    """The workflow part of a step's log line."""
-    return f" workflow={job.chain_id}" if job.chain_id else ""
-
-
-def _log_success(job: ClaimedJob, elapsed_ms: float, extra: str = "") -> None:
-    logger.info(
-        "Processed job id=%s name=%s result=succeeded queue=%s attempt=%s duration_ms=%.1f%s",
-        job.id,
-        safe(job.name),
-        safe(job.queue),
-        job.attempts,
-        elapsed_ms,
-        extra,
-    )
-
-
-def log_lost(job: ClaimedJob, result: str) -> None:
-    logger.warning(
-        "Job outcome discarded: the claim was lost (rescued or changed meanwhile) "
-        "id=%s name=%s result=%s",
-        job.id,
-        safe(job.name),
-        result,
-    )

@@ -8,8 +8,7 @@ import logging
 
 from django_gator import conf, retry
 from django_gator.attempts import Failure
-from django_gator.engines.outages import is_outage
-from django_gator.engines.sqlite import is_busy
+from django_gator.engines.outages import is_busy, is_outage
 from django_gator.logutil import safe
 from django_gator.queueable import Queueable
 from django_gator.rows import ClaimedJob

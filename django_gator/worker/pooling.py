@@ -16,13 +16,12 @@ from django.db import connections
 
 from django_gator import conf
 from django_gator.conf import InvalidSetting
-from django_gator.engines import get_engine
-from django_gator.engines.base import Engine
+from django_gator.engines import JobEngine, get_engine
 
 logger = logging.getLogger("django_gator.worker")
 
 
-def listen_engine(engine: Engine, poll_interval: float) -> Engine | None:
+def listen_engine(engine: JobEngine, poll_interval: float) -> JobEngine | None:
     """The engine whose database the listener of a worker on ``engine`` connects to, or
     None when the worker polls. InvalidSetting when ``GATOR_LISTEN_DATABASE`` names no
     PostgreSQL alias."""

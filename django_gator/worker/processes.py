@@ -4,12 +4,9 @@ The supervisor holds no database connection and runs no job. It starts each work
 interpreter running the same management command (never a fork of a process that may hold
 connections or threads), with ``--supervisor ID`` added, and then only watches:
 
-- a worker that exits or dies is started again: at once if it had got past its start-up
-  (it ran a job to its outcome, or lived ``START_GRACE`` seconds), else after a pause that
-  doubles with each failure at start-up in a row (up to ``MAX_BACKOFF``); the log says how
-  it ended (exit code or signal). A worker the OOM killer takes in the middle of its work
-  is back within a tick, however often that happens; one that cannot start (a missing
-  migration, a database that refuses it) does not spin;
+- a worker that exits or dies is started again, at once if it had got past its start-up,
+  else after a backoff (see :mod:`.children`); the log says how it ended (exit code or
+  signal);
 - a worker whose heartbeat thread has ended no heartbeat round for the heartbeat timeout
   less one interval (frozen by SIGSTOP, wedged in C code, deadlocked) is killed with
   SIGKILL and started again (see :mod:`.beacon` for how the supervisor hears each worker's
@@ -39,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import logging
 import os
 import signal
@@ -48,28 +46,18 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
 from secrets import token_hex
 from types import FrameType
 from typing import Any
 
 from django_gator import conf, health
 from django_gator.logutil import safe
-from django_gator.worker.beacon import Vitals, lapsed, open_pipe, stopped
+from django_gator.worker.beacon import lapsed, stopped
+from django_gator.worker.children import EXIT_RECYCLED, Child, child_environment, describe_exit
 from django_gator.worker.queues import QueueSpec
 
 logger = logging.getLogger("django_gator.worker")
 
-#: The exit code of a supervised worker that stopped to recycle (sysexits' EX_TEMPFAIL:
-#: "start another"). A worker started on its own exits 0 when it recycles.
-EXIT_RECYCLED = 75
-#: A worker that ends sooner than this many seconds after its start failed at start-up
-#: (generous: on a loaded machine, Django's start-up alone has taken 18 s).
-START_GRACE = 60.0
-#: The first pause before starting again a worker that failed at start-up; it doubles with
-#: each failure in a row, up to MAX_BACKOFF.
-FIRST_BACKOFF = 0.5
-MAX_BACKOFF = 30.0
 #: How often the supervisor looks at its workers and at the signals it received (at least
 #: twice beacon.SAME_LOOK).
 TICK = 0.1
@@ -131,34 +119,6 @@ def _text(value: object) -> str:
     if isinstance(value, QueueSpec):
         return f"{value.name},{value.weight}"
     return str(value)
-
-
-def child_environment() -> dict[str, str]:
-    """This process's environment, with its import path, so that a worker started as
-    ``python -m django`` imports the project as this process does (whether it was started
-    by ``manage.py``, ``django-admin --pythonpath`` or ``call_command``)."""
-    env = dict(os.environ)
-    paths = dict.fromkeys(os.path.abspath(p) for p in sys.path if p)
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    return env
-
-
-@dataclass
-class Child:
-    """One worker slot of the supervisor and the process now in it."""
-
-    index: int
-    process: subprocess.Popen[bytes] | None = None
-    started_at: float = 0.0
-    failures: int = 0  # start-up failures in a row
-    restart_at: float | None = None  # when to start the next process (after a backoff)
-    finished: bool = False  # a burst worker that drained its queues: not replaced
-    starts: int = 0
-    vitals: Vitals | None = None  # what its pipe said (see .beacon)
-    #: time.time() of the last heartbeat of a process in this slot (the health file); the
-    #: supervisor's start until the first.
-    last_ok: float = 0.0
-    killed_silent: float | None = None  # seconds of silence it was killed after
 
 
 class ProcessSupervisor:
@@ -246,31 +206,13 @@ class ProcessSupervisor:
         )
 
     def _start(self, child: Child) -> None:
-        child.restart_at = None
-        child.killed_silent = None
-        vitals, beacon = open_pipe()
-        try:
-            child.process = subprocess.Popen(
-                self.command(child, beacon),
-                env=self._env,
-                stdin=subprocess.DEVNULL,
-                process_group=0,  # the terminal's Ctrl-C reaches the supervisor only
-                pass_fds=(beacon,),
-            )
-        except BaseException:
-            vitals.close()
-            raise
-        finally:
-            os.close(beacon)  # the worker's now: EOF once it ends
-        child.vitals = vitals
-        child.started_at = time.monotonic()
-        child.starts += 1
+        process = child.launch(functools.partial(self.command, child), self._env)
         self.started += 1
         logger.info(
             "Started worker process supervisor=%s slot=%s pid=%s",
             self.id,
             child.index,
-            child.process.pid,
+            process.pid,
         )
 
     def _look_at(self, child: Child, now: float) -> None:
@@ -382,14 +324,7 @@ class ProcessSupervisor:
             logger.info("Worker process drained its queues pid=%s", pid)
             child.finished = True
             return
-        got_going = child.vitals is not None and child.vitals.ran
-        if got_going or lived >= START_GRACE:
-            child.failures = 0  # it had started: not a failure at start-up
-            delay = 0.0
-        else:
-            child.failures += 1
-            delay = min(FIRST_BACKOFF * 2 ** (child.failures - 1), MAX_BACKOFF)
-        child.restart_at = now + delay
+        delay = child.restart_after(lived, now)
         logger.warning(
             "Worker process ended pid=%s %s after=%.1fs; starting another in %.1fs "
             "(failures at start-up in a row: %s)",
@@ -428,31 +363,17 @@ class ProcessSupervisor:
                 # Always SIGTERM: a worker counts either signal alike, and one still
                 # starting (its handlers not yet installed) ends quietly on SIGTERM,
                 # where SIGINT would print a KeyboardInterrupt traceback.
-                self._signal(child, signal.SIGTERM)
-
-    def _signal(self, child: Child, signum: int) -> None:
-        if child.process is not None:
-            child.process.send_signal(signum)  # nothing if it has ended
+                child.signal(signal.SIGTERM)
 
     def _stop_leftovers(self) -> None:
         """After an error in the supervisor itself: stop the workers it leaves (they finish
         their jobs), and wait for them. Then close every pipe."""
         alive = [c for c in self.children if c.process is not None and c.process.poll() is None]
         for child in alive:
-            self._signal(child, signal.SIGTERM)
+            child.signal(signal.SIGTERM)
         for child in alive:
             assert child.process is not None
             child.process.wait()
         for child in self.children:
             if child.vitals is not None:
                 child.vitals.close()
-
-
-def describe_exit(code: int) -> str:
-    """``code=1`` or ``signal=SIGKILL`` (a negative Popen return code)."""
-    if code < 0:
-        try:
-            return f"signal={signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal={-code}"
-    return f"code={code}"

@@ -46,8 +46,8 @@ from datetime import datetime, timedelta
 from django.db import close_old_connections, models
 
 from django_gator import conf
-from django_gator.engines.base import Engine
-from django_gator.engines.flow_walk import key_scope, queue_scope
+from django_gator.engines import JobEngine
+from django_gator.engines.flow_ledger import key_scope, queue_scope
 from django_gator.limits import UNITS, parse_rate
 from django_gator.models import Batch, FlowStart, Job, JobState, Lease, Queue, WorkflowRun
 from django_gator.registry import registered_jobs
@@ -74,7 +74,7 @@ class Pruner:
     """Automatic pruning for worker ``worker_id``: :meth:`run` is the thread's body;
     :meth:`prune_once` one pass (if this worker gets the lease)."""
 
-    def __init__(self, engine: Engine, worker_id: str, rng: random.Random | None = None) -> None:
+    def __init__(self, engine: JobEngine, worker_id: str, rng: random.Random | None = None) -> None:
         self.engine = engine
         self.worker_id = worker_id
         self.rng = rng or random.Random()

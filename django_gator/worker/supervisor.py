@@ -15,7 +15,9 @@ The components (each constructed and tested on its own):
   (elsewhere) on a wakeup datagram from dispatch;
 - :class:`~.pruner.Pruner` deletes old finished jobs, one worker of the fleet at a time;
 - :func:`~.scheduler.run_scheduler` dispatches due cron occurrences;
-- :class:`~.retrier.Retrier`: database writes that outlast an outage.
+- :class:`~.retrier.Retrier`: database writes that outlast an outage;
+- :class:`~.registration.Registration`: this worker's row (and its wakeup socket);
+- :class:`~.threads.WorkerThreads`: the threads running, each with its own connections.
 
 Threads each have their own database connection, as Django gives every thread its own.
 Signal handlers only count signals; the main thread acts on the count.
@@ -24,7 +26,6 @@ Signal handlers only count signals; the main thread acts on the count.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import random
@@ -32,16 +33,13 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from secrets import token_hex
 from types import FrameType
 from typing import Any
 
-from django.db import DatabaseError, connections
-
-from django_gator import conf, schema, wakeup
+from django_gator import conf
 from django_gator.engines import ClaimedJob, get_engine
-from django_gator.exceptions import JobTimeout, SchemaMissing
 from django_gator.worker import aio
 from django_gator.worker import connections as worker_connections
 from django_gator.worker.beacon import RAN, Beacon
@@ -50,20 +48,18 @@ from django_gator.worker.executor import Executors
 from django_gator.worker.fetcher import Fetcher
 from django_gator.worker.lifeline import Lifeline
 from django_gator.worker.limits import Limits
-from django_gator.worker.listener import bind_wakeup_socket, listen, receive_wakeups
+from django_gator.worker.listener import listen, receive_wakeups
 from django_gator.worker.outcomes import Outcomes
 from django_gator.worker.pooling import listen_engine
 from django_gator.worker.pruner import Pruner
 from django_gator.worker.queues import QueueSpec
+from django_gator.worker.registration import Registration
 from django_gator.worker.retrier import Retrier
 from django_gator.worker.scheduler import run_scheduler
 from django_gator.worker.slots import Slots
+from django_gator.worker.threads import WorkerThreads
 
 logger = logging.getLogger("django_gator.worker")
-
-
-#: Seconds a stopping worker tries to remove its row while the database does not answer.
-UNREGISTER_PATIENCE = 15.0
 
 
 class WorkerProcess:
@@ -87,12 +83,10 @@ class WorkerProcess:
         beacon: Beacon | None = None,
     ) -> None:
         self.specs = list(queues)
-        self.concurrency = concurrency or conf.concurrency()
-        if self.concurrency < 1:
-            raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
-        self.async_concurrency = async_concurrency or conf.async_concurrency()
-        if self.async_concurrency < 1:
-            raise ValueError(f"async concurrency must be at least 1, got {self.async_concurrency}")
+        self.concurrency = _at_least_one("concurrency", concurrency or conf.concurrency())
+        self.async_concurrency = _at_least_one(
+            "async concurrency", async_concurrency or conf.async_concurrency()
+        )
         self.burst = burst
         self.shutdown_timeout = (
             conf.shutdown_timeout() if shutdown_timeout is None else shutdown_timeout
@@ -113,10 +107,6 @@ class WorkerProcess:
         self._wake = threading.Event()  # the main thread has something to look at
         self._done = threading.Event()  # a burst worker drained its queues
         self._stop_background = threading.Event()  # fetcher, heartbeat, listener, scheduler
-        # The threads running now (each removes itself as it ends: a long-running worker
-        # replaces an executor at every timeout, and kept every one it had replaced).
-        self._threads: set[threading.Thread] = set()
-        self._threads_lock = threading.Lock()
         self.forced_exit = False
         # Recycling (--max-jobs, --max-memory) and the --processes supervisor, if any.
         self.limits = limits or Limits()
@@ -124,22 +114,35 @@ class WorkerProcess:
         self.beacon = beacon or Beacon()  # to the supervisor, if any (see .beacon)
         self._ran_reported = False
         self.recycled: str | None = None  # why this worker stopped by itself to recycle
+        self.registration = Registration(
+            self.engine,
+            self.alias,
+            self.worker_id,
+            specs=self.specs,
+            concurrency=self.concurrency,
+            supervisor=supervisor,
+            hostname=self.hostname,
+            pid=self.pid,
+        )
+        self._assemble(rng)
 
+    def _assemble(self, rng: random.Random | None) -> None:
+        """Build the components (see the module docstring), each given what it shares."""
         # The event loop of async jobs (see .aio), if any job class is async.
         loop = aio.any_async_jobs()
         self.slots = Slots(
             self.concurrency, self.async_concurrency, aio.runs_async if loop else None
         )
         self.slots.budget = self.limits.max_jobs
+        self.threads = WorkerThreads(self.slots, self.worker_id, self.force_stop)
+        spawn = self.threads.spawn
         self.retrying = Retrier(self.alias, self.worker_id, self._giving_up)
         self.outcomes = Outcomes(self.engine, self.worker_id, self.retrying)
-        self.aio = aio.AsyncRunner(self.slots, self.outcomes, self._spawn) if loop else None
+        self.aio = aio.AsyncRunner(self.slots, self.outcomes, spawn) if loop else None
         self.claimer = Claimer(self.engine, self.worker_id, self.specs, rng)
-        self.executors = Executors(self.slots, self.outcomes, self.engine, self._spawn)
+        self.executors = Executors(self.slots, self.outcomes, self.engine, spawn)
+        burst = self.burst
         self.listen_on = None if burst else listen_engine(self.engine, self.poll_interval)
-        self.listening = self.listen_on is not None
-        self.wakeup_socket: socket.socket | None = None  # bound in _start_up (no LISTEN)
-        self.wakeup_address: str | None = None
         self.fetcher = Fetcher(
             engine=self.engine,
             slots=self.slots,
@@ -150,11 +153,12 @@ class WorkerProcess:
             stopped=self._stop_background,
             poll_interval=self.poll_interval,
             burst=burst,
-            listening=self.listening,
+            listening=self.listen_on is not None,
             on_drained=self._drained,
             start_async=self.aio.submit if self.aio else lambda jobs: None,
         )
-        self.lifeline = Lifeline(self.engine, self.worker_id, self._register, self.beacon)
+        register = self.registration.register
+        self.lifeline = Lifeline(self.engine, self.worker_id, register, self.beacon)
         self.pruner = Pruner(self.engine, self.worker_id, rng) if not burst else None
 
     @property
@@ -177,8 +181,8 @@ class WorkerProcess:
         previous = self._install_signals() if self.install_signal_handlers else {}
         try:
             if not self._start_up():
-                if self.wakeup_socket is not None:
-                    self.wakeup_socket.close()
+                if self.registration.wakeup_socket is not None:
+                    self.registration.wakeup_socket.close()
                 logger.info("Worker stopped before it started id=%s", self.worker_id)
                 return 0
             logger.info(
@@ -211,40 +215,17 @@ class WorkerProcess:
         """Check the tables and register this worker, retrying while the database is
         unreachable; False if a stop signal came first. Raises SchemaMissing when the
         database answers but django-gator's tables are not there."""
-        if self.retrying("check the tables", self._check_schema, until_stop=True) is None:
+        registration = self.registration
+        if self.retrying("check the tables", registration.check_schema, until_stop=True) is None:
             return False
         self._bind_wakeups()
-        return self.retrying("register worker", self._register, until_stop=True) is not None
-
-    def _check_schema(self) -> bool:
-        missing = schema.missing_tables(self.alias)
-        if missing:
-            raise SchemaMissing(schema.missing_tables_message(self.alias, missing))
-        return True
+        return self.retrying("register worker", registration.register, until_stop=True) is not None
 
     def _bind_wakeups(self) -> None:
         """Without LISTEN: a UDP socket that dispatch wakes this worker on (GATOR_WAKEUP_BIND),
         published in its row; the fetcher then needs no quick polls."""
-        bind = conf.wakeup_bind()
-        if self.burst or bind is None or not wakeup.enabled(self.alias):
-            return
-        bound = bind_wakeup_socket(*bind)
-        if bound is not None:
-            self.wakeup_socket, self.wakeup_address = bound
+        if self.registration.bind_wakeups(self.burst):
             self.fetcher.listening = True
-
-    def _register(self) -> bool:
-        queues = json.dumps([[s.name, s.weight] for s in self.specs])
-        self.engine.register_worker(
-            self.worker_id,
-            self.hostname,
-            self.pid,
-            queues,
-            self.concurrency,
-            supervisor=self.supervisor,
-            wakeup_address=self.wakeup_address,
-        )
-        return True
 
     def _start_threads(self) -> None:
         self.executors.start(self.concurrency)
@@ -253,69 +234,28 @@ class WorkerProcess:
         stopped = self._stop_background
         if self.listen_on is not None:
             queues = [s.name for s in self.specs]
-            self._spawn(
+            self.threads.spawn(
                 "gator-listener",
                 functools.partial(
                     listen, self.listen_on, self.slots, queues, stopped, self.worker_id
                 ),
             )
         if self.pruner is not None and conf.auto_prune():
-            self._spawn("gator-pruner", functools.partial(self.pruner.run, stopped.wait))
-        if self.wakeup_socket is not None:
+            self.threads.spawn("gator-pruner", functools.partial(self.pruner.run, stopped.wait))
+        wakeup_socket = self.registration.wakeup_socket
+        if wakeup_socket is not None:
             queues = [s.name for s in self.specs]
-            self._spawn(
+            self.threads.spawn(
                 "gator-wakeup",
-                functools.partial(receive_wakeups, self.wakeup_socket, self.slots, queues, stopped),
+                functools.partial(receive_wakeups, wakeup_socket, self.slots, queues, stopped),
             )
-        self._spawn("gator-heartbeat", functools.partial(self.lifeline.run, stopped.wait))
-        self._spawn("gator-fetcher", self.fetcher.run)
+        self.threads.spawn("gator-heartbeat", functools.partial(self.lifeline.run, stopped.wait))
+        self.threads.spawn("gator-fetcher", self.fetcher.run)
         if self.run_scheduler:
-            self._spawn(
+            self.threads.spawn(
                 "gator-scheduler",
                 functools.partial(run_scheduler, self.alias, stopped, self.worker_id),
             )
-
-    def _spawn(self, name: str, target: Callable[[], None]) -> threading.Thread:
-        def main() -> None:
-            try:
-                target()
-            except JobTimeout:
-                if threading.current_thread() not in self.slots.retired:
-                    raise
-                # The JobTimeout raised into a timed-out executor arrived after its job
-                # had ended; the thread was retiring anyway.
-            except BaseException:
-                logger.exception("Worker thread crashed thread=%s worker=%s", name, self.worker_id)
-                self.force_stop()
-            finally:
-                try:
-                    connections.close_all()  # this thread's connections
-                finally:  # even if a late JobTimeout lands in close_all()
-                    self._forget(threading.current_thread())
-
-        thread = threading.Thread(target=main, name=name, daemon=True)
-        with self._threads_lock:
-            self._threads.add(thread)  # before it starts, so that it is there to remove
-        try:
-            thread.start()
-        except BaseException:  # e.g. "can't start new thread": none to join at shutdown
-            # Not _forget(): a replacement executor is started under the slots' lock (not
-            # reentrant), and a thread that never ran was never among the retired.
-            with self._threads_lock:
-                self._threads.discard(thread)
-            raise
-        return thread
-
-    def _forget(self, thread: threading.Thread) -> None:
-        """A thread of this worker ends: nothing keeps it."""
-        with self._threads_lock:
-            self._threads.discard(thread)
-        with self.slots.lock:
-            self.slots.retired.discard(thread)
-
-    def _running_threads(self) -> list[threading.Thread]:
-        with self._threads_lock:
-            return list(self._threads)
 
     def _drained(self) -> None:
         self._done.set()
@@ -406,7 +346,7 @@ class WorkerProcess:
         if self.aio is not None:
             self.aio.close(cancel=bool(interrupted))  # interrupted async jobs are given back
         self._stop_background.set()
-        for thread in self._running_threads():
+        for thread in self.threads.running():
             if thread.name in ("gator-fetcher", "gator-heartbeat"):
                 thread.join(timeout=10)
         # Successes the fetcher had not written yet.
@@ -425,34 +365,9 @@ class WorkerProcess:
                 interrupted, lambda job: (now - started.get(id(job), now)) * 1000
             )
         else:
-            for thread in self._running_threads():
+            for thread in self.threads.running():
                 thread.join(timeout=5)
-        self._unregister()
-
-    def _unregister(self) -> None:
-        """Remove this worker's row, trying for up to UNREGISTER_PATIENCE seconds. The main
-        thread's connection has been idle since the start, and a database restart or
-        failover meanwhile broke it: it starts afresh. A row left behind stops
-        heartbeating, so it counts as lost after GATOR_HEARTBEAT_TIMEOUT and is forgotten."""
-        connections[self.alias].close()
-        deadline = time.monotonic() + UNREGISTER_PATIENCE
-        within = Retrier(self.alias, self.worker_id, lambda _: time.monotonic() > deadline)
-
-        def remove() -> bool:
-            self.engine.unregister_worker(self.worker_id)
-            return True
-
-        try:
-            removed = within("remove the worker row", remove)
-        except DatabaseError:
-            removed = None
-            logger.exception("Could not remove the worker row id=%s", self.worker_id)
-        if removed is None:
-            logger.error(
-                "Worker row left behind id=%s: it counts as lost once its heartbeat is %gs old",
-                self.worker_id,
-                conf.heartbeat_timeout(),
-            )
+        self.registration.unregister()
 
     def _wait_for_running(self, deadline: float) -> tuple[list[ClaimedJob], dict[int, float]]:
         """Wait for running jobs to finish until ``deadline`` (time.monotonic()) or a
@@ -476,3 +391,9 @@ class WorkerProcess:
         if not self.specs:
             return "*"
         return ",".join(f"{s.name}:{s.weight}" for s in self.specs)
+
+
+def _at_least_one(what: str, value: int) -> int:
+    if value < 1:
+        raise ValueError(f"{what} must be at least 1, got {value}")
+    return value

@@ -354,7 +354,8 @@ class AtomicRecord(Queueable):
 
 class UpdateAndHold(Queueable):
     """Stamps ledger row ``row_id`` with its attempt inside its transaction; on its first
-    attempt it then sleeps ``hold`` seconds, the row still locked (tests/test_partitions.py)."""
+    attempt it then sleeps ``hold`` seconds, the row still locked
+    (tests/reliability/test_partitions.py)."""
 
     atomic = True
 
@@ -480,7 +481,7 @@ class OutageTolerantRecordWithRetry(OutageTolerantRecord):
     retry = Retry(interval=0, max_retries=5)
 
 
-# -- misbehaving jobs (tests/test_misbehaving.py) -----------------------------------------
+# -- misbehaving jobs (tests/reliability/test_misbehaving.py) --------------------------------
 
 
 class AsyncRecord(Queueable):
@@ -686,7 +687,7 @@ class RecordAfterFlag(Queueable):
         )
 
 
-# -- snooze (tests/test_snooze.py) ---------------------------------------------------------
+# -- snooze (tests/worker/test_snooze.py) ---------------------------------------------------------
 
 
 def _runs_so_far(job_id: int | None) -> int:

@@ -74,54 +74,25 @@ class Command(BaseCommand):
         )
         bench.clean()
         try:
-            if "dispatch" in only:
-                rate = bench.bench_dispatch(options["dispatch"])
-                self._line("dispatch, one at a time (autocommit)", f"{rate:,.0f} jobs/s")
-            if "dispatch_many" in only:
-                rate = bench.bench_dispatch_many(options["dispatch_many"], options["batch"])
-                self._line(f"dispatch_many, {options['batch']:,} per call", f"{rate:,.0f} jobs/s")
-            if "drain" in only:
-                rate, before, after = bench.bench_drain(
-                    options["drain"], options["concurrency"], options["batch"], flow=options["flow"]
-                )
-                flow = {"none": "", "queue": ", queue limit 1,000", "keys": ", 1,000 keys x 1"}
-                self._line(
-                    f"drain {options['drain']:,} no-op jobs, 1 process, "
-                    f"{wording.count(options['concurrency'], 'thread')}{flow[options['flow']]}",
-                    f"{rate:,.0f} jobs/s (RSS {before:.0f} -> {after:.0f} MiB)",
-                )
-            if "tasks" in only:
-                rate = bench.bench_task_enqueue(options["dispatch"])
-                self._line("Task.enqueue(), one at a time (autocommit)", f"{rate:,.0f} tasks/s")
-                rate = bench.bench_drain_tasks(
-                    options["drain"], options["concurrency"], options["batch"]
-                )
-                self._line(
-                    f"drain {options['drain']:,} no-op @task calls, 1 process, "
-                    f"{wording.count(options['concurrency'], 'thread')}",
-                    f"{rate:,.0f} tasks/s",
-                )
+            self._dispatches(options, only)
             if "batch" in only:
-                rounds = bench.bench_batch_dispatch(options["batch"], options["rounds"])
-                for plain_s, batched_s in rounds:
-                    self._line(
-                        f"dispatch_many of {options['batch']:,}: plain / in a Batch",
-                        f"{plain_s * 1000:.0f} / {batched_s * 1000:.0f} ms "
-                        f"(x{batched_s / plain_s:.2f})",
-                    )
-                ratios = sorted(b / p for p, b in rounds)
-                self._line("in a Batch / plain, median", f"x{ratios[len(ratios) // 2]:.2f}")
-                self._drains(options, "plain", "Batch")
+                self._compare(
+                    options,
+                    bench.bench_batch_dispatch(options["batch"], options["rounds"]),
+                    f"dispatch_many of {options['batch']:,}: plain / in a Batch",
+                    "in a Batch / plain, median",
+                    "plain",
+                    "Batch",
+                )
             if "batch_step" in only:
-                rounds = bench.bench_batch_step_dispatch(options["batch"], options["rounds"])
-                for batch_s, step_s in rounds:
-                    self._line(
-                        f"{options['batch']:,} jobs: in a Batch / as a batch step",
-                        f"{batch_s * 1000:.0f} / {step_s * 1000:.0f} ms (x{step_s / batch_s:.2f})",
-                    )
-                ratios = sorted(s / b for b, s in rounds)
-                self._line("batch step / Batch, median", f"x{ratios[len(ratios) // 2]:.2f}")
-                self._drains(options, "Batch", "batch step")
+                self._compare(
+                    options,
+                    bench.bench_batch_step_dispatch(options["batch"], options["rounds"]),
+                    f"{options['batch']:,} jobs: in a Batch / as a batch step",
+                    "batch step / Batch, median",
+                    "Batch",
+                    "batch step",
+                )
             if "latency" in only:
                 p50, p90 = bench.bench_latency(options["latency"], options["concurrency"])
                 samples = wording.count(options["latency"], "sample")
@@ -131,6 +102,58 @@ class Command(BaseCommand):
                 )
         finally:
             bench.clean()
+
+    def _dispatches(self, options: dict[str, Any], only: set[str]) -> None:
+        """The rates of dispatch (one at a time, dispatch_many), drain and tasks."""
+        from django_gator import bench
+
+        if "dispatch" in only:
+            rate = bench.bench_dispatch(options["dispatch"])
+            self._line("dispatch, one at a time (autocommit)", f"{rate:,.0f} jobs/s")
+        if "dispatch_many" in only:
+            rate = bench.bench_dispatch_many(options["dispatch_many"], options["batch"])
+            self._line(f"dispatch_many, {options['batch']:,} per call", f"{rate:,.0f} jobs/s")
+        if "drain" in only:
+            rate, before, after = bench.bench_drain(
+                options["drain"], options["concurrency"], options["batch"], flow=options["flow"]
+            )
+            flow = {"none": "", "queue": ", queue limit 1,000", "keys": ", 1,000 keys x 1"}
+            self._line(
+                f"drain {options['drain']:,} no-op jobs, 1 process, "
+                f"{wording.count(options['concurrency'], 'thread')}{flow[options['flow']]}",
+                f"{rate:,.0f} jobs/s (RSS {before:.0f} -> {after:.0f} MiB)",
+            )
+        if "tasks" in only:
+            rate = bench.bench_task_enqueue(options["dispatch"])
+            self._line("Task.enqueue(), one at a time (autocommit)", f"{rate:,.0f} tasks/s")
+            rate = bench.bench_drain_tasks(
+                options["drain"], options["concurrency"], options["batch"]
+            )
+            self._line(
+                f"drain {options['drain']:,} no-op @task calls, 1 process, "
+                f"{wording.count(options['concurrency'], 'thread')}",
+                f"{rate:,.0f} tasks/s",
+            )
+
+    def _compare(
+        self,
+        options: dict[str, Any],
+        rounds: list[tuple[float, float]],
+        label: str,
+        median: str,
+        first: str,
+        second: str,
+    ) -> None:
+        """Two ways of dispatching, alternately: each round's times, the median ratio of the
+        second to the first; then the drains of the jobs dispatched each way."""
+        for first_s, second_s in rounds:
+            self._line(
+                label,
+                f"{first_s * 1000:.0f} / {second_s * 1000:.0f} ms (x{second_s / first_s:.2f})",
+            )
+        ratios = sorted(b / a for a, b in rounds)
+        self._line(median, f"x{ratios[len(ratios) // 2]:.2f}")
+        self._drains(options, first, second)
 
     def _drains(self, options: dict[str, Any], first: str, second: str) -> None:
         """Drain ``--drain`` jobs dispatched two ways ("plain", "Batch": its members, "batch

@@ -97,26 +97,11 @@ class Command(BaseCommand):
         job_ids = WholeNumber().convert_all(ids, "--id")
         if queue is not None:
             queue = QUEUE_NAME.convert(queue, "--queue")
-        if every and (names or errors or job_ids):
-            raise CommandError(
-                "--all retries every dead job; do not combine it with --name, --error or --id",
-                returncode=2,
-            )
-        if not (every or names or errors or job_ids):
-            raise CommandError(
-                f"choose the jobs to retry with {SELECTORS} (nothing was retried)", returncode=2
-            )
+        _check_selection(every, names, errors, job_ids)
 
         alias = conf.database()
         states = [JobState.DEAD.value] + ([JobState.FAILED.value] if failed else [])
-        selected = Job.objects.using(alias).filter(state__in=states).order_by("id")
-        if names:
-            selected = selected.filter(name__in=sorted(set(names)))
-        if job_ids:
-            selected = selected.filter(pk__in=sorted(set(job_ids)))
-        if errors:
-            selected = selected.raised(*errors)
-        chosen = list(selected.values_list("id", flat=True).iterator())
+        chosen = _chosen(alias, states, names, errors, job_ids)
         what = " or ".join(states)
 
         if job_ids and verbosity >= 1:
@@ -129,13 +114,7 @@ class Command(BaseCommand):
         onto = f" onto queue {queue!r}" if queue else ""
         if dry_run:
             if verbosity >= 1:
-                self.stdout.write(
-                    f"would retry {wording.count(len(chosen), what + ' job')}{onto} "
-                    "(dry run: nothing changed; unique jobs whose key is held by an active job "
-                    "would be skipped)"
-                )
-                if verbosity >= 2 and chosen:
-                    self.stdout.write(f"ids: {', '.join(map(str, chosen))}")
+                self._dry_run(chosen, what, onto, verbosity)
             return
 
         retried = 0
@@ -148,6 +127,49 @@ class Command(BaseCommand):
                 f"retried {wording.count(retried, 'job')}{onto}, "
                 f"skipped {skipped}{why if skipped else ''}"
             )
+
+    def _dry_run(self, chosen: list[int], what: str, onto: str, verbosity: int) -> None:
+        """Say what would be retried."""
+        self.stdout.write(
+            f"would retry {wording.count(len(chosen), what + ' job')}{onto} "
+            "(dry run: nothing changed; unique jobs whose key is held by an active job "
+            "would be skipped)"
+        )
+        if verbosity >= 2 and chosen:
+            self.stdout.write(f"ids: {', '.join(map(str, chosen))}")
+
+
+def _check_selection(
+    every: bool, names: Sequence[str], errors: Sequence[str], job_ids: Sequence[int]
+) -> None:
+    """Refuse --all with another selector, and no selector at all."""
+    if every and (names or errors or job_ids):
+        raise CommandError(
+            "--all retries every dead job; do not combine it with --name, --error or --id",
+            returncode=2,
+        )
+    if not (every or names or errors or job_ids):
+        raise CommandError(
+            f"choose the jobs to retry with {SELECTORS} (nothing was retried)", returncode=2
+        )
+
+
+def _chosen(
+    alias: str,
+    states: list[str],
+    names: Sequence[str],
+    errors: Sequence[str],
+    job_ids: Sequence[int],
+) -> list[int]:
+    """The ids of the jobs in ``states`` that match every selector given, in id order."""
+    selected = Job.objects.using(alias).filter(state__in=states).order_by("id")
+    if names:
+        selected = selected.filter(name__in=sorted(set(names)))
+    if job_ids:
+        selected = selected.filter(pk__in=sorted(set(job_ids)))
+    if errors:
+        selected = selected.raised(*errors)
+    return list(selected.values_list("id", flat=True).iterator())
 
 
 def _retry(alias: str, ids: list[int], states: list[str], queue: str | None) -> int:

@@ -16,13 +16,9 @@ from django_gator.exceptions import SchemaMissing
 from django_gator.logutil import safe
 from django_gator.management.arguments import QUEUE_SPEC, SettingValue, WholeNumber
 from django_gator.worker.beacon import Beacon
+from django_gator.worker.children import EXIT_RECYCLED
 from django_gator.worker.limits import Limits
-from django_gator.worker.processes import (
-    EXIT_RECYCLED,
-    ProcessSupervisor,
-    as_child,
-    child_arguments,
-)
+from django_gator.worker.processes import ProcessSupervisor, as_child, child_arguments
 from django_gator.worker.queues import QueueSpec
 from django_gator.worker.supervisor import WorkerProcess
 
@@ -38,6 +34,13 @@ class Command(BaseCommand):
     help = "Run background jobs: claim due jobs from the database and run them in threads."
 
     def add_arguments(self, parser: CommandParser) -> None:
+        self._add_work_arguments(parser)
+        self._add_timing_arguments(parser)
+        self._add_observation_arguments(parser)
+        self._add_process_arguments(parser)
+
+    def _add_work_arguments(self, parser: CommandParser) -> None:
+        """What the worker runs, and how many at once."""
         parser.add_argument(
             "-q",
             "--queue",
@@ -73,6 +76,9 @@ class Command(BaseCommand):
             help="Run what is due now, then exit (for cron, CI and tests). Due jobs held "
             "back only by a concurrency or rate limit are waited for and run.",
         )
+
+    def _add_timing_arguments(self, parser: CommandParser) -> None:
+        """How long it waits: to stop, between looks for due jobs; and the schedules."""
         parser.add_argument(
             "--shutdown-timeout",
             type=SettingValue("GATOR_SHUTDOWN_TIMEOUT", float),
@@ -92,6 +98,9 @@ class Command(BaseCommand):
             action="store_true",
             help="Do not dispatch cron schedules from this worker (default: GATOR_SCHEDULER).",
         )
+
+    def _add_observation_arguments(self, parser: CommandParser) -> None:
+        """How it is watched: the metrics endpoint and the health file."""
         parser.add_argument(
             "--metrics-port",
             type=SettingValue("GATOR_METRICS_PORT", int),
@@ -107,7 +116,6 @@ class Command(BaseCommand):
             "that checks its age). With --processes, the supervisor keeps it: its age is that "
             "of the stalest worker process's last heartbeat.",
         )
-        self._add_process_arguments(parser)
 
     def _add_process_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -159,16 +167,7 @@ class Command(BaseCommand):
         beacon: int | None = None,
         **options: Any,
     ) -> None:
-        seen: set[str] = set()
-        for spec in queues:
-            if spec.name in seen:
-                raise CommandError(f"queue {spec.name!r} is listed twice", returncode=2)
-            seen.add(spec.name)
-        # The system checks ran already unless skipped (--skip-checks, call_command): the
-        # settings are checked here too, so a bad one never waits for its first use.
-        bad = conf.problems(deep=False)
-        if bad:
-            raise CommandError("; ".join(f"{p.message} ({p.hint})" for p in bad), returncode=2)
+        _check_options(queues)
         _configure_logging(verbosity)
         count = 1 if supervisor else processes or conf.processes()
         if count > 1:
@@ -200,27 +199,7 @@ class Command(BaseCommand):
             code = worker.run()
         except SchemaMissing as exc:
             raise CommandError(str(exc)) from None
-        strays = [
-            t for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()
-        ]
-        if strays:
-            # A job started a thread that is not a daemon and never ended it: Python would
-            # wait for it at exit, and the stopped worker would live on.
-            logging.getLogger("django_gator.worker").warning(
-                "Exiting past threads that jobs started and left running threads=%s",
-                safe(",".join(t.name for t in strays)),
-            )
-        if worker.recycled and supervisor and not code:
-            code = EXIT_RECYCLED  # the supervisor starts a fresh process
-        if worker.forced_exit or strays:
-            # Executor threads may still be inside user code; leave without waiting for
-            # them. Their jobs were handed back to `waiting` before this point.
-            sys.stdout.flush()
-            sys.stderr.flush()
-            logging.shutdown()
-            os._exit(code)
-        if code:
-            sys.exit(code)
+        _exit(worker, code, supervisor)
 
     def execute(self, *args: Any, **options: Any) -> str | None:
         self._options = options  # all of them, for the worker processes of a supervisor
@@ -262,6 +241,44 @@ class Command(BaseCommand):
                 server.close()
             if directory is not None:
                 metrics.remove_multiprocess_dir(directory)
+
+
+def _check_options(queues: list[QueueSpec]) -> None:
+    """Refuse a queue listed twice, and bad settings."""
+    seen: set[str] = set()
+    for spec in queues:
+        if spec.name in seen:
+            raise CommandError(f"queue {spec.name!r} is listed twice", returncode=2)
+        seen.add(spec.name)
+    # The system checks ran already unless skipped (--skip-checks, call_command): the
+    # settings are checked here too, so a bad one never waits for its first use.
+    bad = conf.problems(deep=False)
+    if bad:
+        raise CommandError("; ".join(f"{p.message} ({p.hint})" for p in bad), returncode=2)
+
+
+def _exit(worker: WorkerProcess, code: int, supervisor: str) -> None:
+    """End the command after the worker stopped: with EXIT_RECYCLED for a supervisor's
+    worker that recycled, and without waiting for threads still in user code."""
+    strays = [t for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()]
+    if strays:
+        # A job started a thread that is not a daemon and never ended it: Python would
+        # wait for it at exit, and the stopped worker would live on.
+        logging.getLogger("django_gator.worker").warning(
+            "Exiting past threads that jobs started and left running threads=%s",
+            safe(",".join(t.name for t in strays)),
+        )
+    if worker.recycled and supervisor and not code:
+        code = EXIT_RECYCLED  # the supervisor starts a fresh process
+    if worker.forced_exit or strays:
+        # Executor threads may still be inside user code; leave without waiting for
+        # them. Their jobs were handed back to `waiting` before this point.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        logging.shutdown()
+        os._exit(code)
+    if code:
+        sys.exit(code)
 
 
 def processes_as_child(supervisor: str) -> int | None:

@@ -1,5 +1,7 @@
-"""The plans of the writes that target known jobs: each finds its rows by primary key, so
-its cost does not grow with the number of jobs the worker (or the table) has seen.
+"""The indexes the contract names, in the plans of the statements the engines send: the
+claim reads the ready index in order; the writes that target known jobs find their rows by
+primary key, so their cost does not grow with the number of jobs the worker (or the table)
+has seen.
 
 The table is first given the history that made the old plans slow: thousands of jobs that
 one worker ran to success, with no vacuum since, so the partial index of running jobs and
@@ -17,7 +19,8 @@ from django_gator.attempts import Claim, Failure, Mark
 from django_gator.engines import get_engine
 from django_gator.engines.base import LostClaim
 from django_gator.models import Worker
-from tests.testapp.jobs import Noop
+from tests.engines.conformance import covers, statements
+from tests.testapp.jobs import Echo, Noop
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,9 +35,9 @@ def _history() -> list[tuple[int, int]]:
     Worker.objects.create(id=WORKER, hostname="h", pid=1, concurrency=16)
     Noop.dispatch_many([[] for _ in range(HISTORY + 16)])
     for _ in range(HISTORY // 100):
-        claimed = engine.claim(WORKER, "default", 100)
+        claimed, _ = engine.claim_and_mark(WORKER, "default", 100, [])
         engine.mark_succeeded(WORKER, [Mark(j.id, j.attempts, None) for j in claimed])
-    running = engine.claim(WORKER, "default", 16)
+    running, _ = engine.claim_and_mark(WORKER, "default", 16, [])
     assert len(running) == 16
     return [(j.id, j.attempts) for j in running]
 
@@ -87,6 +90,7 @@ def _failure() -> Failure:
     "write",
     ["mark_succeeded_batch", "mark_succeeded_one", "mark_failed", "release", "rescue"],
 )
+@covers("mark_succeeded", "mark_failed_and_insert", "release", "rescue")
 def test_writes_to_known_jobs_find_them_by_primary_key(write):
     engine = get_engine("default")
     running = _history()
@@ -99,8 +103,8 @@ def test_writes_to_known_jobs_find_them_by_primary_key(write):
         "mark_succeeded_one": lambda: engine.mark_succeeded(
             WORKER, [Mark(first_id, first_attempts, '"r"')]
         ),
-        "mark_failed": lambda: engine.mark_failed(
-            WORKER, Claim(first_id, first_attempts), _failure()
+        "mark_failed": lambda: engine.mark_failed_and_insert(
+            WORKER, Claim(first_id, first_attempts), _failure(), []
         ),
         "release": lambda: engine.release(WORKER, [Claim(first_id, first_attempts)]),
         "rescue": lambda: engine.rescue(
@@ -118,6 +122,7 @@ def test_writes_to_known_jobs_find_them_by_primary_key(write):
         _assert_by_primary_key(sql)
 
 
+@covers("lost_claims")
 def test_rescue_finds_the_jobs_of_lapsed_workers_by_owner():
     """The routine rescue pass reads the lapsed workers' entries only: with every worker
     alive it reads no job at all."""
@@ -140,6 +145,7 @@ def _claims(action) -> list[str]:
 
 
 @pytest.mark.parametrize("kind", ["full", "keyset"])
+@covers("claim_and_mark")
 def test_a_claim_checks_its_queue_once_per_statement_by_primary_key(kind):
     """The pause check of a claim is one probe of the queue row, made once for the whole
     statement (not once per job row), and the jobs are still read through the ready index."""
@@ -162,9 +168,9 @@ def test_a_claim_checks_its_queue_once_per_statement_by_primary_key(kind):
     after = None
     if kind == "keyset":
         after = Position({0: (jobs[0].next_execution_at - timedelta(seconds=5), 0)}, 1.0)
-    statements = _claims(lambda: engine.claim(WORKER, "default", 10, after=after))
-    assert statements
-    for sql in statements:
+    sent = _claims(lambda: engine.claim_and_mark(WORKER, "default", 10, [], after=after))
+    assert sent
+    for sql in sent:
         plan = explain(sql)
         if connection.vendor == "postgresql":
             assert "gator_job_ready" in plan, plan
@@ -189,6 +195,7 @@ def test_a_claim_checks_its_queue_once_per_statement_by_primary_key(kind):
 
 @pytest.mark.skipif("connection.vendor != 'postgresql'")
 @pytest.mark.parametrize("kind", ["full", "keyset", "mark"])
+@covers("claim_and_mark", "mark_succeeded")
 def test_the_generic_plans_of_the_prepared_statements_use_the_indexes(kind):
     """The claims and the batched success mark run as prepared statements, and PostgreSQL
     may plan a prepared statement once for any parameters (a generic plan) instead of for
@@ -207,8 +214,8 @@ def test_the_generic_plans_of_the_prepared_statements_use_the_indexes(kind):
         # of an earlier, smaller table a scan of the whole table is the cheapest plan.
         cursor.execute("ANALYZE django_gator_job")
     actions = {
-        "full": lambda: engine.claim(WORKER, "default", 10),
-        "keyset": lambda: engine.claim(WORKER, "default", 10, after=after),
+        "full": lambda: engine.claim_and_mark(WORKER, "default", 10, []),
+        "keyset": lambda: engine.claim_and_mark(WORKER, "default", 10, [], after=after),
         "mark": lambda: engine.mark_succeeded(WORKER, [Mark(i, a, None) for i, a in running]),
     }
     sent: list[tuple[str, list[object]]] = []
@@ -237,3 +244,58 @@ def test_the_generic_plans_of_the_prepared_statements_use_the_indexes(kind):
     else:
         assert "gator_job_ready" in plan, plan
         assert "One-Time Filter" in plan, plan
+
+
+@covers("claim_and_mark")
+def test_the_claim_reads_the_ready_index_in_its_order():
+    """The statement the claim sends (its SELECT part on MariaDB, which locks the rows it
+    picks) reads the ready index in the claim's order: no sort."""
+    engine = get_engine("default")
+    Echo.dispatch_many([[i] for i in range(50)])
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE django_gator_job")
+    [sql] = _claims(lambda: engine.claim_and_mark(WORKER, "echo", 10, []))
+    if connection.vendor == "mysql":
+        plan = explain(sql)
+        job_lines = [line for line in plan.splitlines() if "'django_gator_job'" in line]
+        assert all("'key': 'gator_job_ready_my'" in line for line in job_lines), plan
+        assert "filesort" not in plan, plan
+    elif connection.vendor == "sqlite":
+        plan = explain(sql)
+        assert "gator_job_ready" in plan, plan
+        assert "TEMP B-TREE" not in plan, plan
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute("SET enable_seqscan = off")  # 50 rows: the index, if it can
+            try:
+                plan = explain(sql)
+            finally:
+                cursor.execute("RESET enable_seqscan")
+        assert "gator_job_ready" in plan, plan
+        assert "Sort" not in plan, plan
+
+
+@pytest.mark.xfail(
+    connection.vendor == "sqlite",
+    strict=True,
+    reason="SQLite plans this statement on gator_job_state_finished with a temporary "
+    "B-tree for the ORDER BY, not on the ready index (found by this suite; the SQL is "
+    "unchanged here)",
+)
+@covers("ready_queues")
+def test_the_queue_search_is_a_skip_scan_of_the_ready_index():
+    engine = get_engine("default")
+    for queue in ("a", "b", "c"):
+        Noop.dispatch_many([[] for _ in range(20)], queue=queue)
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE django_gator_job")
+    with statements() as sent:
+        assert engine.ready_queues() == ["a", "b", "c"]
+    [sql] = sent
+    plan = explain(sql)
+    index = "gator_job_ready_my" if connection.vendor == "mysql" else "gator_job_ready"
+    assert index in plan, plan
+    if connection.vendor == "postgresql":
+        assert "Seq Scan on django_gator_job" not in plan, plan

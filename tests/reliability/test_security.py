@@ -3,7 +3,7 @@ met by a worker, log injection, secrets in log lines and command output, forged 
 unpermitted admin requests and HTML in admin pages.
 
 The rest of the scenarios are tested where their feature is: see the mapping in
-tests/test_registry.py, tests/test_faults.py and tests/test_admin_*.py.
+tests/test_registry.py, tests/reliability/test_faults.py and tests/test_admin_*.py.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from django.db import DataError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from django_gator import Queueable
-from django_gator.engines import postgresql
+from django_gator.engines import postgresql_copy
 from django_gator.models import Job, JobState
 from django_gator.pipeline import encoding
 
@@ -20,7 +20,7 @@ pytestmark = [
     pytest.mark.skipif(connection.vendor != "postgresql", reason="COPY is PostgreSQL's"),
 ]
 
-ROWS = postgresql.COPY_MIN_ROWS + 7
+ROWS = postgresql_copy.COPY_MIN_ROWS + 7
 
 #: Arguments COPY's text format has to escape, and some it does not.
 AWKWARD = [
@@ -123,8 +123,8 @@ def test_copied_rows_and_their_notify_wait_for_the_commit(pg_listener):
 def test_a_copy_that_fails_midway_inserts_nothing(monkeypatch):
     """The lines go out a chunk at a time: a failure while the third chunk is built, after
     two were sent, leaves no row behind and the connection usable."""
-    monkeypatch.setattr(postgresql, "COPY_CHUNK", 200)
-    original = postgresql._copy_json
+    monkeypatch.setattr(postgresql_copy, "COPY_CHUNK", 200)
+    original = postgresql_copy._copy_json
     calls = {"n": 0}
 
     def fails_later(values: list[str]) -> list[str]:
@@ -133,12 +133,12 @@ def test_a_copy_that_fails_midway_inserts_nothing(monkeypatch):
             raise OperationalError("simulated: the connection broke during COPY")
         return original(values)
 
-    monkeypatch.setattr(postgresql, "_copy_json", fails_later)
+    monkeypatch.setattr(postgresql_copy, "_copy_json", fails_later)
     with pytest.raises(OperationalError, match="simulated"):
         CopyProbe.dispatch_many([[i, f"x{i}"] for i in range(ROWS)])
     assert calls["n"] == 3
     assert not Job.objects.exists()
-    monkeypatch.setattr(postgresql, "_copy_json", original)
+    monkeypatch.setattr(postgresql_copy, "_copy_json", original)
     assert len(CopyProbe.dispatch_many([[i] for i in range(ROWS)])) == ROWS
     assert Job.objects.count() == ROWS
 
@@ -146,8 +146,8 @@ def test_a_copy_that_fails_midway_inserts_nothing(monkeypatch):
 def test_a_row_the_server_refuses_midway_rolls_back_only_the_copy(monkeypatch):
     """PostgreSQL refuses a line of the third chunk (not JSON): the error is Django's
     DataError, nothing of the COPY is stored, and the caller's transaction goes on."""
-    monkeypatch.setattr(postgresql, "COPY_CHUNK", 200)
-    original = postgresql._copy_json
+    monkeypatch.setattr(postgresql_copy, "COPY_CHUNK", 200)
+    original = postgresql_copy._copy_json
     calls = {"n": 0}
 
     def spoils_a_line(values: list[str]) -> list[str]:
@@ -157,7 +157,7 @@ def test_a_row_the_server_refuses_midway_rolls_back_only_the_copy(monkeypatch):
             texts[10] = "{not json"
         return texts
 
-    monkeypatch.setattr(postgresql, "_copy_json", spoils_a_line)
+    monkeypatch.setattr(postgresql_copy, "_copy_json", spoils_a_line)
     with transaction.atomic():
         kept = CopyProbe.dispatch(-1)
         with pytest.raises(DataError):
@@ -181,7 +181,7 @@ def test_a_streamed_dispatch_many_stores_what_the_eager_one_would(monkeypatch):
     """Above STREAM_MIN_ROWS the arguments are encoded chunk by chunk as the COPY sends
     them: the same rows as when they are encoded first (the awkward values, nested ones and
     keyword arguments included)."""
-    monkeypatch.setattr(postgresql, "COPY_CHUNK", 700)  # several chunks
+    monkeypatch.setattr(postgresql_copy, "COPY_CHUNK", 700)  # several chunks
     items: list[Any] = [[i, AWKWARD[i % len(AWKWARD)]] for i in range(STREAMED)]
     items[3000] = {"kw": "tab\tand\\slash", "n": 3000}
     encoded: list[tuple[int, int]] = []
@@ -208,7 +208,7 @@ def test_a_bad_item_found_while_streaming_is_refused_with_nothing_inserted(monke
     """The bad item is in the last chunk, after the others were sent: the error names it as
     the eager check would, the COPY ends with nothing stored, the caller's transaction and
     the connection go on."""
-    monkeypatch.setattr(postgresql, "COPY_CHUNK", 700)
+    monkeypatch.setattr(postgresql_copy, "COPY_CHUNK", 700)
     items: list[Any] = [[i] for i in range(STREAMED)]
     items[-3] = [{1, 2}]  # a set: not JSON
     with pytest.raises(TypeError) as streamed:

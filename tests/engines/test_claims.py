@@ -35,11 +35,6 @@ pytestmark = [
 ]
 
 
-def _position(job: Any, lookback: float = 0.0) -> Position:
-    """The position just after ``job`` (a claimed job, or a Job row)."""
-    return Position({job.priority: (job.next_execution_at, job.id)}, lookback)
-
-
 class Clock:
     """A monotonic clock the test moves by hand (the database is real)."""
 
@@ -80,34 +75,6 @@ def _buffers(sql: str, params: Any) -> int:
     found = re.search(r"Buffers: shared hit=(\d+)(?: read=(\d+))?", plan)
     assert found, plan
     return int(found.group(1)) + int(found.group(2) or 0)
-
-
-def test_a_keyset_claim_reads_each_priority_from_its_position():
-    engine = get_engine("default")
-    jobs = Noop.dispatch_many([[i] for i in range(5)])
-    first = engine.claim("w", "default", 2)
-    assert [j.id for j in first] == [jobs[0].pk, jobs[1].pk]
-    urgent = Noop.dispatch("urgent", priority=50)  # a priority without a position
-    back_dated = Noop.dispatch("late", at=timezone.now() - timedelta(hours=1))
-
-    after = engine.claim("w", "default", 3, after=_position(first[-1]))
-    # The new priority is read from the start of its range; the back-dated job lies
-    # before the position of priority 0 and is not seen.
-    assert [j.id for j in after] == [urgent.pk, jobs[2].pk, jobs[3].pk]
-    full = engine.claim("w", "default", 3)
-    assert {j.id for j in full} == {back_dated.pk, jobs[4].pk}  # the full claim sees it
-
-
-def test_the_lookback_finds_a_job_placed_just_before_the_position():
-    engine = get_engine("default")
-    [older, newer] = [Noop.dispatch(i) for i in range(2)]
-    [newer_claim] = engine.claim("w", "default", 1, after=_position(older))
-    assert newer_claim.id == newer.pk
-    # A position past ``older`` (as if it committed after ``newer`` was claimed): without
-    # a lookback it is hidden, with one it is found.
-    assert engine.claim("w", "default", 1, after=_position(newer_claim)) == []
-    [found] = engine.claim("w", "default", 1, after=_position(newer_claim, lookback=60))
-    assert found.id == older.pk
 
 
 def test_a_claimer_finds_higher_priority_and_back_dated_jobs_within_its_bounds():

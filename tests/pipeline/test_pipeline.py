@@ -47,7 +47,7 @@ def _first_of_workflow(label: str) -> Job:
 
 def _batch_member(label: str) -> Job:
     # Left open: on MariaDB the close right after would race the woken claim (the close's
-    # MySQLEngine.member_in locks the member FOR UPDATE NOWAIT, and a claim that runs
+    # MySQLEngine._member_in locks the member FOR UPDATE NOWAIT, and a claim that runs
     # meanwhile passes it by with SKIP LOCKED: the member then waits for the poll).
     with Batch().joined():
         return Echo.dispatch(label)

@@ -230,7 +230,7 @@ def test_a_worker_keeps_no_thread_that_a_timeout_replaced():
     assert worker.executors.started == 5  # the first executor and one per timeout
 
     # The last replaced thread may still be on its way out.
-    wait_for(lambda: not worker._threads and not worker.slots.retired, timeout=10)
+    wait_for(lambda: not worker.threads.running() and not worker.slots.retired, timeout=10)
 
 
 def test_a_thread_that_could_not_start_is_not_kept(monkeypatch):
@@ -256,7 +256,7 @@ def test_a_thread_that_could_not_start_is_not_kept(monkeypatch):
         go.wait(10)
         with worker.slots.lock:  # a timed-out job's new executor starts under this lock
             try:
-                worker._spawn("gator-executor-9", lambda: None)
+                worker.threads.spawn("gator-executor-9", lambda: None)
             except RuntimeError as exc:
                 errors.append(exc)
 
@@ -265,9 +265,9 @@ def test_a_thread_that_could_not_start_is_not_kept(monkeypatch):
     monkeypatch.setattr(threading.Thread, "start", refuse)
     go.set()
     caller.join(10)
-    assert not caller.is_alive(), "_spawn waited for the slots' lock its caller holds"
+    assert not caller.is_alive(), "spawn waited for the slots' lock its caller holds"
     assert [str(e) for e in errors] == ["can't start new thread"]
-    assert not worker._threads
+    assert not worker.threads.running()
 
 
 def test_a_refused_batched_step_write_does_not_stop_the_worker(monkeypatch):

@@ -16,7 +16,7 @@ from django.utils import timezone
 from django_gator.engines import get_engine
 from django_gator.engines.base import ClaimedJob
 from django_gator.engines.flow import FlowClaims
-from django_gator.engines.flow_walk import key_scope, queue_scope
+from django_gator.engines.flow_ledger import key_scope, queue_scope
 from django_gator.models import (
     Batch,
     FlowStart,

@@ -20,9 +20,9 @@ from django_gator.worker import beacon
 from django_gator.worker.processes import Child, ProcessSupervisor
 from tests.conftest import wait_for, worker_output
 from tests.test_health import check
-from tests.test_processes import START, alive, children_of
 from tests.testapp.jobs import HoldsTheGil, Record
 from tests.testapp.models import Execution
+from tests.worker.test_processes import START, alive, children_of
 
 TIMEOUT = settings.GATOR_HEARTBEAT_TIMEOUT  # 3 s in the tests
 INTERVAL = settings.GATOR_HEARTBEAT_INTERVAL  # 0.5 s

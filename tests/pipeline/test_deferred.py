@@ -170,7 +170,7 @@ def test_a_job_that_cannot_be_inserted_at_commit_is_logged_and_signalled(jobs_db
     first, second = lost
     assert first.startswith("Deferred dispatch lost: job not inserted ")
     fields = dict(re.findall(r"(\w+)=(\S+)", first.split(" error=")[0]))
-    assert fields["name"] == "tests.test_deferred.Invoice"
+    assert fields["name"] == "tests.pipeline.test_deferred.Invoice"
     assert (fields["queue"], fields["priority"], fields["run_at"]) == ("billing", "3", "now")
     assert fields["tries"] == "4"
     assert json.loads(fields["args"]) == ["INV-7", 42.5]

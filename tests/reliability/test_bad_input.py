@@ -3,7 +3,7 @@ form for a bad schedule and for a schedule whose job is gone.
 
 The system checks for bad settings, databases and schedules declared in code are tested in
 tests/test_checks.py; dispatch arguments, options and the worker's command line in
-tests/test_dispatch.py, tests/test_validation.py and tests/test_supervisor.py.
+tests/test_dispatch.py, tests/test_validation.py and tests/worker/test_supervisor.py.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def test_the_admin_shows_a_bad_schedule_field_next_to_it(field, value, message):
 @pytest.mark.usefixtures("restore_registry")
 def test_a_schedule_whose_job_is_no_longer_registered_cannot_be_saved_in_the_admin():
     class Retired(Queueable):
-        name = "tests.test_bad_input.Retired"
+        name = "tests.reliability.test_bad_input.Retired"
 
         def handle(self) -> None:
             return None
@@ -95,5 +95,5 @@ def test_a_schedule_whose_job_is_no_longer_registered_cannot_be_saved_in_the_adm
     row = (
         response.content.decode().split("field-job_name", 1)[1].split('<div class="form-row', 1)[0]
     )
-    assert "job name &#x27;tests.test_bad_input.Retired&#x27; is not registered" in row
+    assert "job name &#x27;tests.reliability.test_bad_input.Retired&#x27; is not registered" in row
     assert Schedule.objects.get().cron == "0 3 * * *"

@@ -1,0 +1,147 @@
+"""The contract's identity, time, sessions and wakeups, and the queues' gauges."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from django_gator import pause_queue
+from django_gator.attempts import Claim, Failure
+from django_gator.engines import get_engine
+from django_gator.models import Job
+from django_gator.worker.connections import NetworkBounds
+from tests.engines.conformance import covers, statements
+from tests.testapp.jobs import Echo, Noop
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@covers("alias", "vendor")
+def test_an_engine_speaks_for_one_alias_and_its_vendor():
+    engine = get_engine("default")
+    assert (engine.alias, engine.vendor) == ("default", connection.vendor)
+    assert get_engine("default") is engine  # one per alias, shared by every thread
+
+
+@covers("db_now", "to_dt")
+def test_time_is_the_databases_and_aware():
+    engine = get_engine("default")
+    with statements() as sent:
+        now = engine.db_now()
+    assert len(sent) == 1
+    assert now.tzinfo is not None
+    assert abs(now - timezone.now()) < timedelta(minutes=1)
+    naive = datetime(2026, 1, 2, 3, 4, 5, 6)
+    assert engine.to_dt(naive) == naive.replace(tzinfo=UTC)
+    assert engine.to_dt("2026-01-02 03:04:05.000006") == naive.replace(tzinfo=UTC)
+
+
+@covers("atomic_job")
+def test_an_atomic_job_runs_in_one_transaction_that_an_error_rolls_back():
+    engine = get_engine("default")
+
+    def failing_job() -> None:
+        with engine.atomic_job():
+            assert connection.in_atomic_block
+            Noop.dispatch()
+            raise RuntimeError("rolled back")
+
+    with pytest.raises(RuntimeError):
+        failing_job()
+    assert not Job.objects.exists()
+    with engine.atomic_job():
+        Noop.dispatch()
+    assert Job.objects.count() == 1
+
+
+@covers("prepare_bookkeeping")
+def test_prepare_bookkeeping_sets_its_session_once(settings):
+    engine = get_engine("default")
+    settings.GATOR_POOLED_DATABASES = []
+    connection.close()
+    try:
+        with statements() as first:
+            engine.prepare_bookkeeping()
+        with statements() as second:
+            engine.prepare_bookkeeping()
+        assert second == []  # cheap to call before every use
+        if connection.vendor == "postgresql":
+            assert len(first) == 1
+            with connection.cursor() as cursor:
+                cursor.execute("SHOW plan_cache_mode")
+                assert cursor.fetchone()[0] == "force_generic_plan"
+        else:
+            assert first == []
+    finally:
+        connection.close()  # the next test gets a session of its own
+
+
+@covers("prepare_worker_session")
+def test_prepare_worker_session_bounds_the_servers_side_of_the_session():
+    engine = get_engine("default")
+    bounds = NetworkBounds.for_timeout(30.0)
+    connection.ensure_connection()
+    try:
+        engine.prepare_worker_session(connection.connection, bounds)
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute("SHOW tcp_user_timeout")
+                assert cursor.fetchone()[0] == str(bounds.user_timeout_ms)  # in ms
+            elif connection.vendor == "mysql":
+                cursor.execute("SELECT VERSION()")
+                if "mariadb" in cursor.fetchone()[0].lower():
+                    cursor.execute("SELECT @@session.idle_transaction_timeout")
+                    assert cursor.fetchone()[0] == bounds.idle_transaction_timeout
+    finally:
+        connection.close()
+
+
+@covers("can_listen", "listen", "wake")
+def test_wakeups_reach_a_listener_where_the_engine_can_listen():
+    engine = get_engine("default")
+    if not engine.can_listen:
+        with pytest.raises(NotImplementedError), engine.listen():
+            pass
+        with statements() as sent:
+            engine.wake(["echo"])
+        assert sent == []  # its workers poll
+        return
+    with engine.listen() as listener:
+        with transaction.atomic():
+            engine.wake(["echo", "other"])
+            assert listener.wait(0.2) == set()  # delivered on commit
+        received: set[str] = set()
+        for _ in range(50):
+            received |= listener.wait(0.2)
+            if received >= {"echo", "other"}:
+                break
+        assert received == {"echo", "other"}
+        Echo.dispatch("notified")  # dispatch's INSERT notifies too
+        assert "echo" in listener.wait(10)
+
+
+@covers("queue_gauges")
+def test_the_gauges_of_every_queue_in_one_statement():
+    engine = get_engine("default")
+    Echo.dispatch_many([[1], [2], [3]])
+    Echo.dispatch("later", wait=timedelta(hours=1))
+    engine.claim_and_mark("worker-a", "echo", 1, [])
+    [dead], _ = engine.claim_and_mark("worker-a", "echo", 1, [])
+    failure = Failure(dead=True, retry_in=None, queue="echo", error="{}", last_error="E: x")
+    assert engine.mark_failed_and_insert("worker-a", Claim(dead.id, dead.attempts), failure, [])
+    pause_queue("quiet")
+
+    with statements() as sent:
+        now, gauges = engine.queue_gauges()
+    assert len(sent) == 1
+    assert abs(now - timezone.now()) < timedelta(minutes=1)
+    by_name = {g.queue: g for g in gauges}
+    assert [g.queue for g in gauges] == ["echo", "quiet"]
+    echo = by_name["echo"]
+    assert (echo.ready, echo.scheduled, echo.running, echo.dead, echo.paused) == (1, 1, 1, 1, False)
+    assert echo.oldest_due_at is not None
+    assert echo.oldest_running_at is not None
+    assert by_name["quiet"].paused is True
