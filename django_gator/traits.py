@@ -42,11 +42,21 @@ class JobTraits:
     accepts_anything: bool = False
 
 
+def _refuse_own_traits(cls: type[Queueable]) -> None:
+    """``traits`` is django-gator's to set: a class attribute of that name would be lost."""
+    if "traits" in vars(cls):
+        raise TypeError(
+            f"{cls.__qualname__}.traits is set by django-gator when the class is defined "
+            f"(a JobTraits); rename the class attribute, got {vars(cls)['traits']!r}"
+        )
+
+
 def read_traits(cls: type[Queueable], base: type[Queueable]) -> JobTraits:
     """Check the class attributes of the job class ``cls`` (TypeError or ValueError naming
     the bad one) and return its traits; ``base`` is Queueable, whose methods ``cls`` may
     override."""
     where = cls.__qualname__
+    _refuse_own_traits(cls)
     validation.validate_name(cls.name)
     validation.validate_queue(cls.queue)
     validation.validate_priority(cls.priority)

@@ -467,3 +467,13 @@ def test_a_subclass_has_its_own_traits():
     assert not Base.traits.is_limited
     assert Limited.traits.is_limited
     assert Limited.traits.signature == Base.traits.signature
+
+
+def test_a_class_attribute_named_traits_is_refused_not_overwritten():
+    with pytest.raises(TypeError, match=r"Shadow\.traits is set by django-gator.*'mine'"):
+
+        class Shadow(Queueable):
+            traits = "mine"  # type: ignore[assignment]
+
+            def handle(self) -> None:
+                return None
