@@ -276,12 +276,11 @@ def test_the_claim_reads_the_ready_index_in_its_order():
         assert "Sort" not in plan, plan
 
 
-@pytest.mark.xfail(
+@pytest.mark.skipif(
     connection.vendor == "sqlite",
-    strict=True,
-    reason="SQLite plans this statement on gator_job_state_finished with a temporary "
-    "B-tree for the ORDER BY, not on the ready index (found by this suite; the SQL is "
-    "unchanged here)",
+    reason="SQLite's plan for this statement follows its statistics: seen on the ready "
+    "index in one run and on gator_job_state_finished with a temporary B-tree for the "
+    "ORDER BY in another, with the same SQLite (3.40.1) and rows",
 )
 @covers("ready_queues")
 def test_the_queue_search_is_a_skip_scan_of_the_ready_index():
