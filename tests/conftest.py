@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import subprocess
@@ -56,12 +57,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Remove the file by which SQLite workers take turns (engines/sqlite.py) next to the
     test database, which pytest-django removes."""
+    session.config._gator_exitstatus = int(exitstatus)  # type: ignore[attr-defined]
     from django.conf import settings
 
     db = settings.DATABASES["default"]
     name = db.get("TEST", {}).get("NAME")
     if db["ENGINE"] == "django.db.backends.sqlite3" and name:
         Path(f"{name}-gator.lock").unlink(missing_ok=True)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """A thread that is not a daemon keeps the interpreter from exiting: a test that left
+    one running would hold the run after its summary until CI's limit, printing nothing.
+    Give such threads 10 s, then print their stacks and exit with the session's status."""
+    lingering = [
+        thread
+        for thread in threading.enumerate()
+        if thread is not threading.main_thread() and not thread.daemon and thread.is_alive()
+    ]
+    deadline = time.monotonic() + 10
+    for thread in lingering:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    still = [thread.name for thread in lingering if thread.is_alive()]
+    if not still:
+        return
+    sys.stdout.flush()
+    sys.stderr.write(
+        f"\n!!! {len(still)} non-daemon thread(s) still running after the tests: "
+        f"{', '.join(still)}; their stacks follow, then the run exits without them.\n"
+    )
+    faulthandler.dump_traceback(all_threads=True)
+    sys.stderr.flush()
+    os._exit(int(getattr(config, "_gator_exitstatus", 1)))
 
 
 def database_url() -> str:

@@ -11,6 +11,10 @@ import environ
 env = environ.Env()
 
 SECRET_KEY = "django-gator-tests"
+# The tests create many staff users; Django's default hasher spends about half a second
+# of CPU on each password on purpose, which made the admin and security tests the slowest
+# in-process tests of the suite. A fast hasher changes nothing they test.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 DEBUG = False
 USE_TZ = True
 TIME_ZONE = "UTC"
