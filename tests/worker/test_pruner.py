@@ -276,7 +276,7 @@ def test_a_worker_keeps_a_steady_trickle_of_jobs_at_a_bounded_row_count(settings
             for _ in range(4):
                 Noop.dispatch()
                 dispatched += 1
-            time.sleep(0.05)
+            time.sleep(0.05)  # deliberate: the trickle's pace
             counts.append(Job.objects.count())
         assert dispatched == 400
         # Rows live about retention + a pass interval: never near all of them at once.
@@ -400,7 +400,7 @@ def test_a_worker_keeps_a_trickle_of_batches_and_workflows_at_a_bounded_row_coun
             wf.dispatch()
             with Batch(description="trickle"):
                 Noop.dispatch_many([[], []])
-            time.sleep(0.05)
+            time.sleep(0.05)  # deliberate: the trickle's pace
             counts.append(
                 (
                     Batch.objects.count(),
