@@ -197,6 +197,37 @@ def wait_for(
     raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")
 
 
+def waiting_on_locks() -> int:
+    """Other sessions of this test database waiting for a row lock (PostgreSQL, MariaDB).
+    Poll it no faster than a few times a second: on MariaDB, reading INNODB_TRX that often
+    can hold up the very statement that is to start waiting."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            # Inside a transaction the activity view is read once, then kept: read it anew.
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND datname = current_database()"
+            )
+        else:
+            cursor.execute(
+                "SELECT count(*) FROM information_schema.INNODB_TRX AS t JOIN"
+                " information_schema.PROCESSLIST AS p ON p.ID = t.trx_mysql_thread_id"
+                " WHERE t.trx_state = 'LOCK WAIT' AND p.DB = DATABASE()"
+            )
+        return int(cursor.fetchone()[0])
+
+
+def listening_backends() -> int:
+    """Sessions LISTENing on the test database (PostgreSQL: the workers' listeners)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND query ILIKE 'LISTEN %%' AND pid <> pg_backend_pid()"
+        )
+        return int(cursor.fetchone()[0])
+
+
 #: A password that dead_jobs_for_operators() puts in arguments and error messages.
 SECRET = "hunter2-very-secret"
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from datetime import timedelta
 from io import StringIO
 from typing import Any
@@ -29,9 +28,10 @@ from django_gator.limits import Rate, parse_rate, validate_concurrency
 from django_gator.models import FlowStart, Job, JobState, Queue
 from django_gator.worker.claims import Claimer
 from django_gator.worker.flow import FlowRouter, class_limits
-from django_gator.worker.queues import QueueSpec
+from django_gator.worker.queues import QueueSpec, parse_queue_specs
+from django_gator.worker.supervisor import WorkerProcess
 from tests.admin_helpers import operator
-from tests.conftest import run_worker, wait_for
+from tests.conftest import run_worker, start_worker_thread, wait_for, waiting_on_locks
 from tests.factories import JobFactory, WorkerFactory
 from tests.testapp.jobs import KeyedSpan, Noop, OneAtATime, RatedSpan, Span, sync_user
 
@@ -328,25 +328,6 @@ def test_concurrent_limited_claims_never_share_the_last_slot():
     assert per_key == ["account:0"] * 2 + ["account:1"] * 2 + ["account:2"] * 2
 
 
-def _waiting_on_locks() -> int:
-    """Other sessions of this test database waiting for a row lock."""
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            # Inside a transaction the activity view is read once, then kept: read it anew.
-            cursor.execute("SELECT pg_stat_clear_snapshot()")
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                " AND datname = current_database()"
-            )
-        else:
-            cursor.execute(
-                "SELECT count(*) FROM information_schema.INNODB_TRX AS t JOIN"
-                " information_schema.PROCESSLIST AS p ON p.ID = t.trx_mysql_thread_id"
-                " WHERE t.trx_state = 'LOCK WAIT' AND p.DB = DATABASE()"
-            )
-        return int(cursor.fetchone()[0])
-
-
 @pytest.mark.skipif(
     connection.vendor == "sqlite", reason="SQLite: a claim starts after the writer before it"
 )
@@ -392,7 +373,7 @@ def test_a_claim_waiting_for_the_lock_counts_what_the_holder_committed():
         for thread in threads:
             thread.start()
         # MariaDB refreshes its transaction table only when it was not read for 0.1 s.
-        wait_for(lambda: _waiting_on_locks() == 3, timeout=30, interval=0.2)
+        wait_for(lambda: waiting_on_locks() == 3, timeout=30, interval=0.2)
     for thread in threads:
         thread.join()
     assert not errors, errors
@@ -658,18 +639,17 @@ def test_a_burst_worker_waits_for_a_slot_held_by_a_job_running_elsewhere():
     holder = WorkerFactory()
     elsewhere = JobFactory(running=True, name=Span.name, queue="spans", reserved_by=holder.id)
     jobs = [Span.dispatch("/dev/null", "s", 0) for _ in range(2)]
-
-    def finish_elsewhere() -> None:
-        time.sleep(0.5)  # the other worker's job takes half a second
-        Job.objects.filter(pk=elsewhere.pk).update(
-            state=JobState.SUCCEEDED, finished_at=timezone.now()
-        )
-        connections.close_all()
-
-    finisher = threading.Thread(target=finish_elsewhere)
-    finisher.start()
-    run_worker("spans", concurrency=2)
-    finisher.join()
+    worker = WorkerProcess(
+        parse_queue_specs(["spans"]), concurrency=2, burst=True, install_signal_handlers=False
+    )
+    thread = start_worker_thread(worker)
+    # Its claim found the slot held: it stays on, idle, instead of ending.
+    wait_for(lambda: worker.slots.idle.is_set() or not thread.is_alive(), timeout=30)
+    assert thread.is_alive(), "the burst worker ended while a slot it waits for was held"
+    assert {j.refresh_state() for j in jobs} == {JobState.WAITING}
+    Job.objects.filter(pk=elsewhere.pk).update(state=JobState.SUCCEEDED, finished_at=timezone.now())
+    thread.join(60)
+    assert not thread.is_alive()
     ended = Job.objects.get(pk=elsewhere.pk)
     assert (ended.state, ended.rescues) == (JobState.SUCCEEDED, 0)
     rows = Job.objects.filter(pk__in=[j.pk for j in jobs])

@@ -25,7 +25,14 @@ from django_gator.engines import get_engine
 from django_gator.engines.core import Position
 from django_gator.models import Job, JobState, Queue
 from tests.admin_helpers import operator
-from tests.conftest import ROOT, stop_worker, wait_for, worker_env, worker_output
+from tests.conftest import (
+    ROOT,
+    listening_backends,
+    stop_worker,
+    wait_for,
+    worker_env,
+    worker_output,
+)
 from tests.testapp.jobs import Noop, Record, Sleep
 from tests.testapp.models import Execution
 
@@ -163,7 +170,8 @@ def test_workers_stop_claiming_a_paused_queue_and_resume_it(spawn_worker):
         lambda: Job.objects.filter(queue="reports", state=JobState.SUCCEEDED).count() == 10,
         timeout=30,
     )
-    time.sleep(max(0.0, 2.5 - (engine.db_now() - paused_at).total_seconds()))
+    quiet = 2.5 - (engine.db_now() - paused_at).total_seconds()
+    time.sleep(max(0.0, quiet))  # deliberate: 2.5 s after the pause, for a wrong claim to show
     # Claims stopped within a second of the pause; what was running finished.
     assert started_after("emails", paused_at + timedelta(seconds=1)) == []
     assert not Job.objects.filter(queue="emails", state=JobState.RUNNING).exists()
@@ -199,20 +207,13 @@ def test_workers_stop_claiming_a_paused_queue_and_resume_it(spawn_worker):
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="NOTIFY is PostgreSQL's")
 def test_resume_wakes_idle_listening_workers_at_once(spawn_worker):
-    # A poll interval of a minute: only the NOTIFY of the resume can wake the worker.
-    proc = spawn_worker("--concurrency", "2", env={"GATOR_POLL_INTERVAL": "60"})
-    # Until its LISTEN connection is up the worker misses dispatches (and polls only once a
-    # minute): dispatch until one of them runs.
-    warm_up: list[int] = []
-
-    def listening() -> bool:
-        warm_up.append(Noop.dispatch().pk)
-        return Job.objects.filter(pk__in=warm_up, state=JobState.SUCCEEDED).exists()
-
-    wait_for(listening, timeout=30, interval=0.2)
     django_gator.pause_queue("emails")
-    job = Record.dispatch("woken", queue="emails")
-    time.sleep(1.0)
+    job = Record.dispatch("woken", queue="emails")  # before the worker: no NOTIFY reaches it
+    # A poll interval of a minute: only the NOTIFY of the resume can wake the worker.
+    env = {"GATOR_POLL_INTERVAL": "60", "GATOR_LOG_LEVEL": "DEBUG"}
+    proc = spawn_worker("--concurrency", "2", env=env)
+    # Listening, and its claim found nothing it may run: it waits for a NOTIFY (or 60 s).
+    wait_for(lambda: listening_backends() == 1 and "Worker idle" in worker_output(proc), timeout=30)
     assert job.refresh_state() == JobState.WAITING, worker_output(proc)
     started = time.monotonic()
     django_gator.resume_queue("emails")

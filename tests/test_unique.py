@@ -254,7 +254,7 @@ def test_unique_dispatch_next_to_a_worker_marking_the_same_keys_never_deadlocks(
     threads = [threading.Thread(target=dispatcher, args=(i,), daemon=True) for i in range(4)]
     for thread in threads:
         thread.start()
-    time.sleep(8)
+    time.sleep(8)  # deliberate: the stress runs for a fixed time
     stop.set()
     for thread in threads:
         thread.join(timeout=60)

@@ -227,12 +227,21 @@ def test_bind_setting_is_checked():
         assert repr(bad) in str(error.value)
 
 
+def directory_read() -> bool:
+    """Whether the read of the wakeup targets that a dispatch asked for is done."""
+    directory = wakeup._directories.get(connection.alias)
+    if not wakeup.enabled(connection.alias):
+        return directory is None
+    return directory is not None and not directory._reading.is_set()
+
+
 def test_dispatch_runs_no_query_of_its_own_for_wakeups():
     from django.test.utils import CaptureQueriesContext
 
     with CaptureQueriesContext(connection) as queries:
         Echo.dispatch(1)
-        time.sleep(0.2)  # the directory is read by a thread of its own meanwhile
+        # The directory is read by a thread of its own meanwhile (where dispatch sends).
+        wait_for(directory_read, timeout=10)
         Echo.dispatch(2)
     assert len(queries.captured_queries) == 2, queries.captured_queries
     assert all("INSERT" in q["sql"] for q in queries.captured_queries)

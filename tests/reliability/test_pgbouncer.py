@@ -34,7 +34,14 @@ from django_gator.engines import get_engine
 from django_gator.models import Job, JobState
 from django_gator.worker.connections import NetworkBounds
 from django_gator.worker.supervisor import WorkerProcess
-from tests.conftest import ROOT, stop_worker, wait_for, worker_env, worker_output
+from tests.conftest import (
+    ROOT,
+    listening_backends,
+    stop_worker,
+    wait_for,
+    worker_env,
+    worker_output,
+)
 from tests.testapp.jobs import Record, Sleep
 from tests.testapp.models import Execution
 
@@ -169,16 +176,6 @@ def transactions_through(pgbouncer: PgBouncer) -> int:
         if cells[0] == name:
             total += int(cells[1])  # total_xact_count
     return total
-
-
-def listening_backends() -> int:
-    """Sessions LISTENing on the test database (the worker's listener: a direct one)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND query ILIKE 'LISTEN %%' AND pid <> pg_backend_pid()"
-        )
-        return int(cursor.fetchone()[0])
 
 
 @on_postgres

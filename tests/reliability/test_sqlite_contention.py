@@ -153,7 +153,7 @@ def test_jobs_outlast_a_writer_that_holds_the_lock_past_the_busy_timeout(spawn_w
     try:
         writer.execute("BEGIN IMMEDIATE")
         flag.touch()
-        time.sleep(2.5)
+        time.sleep(2.5)  # deliberate: the lock is held for five busy timeouts
         writer.execute("COMMIT")
     finally:
         writer.close()

@@ -134,13 +134,14 @@ def test_sigterm_lets_every_worker_finish_its_job_and_exits_0(spawn_worker, tmp_
 
 def test_a_second_signal_to_the_supervisor_stops_the_workers_now(spawn_worker):
     job = Sleep.dispatch(60, label="interrupted")
-    proc = spawn_worker("--processes", "2")
+    proc = spawn_worker("--processes", "2", env={"GATOR_LOG_LEVEL": "INFO"})
     wait_for(lambda: Job.objects.get(pk=job.pk).state == JobState.RUNNING, timeout=START)
     pids = {w.pid for w in children_of(proc)}
 
     begun = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    time.sleep(0.5)
+    # The first signal passed on: the worker running the job waits for it.
+    wait_for(lambda: re.search(r"Worker stopping .* running=1 ", worker_output(proc)), timeout=10)
     proc.send_signal(signal.SIGINT)
 
     assert proc.wait(timeout=30) == 0, worker_output(proc)

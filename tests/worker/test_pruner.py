@@ -31,7 +31,7 @@ from django_gator.testing import run_jobs
 from django_gator.worker.flow import class_limits
 from django_gator.worker.pruner import IDLE_MARGIN, Pruner
 from django_gator.worker.supervisor import WorkerProcess
-from tests.conftest import start_worker_thread, wait_for
+from tests.conftest import start_worker_thread, wait_for, waiting_on_locks
 from tests.factories import JobFactory
 from tests.testapp.jobs import BatchCompleted, BatchSucceeded, Noop, RatedSpan, Record
 
@@ -202,8 +202,11 @@ def test_a_pass_never_deletes_a_row_a_claim_waiting_for_its_queue_lock_still_cou
         FlowStart.objects.create(scope=key_scope(RatedSpan.name, "k"), started_at=at)
     claimer = threading.Thread(target=claim)
     claimer.start()  # its statement starts now, and waits for the lock
-    time.sleep(0.35)
-    Pruner(get_engine("default"), "pruner-1").prune_once()  # a second after the first start
+    wait_for(lambda: waiting_on_locks() == 1, timeout=30, interval=0.2)
+    # The pass comes over a second after the first start, by its own clock.
+    late = 0.35 - (db_now() - now).total_seconds()
+    time.sleep(max(0.0, late))  # deliberate: the pass's clock is later than the claim's
+    Pruner(get_engine("default"), "pruner-1").prune_once()
     release.set()
     holder.join(30)
     claimer.join(30)
@@ -273,7 +276,7 @@ def test_a_worker_keeps_a_steady_trickle_of_jobs_at_a_bounded_row_count(settings
             for _ in range(4):
                 Noop.dispatch()
                 dispatched += 1
-            time.sleep(0.05)
+            time.sleep(0.05)  # deliberate: the trickle's pace
             counts.append(Job.objects.count())
         assert dispatched == 400
         # Rows live about retention + a pass interval: never near all of them at once.
@@ -397,7 +400,7 @@ def test_a_worker_keeps_a_trickle_of_batches_and_workflows_at_a_bounded_row_coun
             wf.dispatch()
             with Batch(description="trickle"):
                 Noop.dispatch_many([[], []])
-            time.sleep(0.05)
+            time.sleep(0.05)  # deliberate: the trickle's pace
             counts.append(
                 (
                     Batch.objects.count(),

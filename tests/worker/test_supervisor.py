@@ -97,12 +97,13 @@ def test_sigterm_lets_running_jobs_finish_then_exits_0(spawn_worker, tmp_path):
 
 def test_a_second_signal_exits_now_and_hands_the_job_back(spawn_worker):
     job = Sleep.dispatch(60, label="interrupted")
-    proc = spawn_worker()
+    proc = spawn_worker(env={"GATOR_LOG_LEVEL": "INFO"})
     wait_for(lambda: Job.objects.get(pk=job.pk).state == JobState.RUNNING)
 
     started = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
+    # The first signal handled: the worker waits for its running job.
+    wait_for(lambda: "Worker stopping" in output(proc), timeout=10)
     proc.send_signal(signal.SIGINT)
 
     assert proc.wait(timeout=30) == 0, output(proc)

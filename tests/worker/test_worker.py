@@ -200,7 +200,7 @@ def test_a_job_past_its_timeout_fails_and_its_slot_is_freed():
     after = Echo.dispatch("after", queue="default")
 
     started = time.monotonic()
-    run_worker("default", concurrency=1)
+    worker = run_worker("default", concurrency=1)
 
     assert time.monotonic() - started < 10
     slow.refresh_from_db()
@@ -211,8 +211,8 @@ def test_a_job_past_its_timeout_fails_and_its_slot_is_freed():
     retried.refresh_from_db()
     assert retried.state == JobState.FAILED  # its retry policy applies to a timeout
     assert Job.objects.get(pk=after.pk).state == JobState.SUCCEEDED
-    # The interrupted runs never reached their last line.
-    time.sleep(0.2)
+    # The interrupted runs ended (their threads are gone) and never reached their last line.
+    wait_for(lambda: not worker.threads.running() and not worker.slots.retired, timeout=10)
     assert not Execution.objects.filter(job_id__in=[slow.pk, retried.pk]).exists()
 
 
@@ -342,10 +342,17 @@ def test_a_retry_claimed_before_its_failed_attempt_is_put_away_keeps_every_slot(
     from django_gator.worker.supervisor import WorkerProcess
 
     original = Outcomes._failure
+    retried_meanwhile = threading.Event()
 
     def slow_write_failure(self, *args, **kwargs):
         written = original(self, *args, **kwargs)
-        time.sleep(0.3)  # the fetcher claims the retry meanwhile
+        # The fetcher claims the retry, another thread starts it, before this one is done.
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if Execution.objects.filter(attempt=2).exists():
+                retried_meanwhile.set()
+                break
+            time.sleep(0.01)
         return written
 
     monkeypatch.setattr(Outcomes, "_failure", slow_write_failure)
@@ -363,7 +370,8 @@ def test_a_retry_claimed_before_its_failed_attempt_is_put_away_keeps_every_slot(
             connections.close_all()  # this thread's
 
     threading.Thread(target=drain, daemon=True).start()
-    assert done.wait(30), "the burst worker never finished: an executor slot was lost"
+    assert done.wait(60), "the burst worker never finished: an executor slot was lost"
+    assert retried_meanwhile.is_set(), "the retry did not start while the failure was put away"
     assert worker[0].slots.in_flight == 0
     assert worker[0].slots.running == {}
     states = set(Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("state", flat=True))
