@@ -32,6 +32,11 @@ DJANGO      ?=
 PG_URL      ?= postgres://postgres@127.0.0.1:5432/test
 MYSQL_URL   ?= mysql://root@127.0.0.1:3306/test
 PYTEST_ARGS ?=
+# More pytest arguments for one database's run only (CI shares the tests that start worker
+# processes out between its two lines this way: see .ci/run).
+PYTEST_ARGS_SQLITE   ?=
+PYTEST_ARGS_POSTGRES ?=
+PYTEST_ARGS_MYSQL    ?=
 # Optional: run the PostgreSQL/MariaDB tests in test_<name>_<suffix> instead of test_<name>
 # (through pytest-django's TOX_PARALLEL_ENV hook), so that runs sharing a server don't drop
 # each other's test database. .ci/run sets it.
@@ -172,7 +177,7 @@ shown=$$(echo '$(2)' | sed -E 's#(://[^:/@]*):[^@]*@#\1:***@#'); \
 if $(VENV_PY) scripts/db_ping.py --quiet '$(2)'; then \
   $(call header,$(1)); \
   $(if $(TEST_DB_SUFFIX),TOX_PARALLEL_ENV='$(TEST_DB_SUFFIX)') DATABASE_URL='$(2)' \
-    $(VENV_PY) -m pytest $(PYTEST_ARGS); \
+    $(VENV_PY) -m pytest $(PYTEST_ARGS) $(3); \
 elif [[ "$${CI:-}" =~ ^([Tt]rue|TRUE|1|yes)$$ ]]; then \
   echo; \
   echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!" >&2; \
@@ -200,13 +205,13 @@ test: install
 
 test-sqlite: install
 	@$(call header,SQLite)
-	env -u DATABASE_URL $(VENV_PY) -m pytest $(PYTEST_ARGS)
+	env -u DATABASE_URL $(VENV_PY) -m pytest $(PYTEST_ARGS) $(PYTEST_ARGS_SQLITE)
 
 test-postgres: install test-deps
-	@$(call on_server_db,PostgreSQL,$(PG_URL))
+	@$(call on_server_db,PostgreSQL,$(PG_URL),$(PYTEST_ARGS_POSTGRES))
 
 test-mysql: install test-deps
-	@$(call on_server_db,MariaDB/MySQL,$(MYSQL_URL))
+	@$(call on_server_db,MariaDB/MySQL,$(MYSQL_URL),$(PYTEST_ARGS_MYSQL))
 
 # The larger chaos tier (tests/chaos.py): worker processes SIGKILLed, SIGTERMed, frozen and
 # cut off from the database while they drain, then a ledger check. PostgreSQL gets the big
