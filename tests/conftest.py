@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import signal
@@ -67,6 +68,54 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     name = db.get("TEST", {}).get("NAME")
     if db["ENGINE"] == "django.db.backends.sqlite3" and name:
         Path(f"{name}-gator.lock").unlink(missing_ok=True)
+
+
+#: Seconds a test's setup, call or teardown may take beyond pytest-timeout's limit before
+#: the backstop below ends the run.
+BACKSTOP_GRACE = 120
+_phase: dict[str, Any] = {}
+
+
+def _backstop() -> None:
+    """pytest-timeout raises in the main thread, which Python code only sees between
+    bytecodes: a test stuck in C code (a driver waiting on a lock) outlives it and would
+    hold the run until CI's limit. Past the test's limit and a grace, print every stack
+    and exit."""
+    while True:
+        time.sleep(5)
+        started, name, limit = _phase.get("started"), _phase.get("name"), _phase.get("limit")
+        if started is None or not limit:
+            continue
+        if time.monotonic() - started > limit + BACKSTOP_GRACE:
+            # pytest captures the test's output on file descriptor 2: give it back first.
+            with contextlib.suppress(Exception):
+                _phase["capture"].suspend_global_capture(in_=False)
+            message = f"\n!!! {name} has run {limit + BACKSTOP_GRACE:.0f} s; stacks:\n"
+            os.write(2, message.encode())
+            faulthandler.dump_traceback(file=2, all_threads=True)
+            os._exit(3)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _phase["capture"] = session.config.pluginmanager.getplugin("capturemanager")
+    threading.Thread(target=_backstop, name="gator-backstop", daemon=True).start()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """The backstop's clock: the whole of a test (setup, call, teardown) against its own
+    timeout (its mark, else the ini's), counted three times over for the three phases."""
+    marker = item.get_closest_marker("timeout")
+    limit = (
+        float(marker.args[0])
+        if marker and marker.args
+        else float(item.config.getini("timeout") or 0)
+    )
+    _phase.update(started=time.monotonic(), name=item.nodeid, limit=3 * limit)
+    try:
+        return (yield)
+    finally:
+        _phase.update(started=None, name=None, limit=None)
 
 
 @pytest.hookimpl(trylast=True)
@@ -137,6 +186,7 @@ def spawn_worker(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[byte
         **popen: object,
     ) -> subprocess.Popen[bytes]:
         log_path = tmp_path / f"worker-{len(procs)}.log"
+        popen.setdefault("start_new_session", True)
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
                 [*prefix, sys.executable, "-m", "django", "gator_worker", *args],
@@ -155,6 +205,22 @@ def spawn_worker(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[byte
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
+        # A supervisor's worker processes (each in a process group of its own) outlive it
+        # when it is SIGKILLed; one wedged in C code, holding a transaction open, would
+        # block the database flush after the test for ever. They share its session.
+        kill_session(proc.pid)
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid`` (Linux: read from /proc)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == sid:  # state, ppid, pgrp, session
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(stat.parent.name), signal.SIGKILL)
 
 
 def worker_output(proc: subprocess.Popen[bytes]) -> str:
