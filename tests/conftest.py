@@ -46,16 +46,13 @@ PROCESS_MODULES = {
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark ``processes`` the tests that start real worker processes (the ``spawn_worker``
-    fixture, directly or through another fixture, or a module of PROCESS_MODULES), and
-    those of them under tests/worker/ ``worker_processes`` too. They run the same worker
-    code under every Django line, so CI runs each of them on one line per database,
-    sharing them out with ``-m`` (see .ci/run); ``make test`` runs them all."""
+    fixture, directly or through another fixture, or a module of PROCESS_MODULES). They
+    run the same worker code under every Django line, so CI's Django 6.1 line leaves them
+    to the Django 5.2 line (``-m "not processes"``); ``make test`` runs them all."""
     for item in items:
         path = Path(str(item.fspath)).relative_to(ROOT).as_posix()
         if "spawn_worker" in getattr(item, "fixturenames", ()) or path in PROCESS_MODULES:
             item.add_marker(pytest.mark.processes)
-            if path.startswith("tests/worker/"):
-                item.add_marker(pytest.mark.worker_processes)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
