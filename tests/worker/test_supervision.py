@@ -144,7 +144,9 @@ def test_a_process_wedged_in_c_code_is_replaced_until_the_job_is_dead(spawn_work
     kills = re.findall(r"silent for ([\d.]+) s .* killing it pid=(\d+) ", out)
     assert len(kills) == 2, out
     limit = TIMEOUT - INTERVAL  # the heartbeat timeout less an interval
-    assert all(limit - 0.05 <= float(silent) < limit + 1 for silent, _ in kills), kills
+    # The upper bound leaves the supervisor's look (every 0.1 s) room to be late on a loaded
+    # machine: with CI's two test lines on 2 cores one kill came at 3.6 s.
+    assert all(limit - 0.05 <= float(silent) < limit + 2 for silent, _ in kills), kills
     for _, pid in kills:  # dead before its heartbeat lapsed and its job was rescued
         rescued = re.search(rf"from lost worker=[^ ]*:{pid}:", out)
         assert rescued, out
