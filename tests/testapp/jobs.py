@@ -1122,7 +1122,11 @@ class LosesItsConnection(Queueable):
                     if connection.vendor == "postgresql"
                     else "SELECT CONNECTION_ID()"
                 )
-                Path(backend_file).write_text(str(cursor.fetchone()[0]))
+                # Written whole, then renamed: the test polls for the file and reads it
+                # at once, and must never see it created but still empty.
+                partial = Path(f"{backend_file}.partial")
+                partial.write_text(str(cursor.fetchone()[0]))
+                partial.rename(backend_file)
             deadline = time.monotonic() + 30
             while not Path(go_file).exists() and time.monotonic() < deadline:
                 time.sleep(0.01)
