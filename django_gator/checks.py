@@ -37,6 +37,8 @@ from django.core import checks
 from django.db import connections
 
 from django_gator import conf, schema
+from django_gator.conf.checking import problems as settings_problems
+from django_gator.conf.checking import unknown_names
 from django_gator.engines.checks import server_checks
 from django_gator.limits import QUEUE_OPTIONS, unknown_queue_options
 from django_gator.validation import validate_queue
@@ -63,11 +65,11 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             )
         )
     # Every other declared setting, from the table in conf.py (GATOR_SCHEDULES: E005).
-    for problem in conf.problems():
+    for problem in settings_problems():
         errors.append(
             checks.Error(f"{problem.message}.", hint=problem.hint, id="django_gator.E003")
         )
-    for name, close in conf.unknown_names():
+    for name, close in unknown_names():
         errors.append(
             checks.Warning(
                 f"{name} is not a django-gator setting; it has no effect.",

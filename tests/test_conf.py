@@ -49,6 +49,7 @@ BAD: dict[str, list[tuple[Any, str]]] = {
     "GATOR_LISTEN_DATABASE": [("", "''"), (["direct"], "['direct']")],
     "GATOR_WAKEUP_BIND": [("", "''"), ("127.0.0.1", "'127.0.0.1'"), (0, "0"), (":0", "':0'")],
     "GATOR_WORKER_CONN_MAX_AGE": [(-5, "-5"), ("300", "'300'")],
+    "GATOR_WARM_CONNECTIONS": [("default", "'default'"), ([""], "''")],
     "GATOR_WORKER_NETWORK_TIMEOUT": [
         (-1, "-1"),
         ("30", "'30'"),
@@ -117,6 +118,7 @@ ACCESSORS: dict[str, tuple[Callable[[], Any], Any]] = {
     "GATOR_LISTEN_DATABASE": (conf.listen_database, None),
     "GATOR_WAKEUP_BIND": (conf.wakeup_bind, ("127.0.0.1", 0)),
     "GATOR_WORKER_CONN_MAX_AGE": (conf.worker_conn_max_age, 300.0),
+    "GATOR_WARM_CONNECTIONS": (conf.warm_connections, None),
     "GATOR_WORKER_NETWORK_TIMEOUT": (conf.worker_network_timeout, 30.0),
     "GATOR_MAX_TRACEBACK_CHARS": (conf.max_traceback_chars, 20_000),
     "GATOR_REDACT": (conf.redact_keys, frozenset(conf.DEFAULTS["GATOR_REDACT"])),

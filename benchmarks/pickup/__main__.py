@@ -14,6 +14,12 @@ change; on PostgreSQL the same as ``on``). The worker counts its own SQL stateme
 Django execute wrapper installed by this benchmark's app), which gives its database load
 while idle (10 s without jobs) and during the samples.
 
+``--probe row``: the job writes one row (through Django's connection, as users' jobs do)
+and reports the moment it is committed, so a connect the job's thread pays shows; ``udp``
+(the default) reports the moment ``handle()`` starts. ``--warmup N``: jobs run before the
+samples (default 5); ``--warmup 0`` measures from the worker's start, so each of the first
+jobs lands on an executor thread that has run none yet.
+
 ``--finished N``: before each run the jobs table is vacuumed (PostgreSQL), then ``N`` jobs
 of the queue are dispatched and marked succeeded with no vacuum after them: the index
 entries of rows that left the ready state, which a claim steps over until vacuum removes
@@ -212,29 +218,49 @@ def ready_index_pages() -> int | None:
         return int(cursor.fetchone()[0])
 
 
+def make_probe_table() -> None:
+    """(Re)make the row-writing probe's table, empty."""
+    from django.db import connection
+
+    from benchmarks.pickup.app.jobs import PROBE_TABLE
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP TABLE IF EXISTS {PROBE_TABLE}")
+        cursor.execute(f"CREATE TABLE {PROBE_TABLE} (job_id BIGINT PRIMARY KEY, started FLOAT)")
+
+
 def measure(
-    url: str, mode: str, concurrency: int, samples: int, workdir: Path, finished: int = 0
+    url: str,
+    mode: str,
+    concurrency: int,
+    samples: int,
+    workdir: Path,
+    finished: int = 0,
+    probe: str = "udp",
+    warmup: int = 5,
 ) -> dict[str, Any]:
     from django.db import connection
 
-    from benchmarks.pickup.app.jobs import QUEUE, Stamp
+    from benchmarks.pickup.app.jobs import QUEUE, Stamp, Touch
     from django_gator.models import Job
 
+    job_class = Touch if probe == "row" else Stamp
     Job.objects.filter(queue=QUEUE).delete()
+    make_probe_table()
     finish_jobs(finished)
     run = Run(url, mode, concurrency, workdir)
     try:
         run.wait_started()
         time.sleep(1.0)
-        for _ in range(5):  # warm up: imports, connections of the executor threads
-            run.one(Stamp)
+        for _ in range(warmup):  # warm up: imports, connections of the executor threads
+            run.one(job_class)
             time.sleep(0.05)
         before = run.statements()
         begun = time.monotonic()
         latencies = []
         for _ in range(samples):
             time.sleep(random.uniform(0.02, 0.1))
-            latencies.append(run.one(Stamp))
+            latencies.append(run.one(job_class))
         busy = time.monotonic() - begun
         time.sleep(1.0)  # the last success mark, and the poll's back-off
         during = (run.statements() - before) / busy
@@ -247,6 +273,8 @@ def measure(
         run.stop()
     result = {
         "mode": mode,
+        "probe": probe,
+        "warmup": warmup,
         "concurrency": concurrency,
         "samples": samples,
         "finished_since_vacuum": finished,
@@ -279,6 +307,8 @@ def main() -> None:
         default=[0],
         help="jobs finished since the last vacuum before each run (see above)",
     )
+    parser.add_argument("--probe", choices=["udp", "row"], default="udp")
+    parser.add_argument("--warmup", type=int, default=5, help="jobs before the samples")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
 
@@ -303,7 +333,7 @@ def main() -> None:
     print(
         f"pickup latency across processes: {connection.vendor} {version}, Django "
         f"{django.get_version()}, Python {platform.python_version()}, {os.cpu_count()} CPUs; "
-        f"{args.samples} samples per run"
+        f"{args.samples} samples per run; probe {args.probe}, {args.warmup} jobs of warm-up"
     )
     print(
         f"{'finished':>9} {'mode':>4} {'threads':>7} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7}"
@@ -314,7 +344,16 @@ def main() -> None:
         for finished, concurrency, mode in itertools.product(
             args.finished, args.concurrency, args.modes
         ):
-            r = measure(url, mode, concurrency, args.samples, workdir, finished)
+            r = measure(
+                url,
+                mode,
+                concurrency,
+                args.samples,
+                workdir,
+                finished,
+                probe=args.probe,
+                warmup=args.warmup,
+            )
             r["database"] = f"{connection.vendor} {version}"
             results.append(r)
             extra = (

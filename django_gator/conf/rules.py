@@ -100,8 +100,14 @@ class Names:
     what: str
     sets: bool = False
     importable: bool = False
+    #: None is allowed too, and means this.
+    none: str | None = None
+    #: Each is a key of ``DATABASES`` (the deep check looks).
+    aliases: bool = False
 
     def problem(self, value: Any, *, deep: bool = False) -> str | None:
+        if value is None and self.none is not None:
+            return None
         if not isinstance(value, list | tuple | set | frozenset) or (
             not self.sets and isinstance(value, set | frozenset)
         ):
@@ -114,10 +120,17 @@ class Names:
                 problem = _import_problem(item)
                 if problem is not None:
                     return problem
+        if deep and self.aliases:
+            from django.conf import settings
+
+            for item in value:
+                if item not in settings.DATABASES:
+                    return f"names {item!r}, which is not a key of DATABASES"
         return None
 
     def allowed(self) -> str:
-        return f"list of {self.what}s"
+        listed = f"list of {self.what}s"
+        return listed if self.none is None else f"`None` ({self.none}) or {listed}"
 
 
 @dataclass(frozen=True)

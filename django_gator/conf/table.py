@@ -156,7 +156,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "GATOR_POOLED_DATABASES",
         [],
-        Names("key of `DATABASES`"),
+        Names("`DATABASES` key"),
         "aliases reached through a transaction-pooling proxy (PgBouncer "
         "`pool_mode = transaction`): no session settings, no server-side prepares, no LISTEN; "
         'see "PgBouncer"',
@@ -179,6 +179,13 @@ SETTINGS: tuple[Setting, ...] = (
         300,
         Number(0, none="unlimited"),
         "seconds a worker keeps a database connection when `CONN_MAX_AGE` is 0",
+    ),
+    Setting(
+        "GATOR_WARM_CONNECTIONS",
+        None,
+        Names("`DATABASES` key", none="`default` and `GATOR_DATABASE`", aliases=True),
+        "database aliases each executor thread opens before it takes a job, so jobs never "
+        'connect in their pickup (`[]`: connect at a job\'s first query); see "Connections"',
     ),
     Setting(
         "GATOR_WORKER_NETWORK_TIMEOUT",

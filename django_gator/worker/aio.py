@@ -1,7 +1,7 @@
 """The event loop of a worker process: ``async def`` jobs run on it, many at once.
 
 One thread (``gator-aio``) runs one asyncio loop per worker process. The fetcher claims for
-the loop's free slots beside the executor threads' (see :class:`~.slots.AsyncSlots`) and
+the loop's free slots beside the executor threads' (see :class:`~.async_slots.AsyncSlots`) and
 hands it the async jobs it claimed; each runs as an asyncio task, so a job waiting on I/O
 holds no thread. Up to ``--async-concurrency`` run at once.
 

@@ -31,7 +31,8 @@ from django_gator.queueable import effective_timeout, get_job_class
 from django_gator.worker.execution import run_claimed
 from django_gator.worker.hygiene import after_job, before_job
 from django_gator.worker.outcomes import DEFERRED, Outcomes
-from django_gator.worker.slots import Finished, Slots
+from django_gator.worker.slots import Finished, Idle, Slots
+from django_gator.worker.warm import WarmConnections, warm_aliases
 
 logger = logging.getLogger("django_gator.worker")
 
@@ -48,6 +49,8 @@ class Executors:
         self.engine = engine
         self.spawn = spawn
         self.started = 0
+        #: The connections each executor thread opens before it takes a job.
+        self.warm_aliases = warm_aliases()
 
     def start(self, count: int) -> None:
         for _ in range(count):
@@ -61,8 +64,14 @@ class Executors:
     def loop(self) -> None:
         """An executor thread's life: jobs until the worker closes."""
         me = threading.current_thread()
+        warm = WarmConnections(self.warm_aliases)
         while True:
-            job = self.slots.next_job(me, deadline)
+            # Not while closing: a connect to a server that does not answer would only delay
+            # the thread's end.
+            until = None if self.slots.closing else warm.warm()
+            job = self.slots.next_job(me, deadline, until=until)
+            if job is Idle.UNTIL:
+                continue  # a connection to renew, or to try again
             if job is None:
                 return
             finished: Finished | None = None

@@ -28,8 +28,10 @@ from typing import Any
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.signals import connection_created
 
 from django_gator.engines.sessions import transaction_left_open
+from django_gator.worker.warm import server_spoke
 
 logger = logging.getLogger("django_gator.worker")
 
@@ -44,20 +46,22 @@ _SESSION_CHANGE = re.compile(
 def before_job(thread_connections: Sequence[BaseDatabaseWrapper]) -> None:
     """Before a job, on each of the thread's connections (``connections.all()``): Django's
     ``close_old_connections()`` (a connection past its age or found broken is closed),
-    then the health check armed for the job's first use of the ones kept open.
+    then a look at the ones kept open.
 
     An executor keeps its connections between jobs, and the server may have closed one
-    meanwhile (a restart, a killed backend, an idle timeout). Without the check, the job's
-    first query would fail and the job with it, for a fault that is not its own; with it,
-    Django reconnects first. It is Django's CONN_HEALTH_CHECKS, switched on for the
-    connections a worker keeps open; a job that never touches the database pays nothing.
+    meanwhile (a restart, a killed backend, an idle timeout). Without a look, the job's
+    first query would fail and the job with it, for a fault that is not its own. The look
+    is a zero-timeout poll of the socket (see :func:`~django_gator.worker.warm.server_spoke`):
+    a server that ends a session makes it readable. Only a connection found so (or one that
+    cannot be polled) gets Django's health check (CONN_HEALTH_CHECKS: one ``SELECT 1`` at
+    the job's first query, and a reconnect if it fails); a healthy one costs no round trip.
     One pass over the connections, on the path of every job."""
     for connection in thread_connections:
         connection.close_if_unusable_or_obsolete()
         if connection.connection is not None:
             # Attributes of Django's BaseDatabaseWrapper that django-stubs does not declare.
             connection.health_check_enabled = True  # type: ignore[attr-defined]
-            connection.health_check_done = False  # type: ignore[attr-defined]
+            connection.health_check_done = server_spoke(connection) is False  # type: ignore[attr-defined]
 
 
 def after_job(thread_connections: Sequence[BaseDatabaseWrapper]) -> None:
@@ -87,6 +91,19 @@ class _Used:
         return execute(sql, params, many, context)
 
 
+def _connected(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """A job opened a connection: the statements of its setup (Django's
+    ``init_connection_state``, e.g. MariaDB's ``SET SQL_AUTO_IS_NULL = 0``) made the state
+    every new connection starts with, not a change of the job's. Without this, each job
+    that connected had its connection closed after it, and the next job connected again."""
+    used = getattr(connection, "_gator_used", None)
+    if used is not None:
+        used.session_changed = False
+
+
+connection_created.connect(_connected, dispatch_uid="django_gator.worker.hygiene")
+
+
 class ConnectionWatch:
     """Use as ``with ConnectionWatch() as watch: run the job``, then ``watch.clean()``.
 
@@ -106,6 +123,7 @@ class ConnectionWatch:
             used = _Used()
             # What connection.execute_wrapper() does, without a generator per job.
             connection.execute_wrappers.append(used)
+            connection._gator_used = used  # type: ignore[attr-defined]  # for _connected()
             self._watched.append((connection, used))
         return self
 
@@ -113,6 +131,7 @@ class ConnectionWatch:
         for connection, used in self._watched:
             with contextlib.suppress(ValueError):
                 connection.execute_wrappers.remove(used)
+            connection._gator_used = None
 
     def used(self) -> bool:
         """Whether a watched connection ran a statement or is inside atomic() (cheap: no

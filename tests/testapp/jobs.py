@@ -1165,3 +1165,35 @@ class LoopsForever(Queueable):
 
 class LoopsWithOwnTimeout(LoopsForever):
     timeout = 10.0
+
+
+#: One entry per run of NotesItsConnection in this process: (thread name, whether its
+#: ``default`` connection was open when handle() began, time.monotonic() at its start and
+#: at its end).
+CONNECTION_NOTES: list[tuple[str, bool, float, float]] = []
+
+
+class NotesItsConnection(Queueable):
+    """Notes whether its thread's connection was open when it began, then writes its ledger
+    row (a query, as a user's job makes) and holds its thread ``seconds``."""
+
+    queue = "warm"
+
+    def handle(self, seconds: float = 0.0) -> None:
+        import threading
+
+        from django.db import connection
+
+        started = time.monotonic()
+        was_open = connection.connection is not None
+        Execution.objects.create(
+            job_id=self.job_id,
+            attempt=self.attempt,
+            pid=os.getpid(),
+            label="open" if was_open else "closed",
+        )
+        if seconds:
+            threading.Event().wait(seconds)
+        CONNECTION_NOTES.append(
+            (threading.current_thread().name, was_open, started, time.monotonic())
+        )

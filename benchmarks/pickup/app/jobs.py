@@ -27,6 +27,36 @@ class Stamp(Queueable):
         _reply.sendto(f"{self.job_id} {started!r}".encode(), (host, int(port)))
 
 
+#: The row-writing probe's table, made by the benchmark (not a model: no migration).
+PROBE_TABLE = "pickup_probe"
+
+
+class Touch(Queueable):
+    """A job as users write them: it writes one row to the database (its id and the time
+    its handle() began) through Django's connection, then sends ``"<job id> <time.time()
+    once the row is committed>"`` to GATOR_PICKUP_REPLY, the moment another process could
+    first read the row. A thread that has no open connection pays the connect here."""
+
+    name = "pickup.touch"
+    queue = QUEUE
+
+    def handle(self) -> None:
+        from django.db import connection
+
+        started = time.time()
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {PROBE_TABLE} (job_id, started) VALUES (%s, %s)",
+                [self.job_id, started],
+            )
+        written = time.time()
+        global _reply
+        if _reply is None:
+            _reply = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        host, port = os.environ["GATOR_PICKUP_REPLY"].rsplit(":", 1)
+        _reply.sendto(f"{self.job_id} {written!r}".encode(), (host, int(port)))
+
+
 class Noop(Queueable):
     name = "pickup.noop"
     queue = QUEUE

@@ -12,6 +12,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_gator import conf, health, metrics
+from django_gator.conf.checking import problems as settings_problems
 from django_gator.exceptions import SchemaMissing
 from django_gator.logutil import safe
 from django_gator.management.arguments import QUEUE_SPEC, SettingValue, WholeNumber
@@ -252,7 +253,7 @@ def _check_options(queues: list[QueueSpec]) -> None:
         seen.add(spec.name)
     # The system checks ran already unless skipped (--skip-checks, call_command): the
     # settings are checked here too, so a bad one never waits for its first use.
-    bad = conf.problems(deep=False)
+    bad = settings_problems(deep=False)
     if bad:
         raise CommandError("; ".join(f"{p.message} ({p.hint})" for p in bad), returncode=2)
 
