@@ -47,7 +47,7 @@ class Chain:
         previous: Step | None = None
         for job_class in self.steps:
             after: list[Step] = [previous] if previous is not None else []
-            previous = workflow.add(job_class, *args, after=after, **kwargs)
+            previous = workflow.add_step(job_class, args, kwargs, after=after)
         return workflow
 
     def dispatch(

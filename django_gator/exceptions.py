@@ -32,6 +32,11 @@ class PayloadTooLarge(GatorError, ValueError):
     """The JSON payload of a job is larger than ``GATOR_MAX_PAYLOAD_BYTES``."""
 
 
+class ResultTooLarge(GatorError, ValueError):
+    """What a job returned is more JSON than ``GATOR_MAX_RESULT_BYTES``: its attempt fails
+    (nothing is cut short silently)."""
+
+
 class JobTimeout(GatorError):
     """A job ran longer than its ``timeout``."""
 

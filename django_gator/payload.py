@@ -6,13 +6,18 @@ jobs' at once, a column at a time (:func:`encode_columns`). Both check the value
 from __future__ import annotations
 
 import itertools
+import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from django_gator import conf
-from django_gator.exceptions import PayloadTooLarge
+from django_gator.exceptions import PayloadTooLarge, ResultTooLarge
+from django_gator.logutil import safe
+from django_gator.rows import ClaimedJob
 from django_gator.validation import ENCODER, check_json, dumps
+
+logger = logging.getLogger("django_gator.worker")
 
 
 def encode_payload(
@@ -34,6 +39,38 @@ def encode_payload(
             "store large data elsewhere and pass its id"
         )
     return args_json, kwargs_json
+
+
+def encode_result(result: Any, what: str) -> str:
+    """What a job returned, as the JSON its row stores (checked by the caller);
+    :class:`~django_gator.exceptions.ResultTooLarge` past ``GATOR_MAX_RESULT_BYTES``.
+    ``what`` names the job in the error."""
+    text = _dumps_checked(result)
+    limit = conf.max_result_bytes()
+    if limit is not None:
+        size = _utf8_len(text)
+        if size > limit:
+            raise ResultTooLarge(
+                f"the result of {what} is {size} bytes of JSON, over "
+                f"GATOR_MAX_RESULT_BYTES={limit}; store large data elsewhere and return its id"
+            )
+    return text
+
+
+def result_json(job: ClaimedJob, result: Any) -> str | None:
+    """What handle() returned, as the JSON stored in the row's ``result``; None for None
+    or a value JSON cannot hold (logged); ResultTooLarge (the attempt fails) past
+    ``GATOR_MAX_RESULT_BYTES``."""
+    if result is None:
+        return None
+    try:
+        check_json(result, "result")
+    except TypeError as exc:
+        logger.warning(
+            "Job result not stored id=%s name=%s reason=%s", job.id, safe(job.name), safe(exc)
+        )
+        return None
+    return encode_result(result, f"job {job.id} ({job.name})")
 
 
 def _column_encoder() -> Callable[[object, int], list[str]] | None:

@@ -209,6 +209,15 @@ class Queueable:
 
         return Batch.of_member(self.job_id)
 
+    def results(self) -> dict[str, Any]:
+        """In a workflow step (or a chain's job): the results of the steps it comes after,
+        ``{step name: result}`` (a batch step's: its members' results in the order they
+        were added); empty for a job outside a workflow or a first step. It reads the
+        database: from an ``async def handle()``, call it through ``sync_to_async``."""
+        from django_gator.step_results import parent_results  # see cancel_requested
+
+        return parent_results(self.job_id)
+
     async def acancel_requested(self) -> bool:
         """:meth:`cancel_requested` for an ``async def`` handler (its database read runs
         in a thread, as the async ORM's do)."""

@@ -35,6 +35,7 @@ def step_specs(steps: Sequence[Step], queue: str | None, priority: int | None) -
         specs.append(
             StepSpec(
                 position=step.position,
+                label=step.name,
                 job_class=step.job_class,
                 args_json=args_json,
                 kwargs_json=kwargs_json,
@@ -58,6 +59,7 @@ class StepSpec:
         "concurrency_key",
         "job_class",
         "kwargs_json",
+        "label",
         "members",
         "on_dead",
         "position",
@@ -69,6 +71,7 @@ class StepSpec:
         self,
         *,
         position: int,
+        label: str,
         job_class: type[Queueable],
         args_json: str,
         kwargs_json: str,
@@ -80,6 +83,8 @@ class StepSpec:
         members: list[MemberSpec] | None = None,
     ) -> None:
         self.position = position
+        #: The step's name (its position, unless named).
+        self.label = label
         self.job_class = job_class
         self.args_json = args_json
         self.kwargs_json = kwargs_json

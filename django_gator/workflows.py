@@ -30,7 +30,7 @@ A :class:`~django_gator.chain.Chain` is a workflow whose steps form a line.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -39,72 +39,15 @@ from django_gator.items import dispatch_items
 from django_gator.jobfunction import JobFunction, resolve_job_class
 from django_gator.queueable import Queueable
 from django_gator.workflow_specs import StepSpec, step_specs
+from django_gator.workflow_steps import Step, check_step_name, find_cycle
 
 if TYPE_CHECKING:
-    from django_gator.models import Batch, Job, WorkflowRun
+    from django_gator.models import WorkflowRun
 
 #: on_dead values (see Workflow.add).
 ON_DEAD = ("cancel", "continue")
 #: Most steps in one workflow (a step's position is a small integer on its job row).
 MAX_STEPS = 32767
-
-
-class Step:
-    """One step of a :class:`Workflow`, as :meth:`Workflow.add` returns it; pass it in
-    another step's ``after``."""
-
-    __slots__ = (
-        "after",
-        "args",
-        "batch",
-        "job",
-        "job_class",
-        "kwargs",
-        "members",
-        "on_dead",
-        "position",
-        "workflow",
-    )
-
-    def __init__(
-        self,
-        workflow: Workflow,
-        position: int,
-        job_class: type[Queueable],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        after: list[Any],
-        on_dead: str,
-        members: list[tuple[Sequence[Any], Mapping[str, Any]]] | None = None,
-    ) -> None:
-        self.workflow = workflow
-        self.position = position
-        self.job_class = job_class
-        self.args = args
-        self.kwargs = kwargs
-        self.after = after
-        self.on_dead = on_dead
-        #: A batch step's members, (args, kwargs) each; None for a step of one job.
-        self.members = members
-        #: Its Job row once dispatched, for a step that waits for nothing (None otherwise).
-        self.job: Job | None = None
-        #: Its Batch row once dispatched, for a batch step that waits for nothing.
-        self.batch: Batch | None = None
-
-    def depends_on(self, *steps: Step) -> Step:
-        """Add dependencies after the fact (checked, like ``after``, at dispatch)."""
-        self.after.extend(steps)
-        return self
-
-    def __repr__(self) -> str:
-        return f"<step {self.position} ({self.job_class.name})>"
-
-    def label(self) -> str:
-        return f"step {self.position} ({self.job_class.name})"
-
-    @property
-    def is_batch(self) -> bool:
-        return self.members is not None
 
 
 class Workflow:
@@ -134,21 +77,69 @@ class Workflow:
         self,
         job: type[Queueable] | JobFunction,
         *args: Any,
-        after: Iterable[Step] = (),
+        after: Iterable[Step | str] = (),
         on_dead: str = "cancel",
+        name: str | None = None,
         **kwargs: Any,
     ) -> Step:
-        """Add a step that runs ``job(*args, **kwargs)`` once every step in ``after`` has
-        succeeded. ``on_dead``: ``"cancel"`` (default), a dead end of this step cancels
-        every step after it; ``"continue"``, they treat it as satisfied."""
+        """Add a step that runs ``job(*args, **kwargs)`` once every step in ``after`` (steps,
+        or names of steps added before) has succeeded. ``on_dead``: ``"cancel"`` (default),
+        a dead end of this step cancels every step after it; ``"continue"``, they treat it
+        as satisfied. ``name``: the step's name (default: its position, ``"0"``, ``"1"``...),
+        which later steps may put in ``after`` and under which its result reaches its
+        dependents' ``self.results()``. (``after``, ``on_dead`` and ``name`` are this
+        method's: a job argument of one of those names cannot be given here.)"""
+        return self.add_step(job, args, kwargs, after=after, on_dead=on_dead, name=name)
+
+    def add_step(
+        self,
+        job: type[Queueable] | JobFunction,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        *,
+        after: Iterable[Step | str] = (),
+        on_dead: str = "cancel",
+        name: str | None = None,
+    ) -> Step:
+        """:meth:`add`, with the job's arguments as a list and a dict (so that any keyword
+        argument reaches the job, ``name`` and ``after`` included)."""
         job_class = self._check_step(job, after, on_dead)
         job_class.check_arguments(args, kwargs)
-        step = Step(self, len(self.steps), job_class, args, dict(kwargs), list(after), on_dead)
+        step = Step(
+            self,
+            len(self.steps),
+            job_class,
+            tuple(args),
+            dict(kwargs),
+            self._resolve(after),
+            on_dead,
+            name=check_step_name(self, name),
+        )
         self.steps.append(step)
         return step
 
+    def _resolve(self, after: Iterable[Step | str]) -> list[Any]:
+        """``after`` with each name replaced by the step of that name (added before);
+        anything else is kept for check() to judge."""
+        if isinstance(after, (Step, str, bytes)):
+            raise TypeError(f"after= takes a list of steps, got {validation.short_repr(after)}")
+        by_name = {step.name: step for step in self.steps}
+        resolved: list[Any] = []
+        for dependency in after:
+            if isinstance(dependency, str):
+                if dependency not in by_name:
+                    known = ", ".join(repr(n) for n in by_name) or "none yet"
+                    raise ValueError(
+                        f"{self!r} has no step named {dependency!r} (steps so far: {known}); "
+                        "a step can only come after steps added before it"
+                    )
+                resolved.append(by_name[dependency])
+            else:
+                resolved.append(dependency)
+        return resolved
+
     def _check_step(
-        self, job: type[Queueable] | JobFunction, after: Iterable[Step], on_dead: str
+        self, job: type[Queueable] | JobFunction, after: Iterable[Step | str], on_dead: str
     ) -> type[Queueable]:
         if self.run is not None:
             raise ValueError(f"{self!r} was dispatched already; build a new Workflow")
@@ -157,8 +148,6 @@ class Workflow:
             raise ValueError(
                 f"on_dead must be 'cancel' or 'continue', got {validation.short_repr(on_dead)}"
             )
-        if isinstance(after, (Step, str, bytes)):
-            raise TypeError(f"after= takes a list of steps, got {validation.short_repr(after)}")
         return job_class
 
     def add_batch(
@@ -166,8 +155,9 @@ class Workflow:
         job: type[Queueable] | JobFunction,
         items: Iterable[Sequence[Any] | Mapping[str, Any]],
         *,
-        after: Iterable[Step] = (),
+        after: Iterable[Step | str] = (),
         on_dead: str = "cancel",
+        name: str | None = None,
     ) -> Step:
         """Add a step that is a batch: one job of ``job`` per item of ``items`` (a list of
         positional arguments or a dict of keyword arguments, as for ``dispatch_many``),
@@ -178,7 +168,17 @@ class Workflow:
         it runs (``self.batch().add_many(...)``). An empty step, or one of more than
         ``GATOR_MAX_BATCH_SIZE`` members, is refused at dispatch."""
         job_class = self._check_step(job, after, on_dead)
-        step = Step(self, len(self.steps), job_class, (), {}, list(after), on_dead, [])
+        step = Step(
+            self,
+            len(self.steps),
+            job_class,
+            (),
+            {},
+            self._resolve(after),
+            on_dead,
+            [],
+            name=check_step_name(self, name),
+        )
         members = dispatch_items(items, f"{step.label()}: add_batch()")
         for index, (args, kwargs) in enumerate(members):
             try:
@@ -209,7 +209,7 @@ class Workflow:
                         f"{step.label()} of {self!r} depends on {dependency.label()} of "
                         f"another workflow, {dependency.workflow!r}"
                     )
-        cycle = _find_cycle(self.steps)
+        cycle = find_cycle(self.steps)
         if cycle:
             raise ValueError(
                 f"{self!r} has a cycle: " + " -> ".join(step.label() for step in cycle)
@@ -300,31 +300,3 @@ class Workflow:
             step.job = roots.get(step.position)
             step.batch = batches.get(step.position)
         return run
-
-
-def _find_cycle(steps: Sequence[Step]) -> list[Step]:
-    """A cycle among ``steps`` (first step repeated at the end), or [] if there is none.
-    Iterative depth-first search, so a long chain does not hit the recursion limit."""
-    white, grey, black = 0, 1, 2
-    color = [white] * len(steps)
-    for start in steps:
-        if color[start.position] != white:
-            continue
-        path: list[Step] = [start]
-        todo: list[Iterator[Step]] = [iter(start.after)]
-        color[start.position] = grey
-        while todo:
-            dependency = next(todo[-1], None)
-            if dependency is None:
-                color[path[-1].position] = black
-                path.pop()
-                todo.pop()
-                continue
-            if color[dependency.position] == grey:
-                cycle = [*path[path.index(dependency) :], dependency]
-                return cycle[::-1]
-            if color[dependency.position] == white:
-                color[dependency.position] = grey
-                path.append(dependency)
-                todo.append(iter(dependency.after))
-    return []

@@ -182,8 +182,10 @@ def test_bad_graphs_are_refused_at_dispatch_naming_the_value():
         wf2.dispatch()
 
     wf3 = Workflow(name="typo")
-    wf3.add(Noop, after=["fetch_a"])  # type: ignore[list-item]
-    with pytest.raises(TypeError, match=r"depends on 'fetch_a', which is not a step"):
+    with pytest.raises(ValueError, match=r"has no step named 'fetch_a' \(steps so far: none"):
+        wf3.add(Noop, after=["fetch_a"])  # a name: refused at once
+    wf3.add(Noop, after=[5])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match=r"depends on 5, which is not a step"):
         wf3.dispatch()
 
     with pytest.raises(ValueError, match="has no step"):

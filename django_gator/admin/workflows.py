@@ -128,15 +128,17 @@ def _node(
     """One step's box: its place, label, state, colour, tooltip and link."""
     x, y = at
     state = shown_state(step, jobs, members)
-    short = step.name.rsplit(".", 1)[-1]
-    title = f"step {step.position}: {step.name} ({state})"
+    named = step.label and step.label != str(step.position)
+    short = step.label if named else step.name.rsplit(".", 1)[-1]
+    where = f"step {step.position}" + (f" {step.label!r}" if named else "")
+    title = f"{where}: {step.name} ({state})"
     summary = ""
     url = ""
     if step.job_id is not None:
         url = reverse(f"{site}:django_gator_job_change", args=[step.job_id])
     if step.is_batch:
         summary = batch_summary(step, members)
-        title = f"step {step.position}: batch of {step.name} ({state}, {summary})"
+        title = f"{where}: batch of {step.name} ({state}, {summary})"
         if step.batch_id is not None:
             counts = members.get(step.batch_id, {})
             title += "; " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))

@@ -115,6 +115,11 @@ def max_payload_bytes() -> int:
     return int(value("GATOR_MAX_PAYLOAD_BYTES"))
 
 
+def max_result_bytes() -> int | None:
+    limit = value("GATOR_MAX_RESULT_BYTES")
+    return None if limit is None else int(limit)
+
+
 def max_batch_size() -> int:
     return int(value("GATOR_MAX_BATCH_SIZE"))
 

@@ -48,6 +48,13 @@ SETTINGS: tuple[Setting, ...] = (
         "largest JSON payload (args + kwargs) accepted by dispatch, in bytes",
     ),
     Setting(
+        "GATOR_MAX_RESULT_BYTES",
+        1_048_576,
+        Number(2, whole=True, none="no bound"),
+        "largest JSON result a job may return, in bytes; a larger one fails its attempt "
+        "(`ResultTooLarge`)",
+    ),
+    Setting(
         "GATOR_MAX_BATCH_SIZE",
         100_000,
         Number(1, whole=True),

@@ -47,6 +47,7 @@ from django_gator.models.jobs import Job
 from django_gator.models.pruning import Prunable
 from django_gator.states import FINAL_STATES, JobState, StepState
 from django_gator.validation import NAME_MAX_LENGTH, QUEUE_MAX_LENGTH
+from django_gator.workflow_steps import STEP_NAME_MAX_LENGTH
 
 #: on_dead values: a dead step cancels its descendants, or counts as satisfied.
 ON_DEAD_CANCEL = "cancel"
@@ -103,6 +104,13 @@ class WorkflowStep(models.Model):
     workflow = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="steps")
     position = models.PositiveSmallIntegerField()
     name = models.CharField(max_length=NAME_MAX_LENGTH, help_text="Registered job name.")
+    label = models.CharField(
+        max_length=STEP_NAME_MAX_LENGTH,
+        default="",
+        blank=True,
+        help_text="The step's name in its workflow (its position unless named); the key of "
+        "its result in its dependents' results().",
+    )
     args = models.JSONField(default=list, blank=True)
     kwargs = models.JSONField(default=dict, blank=True)
     queue = models.CharField(max_length=QUEUE_MAX_LENGTH, default="default")

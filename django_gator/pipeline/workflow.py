@@ -224,6 +224,7 @@ def _steps(run: WorkflowRun, specs: Sequence[StepSpec]) -> list[WorkflowStep]:
                 workflow=run,
                 position=spec.position,
                 name=spec.job_class.name,
+                label=spec.label,
                 args=args,
                 kwargs=kwargs,
                 queue=spec.queue,

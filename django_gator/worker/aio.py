@@ -56,6 +56,7 @@ from django_gator.exceptions import (
     JobTimeout,
     TransactionLeftOpen,
 )
+from django_gator.payload import result_json
 from django_gator.queueable import Queueable, effective_timeout, get_job_class
 from django_gator.worker.execution import (
     BadRow,
@@ -63,7 +64,6 @@ from django_gator.worker.execution import (
     finished,
     instance_for,
     raised_outcome,
-    result_json,
     unknown_name_failure,
 )
 from django_gator.worker.hygiene import ConnectionWatch

@@ -4,7 +4,6 @@ the caller writes the outcome with a compare-and-set on its claim."""
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -26,10 +25,10 @@ from django_gator.exceptions import (
     snooze_seconds,
 )
 from django_gator.logutil import safe
+from django_gator.payload import result_json
 from django_gator.queueable import Queueable, effective_timeout, get_job_class
 from django_gator.rows import ClaimedJob
 from django_gator.states import JobState
-from django_gator.validation import check_json
 from django_gator.worker.errors import (
     error_entry,
     exception_text,
@@ -252,21 +251,6 @@ def outcome_state(outcome: Failure, instance: Queueable | None) -> str:
     if instance is not None and instance._cancel_seen:
         return JobState.CANCELLED.value
     return outcome.state
-
-
-def result_json(job: ClaimedJob, result: Any) -> str | None:
-    """What handle() returned, as the JSON stored in the row's ``result``; None for None
-    or a value JSON cannot hold (logged)."""
-    if result is None:
-        return None
-    try:
-        check_json(result, "result")
-    except TypeError as exc:
-        logger.warning(
-            "Job result not stored id=%s name=%s reason=%s", job.id, safe(job.name), safe(exc)
-        )
-        return None
-    return json.dumps(result, separators=(",", ":"), ensure_ascii=False)
 
 
 def dead_failure(job: ClaimedJob, worker_id: str, exc: BaseException) -> Failure:

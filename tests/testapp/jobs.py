@@ -1197,3 +1197,33 @@ class NotesItsConnection(Queueable):
         CONNECTION_NOTES.append(
             (threading.current_thread().name, was_open, started, time.monotonic())
         )
+
+
+# -- results between steps (tests/test_workflow_results.py) ---------------------------------
+
+
+class Produces(Queueable):
+    """Returns ``value`` (a workflow step whose result its dependents read)."""
+
+    queue = "results"
+
+    def handle(self, value: Any) -> Any:
+        return value
+
+
+class Gathers(Queueable):
+    """Returns what ``self.results()`` gave it, and ``extra``."""
+
+    queue = "results"
+
+    def handle(self, extra: Any = None) -> dict[str, Any]:
+        return {"results": self.results(), "extra": extra}
+
+
+class ReturnsTooMuch(Queueable):
+    """Returns a string of ``size`` characters."""
+
+    queue = "results"
+
+    def handle(self, size: int) -> str:
+        return "x" * size

@@ -28,10 +28,14 @@ def _on_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
 def install(path: str) -> None:
     connection_created.connect(_on_connection, weak=False)
     target = Path(path)
+    partial = target.with_name(target.name + ".partial")
 
     def write() -> None:
         while True:
-            target.write_text(str(_seen))
+            # Whole or not at all: the benchmark reads the file at any moment, and once
+            # read it empty (a count of 0, so a negative rate).
+            partial.write_text(str(_seen))
+            partial.replace(target)
             threading.Event().wait(0.5)
 
     threading.Thread(target=write, name="pickup-count", daemon=True).start()
