@@ -36,6 +36,7 @@ def pytest_report_header(config: pytest.Config) -> str:
 PROCESS_MODULES = {
     "tests/reliability/test_batch_chaos.py",
     "tests/reliability/test_chaos.py",
+    "tests/reliability/test_failover.py",
     "tests/reliability/test_outages.py",
     "tests/reliability/test_partitions.py",
     "tests/reliability/test_sqlite_contention.py",
