@@ -41,9 +41,14 @@ def queue_figures(alias: str | None = None) -> dict[str, Any]:
 
 
 def _read_figures(alias: str) -> dict[str, Any]:
-    """The figures, read with one statement (see engines/gauges.py)."""
+    """The figures, read with one statement (see engines/gauges.py): from the read replica
+    when ``alias`` is GATOR_DATABASE and GATOR_READ_DATABASE names one that answers and
+    lags within its bound (see django_gator.replicas)."""
+    from django_gator import replicas
     from django_gator.engines import get_engine
 
+    if alias == conf.database():
+        alias = replicas.read_source().alias
     db_now, gauges = get_engine(alias).queue_gauges()
     return {
         "at": time.time(),

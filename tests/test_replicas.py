@@ -1,0 +1,188 @@
+"""Read replicas (django_gator/replicas.py, admin/reading.py, engines/replication.py) without
+a replica: nothing changes and no statement is added while GATOR_READ_DATABASE is None, the
+system checks of a bad read alias, and a worker refusing a server that takes no writes.
+
+The scenarios on a real streaming replica are in tests/reliability/test_replicas.py."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from io import StringIO
+
+import pytest
+from django.conf import settings as django_settings
+from django.core import checks
+from django.core.management import CommandError, call_command
+from django.db import connection, connections
+from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
+
+from django_gator import replicas
+from django_gator.engines import replication
+from django_gator.metrics.queues import queue_figures
+from django_gator.models import Job, JobState
+from tests.admin_helpers import dead_job, operator
+
+#: What the replication statements contain; none may run without a replica.
+REPLICATION_WORDS = ("pg_last", "wal_lsn", "pg_is_in_recovery", "REPLICA STATUS", "read_only")
+
+
+def _replication_statements(captured: CaptureQueriesContext) -> list[str]:
+    return [
+        q["sql"] for q in captured.captured_queries if any(w in q["sql"] for w in REPLICATION_WORDS)
+    ]
+
+
+@pytest.mark.django_db
+def test_without_a_replica_choosing_where_to_read_runs_no_statement(django_assert_num_queries):
+    with django_assert_num_queries(0):
+        source = replicas.read_source()
+        assert replicas.written() is None
+    assert source.alias == "default"
+    assert source.replica is None
+    assert not source.on_replica
+
+
+@pytest.mark.django_db
+def test_without_a_replica_no_page_command_or_scrape_adds_a_statement_or_says_anything():
+    client = operator("retry_job")
+    job = dead_job()
+    with CaptureQueriesContext(connection) as captured:
+        pages = [
+            client.get("/admin/django_gator/job/"),
+            client.get(f"/admin/django_gator/job/{job.pk}/change/"),
+            client.get("/admin/django_gator/job/dashboard/"),
+            client.get("/admin/django_gator/job/dead/"),
+        ]
+        retried = client.post(
+            "/admin/django_gator/job/",
+            {"action": "retry_jobs", "_selected_action": [job.pk], "post": "yes"},
+        )
+        after = client.get("/admin/django_gator/job/")
+        call_command("gator_status", stdout=StringIO())
+        call_command("gator_status", "--check", "--min-workers", "0", stdout=StringIO())
+        with override_settings(GATOR_METRICS_CACHE_SECONDS=0):
+            queue_figures()
+    assert [p.status_code for p in pages] == [200, 200, 200, 200]
+    assert retried.status_code == 302
+    assert Job.objects.get(pk=job.pk).state == JobState.WAITING
+    for page in [*pages, after]:
+        assert b"gator-read-source" not in page.content
+    assert _replication_statements(captured) == []
+    assert "gator_written" not in client.session
+
+
+# -- system checks ---------------------------------------------------------------------------
+
+
+def _read_messages() -> list[checks.CheckMessage]:
+    return [m for m in checks.run_checks() if m.id in ("django_gator.E007", "django_gator.W006")]
+
+
+@pytest.fixture
+def second_alias(monkeypatch) -> str:
+    """ "copy": another alias of the suite's own database (same ENGINE, HOST, PORT, NAME)."""
+    monkeypatch.setitem(
+        django_settings.DATABASES, "copy", copy.deepcopy(django_settings.DATABASES["default"])
+    )
+    return "copy"
+
+
+def test_an_unknown_read_alias_is_an_error_naming_it(settings):
+    settings.GATOR_READ_DATABASE = "replica"
+    [message] = _read_messages()
+    assert message.id == "django_gator.E007"
+    assert message.msg == "GATOR_READ_DATABASE = 'replica' is not a key of DATABASES."
+    assert "default" in (message.hint or "")
+    settings.GATOR_READ_DATABASE = 7
+    [message] = _read_messages()
+    assert message.msg == "GATOR_READ_DATABASE = 7 is not a key of DATABASES."
+
+
+def test_a_read_alias_of_the_job_database_itself_is_a_warning_naming_both(settings, second_alias):
+    settings.GATOR_READ_DATABASE = "default"
+    [message] = _read_messages()
+    assert message.id == "django_gator.W006"
+    assert "GATOR_READ_DATABASE = 'default' is GATOR_DATABASE itself" in message.msg
+
+    settings.GATOR_READ_DATABASE = second_alias
+    [message] = _read_messages()
+    assert message.id == "django_gator.W006"
+    assert "GATOR_READ_DATABASE = 'copy' is the same database as GATOR_DATABASE = 'default'" in (
+        message.msg
+    )
+    assert isinstance(message, checks.Warning)
+
+
+def test_a_read_alias_of_another_database_passes(settings, second_alias):
+    django_settings.DATABASES[second_alias]["NAME"] = "another"
+    settings.GATOR_READ_DATABASE = second_alias
+    assert _read_messages() == []
+    settings.GATOR_READ_DATABASE = None
+    assert _read_messages() == []
+
+
+def test_the_servers_are_compared_with_their_defaults_spelled_out():
+    from django_gator.checks import _server
+
+    pg = "django.db.backends.postgresql"
+    assert _server({"ENGINE": pg, "HOST": "", "PORT": "", "NAME": "x"}) == _server(
+        {"ENGINE": pg, "HOST": "127.0.0.1", "PORT": "5432", "NAME": "x"}
+    )
+    assert _server({"ENGINE": pg, "HOST": "db1", "NAME": "x"}) != _server(
+        {"ENGINE": pg, "HOST": "db2", "NAME": "x"}
+    )
+    assert _server({"ENGINE": pg, "PORT": 5433, "NAME": "x"}) != _server(
+        {"ENGINE": pg, "NAME": "x"}
+    )
+
+
+# -- a worker on a server that takes no writes ----------------------------------------------
+
+#: How each server makes a session read-only from the start (a real read-only session).
+READ_ONLY_OPTIONS = {
+    "postgresql": {"options": "-c default_transaction_read_only=on"},
+    "mysql": {"init_command": "SET SESSION TRANSACTION READ ONLY"},
+}
+server_only = pytest.mark.skipif(
+    connection.vendor not in READ_ONLY_OPTIONS, reason="SQLite has no read-only server"
+)
+
+
+@pytest.fixture
+def read_only_alias(django_db_setup, monkeypatch) -> Iterator[str]:
+    """ "readonly": the suite's test database, through sessions that are read-only."""
+    config = copy.deepcopy(connections["default"].settings_dict)
+    options = config.setdefault("OPTIONS", {})
+    added = READ_ONLY_OPTIONS[connection.vendor]
+    for key, value in added.items():
+        options[key] = (
+            f"{options[key]}; {value}" if key == "init_command" and key in options else value
+        )
+    connections.settings["readonly"] = config
+    monkeypatch.setitem(django_settings.DATABASES, "readonly", config)
+    try:
+        yield "readonly"
+    finally:
+        connections["readonly"].close()
+        del connections["readonly"]
+        del connections.settings["readonly"]
+
+
+@server_only
+def test_a_worker_refuses_a_read_only_server_and_says_why(
+    read_only_alias, settings, django_db_blocker
+):
+    # Not a django_db test: a TestCase refuses an alias added after it started.
+    with django_db_blocker.unblock():
+        assert replication.read_only_reason("default") is None
+        reason = replication.read_only_reason(read_only_alias)
+        assert reason is not None
+        assert "read-only" in reason
+        settings.GATOR_DATABASE = read_only_alias
+        with pytest.raises(CommandError) as refused:
+            call_command("gator_worker", "--burst", "--concurrency", "1")
+    message = str(refused.value)
+    assert f"The job database {read_only_alias!r} does not take writes" in message
+    assert "read-only" in message
