@@ -7,6 +7,8 @@ The scenarios on a real streaming replica are in tests/reliability/test_replicas
 from __future__ import annotations
 
 import copy
+import socket
+import time
 from collections.abc import Iterator
 from io import StringIO
 
@@ -186,3 +188,52 @@ def test_a_worker_refuses_a_read_only_server_and_says_why(
     message = str(refused.value)
     assert f"The job database {read_only_alias!r} does not take writes" in message
     assert "read-only" in message
+
+
+# -- a replica that never answers --------------------------------------------------------------
+
+
+@pytest.fixture
+def silent_replica(django_db_setup, monkeypatch, settings) -> Iterator[str]:
+    """ "silent": an alias of the suite's server type whose address accepts TCP connections
+    and then says nothing (a hung host, a half-open proxy), made GATOR_READ_DATABASE."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)  # never accepted: the handshake completes, no reply follows
+        config = copy.deepcopy(connections["default"].settings_dict)
+        config.update(HOST="127.0.0.1", PORT=str(listener.getsockname()[1]))
+        config["OPTIONS"] = {
+            k: v for k, v in (config.get("OPTIONS") or {}).items() if k != "connect_timeout"
+        }
+        connections.settings["silent"] = config
+        monkeypatch.setitem(django_settings.DATABASES, "silent", config)
+        settings.GATOR_READ_DATABASE = "silent"
+        replicas.forget_failures()
+        try:
+            yield "silent"
+        finally:
+            replicas.forget_failures()
+            connections["silent"].close()
+            del connections["silent"]
+            del connections.settings["silent"]
+
+
+@server_only
+def test_a_replica_that_never_answers_costs_one_short_wait_then_none(
+    silent_replica, django_db_blocker
+):
+    with django_db_blocker.unblock():
+        started = time.monotonic()
+        first = replicas.read_source()
+        waited = time.monotonic() - started
+        started = time.monotonic()
+        second = replicas.read_source()
+        again = time.monotonic() - started
+    assert first.alias == "default"
+    assert first.fallback.startswith("does not answer (")
+    assert 1.5 < waited < 6, f"the connect timeout (2 s) was not applied: {waited:.1f} s"
+    assert second.fallback == first.fallback
+    assert again < 0.5, "a replica known to be down is not tried again at once"
+    assert "Read from the primary 'default': the replica 'silent' does not answer" in (
+        first.describe()
+    )

@@ -30,7 +30,7 @@ from django.utils.html import escape
 
 from django_gator import replicas
 from django_gator.metrics.queues import queue_figures
-from django_gator.models import Job, JobState
+from django_gator.models import Job, JobState, Queue
 from tests.admin_helpers import operator
 from tests.conftest import ROOT, wait_for
 from tests.testapp.jobs import Noop
@@ -277,6 +277,22 @@ def test_an_action_writes_the_primary_and_the_page_after_it_reads_the_primary(to
     assert read_note(page).startswith("Read from the replica")
     assert {job.state for job in listed(page)} == {JobState.WAITING}
     assert "gator_written" not in client.session
+
+
+def test_pausing_a_queue_on_the_dashboard_shows_the_pause_on_the_dashboard_after_it(topology):
+    _primary, standby = topology
+    client = operator("pause_queue")
+    Noop.dispatch()
+    replicated()
+    pause_replay(standby)
+    page = client.post(
+        f"{LIST}dashboard/queues/", {"queue": "default", "action": "pause"}, follow=True
+    )
+    [queue] = page.context_data["queues"]
+    assert queue.paused, "the dashboard after the pause reads the primary"
+    assert read_note(page).endswith("has not yet replayed the latest change made here.")
+    assert not Queue.objects.using(REPLICA).filter(name="default", paused=True).exists()
+    assert Queue.objects.using(PRIMARY).get(name="default").paused
 
 
 def test_a_stopped_replica_is_replaced_by_the_primary_at_once_and_the_page_says_so(topology):
