@@ -237,3 +237,36 @@ def test_a_replica_that_never_answers_costs_one_short_wait_then_none(
     assert "Read from the primary 'default': the replica 'silent' does not answer" in (
         first.describe()
     )
+
+
+@pytest.mark.django_db
+def test_the_health_check_judges_a_replicas_rows_as_of_its_lag(settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from django_gator import health
+    from django_gator.models import Worker
+
+    settings.GATOR_HEARTBEAT_TIMEOUT = 10.0
+    settings.GATOR_HEARTBEAT_INTERVAL = 1.0
+    beat = timezone.now() - timedelta(seconds=7)  # stale past half the timeout (5 s)
+    Worker.objects.create(id="w1", hostname="h", pid=1, concurrency=1, heartbeat_at=beat)
+    stale = health.check(min_workers=1)
+    assert [p for p in stale.problems if "stale" in p], stale.problems
+    # Read on a replica 4 s behind, the heartbeat is 3 s old: as fresh as it was then.
+    assert health.check(min_workers=1, lag=4.0).problems == []
+
+
+@pytest.mark.django_db
+def test_a_server_that_is_no_replica_lags_nothing_and_shows_every_write():
+    measured = replication.lag("default", "default")
+    assert measured == replication.Lag(0.0)
+    assert not measured.standby
+    position = replication.write_position("default")
+    if connection.vendor == "postgresql":
+        assert isinstance(position, int)
+        assert position > 0
+    else:
+        assert position is None
+    assert replicas.shows(measured, replicas.Written(position, time.time()))

@@ -342,6 +342,7 @@ def test_the_metrics_gauges_and_gator_status_read_the_replica(topology, settings
     assert document["database"] == REPLICA
     assert document["replica"]["read"] is True
     assert [q["ready"] for q in document["queues"]] == [1]
+    assert _status("--check", "--min-workers", "0") == "healthy: 0 live workers\n"
 
     settings.GATOR_READ_DATABASE_MAX_LAG = 1.0
     wait_for(lambda: not replicas.read_source().on_replica, 30)
