@@ -40,7 +40,7 @@ def source(request: HttpRequest) -> replicas.ReadSource:
         chosen = replicas.primary_source()
     else:
         session = getattr(request, "session", None)
-        after = replicas.Written.from_dict(session.get(SESSION_KEY)) if session else None
+        after = None if session is None else replicas.Written.from_dict(session.get(SESSION_KEY))
         chosen = replicas.read_source(after)
         if chosen.on_replica and after is not None and session is not None:
             del session[SESSION_KEY]  # the replica has it: no need to compare again
