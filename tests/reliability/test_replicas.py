@@ -334,6 +334,10 @@ def test_the_metrics_gauges_and_gator_status_read_the_replica(topology, settings
 
     [queue] = queue_figures()["queues"]
     assert queue["ready"] == 1, "the replica's figure; the primary has 3 ready"
+    scraped = _scrape()
+    assert "gator_queue_figures_from_replica 1.0" in scraped
+    assert 'gator_queue_ready_jobs{queue="default"} 1.0' in scraped
+    assert "gator_read_replica_lag_seconds " in scraped
     out = StringIO()
     call_command("gator_status", stdout=out)
     text = out.getvalue()
@@ -348,11 +352,22 @@ def test_the_metrics_gauges_and_gator_status_read_the_replica(topology, settings
     wait_for(lambda: not replicas.read_source().on_replica, 30)
     [queue] = queue_figures()["queues"]
     assert queue["ready"] == 3
+    scraped = _scrape()
+    assert "gator_queue_figures_from_replica 0.0" in scraped
+    assert 'gator_queue_ready_jobs{queue="default"} 3.0' in scraped
     document = json.loads(_status("--json"))
     assert document["database"] == PRIMARY
     assert document["replica"]["read"] is False
     assert "GATOR_READ_DATABASE_MAX_LAG" in document["replica"]["fallback"]
     assert [q["ready"] for q in document["queues"]] == [3]
+
+
+def _scrape() -> str:
+    from django.test import RequestFactory
+
+    from django_gator.metrics import view
+
+    return str(view(RequestFactory().get("/metrics")).content.decode())
 
 
 def _status(*args: str) -> str:
