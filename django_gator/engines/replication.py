@@ -96,7 +96,8 @@ def write_position(alias: str) -> int | None:
 def lag(replica: str, primary: str) -> Lag:
     """How far ``replica`` is behind ``primary``. Raises DatabaseError when the replica
     does not answer; PostgreSQL asks the primary for its position only when the replica
-    is a standby (two statements then, one otherwise)."""
+    is a standby (two statements then, one otherwise), and if the primary does not
+    answer, judges by the age of the last replayed commit alone."""
     vendor = connections[replica].vendor
     if vendor == "postgresql":
         return _postgres_lag(replica, primary)
@@ -112,7 +113,10 @@ def _postgres_lag(replica: str, primary: str) -> Lag:
     position = None if replayed is None else int(replayed)
     if position is None:
         return Lag(None, None, True, "it has replayed nothing yet")
-    wrote = write_position(primary)
+    try:
+        wrote = write_position(primary)
+    except DatabaseError:  # the primary's trouble, not the replica's: judge by the age alone
+        wrote = None
     if wrote is not None and position >= wrote:
         return Lag(0.0, position, True)
     if age is None:
