@@ -24,6 +24,12 @@ E005  A schedule declared on a job class or in GATOR_SCHEDULES is invalid (bad c
       per bad schedule.
 E006  A TASKS backend that is django_gator.tasks.GatorBackend has bad OPTIONS or QUEUES
       (checked by the Tasks framework's own check).
+E007  GATOR_READ_DATABASE names no configured database.
+W006  GATOR_READ_DATABASE is the job database itself: GATOR_DATABASE's alias, or an alias
+      of the same server and database (ENGINE, HOST, PORT, NAME). A warning, not an error:
+      every read is still right (it is the primary's), only nothing is taken off the
+      primary, and a staging or development setup that points the replica's URL at the
+      primary should keep running.
 """
 
 from __future__ import annotations
@@ -166,3 +172,58 @@ def _inside_migrate() -> bool:
             return True
         frame = frame.f_back  # type: ignore[assignment]
     return False
+
+
+#: The port a database listens on when its alias leaves PORT empty.
+DEFAULT_PORTS = {"postgresql": "5432", "mysql": "3306"}
+#: HOST values that name this machine (an empty HOST is the local socket or localhost).
+LOCAL_HOSTS = {"", "localhost", "127.0.0.1", "::1"}
+
+
+def _server(config: Mapping[str, Any]) -> tuple[str, str, str, str]:
+    """(engine, host, port, database name) of a ``DATABASES`` entry, with the defaults
+    spelled out, to compare two aliases."""
+    engine = str(config.get("ENGINE", ""))
+    vendor = next((v for v in DEFAULT_PORTS if v in engine), engine)
+    host = str(config.get("HOST") or "").strip().lower()
+    port = str(config.get("PORT") or "").strip() or DEFAULT_PORTS.get(vendor, "")
+    return vendor, "localhost" if host in LOCAL_HOSTS else host, port, str(config.get("NAME"))
+
+
+@checks.register()
+def check_read_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """GATOR_READ_DATABASE: a configured alias (E007), not the job database itself (W006)."""
+    alias = conf.get("GATOR_READ_DATABASE")
+    if alias is None:
+        return []
+    if not (isinstance(alias, str) and alias in settings.DATABASES):
+        return [
+            checks.Error(
+                f"GATOR_READ_DATABASE = {alias!r} is not a key of DATABASES.",
+                hint=f"Use one of {sorted(settings.DATABASES)}, or None to read the primary.",
+                id="django_gator.E007",
+            )
+        ]
+    primary = conf.get("GATOR_DATABASE")
+    if not (isinstance(primary, str) and primary in settings.DATABASES):
+        return []  # E002
+    if alias != primary and _server(settings.DATABASES[alias]) != _server(
+        settings.DATABASES[primary]
+    ):
+        return []
+    vendor, host, port, name = _server(settings.DATABASES[alias])
+    same = (
+        "is GATOR_DATABASE itself"
+        if alias == primary
+        else f"is the same database as GATOR_DATABASE = {primary!r} ({vendor} {name!r} on "
+        f"{host}:{port})"
+    )
+    return [
+        checks.Warning(
+            f"GATOR_READ_DATABASE = {alias!r} {same}: its reads are the primary's, and take "
+            "no load off it.",
+            hint="Point it at a replica (a streaming standby) of the job database, or set it "
+            "to None.",
+            id="django_gator.W006",
+        )
+    ]

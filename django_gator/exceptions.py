@@ -104,6 +104,11 @@ class SchemaMissing(GatorError):
     """django-gator's tables are not in the database: ``manage.py migrate`` has not run."""
 
 
+class ReadOnlyDatabase(GatorError):
+    """The job database refuses writes (a standby, a replica, a read-only session): a
+    worker pointed at it refuses to start rather than fail every claim."""
+
+
 class DispatchDeadlock(GatorError, OperationalError):
     """A dispatch inside the caller's ``transaction.atomic()`` lost a deadlock: the database
     rolled back the caller's whole transaction, so only the caller can run it again."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from django.db import DatabaseError
@@ -94,6 +95,7 @@ def check(
     max_latency: float | None = None,
     min_workers: int = 1,
     max_running: float | None = None,
+    lag: float = 0.0,
 ) -> Health:
     """Is the job system healthy? Problems: the database does not answer (or lacks the
     tables), fewer than ``min_workers`` live workers (heartbeat within
@@ -101,7 +103,8 @@ def check(
     of it: see :func:`.stats.stale_after`), a queue that is not paused whose oldest due job
     has waited more than ``max_latency`` seconds, a job running (since its claim) for more
     than ``max_running`` seconds: one problem per such job, naming its id, name, worker
-    and age (a job with no timeout that blocks for ever shows here)."""
+    and age (a job with no timeout that blocks for ever shows here). ``lag``: seconds the
+    database ``alias`` (a read replica) is behind; its rows are judged as of then."""
     alias = alias or conf.database()
     try:
         missing = schema.missing_tables(alias)
@@ -109,6 +112,8 @@ def check(
             return Health([schema.missing_tables_message(alias, missing)], 0, 0)
         # The queues' gauges (one statement, with the database's now), as a scrape reads them.
         now, queues = get_engine(alias).queue_gauges()
+        # A replica ``lag`` seconds behind shows the rows of that long ago: judge them then.
+        now -= timedelta(seconds=lag)
         live = stats.workers(alias, now=now)
         runners: list[stats.LongRunner] = []
         if max_running is not None and any(

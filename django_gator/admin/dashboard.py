@@ -13,19 +13,22 @@ from django.db.models.functions import TruncMinute
 from django.http import HttpRequest, HttpResponse
 
 from django_gator import conf, stats
+from django_gator.admin import reading
 from django_gator.admin.chart import chart_svg
 from django_gator.admin.pages import PAUSE_PERMISSION, AdminPage
 from django_gator.engines import get_engine
 from django_gator.models import Job, JobState
 
 
-def throughput(minutes: int = 60) -> list[dict[str, Any]]:
+def throughput(minutes: int = 60, alias: str | None = None) -> list[dict[str, Any]]:
     """Succeeded and dead jobs per minute over the last ``minutes``, oldest first (read
-    through the (state, finished_at) index)."""
-    now = get_engine(conf.database()).db_now().replace(second=0, microsecond=0)
+    through the (state, finished_at) index), from ``alias`` (default GATOR_DATABASE)."""
+    alias = alias or conf.database()
+    now = get_engine(alias).db_now().replace(second=0, microsecond=0)
     since = now - timedelta(minutes=minutes - 1)
     rows = (
-        Job.objects.filter(state__in=(JobState.SUCCEEDED, JobState.DEAD), finished_at__gte=since)
+        Job.objects.using(alias)
+        .filter(state__in=(JobState.SUCCEEDED, JobState.DEAD), finished_at__gte=since)
         .annotate(minute=TruncMinute("finished_at"))
         .values("minute", "state")
         .annotate(n=Count("id"))
@@ -55,14 +58,15 @@ class DashboardView(AdminPage):
     template_name = "admin/django_gator/job/dashboard.html"
 
     def get(self, request: HttpRequest) -> HttpResponse:
-        points = throughput()
-        total, exact = stats.estimated_total()
-        now = get_engine(conf.database()).db_now()
-        queues = stats.queue_stats(now=now)
-        workers = stats.workers(now=now)
+        alias = reading.alias(request)
+        points = throughput(alias=alias)
+        total, exact = stats.estimated_total(alias)
+        now = get_engine(alias).db_now()
+        queues = stats.queue_stats(alias, now=now)
+        workers = stats.workers(alias, now=now)
         long_after = conf.long_running_after()
         long_runners = (
-            stats.long_runners(long_after, now=now, limit=LONG_RUNNERS_SHOWN + 1)
+            stats.long_runners(long_after, alias, now=now, limit=LONG_RUNNERS_SHOWN + 1)
             if any(
                 q.oldest_running_age is not None and q.oldest_running_age > long_after
                 for q in queues

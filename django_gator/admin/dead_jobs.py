@@ -21,6 +21,7 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext as _
 
 from django_gator import redaction, validation
+from django_gator.admin import reading
 from django_gator.admin.pages import CANCEL_PERMISSION, RETRY_PERMISSION, AdminPage, username
 from django_gator.models import Job, JobQuerySet, JobState
 
@@ -44,9 +45,13 @@ def screen_filters(data: Any) -> dict[str, str]:
     }
 
 
-def matching(filters: dict[str, str]) -> JobQuerySet:
-    """The jobs the screen's ``filters`` select."""
-    jobs = Job.objects.filter(state__in=SCREEN_STATES[filters["state"]])
+def matching(filters: dict[str, str], request: HttpRequest | None = None) -> JobQuerySet:
+    """The jobs the screen's ``filters`` select, where ``request`` reads (see
+    :mod:`.reading`)."""
+    jobs: JobQuerySet = Job.objects.all()
+    if request is not None:
+        jobs = reading.using(request, jobs)
+    jobs = jobs.filter(state__in=SCREEN_STATES[filters["state"]])
     if filters["name"]:
         jobs = jobs.filter(name=filters["name"])
     if filters["error_class"]:
@@ -68,14 +73,14 @@ class DeadJobsView(AdminPage):
 
     def get(self, request: HttpRequest) -> HttpResponse:
         filters = screen_filters(request.GET)
-        jobs = matching(filters)
+        jobs = matching(filters, request)
         groups: list[dict[str, Any]] = [
             dict(group)
             for group in jobs.values("name", "error_class")
             .annotate(count=Count("id"), newest=Max("id"))
             .order_by("-count", "name", "error_class")[:MAX_GROUPS]
         ]
-        newest = Job.objects.in_bulk([g["newest"] for g in groups])
+        newest = reading.using(request, Job.objects.all()).in_bulk([g["newest"] for g in groups])
         changelist = reverse("admin:django_gator_job_changelist")
         for group in groups:
             job = newest[group["newest"]]
@@ -129,7 +134,7 @@ class DeadJobsView(AdminPage):
             except ValueError as exc:
                 messages.error(request, str(exc))
                 return HttpResponseRedirect(here)
-        jobs = matching(filters)
+        jobs = matching(filters, request)
         if request.POST.get("confirm") != "yes":
             return self.confirmation_page(action, filters, jobs, target_queue)
         if action == "retry":

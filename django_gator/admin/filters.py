@@ -9,7 +9,7 @@ from django.contrib import admin
 from django.db.models import Q
 from django.http import HttpRequest
 
-from django_gator import conf
+from django_gator.admin import reading
 from django_gator.engines import get_engine
 from django_gator.models import Job, JobState
 from django_gator.queueable import registered_jobs
@@ -38,7 +38,7 @@ class QueueFilter(admin.SimpleListFilter):
     parameter_name = "queue"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        _now, gauges = get_engine(conf.database()).queue_gauges()
+        _now, gauges = get_engine(reading.alias(request)).queue_gauges()
         return [(gauge.queue, gauge.queue) for gauge in gauges]
 
     def queryset(self, request: HttpRequest, queryset: Any) -> Any:
@@ -46,10 +46,12 @@ class QueueFilter(admin.SimpleListFilter):
         return queryset.filter(queue=value) if value else queryset
 
 
-def error_class_choices() -> list[str]:
-    """Error classes of dead and failed jobs (for the changelist filter)."""
+def error_class_choices(jobs: Any = None) -> list[str]:
+    """Error classes of dead and failed jobs (for the changelist filter), of ``jobs`` (by
+    default every job)."""
     values = (
-        Job.objects.filter(Q(state=JobState.DEAD) | Q(state=JobState.FAILED))
+        (Job.objects.all() if jobs is None else jobs)
+        .filter(Q(state=JobState.DEAD) | Q(state=JobState.FAILED))
         .exclude(error_class__isnull=True)
         .order_by()
         .values_list("error_class", flat=True)
@@ -68,7 +70,8 @@ class ErrorClassFilter(admin.SimpleListFilter):
     parameter_name = "error_class"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(name, name) for name in error_class_choices()]
+        jobs = reading.using(request, Job.objects.all())
+        return [(name, name) for name in error_class_choices(jobs)]
 
     def queryset(self, request: HttpRequest, queryset: Any) -> Any:
         value = self.value()

@@ -32,6 +32,7 @@ from django_gator.admin.filters import ErrorClassFilter, JobNameFilter, QueueFil
 from django_gator.admin.limits import QueueLimitsView
 from django_gator.admin.listing import JobListing
 from django_gator.admin.queues import QueuePauseView
+from django_gator.admin.reading import ReadingAdmin, wrote
 from django_gator.admin.workflows import workflow_link
 from django_gator.models import Job, JobState
 
@@ -55,7 +56,7 @@ ATTEMPT_FIELDS = (
 )
 
 
-class JobAdmin(JobListing, JobActions):
+class JobAdmin(JobListing, JobActions, ReadingAdmin):
     # Sized to fit a 1400 px window with the navigation sidebar and the filters open (a
     # browser test measures it): names wrap after their dots, times after the date, errors
     # anywhere, and the error is cut short.
@@ -200,8 +201,9 @@ class JobAdmin(JobListing, JobActions):
             return HttpResponseNotAllowed(["POST"])
         if not self.has_retry_permission(request):
             raise PermissionDenied
-        job = get_object_or_404(Job, pk=object_id)
-        self.retry_and_report(request, Job.objects.filter(pk=job.pk))
+        job = get_object_or_404(self.get_queryset(request), pk=object_id)
+        self.retry_and_report(request, self.get_queryset(request).filter(pk=job.pk))
+        wrote(request)
         return HttpResponseRedirect(reverse("admin:django_gator_job_change", args=[job.pk]))
 
     @staticmethod

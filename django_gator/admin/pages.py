@@ -20,6 +20,8 @@ from django.utils.text import capfirst
 from django.utils.translation import gettext as _
 from django.views import View
 
+from django_gator.admin import reading
+
 #: The permission to retry a job or edit its arguments, and the one to cancel or discard it.
 RETRY_PERMISSION = "django_gator.retry_job"
 CANCEL_PERMISSION = "django_gator.cancel_job"
@@ -82,7 +84,9 @@ class AdminPage(View):
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         if not self.has_permission(request):
             raise PermissionDenied
-        return super().dispatch(request, *args, **kwargs)
+        response = super().dispatch(request, *args, **kwargs)
+        reading.wrote(request)  # a POST: the next pages read the primary until the replica has it
+        return response
 
     def context(
         self, title: str, *between: tuple[str, str], crumb: str | None = None
@@ -95,6 +99,7 @@ class AdminPage(View):
             "opts": self.admin.model._meta,
             "title": title,
             "has_view_permission": True,
+            **reading.context(self.request),
         }
 
     def render(self, context: dict[str, Any], template_name: str | None = None) -> TemplateResponse:

@@ -29,6 +29,22 @@ SETTINGS: tuple[Setting, ...] = (
         checked_by="django_gator.E002",
     ),
     Setting(
+        "GATOR_READ_DATABASE",
+        None,
+        Text("a key of `DATABASES`", none="every read on `GATOR_DATABASE`"),
+        "database alias of a read replica of `GATOR_DATABASE` that the admin's job lists, "
+        "counts and dashboard, the metrics' queue gauges and `gator_status` read from "
+        '(writes never go there); see "Read replicas"',
+        checked_by="django_gator.E007",
+    ),
+    Setting(
+        "GATOR_READ_DATABASE_MAX_LAG",
+        30.0,
+        Number(0),
+        "seconds the read replica may lag behind `GATOR_DATABASE`; past it (or when it does "
+        "not answer) reads go to `GATOR_DATABASE`, and the admin says so",
+    ),
+    Setting(
         "GATOR_DISPATCH_ON_COMMIT",
         False,
         Flag(),

@@ -41,12 +41,22 @@ def queue_figures(alias: str | None = None) -> dict[str, Any]:
 
 
 def _read_figures(alias: str) -> dict[str, Any]:
-    """The figures, read with one statement (see engines/gauges.py)."""
+    """The figures, read with one statement (see engines/gauges.py): from the read replica
+    when ``alias`` is GATOR_DATABASE and GATOR_READ_DATABASE names one that answers and
+    lags within its bound (see django_gator.replicas)."""
+    from django_gator import replicas
     from django_gator.engines import get_engine
 
+    replica: dict[str, Any] | None = None
+    if alias == conf.database():
+        source = replicas.read_source()
+        alias = source.alias
+        if source.replica is not None:
+            replica = {"read": source.on_replica, "lag": source.lag}
     db_now, gauges = get_engine(alias).queue_gauges()
     return {
         "at": time.time(),
+        "replica": replica,
         "db_now": db_now.timestamp(),
         "queues": [
             {
@@ -106,6 +116,20 @@ class QueueCollector:
             "Seconds since the queue figures were read from the database",
             value=age,
         )
+        replica = figures.get("replica")
+        if replica:  # GATOR_READ_DATABASE
+            yield gauge(
+                "gator_queue_figures_from_replica",
+                "1 when the queue figures were read from GATOR_READ_DATABASE, 0 when from "
+                "the primary (the replica lagged past its bound, or did not answer)",
+                value=1.0 if replica["read"] else 0.0,
+            )
+            if replica["lag"] is not None:
+                yield gauge(
+                    "gator_read_replica_lag_seconds",
+                    "Seconds GATOR_READ_DATABASE was behind the primary when the figures were read",
+                    value=float(replica["lag"]),
+                )
 
 
 def view(request: HttpRequest) -> HttpResponse:

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.core import checks
 from django.db import DEFAULT_DB_ALIAS
 
-from django_gator import conf, validation
+from django_gator import conf, replicas, validation
 from django_gator.dispatch import enqueue
 from django_gator.exceptions import JobNotRegistered
 from django_gator.models import Job, JobState
@@ -114,7 +114,10 @@ class GatorBackend(BaseTaskBackend):
 
     ``OPTIONS``: ``"retry"`` (a :class:`~django_gator.Retry`, the default policy of tasks
     that set none), ``"timeout"`` (seconds), ``"on_commit"`` (defer each enqueue's INSERT to
-    the commit of the default database's transaction; default ``GATOR_DISPATCH_ON_COMMIT``).
+    the commit of the default database's transaction; default ``GATOR_DISPATCH_ON_COMMIT``),
+    ``"results_from_replica"`` (``get_result`` reads the ``GATOR_READ_DATABASE`` replica
+    when it answers and lags within its bound, and the primary for a result it does not
+    have yet; default False: the primary).
     """
 
     task_class = GatorTask
@@ -128,8 +131,9 @@ class GatorBackend(BaseTaskBackend):
         self.default_retry = self.options.get("retry")
         self.default_timeout = self.options.get("timeout")
         self.on_commit = self.options.get("on_commit")
+        self.results_from_replica = self.options.get("results_from_replica", False)
 
-    OPTION_NAMES = frozenset({"retry", "timeout", "on_commit"})
+    OPTION_NAMES = frozenset({"retry", "timeout", "on_commit", "results_from_replica"})
 
     def check(self, **kwargs: Any) -> list[Any]:
         """System checks (run by the framework's check): our options and queue names."""
@@ -143,6 +147,11 @@ class GatorBackend(BaseTaskBackend):
             error(f"unknown OPTIONS {sorted(unknown)}; use {sorted(self.OPTION_NAMES)}")
         if self.default_retry is not None and not isinstance(self.default_retry, Retry):
             error(f"OPTIONS['retry'] must be a django_gator.Retry, got {self.default_retry!r}")
+        if not isinstance(self.results_from_replica, bool):
+            error(
+                "OPTIONS['results_from_replica'] must be True or False, "
+                f"got {self.results_from_replica!r}"
+            )
         try:
             validation.validate_timeout(self.default_timeout)
         except ValueError as exc:
@@ -200,7 +209,7 @@ class GatorBackend(BaseTaskBackend):
 
     def get_result(self, result_id: str) -> Any:
         try:
-            job = Job.objects.using(conf.database()).get(pk=int(result_id))
+            job = self._result_row(int(result_id))
         except (Job.DoesNotExist, ValueError, TypeError):
             raise TaskResultDoesNotExist(result_id) from None
         try:
@@ -212,6 +221,18 @@ class GatorBackend(BaseTaskBackend):
         if not issubclass(job_class, TaskJob):
             raise TaskResultDoesNotExist(f"{result_id} is a job ({job.name}), not a task")
         return results.from_job(job_class.task, self.alias, job)
+
+    def _result_row(self, pk: int) -> Job:
+        """The job row of a result: from the read replica with ``results_from_replica``
+        while it answers within its lag bound, unless it does not have the row yet (a task
+        just enqueued); from the primary otherwise."""
+        if self.results_from_replica:
+            source = replicas.read_source()
+            if source.on_replica:
+                found = Job.objects.using(source.alias).filter(pk=pk).first()
+                if found is not None:
+                    return found
+        return Job.objects.using(conf.database()).get(pk=pk)
 
     def running_result(self, task: Any, job: TaskJob, *, full: bool = True) -> Any:
         """The TaskResult of a task the calling worker thread is running (see

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from django.db import DatabaseError, connections
 
 from django_gator import conf, schema, wakeup
-from django_gator.engines import JobEngine
-from django_gator.exceptions import SchemaMissing
+from django_gator.engines import JobEngine, replication
+from django_gator.exceptions import ReadOnlyDatabase, SchemaMissing
 from django_gator.worker.listener import bind_wakeup_socket
 from django_gator.worker.queues import QueueSpec
 from django_gator.worker.retrier import Retrier
@@ -52,10 +52,19 @@ class Registration:
         self.wakeup_address: str | None = None
 
     def check_schema(self) -> bool:
-        """True; raises SchemaMissing when django-gator's tables are not there."""
+        """True; raises SchemaMissing when django-gator's tables are not there, and
+        ReadOnlyDatabase when the server refuses writes (a standby or replica: every claim
+        would fail with "cannot execute UPDATE in a read-only transaction")."""
         missing = schema.missing_tables(self.alias)
         if missing:
             raise SchemaMissing(schema.missing_tables_message(self.alias, missing))
+        reason = replication.read_only_reason(self.alias)
+        if reason is not None:
+            raise ReadOnlyDatabase(
+                f"The job database {self.alias!r} does not take writes: {reason}. A worker "
+                "claims and writes jobs: point its job database at the primary (a "
+                "replica is for GATOR_READ_DATABASE)."
+            )
         return True
 
     def bind_wakeups(self, burst: bool) -> bool:

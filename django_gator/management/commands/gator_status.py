@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
-from django_gator import conf, health, schema, stats, wording
+from django_gator import health, replicas, schema, stats, wording
 from django_gator.engines import get_engine
 from django_gator.logutil import safe
 from django_gator.management.arguments import Seconds, WholeNumber
@@ -129,7 +129,8 @@ class Command(BaseCommand):
             raise CommandError(
                 "--max-latency, --max-running and --min-workers go with --check", returncode=2
             )
-        alias = conf.database()
+        source = replicas.read_source()
+        alias = source.alias
         missing = schema.missing_tables(alias)
         if missing:
             raise CommandError(schema.missing_tables_message(alias, missing))
@@ -138,8 +139,11 @@ class Command(BaseCommand):
         live = stats.workers(alias, now=now)
         total, total_exact = stats.estimated_total(alias)
         if as_json:
-            self._print_json(alias, now.isoformat(), queues, live, total, total_exact)
+            self._print_json(alias, now.isoformat(), queues, live, total, total_exact, source)
             return
+        if source.replica is not None:
+            self.stdout.write(source.describe())
+            self.stdout.write("")
         self._print_queues(queues, exact)
         self.stdout.write("")
         self._print_workers(live)
@@ -152,8 +156,13 @@ class Command(BaseCommand):
     def _check(
         self, max_latency: float | None, min_workers: int, max_running: float | None
     ) -> None:
+        source = replicas.read_source()
         result = health.check(
-            max_latency=max_latency, min_workers=min_workers, max_running=max_running
+            source.alias,
+            max_latency=max_latency,
+            min_workers=min_workers,
+            max_running=max_running,
+            lag=source.lag or 0.0,
         )
         if not result.healthy:
             raise CommandError("unhealthy: " + "; ".join(result.problems), returncode=1)
@@ -167,8 +176,9 @@ class Command(BaseCommand):
         live: list[stats.WorkerStats],
         total: int,
         total_exact: bool,
+        source: replicas.ReadSource,
     ) -> None:
-        document = {
+        document: dict[str, Any] = {
             "now": now,
             "database": alias,
             "vendor": connections[alias].vendor,
@@ -176,6 +186,13 @@ class Command(BaseCommand):
             "workers": [w.as_dict() for w in live],
             "total_rows": {"count": total, "exact": total_exact},
         }
+        if source.replica is not None:
+            document["replica"] = {
+                "alias": source.replica,
+                "read": source.on_replica,
+                "lag_seconds": source.lag,
+                "fallback": source.fallback or None,
+            }
         self.stdout.write(json.dumps(document, indent=2, sort_keys=True))
 
     def _print_queues(self, queues: list[stats.QueueStats], exact: bool) -> None:

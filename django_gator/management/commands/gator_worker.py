@@ -13,7 +13,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_gator import conf, health, metrics
 from django_gator.conf.checking import problems as settings_problems
-from django_gator.exceptions import SchemaMissing
+from django_gator.exceptions import ReadOnlyDatabase, SchemaMissing
 from django_gator.logutil import safe
 from django_gator.management.arguments import QUEUE_SPEC, SettingValue, WholeNumber
 from django_gator.worker.beacon import Beacon
@@ -198,7 +198,7 @@ class Command(BaseCommand):
         _observe(worker, metrics_port, health_file, child=bool(supervisor))
         try:
             code = worker.run()
-        except SchemaMissing as exc:
+        except (SchemaMissing, ReadOnlyDatabase) as exc:
             raise CommandError(str(exc)) from None
         _exit(worker, code, supervisor)
 
