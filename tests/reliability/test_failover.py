@@ -35,6 +35,7 @@ from tests.conftest import ROOT
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.clusters,
     pytest.mark.skipif(
         connection.vendor != "postgresql",
         reason="runs in the PostgreSQL pass (on throwaway clusters of its own)",

@@ -252,6 +252,7 @@ def _clusters():
 
 
 @pytest.mark.slow
+@pytest.mark.clusters
 @pytest.mark.timeout(1200)
 @pytest.mark.skipif(
     connection.vendor != "postgresql",
@@ -285,6 +286,7 @@ def test_server_restarts_mid_drain_lose_and_kill_nothing(
 
 
 @pytest.mark.slow
+@pytest.mark.clusters
 @pytest.mark.timeout(1200)
 @pytest.mark.skipif(
     connection.vendor != "postgresql",

@@ -39,6 +39,7 @@ PRIMARY, REPLICA = "gator_primary", "gator_replica"
 LIST = "/admin/django_gator/job/"
 
 pytestmark = [
+    pytest.mark.clusters,
     pytest.mark.skipif(
         connection.vendor != "postgresql",
         reason="runs in the PostgreSQL pass (on a throwaway cluster of its own)",
