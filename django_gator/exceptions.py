@@ -37,6 +37,16 @@ class ResultTooLarge(GatorError, ValueError):
     (nothing is cut short silently)."""
 
 
+class WorkflowError(GatorError, ValueError):
+    """A signal that no wait step of the workflow can take: an unknown workflow, no wait
+    for a signal of that name, or a wait that has ended."""
+
+
+class WaitTimedOut(GatorError):
+    """A wait step's signal did not come before its timeout (and it has no
+    ``on_timeout``): the wait ends dead, cancelling the steps after it."""
+
+
 class JobTimeout(GatorError):
     """A job ran longer than its ``timeout``."""
 

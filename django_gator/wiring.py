@@ -16,7 +16,7 @@ from collections.abc import Collection
 from django_gator import conf, immediate
 from django_gator.engines import core as engines
 from django_gator.engines import get_engine
-from django_gator.models import job_queries, membership, workflows
+from django_gator.models import job_queries, membership, settling
 from django_gator.worker import connections, inline
 
 
@@ -29,8 +29,8 @@ def install() -> None:
         reopen=lambda alias, ids: get_engine(alias).reopen_batches(ids),
         probe=lambda alias, batch_id: get_engine(alias).probe_batch(batch_id),
     )
-    if workflows.settle_cancelled not in job_queries.cancel_hooks:
-        job_queries.cancel_hooks.append(workflows.settle_cancelled)
+    if settling.settle_cancelled not in job_queries.cancel_hooks:
+        job_queries.cancel_hooks.append(settling.settle_cancelled)
 
 
 def installed() -> dict[str, bool]:
@@ -39,7 +39,7 @@ def installed() -> dict[str, bool]:
         "immediate.inline_runner": immediate.inline_runner_installed(),
         "engines.connection_hook": engines.connection_hook_installed(),
         "models.membership": membership.installed(),
-        "models.job_queries.cancel_hooks": workflows.settle_cancelled in job_queries.cancel_hooks,
+        "models.job_queries.cancel_hooks": settling.settle_cancelled in job_queries.cancel_hooks,
     }
 
 

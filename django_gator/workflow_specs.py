@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django_gator import conf, limits
@@ -20,7 +21,7 @@ def step_specs(steps: Sequence[Step], queue: str | None, priority: int | None) -
     ``priority``, when given, override every step's. An error names the step."""
     specs = []
     for step in steps:
-        step_queue = queue if queue is not None else step.job_class.queue
+        step_queue = queue if queue is not None else (step.queue or step.job_class.queue)
         try:
             args_json, kwargs_json = encode_payload(step.args, step.kwargs)
             keyer = step.job_class(queue=step_queue) if step.job_class.traits.is_keyed else None
@@ -45,6 +46,9 @@ def step_specs(steps: Sequence[Step], queue: str | None, priority: int | None) -
                 on_dead=step.on_dead,
                 concurrency_key=key,
                 members=None if step.members is None else _members(step, keyer),
+                wait_for=step.wait_for,
+                delay=step.delay,
+                due_at=step.due_at,
             )
         )
     return specs
@@ -57,6 +61,8 @@ class StepSpec:
         "after",
         "args_json",
         "concurrency_key",
+        "delay",
+        "due_at",
         "job_class",
         "kwargs_json",
         "label",
@@ -65,6 +71,7 @@ class StepSpec:
         "position",
         "priority",
         "queue",
+        "wait_for",
     )
 
     def __init__(
@@ -81,6 +88,9 @@ class StepSpec:
         on_dead: str,
         concurrency_key: str | None = None,
         members: list[MemberSpec] | None = None,
+        wait_for: str = "",
+        delay: float | None = None,
+        due_at: datetime | None = None,
     ) -> None:
         self.position = position
         #: The step's name (its position, unless named).
@@ -96,6 +106,10 @@ class StepSpec:
         self.concurrency_key = concurrency_key
         #: A batch step's members, checked and serialized; None for a step of one job.
         self.members = members
+        #: A wait: its signal; a sleep or a wait: when its job is due (see WorkflowStep).
+        self.wait_for = wait_for
+        self.delay = delay
+        self.due_at = due_at
 
     def values(self) -> tuple[Any, Any]:
         return json.loads(self.args_json), json.loads(self.kwargs_json)

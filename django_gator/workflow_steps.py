@@ -4,6 +4,7 @@ cycle; :mod:`django_gator.workflows` builds and dispatches the graph."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django_gator import validation
@@ -25,6 +26,8 @@ class Step:
         "after",
         "args",
         "batch",
+        "delay",
+        "due_at",
         "job",
         "job_class",
         "kwargs",
@@ -32,6 +35,8 @@ class Step:
         "name",
         "on_dead",
         "position",
+        "queue",
+        "wait_for",
         "workflow",
     )
 
@@ -51,6 +56,14 @@ class Step:
         self.position = position
         #: Its name in the workflow: given to add(), or its position.
         self.name = str(position) if name is None else name
+        #: A sleep, or a wait with a timeout: seconds from its release to its job's run.
+        self.delay: float | None = None
+        #: A sleep until a moment: when its job runs.
+        self.due_at: datetime | None = None
+        #: A wait: the signal it waits for ("" for other steps).
+        self.wait_for = ""
+        #: The queue of its job, when not its job class's (sleeps and waits).
+        self.queue: str | None = None
         self.job_class = job_class
         self.args = args
         self.kwargs = kwargs

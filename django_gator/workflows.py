@@ -13,7 +13,7 @@
 workflow) and inserts it in one transaction: the workflow's row, one row per step, and
 the job rows of the steps that wait for nothing. The other steps get their job rows when
 their last dependency succeeds, in the transaction that marks it succeeded (see
-:mod:`django_gator.models.workflows`). A step whose job ends ``dead`` cancels every step
+:mod:`django_gator.models.settling`). A step whose job ends ``dead`` cancels every step
 that depends on it, directly or not (each records which step died), unless it was added
 with ``on_dead="continue"``: then its dependents go on as if it had succeeded.
 
@@ -39,7 +39,8 @@ from django_gator.items import dispatch_items
 from django_gator.jobfunction import JobFunction, resolve_job_class
 from django_gator.queueable import Queueable
 from django_gator.workflow_specs import StepSpec, step_specs
-from django_gator.workflow_steps import Step, check_step_name, find_cycle
+from django_gator.workflow_steps import STEP_NAME_MAX_LENGTH, Step, check_step_name, find_cycle
+from django_gator.workflow_waits import NO_TIMEOUT_SECONDS, SleepStep, WaitStep
 
 if TYPE_CHECKING:
     from django_gator.models import WorkflowRun
@@ -117,6 +118,74 @@ class Workflow:
         )
         self.steps.append(step)
         return step
+
+    def add_sleep(
+        self,
+        duration: timedelta | float | None = None,
+        *,
+        at: datetime | None = None,
+        after: Iterable[Step | str] = (),
+        name: str | None = None,
+        queue: str | None = None,
+    ) -> Step:
+        """Add a step that waits ``duration`` (a timedelta or seconds) from the moment the
+        steps in ``after`` have succeeded, or until ``at``, then succeeds. It holds no
+        worker thread: its job row is due when it ends, and a restart changes nothing.
+        ``queue``: the queue of that row (default: the first ``after`` step's, else
+        ``default``); a worker of that queue ends the sleep."""
+        if (duration is None) == (at is None):
+            raise ValueError("add_sleep() takes a duration or at=, one of them")
+        delay = None if duration is None else _seconds(duration, "add_sleep()'s duration")
+        due_at = None if at is None else validation.resolve_when(wait=None, at=at)
+        if queue is not None:
+            validation.validate_queue(queue)
+        step = self.add_step(SleepStep, (), {}, after=after, name=name)
+        step.delay, step.due_at = delay, due_at
+        self._set_queue(step, queue)
+        return step
+
+    def add_wait(
+        self,
+        signal: str,
+        *,
+        after: Iterable[Step | str] = (),
+        timeout: timedelta | float | None = None,
+        on_timeout: type[Queueable] | JobFunction | None = None,
+        name: str | None = None,
+        queue: str | None = None,
+    ) -> Step:
+        """Add a step that waits for the signal ``signal`` (``WorkflowRun.signal``,
+        ``gator_workflow signal``, the admin's Approve), once the steps in ``after`` have
+        succeeded; the signal's payload is its result. A signal sent before the step is
+        reached is kept. ``timeout``: with no signal by then, ``on_timeout`` (a job class,
+        called with the workflow's id and the signal's name) runs in the wait's place and
+        its result is the wait's; without ``on_timeout`` the wait ends dead and cancels
+        the steps after it. ``queue``: as for :meth:`add_sleep`."""
+        if not isinstance(signal, str) or not signal or len(signal) > STEP_NAME_MAX_LENGTH:
+            raise ValueError(
+                f"a signal's name is a non-empty str of at most {STEP_NAME_MAX_LENGTH} "
+                f"characters, got {validation.short_repr(signal)}"
+            )
+        if any(step.wait_for == signal for step in self.steps):
+            raise ValueError(f"{self!r} waits for the signal {signal!r} already")
+        kwargs: dict[str, Any] = {}
+        if on_timeout is not None:
+            handler = resolve_job_class(on_timeout)
+            handler.check_arguments(["workflow-id", signal], {})
+            kwargs["on_timeout"] = handler.name
+        delay = NO_TIMEOUT_SECONDS if timeout is None else _seconds(timeout, "add_wait()'s timeout")
+        if queue is not None:
+            validation.validate_queue(queue)
+        step = self.add_step(WaitStep, (signal,), kwargs, after=after, name=name)
+        step.wait_for, step.delay = signal, delay
+        self._set_queue(step, queue)
+        return step
+
+    def _set_queue(self, step: Step, queue: str | None) -> None:
+        """A sleep's or a wait's queue: ``queue``, else its first ``after`` step's."""
+        if queue is None and step.after:
+            queue = step.after[0].job_class.queue if isinstance(step.after[0], Step) else None
+        step.queue = queue
 
     def _resolve(self, after: Iterable[Step | str]) -> list[Any]:
         """``after`` with each name replaced by the step of that name (added before);
@@ -300,3 +369,11 @@ class Workflow:
             step.job = roots.get(step.position)
             step.batch = batches.get(step.position)
         return run
+
+
+def _seconds(value: timedelta | float, what: str) -> float:
+    """``value`` in seconds, positive; the error names it."""
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
+        raise ValueError(f"{what} must be a positive timedelta or number of seconds, got {value!r}")
+    return float(seconds)

@@ -19,7 +19,7 @@ snapshot taken before the lock. The row's ``completed_generation``, written unde
 lock, keeps a completion from being answered twice.
 
 A batch that is a workflow's step has no callbacks: the step is settled by
-:mod:`django_gator.models.workflows`, which reads the members through :meth:`probe_batch`
+:mod:`django_gator.models.settling`, which reads the members through :meth:`probe_batch`
 under the same lock.
 
 The cost: one primary-key lock per batch per outcome transaction; a worker's batched

@@ -1,22 +1,25 @@
 """Workflow statements: inserting a workflow, and releasing or cancelling its steps in the
-transaction that writes a step's final state (see :mod:`django_gator.models.workflows`)."""
+transaction that writes a step's final state (see :mod:`django_gator.models.settling`)."""
 
 from __future__ import annotations
 
 import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from django.db import transaction
+from django.utils import timezone
 
 from django_gator import limits, validation
 from django_gator.engines.deadlocks import retrying_deadlocks
 from django_gator.engines.dispatching import DispatchStatements
 from django_gator.exceptions import JobNotRegistered
 from django_gator.models.batches import Batch
-from django_gator.models.workflows import Settled, WorkflowRun, WorkflowStep, settle
+from django_gator.models.settling import Settled, settle
+from django_gator.models.waits import signal_waiting
+from django_gator.models.workflows import WorkflowRun, WorkflowStep
 from django_gator.registry import get_job_class
 from django_gator.rows import InsertRow
 from django_gator.states import StepState
@@ -69,7 +72,12 @@ class WorkflowStatements(DispatchStatements):
         batches: dict[int, Batch] = {}
         for step in settled.release:
             if step.members is None:
-                rows.append(_step_row(step))
+                row = _step_row(step)
+                # A sleep's or a wait's job is due when it ends; a wait whose signal came
+                # already, now.
+                waited = bool(step.wait_for) and signal_waiting(self.alias, step)
+                row.run_at = None if waited else step_due(step.delay, step.due_at, None)
+                rows.append(row)
                 counts.append(1)
                 continue
             batch = step_batch(step.workflow, step.position, step.name)
@@ -137,6 +145,18 @@ def step_batch(run: WorkflowRun, position: int, name: str) -> Batch:
     steps are what follows it)."""
     title = run.name or f"workflow {run.id}"
     return Batch(description=f"{title}: step {position} ({name})"[:255], closed=True)
+
+
+def step_due(
+    delay: float | None, due_at: datetime | None, run_at: datetime | None
+) -> datetime | None:
+    """When the job of a step released at ``run_at`` (None: now) is due: later by its
+    ``delay`` (a sleep, a wait's timeout), or at its ``due_at`` (a sleep until a moment)."""
+    if delay is None and due_at is None:
+        return run_at
+    start = run_at or timezone.now()
+    due = start + timedelta(seconds=delay) if delay is not None else start
+    return max(due, due_at) if due_at is not None else due
 
 
 def step_row(

@@ -1,52 +1,24 @@
-"""Workflows: a graph of steps, each a job that runs once every step it comes after has
-succeeded (:mod:`django_gator.workflows` builds and dispatches them; a Chain is a line).
-
-A step is a row of ``django_gator_workflow_step``. Until its dependencies are satisfied it
-is ``blocked`` and has no job row at all, so the claim never reads it and ordinary jobs
-are claimed exactly as fast as before. When a step's job reaches a final state, the
-transaction that writes that state also calls :func:`settle`, which (under a lock on the
-step's row, with a compare-and-set on its state, so exactly once):
-
-- on success (or death of a step marked ``on_dead="continue"``): takes one from the
-  ``waiting_on`` counter of each child, and hands back the children it brought to zero,
-  to be released (their job rows inserted, by the engine, in the same transaction);
-- on death or cancellation: marks every blocked descendant ``cancelled`` with the reason
-  (which step ended how), and hands back the workflow's ``on_error`` job, if any.
-
-Two parents finishing at once in two workers both update the child's counter; the
-second waits for the first's row lock and then counts down from its committed value, so
-exactly one of them sees zero. The read that decides is a locking read, which MariaDB
-under REPEATABLE READ needs to see the newest commit.
-
-A batch step (``members`` set) is released as a :class:`~django_gator.models.Batch` of
-jobs, each carrying the workflow's id and the step's position as a plain step's job does.
-The final state of any member settles the step in the same transaction: under the lock
-of the batch's row (which orders the settling of one batch's members, see
-:mod:`django_gator.engines.batching`), the members' states are read (an active one, a
-dead one, a cancelled one; :mod:`.membership` asks the engine) and the step moves to what
-they say: ``succeeded`` when all succeeded, ``dead``/``cancelled`` as soon as one member
-ended so (cancelling its descendants, unless ``on_dead="continue"``, where it waits for
-the last member and then counts as satisfied), and back to ``released`` when a retried
-member succeeded while others still run (what it had cancelled waits again).
-"""
+"""Workflows' tables: a workflow run (:class:`WorkflowRun`) and its steps
+(:class:`WorkflowStep`), and the signals its wait steps take (:func:`send_signal`).
+:mod:`django_gator.workflows` builds and dispatches workflows; how a step's end moves the
+steps after it is :mod:`django_gator.models.settling`; what a wait step's job reads,
+:mod:`django_gator.models.waits`."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import models
-from django.db.models import F
+from django.db import models, transaction
 from django.utils import timezone
 
-from django_gator.models import membership
+from django_gator.dbtime import DbNow
+from django_gator.exceptions import WorkflowError
 from django_gator.models.jobs import Job
 from django_gator.models.pruning import Prunable
-from django_gator.states import FINAL_STATES, JobState, StepState
-from django_gator.validation import NAME_MAX_LENGTH, QUEUE_MAX_LENGTH
+from django_gator.states import JobState, StepState
+from django_gator.validation import NAME_MAX_LENGTH, QUEUE_MAX_LENGTH, check_json
 from django_gator.workflow_steps import STEP_NAME_MAX_LENGTH
 
 #: on_dead values: a dead step cancels its descendants, or counts as satisfied.
@@ -85,6 +57,11 @@ class WorkflowRun(models.Model):
         help_text="Job dispatched with (workflow id, job id) when a step ends dead.",
     )
     created_at = models.DateTimeField(default=timezone.now)
+    signals = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Signals received, by name: {payload, at, by} (see WorkflowRun.signal).",
+    )
 
     objects = WorkflowRunQuerySet.as_manager()
 
@@ -95,6 +72,14 @@ class WorkflowRun(models.Model):
 
     def __str__(self) -> str:
         return self.name or str(self.id)
+
+    def signal(self, name: str, payload: Any = None, *, by: str = "") -> bool:
+        """Deliver the signal ``name`` to this workflow's wait step for it (see
+        ``Workflow.add_wait``): its ``payload`` (JSON) becomes the wait step's result.
+        True if delivered; False if a signal of that name was delivered already (the first
+        one stays). Kept when the wait step is not reached yet. WorkflowError when the
+        workflow waits for no signal of that name, or that wait has ended."""
+        return send_signal(self._state.db or "default", self.pk, name, payload, by=by)
 
 
 class WorkflowStep(models.Model):
@@ -110,6 +95,20 @@ class WorkflowStep(models.Model):
         blank=True,
         help_text="The step's name in its workflow (its position unless named); the key of "
         "its result in its dependents' results().",
+    )
+    wait_for = models.CharField(
+        max_length=STEP_NAME_MAX_LENGTH,
+        default="",
+        blank=True,
+        help_text="A wait step: the name of the signal it waits for.",
+    )
+    delay = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="A sleep or a wait with a timeout: seconds from its release to its job's run.",
+    )
+    due_at = models.DateTimeField(
+        null=True, blank=True, help_text="A sleep until a moment: when its job runs."
     )
     args = models.JSONField(default=list, blank=True)
     kwargs = models.JSONField(default=dict, blank=True)
@@ -151,186 +150,41 @@ class WorkflowStep(models.Model):
         return self.members is not None
 
 
-@dataclass(slots=True)
-class Settled:
-    """What the final states settled asks the engine to insert, in the same transaction."""
-
-    #: Steps whose dependencies are now all satisfied (locked, still ``blocked``).
-    release: list[WorkflowStep]
-    #: (job name, workflow id, job id) of on_error handlers to dispatch.
-    handlers: list[tuple[str, uuid.UUID, int]]
+#: Steps in these states have ended: a signal can no longer change them.
+ENDED = (StepState.SUCCEEDED, StepState.DEAD, StepState.CANCELLED)
 
 
-def settle(alias: str, job_ids: Iterable[int], states: Sequence[str] = FINAL_STATES) -> Settled:
-    """Inside the transaction that wrote the final state of some of ``job_ids``: settle
-    the workflow steps among them. Jobs not in a workflow, not final, or already settled
-    are left alone, so calling it again (or for jobs that are not steps) is harmless."""
-    out = Settled([], [])
-    ids = list(job_ids)
-    if not ids:
-        return out
-    finished = (
-        Job.objects.using(alias)
-        .filter(pk__in=ids, chain_id__isnull=False, state__in=states)
-        .values_list("pk", "chain_id", "chain_position", "state", "batch_id")
-        .order_by("pk")
-    )
-    seen: set[int] = set()
-    for job_id, workflow_id, position, state, batch_id in list(finished):
-        if workflow_id is None or position is None:
-            continue
-        if batch_id is None:
-            _settle_one(alias, job_id, workflow_id, position, state, out)
-        elif batch_id not in seen:  # one look at a batch step settles all its members
-            seen.add(batch_id)
-            _settle_batch_step(alias, workflow_id, position, batch_id, out)
-    return out
-
-
-def _settle_one(
-    alias: str, job_id: int, workflow_id: uuid.UUID, position: int, state: str, out: Settled
-) -> None:
-    steps = WorkflowStep.objects.using(alias).filter(workflow_id=workflow_id)
-    step = steps.select_for_update().filter(position=position, job_id=job_id).first()
-    if step is None:
-        return
-    if step.state != StepState.RELEASED and state != JobState.SUCCEEDED:
-        return  # settled already (a retried step that ends badly again changes nothing)
-    _move(alias, steps, step, state, f"job {job_id}", job_id, out)
-
-
-def _settle_batch_step(
-    alias: str, workflow_id: uuid.UUID, position: int, batch_id: int, out: Settled
-) -> None:
-    """Move a batch step to what its members' states say (see the module's docstring)."""
-    probe = membership.probe(alias, batch_id)  # locks the batch's row first
-    if probe is None:
-        return
-    steps = WorkflowStep.objects.using(alias).filter(workflow_id=workflow_id)
-    step = steps.select_for_update().filter(position=position, batch_id=batch_id).first()
-    if step is None:
-        return
-    state: str
-    if probe.cancelled or (probe.dead and step.on_dead == ON_DEAD_CANCEL):
-        state = StepState.CANCELLED if probe.cancelled and not probe.dead else StepState.DEAD
-        member = probe.dead or probe.cancelled
-    elif probe.active or not probe.closed:
-        state, member = StepState.RELEASED, None
-    elif probe.dead:
-        state, member = StepState.DEAD, probe.dead
-    else:
-        state, member = StepState.SUCCEEDED, None
-    # A member the engine saw locked (MariaDB) has no id to name here.
-    who = f"batch {batch_id}" + (f", job {member}" if member and member > 0 else "")
-    _move(alias, steps, step, state, who, member if member and member > 0 else None, out)
-
-
-def _cancelling(step: WorkflowStep) -> bool:
-    """Whether ``step``'s state has cancelled its descendants."""
-    return step.state == StepState.CANCELLED or (
-        step.state == StepState.DEAD and step.on_dead == ON_DEAD_CANCEL
-    )
-
-
-def _move(
-    alias: str,
-    steps: Any,
-    step: WorkflowStep,
-    state: str,
-    who: str,
-    job_id: int | None,
-    out: Settled,
-) -> None:
-    """Move the locked ``step`` to ``state`` (``released``, or a final state), and do what
-    that means for the steps after it. ``who`` names the job (or batch) whose end moved
-    it, for the reasons written; ``job_id`` is the job an on_error handler is given."""
-    position = step.position
-    if state == step.state:
-        return
-    if step.state == StepState.SUCCEEDED or (
-        step.state == StepState.DEAD and step.on_dead == ON_DEAD_CONTINUE
-    ):
-        # Its children were credited already: only a later success is recorded.
-        if state == StepState.SUCCEEDED:
-            steps.filter(pk=step.pk).update(state=state, reason="")
-        return
-    bad = state in (StepState.DEAD, StepState.CANCELLED)
-    cancels = state == StepState.CANCELLED or (bad and step.on_dead == ON_DEAD_CANCEL)
-    if _cancelling(step):
-        if cancels:
-            return  # still cancelling what it cancelled; the first reason stays
-        # An operator retried what ended it, and now it succeeded (or, for a batch
-        # step, the other members still run): what it cancelled waits again (the
-        # counters were kept).
-        steps.filter(cancelled_by=position, state=StepState.CANCELLED).update(
-            state=StepState.BLOCKED, reason="", cancelled_by=None
-        )
-    verb = "ended dead" if state == StepState.DEAD else "was cancelled"
-    reason = f"{who} {verb}" if bad and step.is_batch else ""
-    steps.filter(pk=step.pk).update(state=state, reason=reason)
-    if state == StepState.RELEASED:
-        return
-    if not cancels:  # succeeded, or dead with on_dead="continue"
-        _credit_children(steps, step, out)
-        return
-    descendants = _all_descendants(steps, step.children)
-    if descendants:
-        steps.filter(position__in=descendants, state=StepState.BLOCKED).update(
-            state=StepState.CANCELLED,
-            reason=f"step {position} ({step.name}, {who}) {verb}",
-            cancelled_by=position,
-        )
-    if state == StepState.DEAD and job_id is not None:
-        _add_error_handler(alias, step, job_id, out)
-
-
-def _credit_children(steps: Any, step: WorkflowStep, out: Settled) -> None:
-    """``step`` succeeded (or counts as if): each child waits on one step fewer, and those
-    waiting on none are released."""
-    if step.children:
-        # Counted down whatever the child's state, so that a child cancelled by
-        # another step and brought back later has the right count.
-        steps.filter(position__in=step.children).update(waiting_on=F("waiting_on") - 1)
-        _release_ready(steps, step.children, out)
-
-
-def _add_error_handler(alias: str, step: WorkflowStep, job_id: int, out: Settled) -> None:
-    """The workflow's on_error handler, if it has one, is due for ``step``'s dead job."""
-    handler = (
-        WorkflowRun.objects.using(alias)
-        .filter(pk=step.workflow_id)
-        .values_list("on_error", flat=True)
-    )
-    name = handler.first()
-    if name:
-        out.handlers.append((name, step.workflow_id, job_id))
-
-
-def _release_ready(steps: Any, positions: Sequence[int], out: Settled) -> None:
-    if positions:
-        ready = steps.select_for_update().filter(
-            position__in=list(positions), state=StepState.BLOCKED, waiting_on=0
-        )
-        out.release += list(ready.order_by("position"))
-
-
-def _all_descendants(steps: Any, children: Sequence[int]) -> list[int]:
-    """Positions reachable from ``children`` (one read of the workflow's graph)."""
-    if not children:
-        return []
-    graph = dict(steps.values_list("position", "children"))
-    seen: set[int] = set()
-    todo = list(children)
-    while todo:
-        position = todo.pop()
-        if position not in seen:
-            seen.add(position)
-            todo += graph.get(position) or []
-    return sorted(seen)
-
-
-def settle_cancelled(alias: str, job_ids: Iterable[int]) -> None:
-    """After an operator's cancellation or discard: settle the steps among ``job_ids``
-    that it ended ``cancelled`` (their descendants are cancelled; nothing is released, so
-    no job row is inserted). Called in the cancelling transaction."""
-    settle(alias, job_ids, states=(JobState.CANCELLED,))
+def send_signal(alias: str, run_id: uuid.UUID | str, name: str, payload: Any, *, by: str) -> bool:
+    """See WorkflowRun.signal."""
+    if not isinstance(name, str) or not name:
+        raise WorkflowError(f"a signal's name is a non-empty str, got {name!r}")
+    check_json(payload, "payload")
+    with transaction.atomic(using=alias):
+        run = WorkflowRun.objects.using(alias).select_for_update().filter(pk=run_id).first()
+        if run is None:
+            raise WorkflowError(f"there is no workflow {run_id}")
+        steps = WorkflowStep.objects.using(alias).filter(workflow=run)
+        wait = steps.filter(wait_for=name).first()
+        if wait is None:
+            waits = sorted(steps.exclude(wait_for="").values_list("wait_for", flat=True))
+            raise WorkflowError(
+                f"workflow {run.pk} ({run.name or 'unnamed'}) waits for no signal named "
+                f"{name!r} (its waits: {', '.join(map(repr, waits)) or 'none'})"
+            )
+        if name in (run.signals or {}):
+            return False
+        if wait.state in ENDED:
+            raise WorkflowError(
+                f"workflow {run.pk}: its wait for {name!r} has ended ({wait.state}); "
+                "the signal changes nothing"
+            )
+        run.signals = {
+            **(run.signals or {}),
+            name: {"payload": payload, "at": timezone.now().isoformat(), "by": by},
+        }
+        run.save(using=alias, update_fields=["signals"])
+        if wait.job_id is not None:
+            Job.objects.using(alias).filter(pk=wait.job_id, state=JobState.WAITING).update(
+                next_execution_at=DbNow()
+            )
+    return True

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django_gator import conf, immediate, redaction, signals
-from django_gator.engines.workflows import step_batch, step_row
+from django_gator.engines.workflows import step_batch, step_due, step_row
 from django_gator.logutil import safe
 from django_gator.models import Batch, Job, WorkflowRun, WorkflowStep
 from django_gator.pipeline import core
@@ -94,7 +94,7 @@ class WorkflowInsert(core.Insert):
                 spec.kwargs_json,
                 spec.queue,
                 spec.priority,
-                self.run_at,
+                step_due(spec.delay, spec.due_at, self.run_at),
                 concurrency_key=spec.concurrency_key,
             )
             self.roots.append(row)
@@ -234,6 +234,9 @@ def _steps(run: WorkflowRun, specs: Sequence[StepSpec]) -> list[WorkflowStep]:
                 waiting_on=len(spec.after),
                 on_dead=spec.on_dead,
                 members=stored,
+                wait_for=spec.wait_for,
+                delay=spec.delay,
+                due_at=spec.due_at,
             )
         )
     return steps

@@ -1227,3 +1227,12 @@ class ReturnsTooMuch(Queueable):
 
     def handle(self, size: int) -> str:
         return "x" * size
+
+
+class Escalates(Queueable):
+    """A wait's on_timeout: returns what it was called with."""
+
+    queue = "results"
+
+    def handle(self, workflow_id: str, signal: str) -> dict[str, str]:
+        return {"escalated": signal, "workflow": workflow_id}
