@@ -47,6 +47,11 @@ class WaitTimedOut(GatorError):
     ``on_timeout``): the wait ends dead, cancelling the steps after it."""
 
 
+class WaitRejected(GatorError):
+    """A wait step was rejected (``WorkflowRun.reject``, the admin's Reject): it ends dead
+    and cancels the steps after it."""
+
+
 class JobTimeout(GatorError):
     """A job ran longer than its ``timeout``."""
 

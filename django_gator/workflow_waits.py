@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from django_gator import conf
-from django_gator.exceptions import WaitTimedOut
+from django_gator.exceptions import WaitRejected, WaitTimedOut
 from django_gator.queueable import Queueable
 from django_gator.registry import get_job_class
 
@@ -43,10 +43,17 @@ class WaitStep(Queueable):
         from django_gator.models.waits import delivered, workflow_of  # see cancel_requested
 
         alias = conf.database()
-        found, payload = delivered(alias, self.job_id, signal)
-        if found:
-            return payload
+        found, entry = delivered(alias, self.job_id, signal)
         workflow_id = workflow_of(alias, self.job_id)
+        if found and entry.get("rejected"):
+            note = (entry.get("payload") or {}).get("note", "")
+            raise WaitRejected(
+                f"workflow {workflow_id}: the wait for {signal!r} was rejected by "
+                f"{entry.get('by') or 'someone'} at {entry.get('at')}"
+                + (f": {note}" if note else "")
+            )
+        if found:
+            return entry.get("payload")
         if on_timeout:
             handler = get_job_class(on_timeout)(
                 job_id=self.job_id, attempt=self.attempt, queue=self.queue

@@ -186,3 +186,81 @@ def test_bad_sleeps_and_waits_are_refused_naming_the_value():
         wf.add_wait("ok", after=["first"])
     with pytest.raises(TypeError):
         wf.add_wait("other", on_timeout=Produces, after=["first"])  # takes (value), not 2 args
+
+
+# -- the admin's Approve and Reject ------------------------------------------------------------
+
+
+def _page(run: WorkflowRun) -> str:
+    from django.urls import reverse
+
+    return reverse("admin:django_gator_workflowrun_change", args=[run.pk])
+
+
+def _decide(run: WorkflowRun) -> str:
+    from django.urls import reverse
+
+    return reverse("admin:django_gator_workflowrun_decide", args=[run.pk])
+
+
+def test_approve_in_the_admin_needs_the_permission_a_csrf_token_and_a_post():
+    import re
+
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from tests.admin_helpers import operator
+
+    run = _approval()
+    run_worker("results")
+    viewer = operator("view_workflowrun", name="viewer")
+    page = viewer.get(_page(run)).content.decode()
+    assert "gator-workflow-waits" in page, "the waits are shown"
+    assert "approve:approved" not in page, "no permission, no buttons"
+    form = {"decision": "approve:approved", "note": "fine"}
+    assert viewer.post(_decide(run), form).status_code == 403
+
+    decider = operator("view_workflowrun", "signal_workflow", name="ana")
+    assert decider.get(_decide(run)).status_code == 405, "a GET changes nothing"
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(User.objects.get(username="ana"))
+    assert strict.post(_decide(run), form).status_code == 403, "no CSRF token"
+    page = strict.get(_page(run)).content.decode()
+    assert 'value="approve:approved"' in page
+    assert 'value="reject:approved"' in page
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
+    response = strict.post(_decide(run), {**form, "csrfmiddlewaretoken": token}, follow=True)
+    assert "Approved &#x27;approved&#x27;" in response.content.decode()
+
+    run.refresh_from_db()
+    assert run.signals["approved"]["by"] == "ana"
+    run_worker("results")
+    assert _job(run, "ship").result == {
+        "results": {"approval": {"approved": True, "by": "ana", "note": "fine"}},
+        "extra": "ship",
+    }
+    page = decider.get(_page(run)).content.decode()
+    assert "received at" in page
+    assert "by ana" in page
+
+
+def test_reject_in_the_admin_ends_the_wait_dead_and_cancels_what_follows():
+    from tests.admin_helpers import operator
+
+    run = _approval()
+    run_worker("results")
+    decider = operator("view_workflowrun", "signal_workflow", name="bob")
+    response = decider.post(
+        _decide(run), {"decision": "reject:approved", "note": "too costly"}, follow=True
+    )
+    assert "Rejected &#x27;approved&#x27;" in response.content.decode()
+    run_worker("results")
+
+    wait = _job(run, "approval")
+    assert wait.state == JobState.DEAD
+    assert wait.errors[-1]["class"] == "django_gator.exceptions.WaitRejected"
+    assert "rejected by bob" in wait.errors[-1]["message"]
+    assert "too costly" in wait.errors[-1]["message"]
+    assert _step(run, "ship").state == StepState.CANCELLED
+    again = decider.post(_decide(run), {"decision": "approve:approved"}, follow=True)
+    assert "had come already" in again.content.decode()

@@ -15,11 +15,12 @@ from django.contrib import admin
 from django.db.models import Count
 from django.http import HttpRequest
 from django.template.loader import render_to_string
-from django.urls import reverse
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from django_gator.admin.display import time_field
+from django_gator.admin.waits import WaitDecisionView, waits_table
 from django_gator.models import Job, WorkflowRun, WorkflowStep
 from django_gator.states import JobState, StepState
 
@@ -196,7 +197,37 @@ class WorkflowRunAdmin(admin.ModelAdmin):
 
     list_display = ("name_or_id", "created", "step_count")
     search_fields = ("name", "=id")
-    fields = readonly_fields = ("id", "name", "on_error", "created", "graph", "steps_table")
+    fields = readonly_fields = (
+        "id",
+        "name",
+        "on_error",
+        "created",
+        "graph",
+        "steps_table",
+    )
+
+    def get_urls(self) -> list[URLPattern]:
+        decide = path(
+            "<uuid:run_id>/decide/",
+            self.admin_site.admin_view(WaitDecisionView.as_view(model_admin=self)),
+            name="django_gator_workflowrun_decide",
+        )
+        return [decide, *super().get_urls()]
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> Any:
+        """The page, with its wait steps below the fields (and, for a user who may decide,
+        their Approve and Reject buttons): see admin/waits.py."""
+        run = self.get_object(request, object_id)
+        context = dict(extra_context or {})
+        if run is not None:
+            context["gator_waits"] = waits_table(run, request, self.admin_site.name)
+        return super().change_view(request, object_id, form_url, context)
 
     created = time_field("created_at", "created at")
 

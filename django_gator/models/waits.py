@@ -22,8 +22,8 @@ from django_gator.models.workflows import WorkflowRun, WorkflowStep
 
 
 def delivered(alias: str, job_id: int | None, name: str) -> tuple[bool, Any]:
-    """For the job of a wait step: (True, payload) if its signal has come, else
-    (False, None)."""
+    """For the job of a wait step: (True, its entry: payload, at, by, and ``rejected``
+    for a rejection) if its signal has come, else (False, None)."""
     if job_id is None:
         return False, None
     workflow_id = (
@@ -39,7 +39,7 @@ def delivered(alias: str, job_id: int | None, name: str) -> tuple[bool, Any]:
     )
     if not signals or name not in signals:
         return False, None
-    return True, signals[name].get("payload")
+    return True, signals[name]
 
 
 def workflow_of(alias: str, job_id: int | None) -> str | None:

@@ -69,6 +69,7 @@ class WorkflowRun(models.Model):
         db_table = "django_gator_workflow"
         ordering = ["-created_at"]
         verbose_name = "workflow"
+        permissions = [("signal_workflow", "Can approve or reject a workflow's wait steps")]
 
     def __str__(self) -> str:
         return self.name or str(self.id)
@@ -80,6 +81,13 @@ class WorkflowRun(models.Model):
         one stays). Kept when the wait step is not reached yet. WorkflowError when the
         workflow waits for no signal of that name, or that wait has ended."""
         return send_signal(self._state.db or "default", self.pk, name, payload, by=by)
+
+    def reject(self, name: str, *, by: str = "", note: str = "") -> bool:
+        """End this workflow's wait for the signal ``name`` as rejected: the wait ends dead
+        (``WaitRejected``, naming ``by``) and cancels the steps after it. Refused like
+        :meth:`signal`; False if a signal of that name came already (nothing changes)."""
+        entry = {"note": note} if note else None
+        return send_signal(self._state.db or "default", self.pk, name, entry, by=by, rejected=True)
 
 
 class WorkflowStep(models.Model):
@@ -154,8 +162,16 @@ class WorkflowStep(models.Model):
 ENDED = (StepState.SUCCEEDED, StepState.DEAD, StepState.CANCELLED)
 
 
-def send_signal(alias: str, run_id: uuid.UUID | str, name: str, payload: Any, *, by: str) -> bool:
-    """See WorkflowRun.signal."""
+def send_signal(
+    alias: str,
+    run_id: uuid.UUID | str,
+    name: str,
+    payload: Any,
+    *,
+    by: str,
+    rejected: bool = False,
+) -> bool:
+    """See WorkflowRun.signal and WorkflowRun.reject."""
     if not isinstance(name, str) or not name:
         raise WorkflowError(f"a signal's name is a non-empty str, got {name!r}")
     check_json(payload, "payload")
@@ -180,7 +196,12 @@ def send_signal(alias: str, run_id: uuid.UUID | str, name: str, payload: Any, *,
             )
         run.signals = {
             **(run.signals or {}),
-            name: {"payload": payload, "at": timezone.now().isoformat(), "by": by},
+            name: {
+                "payload": payload,
+                "at": timezone.now().isoformat(),
+                "by": by,
+                **({"rejected": True} if rejected else {}),
+            },
         }
         run.save(using=alias, update_fields=["signals"])
         if wait.job_id is not None:
