@@ -4,34 +4,54 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('django_gator', '0020_workflow_step_label'),
+        ("django_gator", "0020_workflow_step_label"),
     ]
 
     operations = [
         migrations.AlterModelOptions(
-            name='workflowrun',
-            options={'ordering': ['-created_at'], 'permissions': [('signal_workflow', "Can approve or reject a workflow's wait steps")], 'verbose_name': 'workflow'},
+            name="workflowrun",
+            options={
+                "ordering": ["-created_at"],
+                "permissions": [
+                    ("signal_workflow", "Can approve or reject a workflow's wait steps")
+                ],
+                "verbose_name": "workflow",
+            },
         ),
         migrations.AddField(
-            model_name='workflowrun',
-            name='signals',
-            field=models.JSONField(blank=True, default=dict, help_text='Signals received, by name: {payload, at, by} (see WorkflowRun.signal).'),
+            model_name="workflowrun",
+            name="signals",
+            field=models.JSONField(
+                blank=True,
+                default=dict,
+                help_text="Signals received, by name: {payload, at, by} (see WorkflowRun.signal).",
+            ),
         ),
         migrations.AddField(
-            model_name='workflowstep',
-            name='delay',
-            field=models.FloatField(blank=True, help_text="A sleep or a wait with a timeout: seconds from its release to its job's run.", null=True),
+            model_name="workflowstep",
+            name="delay",
+            field=models.FloatField(
+                blank=True,
+                help_text="A sleep or a wait with a timeout: seconds from its release to its job's run.",
+                null=True,
+            ),
         ),
         migrations.AddField(
-            model_name='workflowstep',
-            name='due_at',
-            field=models.DateTimeField(blank=True, help_text='A sleep until a moment: when its job runs.', null=True),
+            model_name="workflowstep",
+            name="due_at",
+            field=models.DateTimeField(
+                blank=True, help_text="A sleep until a moment: when its job runs.", null=True
+            ),
         ),
         migrations.AddField(
-            model_name='workflowstep',
-            name='wait_for',
-            field=models.CharField(blank=True, default='', help_text='A wait step: the name of the signal it waits for.', max_length=100),
+            model_name="workflowstep",
+            name="wait_for",
+            field=models.CharField(
+                blank=True,
+                default="",
+                help_text="A wait step: the name of the signal it waits for.",
+                max_length=100,
+            ),
         ),
     ]
