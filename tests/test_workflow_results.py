@@ -136,3 +136,20 @@ def test_the_workflow_graph_shows_a_named_step_by_its_name():
     assert "<title>step 0 &#x27;fetch_a&#x27;: tests.testapp.jobs.Produces (waiting)" in svg
     assert ">1. Gathers<" in svg, "an unnamed step keeps its job's short name"
     assert "<title>step 1: tests.testapp.jobs.Gathers (blocked)" in svg
+
+
+def test_the_workflow_page_shows_each_steps_result_redacted_like_arguments(admin_client):
+    from django.urls import reverse
+
+    wf = Workflow(name="page")
+    wf.add(Produces, {"rows": 3, "password": "hunter2"}, name="fetch_a")
+    wf.add(Gathers, after=["fetch_a"])
+    run = wf.dispatch()
+    run_worker("results")
+
+    page = admin_client.get(reverse("admin:django_gator_workflowrun_change", args=[run.pk]))
+    text = page.content.decode()
+    assert "0 (fetch_a)" in text
+    assert "&quot;rows&quot;: 3" in text
+    assert "&quot;password&quot;: &quot;[redacted]&quot;" in text
+    assert "hunter2" not in text, "a key of GATOR_REDACT is masked in the results column"

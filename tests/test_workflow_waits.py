@@ -264,3 +264,58 @@ def test_reject_in_the_admin_ends_the_wait_dead_and_cancels_what_follows():
     assert _step(run, "ship").state == StepState.CANCELLED
     again = decider.post(_decide(run), {"decision": "approve:approved"}, follow=True)
     assert "had come already" in again.content.decode()
+
+
+# -- operating a workflow: retry from the failed step, cancel ----------------------------------
+
+
+def test_retry_runs_a_workflow_again_from_its_failed_step_keeping_what_succeeded():
+    run = _timing_out(None)  # the wait timed out: dead, "next" cancelled
+    first = _job(run, "first")
+    out = StringIO()
+    call_command("gator_workflow", "retry", str(run.pk), stdout=out)
+    assert "1 failed step job(s) due again" in out.getvalue()
+    wait = _job(run, "approval")
+    assert wait.state == JobState.WAITING
+    assert wait.next_execution_at > _db_now(), "a retried wait waits again for its timeout"
+    assert run.signal("approved", "second time") is True
+    run_worker("results")
+
+    assert _job(run, "next").result == {"results": {"approval": "second time"}, "extra": None}
+    assert Job.objects.get(pk=first.pk).finished_at == first.finished_at, "not run again"
+
+
+def test_cancel_ends_every_step_not_started_and_nothing_after_it_is_released():
+    run = _approval()
+    run_worker("results")  # merge done; the wait waits
+    out = StringIO()
+    call_command("gator_workflow", "cancel", str(run.pk), stdout=out)
+    assert "cancelled" in out.getvalue()
+
+    assert _job(run, "approval").state == JobState.CANCELLED
+    ship = _step(run, "ship")
+    assert ship.state == StepState.CANCELLED
+    with pytest.raises(WorkflowError, match="has ended"):
+        run.signal("approved")
+    assert _job(run, "merge").state == JobState.SUCCEEDED
+
+
+def test_the_admins_retry_and_cancel_need_their_permissions():
+    from tests.admin_helpers import operator
+
+    run = _timing_out(None)
+    viewer = operator("view_workflowrun", name="viewer")
+    page = viewer.get(_page(run)).content.decode()
+    assert 'value="retry:"' not in page
+    assert viewer.post(_decide(run), {"decision": "retry:"}).status_code == 403
+
+    retrier = operator("view_workflowrun", "retry_job", "cancel_job", name="carol")
+    page = retrier.get(_page(run)).content.decode()
+    assert 'value="retry:"' in page
+    assert 'value="cancel:"' in page
+    response = retrier.post(_decide(run), {"decision": "retry:"}, follow=True)
+    assert "1 failed step job(s) of this workflow due again" in response.content.decode()
+    assert _job(run, "approval").audit[-1]["by"] == "carol"
+    response = retrier.post(_decide(run), {"decision": "cancel:"}, follow=True)
+    assert "Workflow cancelled" in response.content.decode()
+    assert _job(run, "approval").state == JobState.CANCELLED

@@ -1,7 +1,9 @@
 """A workflow's wait steps on its admin page: each with its signal, its deadline and, while
-it waits, Approve and Reject buttons. They POST (CSRF-checked by the admin site) to
-:class:`WaitDecisionView`, which needs the ``django_gator.signal_workflow`` permission and
-records who decided, when, and their note, on the workflow's row (``WorkflowRun.signals``).
+it waits, Approve and Reject buttons; and the workflow's Retry (its failed steps, with
+``django_gator.retry_job``) and Cancel (``django_gator.cancel_job``) buttons. They POST
+(CSRF-checked by the admin site) to :class:`WaitDecisionView`; a decision needs the
+``django_gator.signal_workflow`` permission, and who decided, when, and their note are
+kept on the workflow's row (``WorkflowRun.signals``).
 
 Approve delivers the signal with ``{"approved": true, "by": user, "note": note}`` as the
 wait's result; Reject ends the wait dead, cancelling the steps after it (see
@@ -21,13 +23,13 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from django_gator.admin.pages import AdminPage, username
+from django_gator.admin.pages import CANCEL_PERMISSION, RETRY_PERMISSION, AdminPage, username
 from django_gator.exceptions import WorkflowError
 from django_gator.models import Job, WorkflowRun, WorkflowStep
 from django_gator.states import StepState
 
 SIGNAL_PERMISSION = "django_gator.signal_workflow"
-DECISIONS = ("approve", "reject")
+DECISIONS = ("approve", "reject", "retry", "cancel")
 
 
 def waits_table(run: WorkflowRun, request: HttpRequest, site: str) -> SafeString:
@@ -99,8 +101,6 @@ class WaitDecisionView(AdminPage):
         return HttpResponseNotAllowed(["POST"])
 
     def post(self, request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
-        if not request.user.has_perm(SIGNAL_PERMISSION):
-            raise PermissionDenied
         site = self.admin.admin_site.name
         back = HttpResponseRedirect(
             reverse(f"{site}:django_gator_workflowrun_change", args=[run_id])
@@ -108,10 +108,14 @@ class WaitDecisionView(AdminPage):
         decision, _, name = request.POST.get("decision", "").partition(":")
         note = request.POST.get("note", "").strip()[:500]
         run = WorkflowRun.objects.filter(pk=run_id).first()
-        if decision not in DECISIONS or not name or run is None:
+        if decision not in DECISIONS or run is None:
             messages.error(request, "Nothing changed: an unknown workflow or decision.")
             return back
         by = username(request)
+        if decision in ("retry", "cancel"):
+            return self._operate(request, run, decision, by, back)
+        if not request.user.has_perm(SIGNAL_PERMISSION):
+            raise PermissionDenied
         try:
             if decision == "approve":
                 done = run.signal(name, {"approved": True, "by": by, "note": note}, by=by)
@@ -128,5 +132,37 @@ class WaitDecisionView(AdminPage):
             messages.success(request, f"Rejected {name!r}: the steps after it are cancelled.")
         return back
 
+    def _operate(
+        self, request: HttpRequest, run: WorkflowRun, decision: str, by: str, back: HttpResponse
+    ) -> HttpResponse:
+        """Retry the workflow's failed steps (``retry_job``) or cancel it (``cancel_job``)."""
+        if not request.user.has_perm(
+            RETRY_PERMISSION if decision == "retry" else CANCEL_PERMISSION
+        ):
+            raise PermissionDenied
+        if decision == "retry":
+            count = run.retry(by=by)
+            messages.success(request, f"{count} failed step job(s) of this workflow due again.")
+        else:
+            count = run.cancel(by=by)
+            messages.success(request, f"Workflow cancelled: {count} job(s) and step(s) changed.")
+        return back
+
     def has_permission(self, request: HttpRequest) -> bool:
         return self.admin.has_view_permission(request)
+
+
+def operations(run: WorkflowRun, request: HttpRequest, site: str) -> SafeString:
+    """The workflow's Retry and Cancel buttons, those the user may use."""
+    url = reverse(f"{site}:django_gator_workflowrun_decide", args=[run.pk])
+    buttons = []
+    if request.user.has_perm(RETRY_PERMISSION):
+        buttons.append(("retry:", "Retry the failed steps"))
+    if request.user.has_perm(CANCEL_PERMISSION):
+        buttons.append(("cancel:", "Cancel the workflow"))
+    return format_html_join(
+        " ",
+        '<button type="submit" formaction="{}" name="decision" value="{}" class="button">'
+        "{}</button>",
+        ((url, value, label) for value, label in buttons),
+    )

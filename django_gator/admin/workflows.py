@@ -9,6 +9,7 @@ says how many of its members succeeded, and links to its batch's page.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.contrib import admin
@@ -19,8 +20,9 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from django_gator import redaction
 from django_gator.admin.display import time_field
-from django_gator.admin.waits import WaitDecisionView, waits_table
+from django_gator.admin.waits import WaitDecisionView, operations, waits_table
 from django_gator.models import Job, WorkflowRun, WorkflowStep
 from django_gator.states import JobState, StepState
 
@@ -227,6 +229,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         context = dict(extra_context or {})
         if run is not None:
             context["gator_waits"] = waits_table(run, request, self.admin_site.name)
+            context["gator_operations"] = operations(run, request, self.admin_site.name)
         return super().change_view(request, object_id, form_url, context)
 
     created = time_field("created_at", "created at")
@@ -250,28 +253,32 @@ class WorkflowRunAdmin(admin.ModelAdmin):
     def steps_table(self, run: WorkflowRun) -> SafeString:
         steps = list(run.steps.all())
         ids = [s.job_id for s in steps if s.job_id is not None]
-        jobs = dict(Job.objects.filter(pk__in=ids).values_list("pk", "state"))
+        found = Job.objects.filter(pk__in=ids).values_list("pk", "state", "result")
+        jobs = {pk: state for pk, state, _ in found}
+        results = {pk: result for pk, _, result in found}
         members = member_counts(None, steps)
         site = self.admin_site.name
         rows = format_html_join(
             "\n",
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+            "<td><code>{}</code></td></tr>",
             (
                 (
-                    step.position,
+                    _step_cell(step),
                     step.name,
                     ", ".join(map(str, step.after)) or "-",
                     shown_state(step, jobs, members),
                     _job_cell(step, members, site),
                     step.reason or "-",
+                    _result_cell(step, results),
                 )
                 for step in steps
             ),
         )
         return format_html(
             '<table class="gator-workflow-steps"><thead><tr><th>step</th><th>job name</th>'
-            "<th>after</th><th>state</th><th>job</th><th>why cancelled</th></tr></thead>"
-            "<tbody>{}</tbody></table>",
+            "<th>after</th><th>state</th><th>job</th><th>why cancelled</th><th>result</th>"
+            "</tr></thead><tbody>{}</tbody></table>",
             rows,
         )
 
@@ -284,6 +291,22 @@ class WorkflowRunAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+def _step_cell(step: WorkflowStep) -> str:
+    """A step's position, and its name if it has one."""
+    named = step.label and step.label != str(step.position)
+    return f"{step.position} ({step.label})" if named else str(step.position)
+
+
+def _result_cell(step: WorkflowStep, results: dict[int, Any]) -> str:
+    """A step's result as its dependents read it (redacted like arguments: keys of
+    GATOR_REDACT and the job class's ``redact``), cut short for the table."""
+    if step.job_id is None or results.get(step.job_id) is None:
+        return "-"
+    keys = redaction.keys_for(step.name)
+    shown = json.dumps(redaction.redact_value(results[step.job_id], keys), ensure_ascii=False)
+    return shown if len(shown) <= 200 else shown[:199] + "…"
 
 
 def _job_cell(step: WorkflowStep, members: dict[int, dict[str, int]], site: str) -> Any:

@@ -7,7 +7,7 @@ steps after it is :mod:`django_gator.models.settling`; what a wait step's job re
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import models, transaction
@@ -81,6 +81,49 @@ class WorkflowRun(models.Model):
         one stays). Kept when the wait step is not reached yet. WorkflowError when the
         workflow waits for no signal of that name, or that wait has ended."""
         return send_signal(self._state.db or "default", self.pk, name, payload, by=by)
+
+    def cancel(self, *, by: str = "") -> int:
+        """Cancel this workflow: its jobs not started end ``cancelled`` (running ones are
+        asked to stop, see ``JobQuerySet.cancel``) and its steps not released yet end
+        ``cancelled`` with who did it, so nothing after them is released even if a running
+        step succeeds. Returns how many jobs and steps changed."""
+        alias = self._state.db or "default"
+        with transaction.atomic(using=alias):
+            WorkflowRun.objects.using(alias).select_for_update().filter(pk=self.pk).first()
+            changed = Job.objects.using(alias).filter(chain_id=self.pk).cancel()
+            changed += (
+                WorkflowStep.objects.using(alias)
+                .filter(workflow_id=self.pk, state=StepState.BLOCKED)
+                .update(
+                    state=StepState.CANCELLED,
+                    reason=f"the workflow was cancelled by {by or 'an operator'}",
+                )
+            )
+        return changed
+
+    def retry(self, *, by: str = "") -> int:
+        """Retry this workflow from its failed steps: their dead and failed jobs are due
+        again (``JobQuerySet.retry``); the steps that succeeded keep their results, and
+        what a dead step had cancelled waits again once it succeeds. A retried wait step
+        waits again for its signal (a rejection is forgotten) until its timeout, counted
+        from now. Returns how many jobs it retried."""
+        alias = self._state.db or "default"
+        jobs = Job.objects.using(alias).filter(
+            chain_id=self.pk, state__in=(JobState.DEAD, JobState.FAILED)
+        )
+        ids = list(jobs.values_list("pk", flat=True))
+        retried = jobs.retry(by=by or None)
+        waits = WorkflowStep.objects.using(alias).filter(workflow_id=self.pk, job_id__in=ids)
+        for wait in waits.exclude(wait_for="").exclude(job_id=None):
+            with transaction.atomic(using=alias):
+                run = WorkflowRun.objects.using(alias).select_for_update().get(pk=self.pk)
+                if (run.signals or {}).get(wait.wait_for, {}).get("rejected"):
+                    run.signals = {k: v for k, v in run.signals.items() if k != wait.wait_for}
+                    run.save(using=alias, update_fields=["signals"])
+                due = timezone.now() + timedelta(seconds=wait.delay or 0)
+                retried_wait = Job.objects.using(alias).filter(pk=wait.job_id or 0)
+                retried_wait.filter(state=JobState.WAITING).update(next_execution_at=due)
+        return retried
 
     def reject(self, name: str, *, by: str = "", note: str = "") -> bool:
         """End this workflow's wait for the signal ``name`` as rejected: the wait ends dead
@@ -189,7 +232,13 @@ def send_signal(
             )
         if name in (run.signals or {}):
             return False
-        if wait.state in ENDED:
+        retried = (
+            wait.job_id is not None
+            and Job.objects.using(alias)
+            .filter(pk=wait.job_id, state__in=(JobState.WAITING, JobState.RUNNING))
+            .exists()
+        )
+        if wait.state in ENDED and not retried:
             raise WorkflowError(
                 f"workflow {run.pk}: its wait for {name!r} has ended ({wait.state}); "
                 "the signal changes nothing"

@@ -1,5 +1,6 @@
-"""``manage.py gator_workflow signal RUN_ID NAME [--payload JSON]``: deliver a signal to a
-workflow's wait step (see ``Workflow.add_wait``)."""
+"""``manage.py gator_workflow signal RUN_ID NAME [--payload JSON] | retry RUN_ID | cancel
+RUN_ID``: deliver a signal to a workflow's wait step (see ``Workflow.add_wait``), retry a
+workflow from its failed steps, or cancel it."""
 
 from __future__ import annotations
 
@@ -24,20 +25,30 @@ class Command(BaseCommand):
         "are released. A signal sent before its wait step is reached is kept for it. A "
         "second signal of the same name changes nothing and says so (exit 0). An unknown "
         "workflow, a NAME it does not wait for, or a wait that has ended is an error "
-        "(exit 1)."
+        "(exit 1). retry RUN_ID: the workflow's dead and failed jobs are due again (the steps "
+        "that succeeded keep their results; what a dead step cancelled runs once it "
+        "succeeds). cancel RUN_ID: its jobs not started and its steps not released end "
+        "cancelled; running ones are asked to stop."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("action", choices=["signal"], help="signal")
+        parser.add_argument("action", choices=["signal", "retry", "cancel"])
         parser.add_argument("run_id", help="The workflow's id (a UUID).")
-        parser.add_argument("name", help="The signal's name.")
+        parser.add_argument("name", nargs="?", help="signal: the signal's name.")
         parser.add_argument("--payload", default="null", help="The payload, as JSON.")
         parser.add_argument(
             "--by", default=None, help="Who sends it (default: user@host of this shell)."
         )
 
     def handle(
-        self, *, action: str, run_id: str, name: str, payload: str, by: str | None, **options: Any
+        self,
+        *,
+        action: str,
+        run_id: str,
+        name: str | None,
+        payload: str,
+        by: str | None,
+        **options: Any,
     ) -> None:
         from django_gator.models import WorkflowRun
 
@@ -55,6 +66,16 @@ class Command(BaseCommand):
         if run is None:
             raise CommandError(f"there is no workflow {workflow_id}")
         sender = by if by is not None else f"{getpass.getuser()}@{socket.gethostname()}"
+        if action == "retry":
+            count = run.retry(by=sender)
+            self.stdout.write(f"Workflow {workflow_id}: {count} failed step job(s) due again.")
+            return
+        if action == "cancel":
+            count = run.cancel(by=sender)
+            self.stdout.write(f"Workflow {workflow_id}: {count} job(s) and step(s) cancelled.")
+            return
+        if name is None:
+            raise CommandError("signal needs a NAME: gator_workflow signal RUN_ID NAME")
         try:
             delivered = run.signal(name, value, by=sender)
         except WorkflowError as exc:
