@@ -9,6 +9,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from django.db.backends.postgresql.psycopg_any import register_tzloader
+from psycopg.pq import Format
 
 from django_gator import conf
 from django_gator.engines.base import Engine, Listener
@@ -18,6 +20,7 @@ if TYPE_CHECKING:
 
 #: The LISTEN/NOTIFY channel; the payload is the queue name.
 CHANNEL = "django_gator"
+_TIMESTAMPTZ_OID = psycopg.adapters.types["timestamptz"].oid
 
 
 class PostgresListener(Listener):
@@ -150,6 +153,42 @@ class PostgresSessions(Engine):
             raw = _PreparedCursor(connection.connection)
         with connection.make_cursor(raw) as cursor:
             yield cursor
+
+    def _prepared_row(self, sql: str, params: list[Any]) -> Any:
+        """The one row ``sql`` returns, run as :meth:`_prepared_cursor` runs it (bound on
+        the server, prepared on its first run; the ordinary cursor behind a transaction
+        pooler or while queries are logged), on a cursor kept with the connection: a
+        single dispatch's INSERT, the statement a web process sends most often. Making a
+        cursor (psycopg's and Django's wrapper) and the context manager around it cost
+        about as much as the rest of the client's work on that statement. Django's
+        wrapper still goes around every execute: execute wrappers, error translation, the
+        check that no broken transaction is open."""
+        connection = self.connection
+        if self.pooled or connection.queries_logged:
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                return cursor.fetchone()
+        connection.close_if_health_check_failed()
+        connection.ensure_connection()  # refuses an async context, as cursor() does
+        connection.validate_thread_sharing()
+        raw = connection.connection
+        kept = getattr(raw, "_gator_row_cursor", None)
+        if kept is None or kept[0] is not connection.timezone:
+            kept = raw._gator_row_cursor = (connection.timezone, self._row_cursor(raw))
+        wrapper = kept[1]
+        wrapper.execute(sql, params)
+        return wrapper.cursor.fetchone()
+
+    def _row_cursor(self, raw: Any) -> Any:
+        """The kept cursor of :meth:`_prepared_row`, in Django's wrapper; its timestamps
+        read in the connection's time zone, as Django's own cursors do."""
+        connection = self.connection
+        with connection.wrap_database_errors:
+            cursor = _PreparedCursor(raw)
+        loader = raw.adapters.get_loader(_TIMESTAMPTZ_OID, Format.TEXT)
+        if connection.timezone != loader.timezone:
+            register_tzloader(connection.timezone, cursor)
+        return connection.make_cursor(cursor)
 
 
 class _PreparedCursor(psycopg.Cursor[Any]):
