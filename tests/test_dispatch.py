@@ -551,6 +551,31 @@ def test_postgres_single_dispatch_is_prepared_on_a_direct_alias_only(pg_listener
 
 @postgres_only
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("use_tz", "zone"), [(True, "America/Chicago"), (False, "America/Chicago"), (False, "UTC")]
+)
+def test_postgres_single_dispatch_timestamps_read_as_djangos_own(use_tz, zone):
+    """The kept cursor reads the INSERT's timestamps in binary; they come back as Django's
+    cursors give them, also after the session's time zone changed under that cursor
+    (aware in the connection's zone with USE_TZ, naive in TIME_ZONE without)."""
+    from django.test import override_settings
+
+    DispatchAnything.dispatch("before")  # the kept cursor made with the suite's settings
+    with override_settings(USE_TZ=use_tz, TIME_ZONE=zone):
+        made = [DispatchAnything.dispatch("now"), DispatchAnything.dispatch("later", wait=90)]
+        for job in made:
+            row = Job.objects.get(pk=job.pk)
+            assert (job.created_at, job.next_execution_at) == (
+                row.created_at,
+                row.next_execution_at,
+            )
+            assert job.created_at.tzinfo == row.created_at.tzinfo
+            assert (job.created_at.tzinfo is None) is not use_tz
+    connection.close()  # its session's time zone was the override's
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
 def test_postgres_rolled_back_dispatch_wakes_nobody(pg_listener):
     with rolled_back():
         DispatchAnything.dispatch("never")
