@@ -16,7 +16,10 @@ with the jobs table's recommended settings, benchmarks/soak/cluster.py):
   with Django's defaults (values bound on the client, no prepared statements).
   *single-prepared*: the same with ``OPTIONS = {"server_side_binding": True,
   "prepare_threshold": 5}``, so that django-gator's INSERT is prepared as the raw one is.
-  ``--synchronous-commit off`` sets it on both sides' connections for these two pairs:
+  *single-autocommit*: the raw side as one ``INSERT ... RETURNING id`` per job in
+  autocommit (psycopg's default transaction sends BEGIN and COMMIT as statements of their
+  own: three round trips a job, where dispatch() in autocommit sends one).
+  ``--synchronous-commit off`` sets it on both sides' connections for these pairs:
   without the wait for the WAL flush, which on a slow disk hides everything else.
 - *drain*: ``--drain`` due no-op jobs, taken and marked done. Raw: one connection, no
   threads, no Django, ``synchronous_commit = off``: the claim statement's shape
@@ -100,6 +103,26 @@ def raw_single(dsn: str, count: int, synchronous_commit: str = "on") -> float:
         for i in range(count):
             connection.execute(sql, ["raw.noop", json.dumps([i]), "{}", "raw", 0]).fetchone()
             connection.commit()
+        return count / (time.perf_counter() - started)
+
+
+def raw_single_autocommit(dsn: str, count: int, synchronous_commit: str = "on") -> float:
+    """raw_single() as one statement per job in autocommit: no BEGIN and COMMIT round
+    trips (psycopg sends each as a statement of its own), as dispatch() in autocommit
+    sends it."""
+    import psycopg
+
+    sql = (
+        f"INSERT INTO {TABLE} (name, args, kwargs, queue, priority, next_execution_at, "
+        "created_at, state, attempts, rescues, last_error) VALUES (%s, %s::jsonb, %s::jsonb, "
+        "%s, %s, statement_timestamp(), statement_timestamp(), 'waiting', 0, 0, '') "
+        "RETURNING id"
+    )
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        connection.execute(f"SET synchronous_commit TO {synchronous_commit}")
+        started = time.perf_counter()
+        for i in range(count):
+            connection.execute(sql, ["raw.noop", json.dumps([i]), "{}", "raw", 0]).fetchone()
         return count / (time.perf_counter() - started)
 
 
@@ -269,7 +292,7 @@ def main() -> None:
     parser.add_argument("--pg-bindir", default="/usr/lib/postgresql/15/bin")
     parser.add_argument(
         "--only",
-        choices=["bulk", "single", "single-prepared", "drain"],
+        choices=["bulk", "single", "single-autocommit", "single-prepared", "drain"],
         action="append",
     )
     parser.add_argument("--rows", type=int, default=100_000)
@@ -389,6 +412,14 @@ def run(args: argparse.Namespace, url: str, table_autovacuum: dict[str, str] | N
             pair(
                 f"single insert + commit x{args.single:,}, sync {sync}",
                 lambda: raw_single(dsn, args.single, sync),
+                lambda: gator_single(args.single, sync),
+                rnd,
+                args.single,
+            )
+        if "single-autocommit" in only:
+            pair(
+                f"single, raw in autocommit x{args.single:,}, sync {sync}",
+                lambda: raw_single_autocommit(dsn, args.single, sync),
                 lambda: gator_single(args.single, sync),
                 rnd,
                 args.single,

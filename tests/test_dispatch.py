@@ -518,6 +518,64 @@ def test_postgres_dispatch_runs_prepared_with_server_side_binding(pg_listener):
 
 @postgres_only
 @pytest.mark.django_db(transaction=True)
+def test_postgres_single_dispatch_is_prepared_on_a_direct_alias_only(pg_listener, settings):
+    """With Django's defaults the single INSERT is still prepared, once per connection, on
+    a cursor kept with it: its rows, timestamps and NOTIFY are as before. Not behind a
+    transaction pooler, nor while queries are logged (their SQL is then in the log)."""
+    from django.test.utils import CaptureQueriesContext
+
+    connection.close()
+    jobs = [DispatchAnything.dispatch(i) for i in range(3)]
+    jobs.append(DispatchAnything.dispatch(3, wait=60))
+    assert prepared_inserts() == 2  # due now, and scheduled: one statement each
+    assert len(list(pg_listener.notifies(timeout=0.5))) == 3
+    for made in jobs:
+        row = Job.objects.get(pk=made.pk)
+        assert (row.args, row.created_at, row.next_execution_at) == (
+            made.args,
+            made.created_at,
+            made.next_execution_at,
+        )
+    assert jobs[0].next_execution_at == jobs[0].created_at
+    assert jobs[3].next_execution_at > jobs[3].created_at
+    with CaptureQueriesContext(connection) as queries:
+        logged = DispatchAnything.dispatch("logged")
+    assert [q["sql"] for q in queries.captured_queries if "INSERT" in q["sql"]]
+    assert Job.objects.get(pk=logged.pk).args == ["logged"]
+    connection.close()
+    settings.GATOR_POOLED_DATABASES = ["default"]
+    pooled = DispatchAnything.dispatch("pooled")
+    assert prepared_inserts() == 0
+    assert Job.objects.get(pk=pooled.pk).created_at == pooled.created_at
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("use_tz", "zone"), [(True, "America/Chicago"), (False, "America/Chicago"), (False, "UTC")]
+)
+def test_postgres_single_dispatch_timestamps_read_as_djangos_own(use_tz, zone):
+    """The kept cursor reads the INSERT's timestamps in binary; they come back as Django's
+    cursors give them, also after the session's time zone changed under that cursor
+    (aware in the connection's zone with USE_TZ, naive in TIME_ZONE without)."""
+    from django.test import override_settings
+
+    DispatchAnything.dispatch("before")  # the kept cursor made with the suite's settings
+    with override_settings(USE_TZ=use_tz, TIME_ZONE=zone):
+        made = [DispatchAnything.dispatch("now"), DispatchAnything.dispatch("later", wait=90)]
+        for job in made:
+            row = Job.objects.get(pk=job.pk)
+            assert (job.created_at, job.next_execution_at) == (
+                row.created_at,
+                row.next_execution_at,
+            )
+            assert job.created_at.tzinfo == row.created_at.tzinfo
+            assert (job.created_at.tzinfo is None) is not use_tz
+    connection.close()  # its session's time zone was the override's
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
 def test_postgres_rolled_back_dispatch_wakes_nobody(pg_listener):
     with rolled_back():
         DispatchAnything.dispatch("never")

@@ -111,7 +111,7 @@ class JobEngine(Protocol):
         self,
         rows: JobRows,
         notify: set[str] | None = None,
-        prepare: Callable[[], None] | None = None,
+        prepare: Callable[[int], None] | None = None,
         meanwhile: Callable[[Inserted], None] | None = None,
     ) -> Inserted:
         """Insert one dispatch call's ``waiting`` rows, in the caller's transaction; the
@@ -121,8 +121,10 @@ class JobEngine(Protocol):
         arrays, and from 1,000 rows COPY, its ids reserved in one statement before; MySQL
         8, which has no INSERT ... RETURNING: an INSERT and a read per row, in one
         transaction). ``notify``: queues whose listening workers wake when it
-        commits. ``prepare()`` runs once before the ids are known, ``meanwhile(answer)``
-        once after; an exception from either stores nothing."""
+        commits. ``prepare(n)`` builds the returned objects of the first ``n`` rows (those
+        not built yet): it runs before ``meanwhile(answer)``, with every row at the latest
+        (PostgreSQL's COPY: a chunk at a time, while the server reads the lines sent), and
+        ``meanwhile`` once; an exception from either stores nothing."""
 
     def insert_unique(
         self, rows: Sequence[InsertRow], notify: set[str] | None = None

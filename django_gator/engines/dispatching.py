@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from json.encoder import encode_basestring
+from typing import Any
 
 from django.db import IntegrityError, transaction
 
@@ -74,20 +74,21 @@ class DispatchStatements(EngineCore):
         self,
         rows: JobRows,
         notify: set[str] | None = None,
-        prepare: Callable[[], None] | None = None,
+        prepare: Callable[[int], None] | None = None,
         meanwhile: Callable[[Inserted], None] | None = None,
     ) -> Inserted:
         """:meth:`insert_jobs` for the rows of one dispatch call, given by column (what
         the rows share is encoded once); the answer by column too.
 
         The caller's work in two callbacks runs where the database may be busy, so that
-        it takes no time of its own there: ``prepare()`` once before the ids are known
-        (PostgreSQL's COPY: while its ids are drawn from the sequence), ``meanwhile`` with
-        the answer once it is known, before this returns (PostgreSQL's COPY: while the
-        server reads the last lines). An exception either raises ends the insert, which
-        stores nothing."""
+        it takes no time of its own there: ``prepare(n)`` for the returned objects of the
+        first ``n`` rows (here all at once, before the INSERT; PostgreSQL's COPY: a chunk
+        at a time, while the server reads the lines sent), ``meanwhile`` with the answer
+        once it is known, before this returns (PostgreSQL's COPY: while the server reads
+        the last lines). An exception either raises ends the insert, which stores
+        nothing."""
         if prepare is not None:
-            prepare()
+            prepare(len(rows))
         if len(rows) < COLUMN_DOCUMENT_ROWS:
             documents = self._row_documents(rows.rows())
         else:
@@ -96,17 +97,31 @@ class DispatchStatements(EngineCore):
 
     def _insert_documents(self, documents: list[str]) -> list[tuple[int, datetime, datetime]]:
         out: list[tuple[int, datetime, datetime]] = []
-        parse = functools.lru_cache(maxsize=64)(self.to_dt)
+        # The rows of one call share their created_at and their run_at: each text is read
+        # once (a dict, not an lru_cache made per call, which cost a single dispatch more).
+        parsed: dict[Any, datetime] = {}
+
+        def parse(value: Any) -> datetime:
+            known = parsed.get(value)
+            if known is None:
+                known = parsed[value] = self.to_dt(value)
+            return known
+
+        sql = self._document_insert
+        if sql is None:
+            sql = self._document_insert = self.insert_sql()  # built once per engine
         context = self.write_transaction() if len(documents) > 1 else self.connection.cursor()
         with context as cursor:
             for document in documents:
-                cursor.execute(self.insert_sql(), [document])
+                cursor.execute(sql, [document])
                 returned = sorted(cursor.fetchall())
                 out += [(r[0], parse(r[1]), parse(r[2])) for r in returned]
         return out
 
     #: Largest JSON document of rows sent in one INSERT.
     insert_bytes = 4_000_000
+    #: insert_sql(), once built.
+    _document_insert: str | None = None
 
     def insert_sql(self) -> str:
         """An INSERT ... SELECT ... RETURNING id, created_at, next_execution_at over the

@@ -144,13 +144,13 @@ class MySQLEngine(Engine):
         self,
         rows: JobRows,
         notify: set[str] | None = None,
-        prepare: Callable[[], None] | None = None,
+        prepare: Callable[[int], None] | None = None,
         meanwhile: Callable[[Inserted], None] | None = None,
     ) -> Inserted:
         if self.connection.features.can_return_rows_from_bulk_insert:
             return super().insert_rows(rows, notify, prepare, meanwhile)
         if prepare is not None:
-            prepare()
+            prepare(len(rows))
         return answered(self.insert_jobs(rows.rows(), notify), meanwhile)
 
     def insert_jobs(

@@ -52,7 +52,7 @@ class PostgresInserts(PostgresCopy):
         self,
         rows: JobRows,
         notify: set[str] | None = None,
-        prepare: Callable[[], None] | None = None,
+        prepare: Callable[[int], None] | None = None,
         meanwhile: Callable[[Inserted], None] | None = None,
     ) -> Inserted:
         count = len(rows)
@@ -60,7 +60,7 @@ class PostgresInserts(PostgresCopy):
             rows.settle()
         if count == 1:
             if prepare is not None:
-                prepare()
+                prepare(1)
             return answered([self._insert_one(rows.rows()[0], notify)], meanwhile)
         answer: list[Inserted] = []
 
@@ -79,14 +79,14 @@ class PostgresInserts(PostgresCopy):
         columns: dict[str, Any],
         notify: set[str] | None,
         meanwhile: Callable[[list[int], datetime], None] | None = None,
-        prepare: Callable[[], None] | None = None,
+        prepare: Callable[[int], None] | None = None,
         encode: Callable[[int, int], None] | None = None,
     ) -> tuple[list[int], datetime]:
         """Insert ``count`` rows given by column (InsertRow attribute: a list of one value
         per row, or the value every row shares); returns their ids in order, and the
         statement time (their created_at, and the next_execution_at of those without
         run_at). A list whose values are all the same is treated as that one value.
-        ``prepare()`` and ``meanwhile(ids, time)``: see insert_rows(). ``encode``: the
+        ``prepare(n)`` and ``meanwhile(ids, time)``: see insert_rows(). ``encode``: the
         arguments are still to be checked and encoded (JobRows.encode; COPY only)."""
         for attr, values in columns.items():
             if isinstance(values, list) and values[0] != "" and values.count(values[0]) == count:
@@ -96,7 +96,7 @@ class PostgresInserts(PostgresCopy):
         if encode is not None:
             encode(0, count)
         if prepare is not None:
-            prepare()
+            prepare(count)
         sql, params = self._unnest_insert(count, columns, notify)
         with self.connection.cursor() as cursor:
             cursor.execute(sql, params)
@@ -165,10 +165,9 @@ class PostgresInserts(PostgresCopy):
         if notify:
             [queue] = notify
             params += [CHANNEL, queue]
-        with self.connection.cursor() as cursor:
-            cursor.execute(insert, params)
-            returned = cursor.fetchone()
-        return returned[0], returned[1], returned[2]
+        returned = self._prepared_row(insert, params)
+        # Due now: next_execution_at is created_at, the same statement_timestamp().
+        return returned[0], returned[1], returned[2] if row.run_at is not None else returned[1]
 
     def _insert_one_sql(self, present: tuple[str, ...], scheduled: bool, notify: bool) -> str:
         names = ["name", "args", "kwargs", "queue", "priority", "next_execution_at", "created_at"]
@@ -177,7 +176,7 @@ class PostgresInserts(PostgresCopy):
         values.append("statement_timestamp()")
         names += present
         values += [_OPTIONAL_ONE[attr] for attr in present]
-        returning = "id, created_at, next_execution_at"
+        returning = "id, created_at, next_execution_at" if scheduled else "id, created_at"
         if notify:
             returning += ", pg_notify(%s, %s)"
         return (

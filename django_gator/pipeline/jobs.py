@@ -49,19 +49,22 @@ class JobsInsert(Insert):
         self.name = job_class.name
         self.queue = rows.queue
         self.jobs = []
-        self.prepared = False
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    def prepare(self) -> None:
-        # Handed to the engine, which builds the jobs while the database stores the rows
-        # (PostgreSQL's COPY: while its ids are drawn from the sequence).
-        if self.prepared:
+    def prepare(self, stop: int | None = None) -> None:
+        """Build the jobs of the first ``stop`` rows (None: all) not built yet. Handed to
+        the engine, which builds them where the database is busy (PostgreSQL's COPY: a
+        chunk at a time, while the server reads the lines sent)."""
+        count = len(self.rows)
+        stop = count if stop is None else min(stop, count)
+        start = len(self.jobs)
+        if start >= stop:
             return
-        with collector.paused(len(self.rows)):
-            self.jobs.extend(unsaved_jobs(self.alias, self.rows, *self.payloads_by_column))
-        self.prepared = True
+        args_col, kwargs_col = self.payloads_by_column
+        with collector.paused(stop - start):
+            self.jobs.extend(unsaved_jobs(self.alias, self.rows, args_col, kwargs_col, start, stop))
 
     def defer(self, commit_alias: str) -> None:
         self.rows.settle()  # a bad item is refused now, not at the commit

@@ -78,10 +78,16 @@ def unsaved_job(alias: str, row: InsertRow, args: list[Any], kwargs: dict[str, A
 
 
 def unsaved_jobs(
-    alias: str, rows: JobRows, args_col: list[list[Any]], kwargs_col: list[dict[str, Any]]
+    alias: str,
+    rows: JobRows,
+    args_col: list[list[Any]],
+    kwargs_col: list[dict[str, Any]],
+    start: int = 0,
+    stop: int | None = None,
 ) -> list[Job]:
-    """:func:`unsaved_job` for every row of one dispatch call: the shared values are set
-    once, and each Job gets a copy of them and its own arguments and keys."""
+    """:func:`unsaved_job` for the rows ``start`` to ``stop`` (None: the last) of one
+    dispatch call: the shared values are set once, and each Job gets a copy of them and
+    its own arguments and keys."""
     template = _template(
         rows.name,
         rows.queue,
@@ -91,9 +97,12 @@ def unsaved_jobs(
         rows.chain_position,
         rows.batch_id,
     )
-    count = len(rows)
-    unique_keys = rows.unique_keys or itertools.repeat(None, count)
-    flow_keys = rows.concurrency_keys or itertools.repeat(None, count)
+    stop = len(rows) if stop is None else stop
+    if start or stop < len(rows):
+        args_col, kwargs_col = args_col[start:stop], kwargs_col[start:stop]
+    count = stop - start
+    unique_keys = (rows.unique_keys or [])[start:stop] or itertools.repeat(None, count)
+    flow_keys = (rows.concurrency_keys or [])[start:stop] or itertools.repeat(None, count)
     jobs: list[Job] = []
     append = jobs.append
     new_job, new_state, job_class = _new_job, _new_state, Job

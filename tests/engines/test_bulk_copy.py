@@ -236,3 +236,42 @@ def test_a_streamed_dispatch_deferred_to_the_commit_is_checked_at_the_call():
             CopyProbe.dispatch_many(items, on_commit=True)
         CopyProbe.dispatch(-1, on_commit=True)
     assert Job.objects.count() == 1
+
+
+class CopyKeyed(Queueable):
+    queue = "copy-keyed"
+    concurrency_limit = 2
+
+    def concurrency_key(self, n: int) -> str:
+        return f"key-{n % 7}"
+
+    def handle(self, n: int) -> None:
+        return None
+
+
+@pytest.mark.parametrize("job_class", [CopyProbe, CopyKeyed])
+def test_the_returned_jobs_are_built_a_chunk_at_a_time_as_the_lines_go_out(monkeypatch, job_class):
+    """The Job objects of each chunk are built once its lines are sent (while PostgreSQL
+    reads them), in order; each still matches its own row, keys included."""
+    from django_gator.pipeline.jobs import JobsInsert
+
+    monkeypatch.setattr(postgresql_copy, "COPY_CHUNK", 200)
+    original = JobsInsert.prepare
+    built: list[int] = []
+
+    def noted(self: JobsInsert, stop: int | None = None) -> None:
+        original(self, stop)
+        built.append(len(self.jobs))
+
+    monkeypatch.setattr(JobsInsert, "prepare", noted)
+    jobs = job_class.dispatch_many([[i] for i in range(ROWS)])
+    assert built == [*range(200, ROWS, 200), ROWS]
+    stored = {job.pk: job for job in Job.objects.all()}
+    assert len(stored) == ROWS
+    for i, job in enumerate(jobs):
+        row = stored[job.pk]
+        assert row.args == job.args == [i]
+        assert row.concurrency_key == job.concurrency_key
+        assert row.created_at == job.created_at == job.next_execution_at
+    if job_class is CopyKeyed:
+        assert {job.concurrency_key for job in jobs} == {f"key-{n}" for n in range(7)}

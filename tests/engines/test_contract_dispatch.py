@@ -44,10 +44,10 @@ def test_a_dispatch_call_is_one_insert_answered_in_the_rows_order():
         with statements() as sent:
             inserted = engine.insert_rows(
                 rows,
-                prepare=lambda: calls.append("prepare"),
+                prepare=lambda n: calls.append(f"prepare {n}"),
                 meanwhile=lambda answer: calls.append(f"meanwhile {len(answer.ids)}"),
             )
-        assert calls == ["prepare", f"meanwhile {count}"]
+        assert calls == [f"prepare {count}", f"meanwhile {count}"]
         assert len(writes(sent)) == 1, sent
         assert (
             len(inserted.ids)
