@@ -31,6 +31,7 @@ from django_gator.admin.display import pretty, running_for, time_field, when
 from django_gator.admin.filters import ErrorClassFilter, JobNameFilter, QueueFilter
 from django_gator.admin.limits import QueueLimitsView
 from django_gator.admin.listing import JobListing
+from django_gator.admin.progress import ProgressDisplay
 from django_gator.admin.queues import QueuePauseView
 from django_gator.admin.workflows import workflow_link
 from django_gator.models import Job, JobState
@@ -55,7 +56,7 @@ ATTEMPT_FIELDS = (
 )
 
 
-class JobAdmin(JobListing, JobActions):
+class JobAdmin(JobListing, ProgressDisplay, JobActions):
     # Sized to fit a 1400 px window with the navigation sidebar and the filters open (a
     # browser test measures it): names wrap after their dots, times after the date, errors
     # anywhere, and the error is cut short.
@@ -63,7 +64,7 @@ class JobAdmin(JobListing, JobActions):
         "id",
         "job_name",
         "queue",
-        "state",
+        "state_and_progress",
         "priority",
         "attempts",
         "next_run",
@@ -84,6 +85,7 @@ class JobAdmin(JobListing, JobActions):
     fieldsets = (
         (None, {"fields": ("id", "name", "state", "queue", "priority")}),
         ("Payload", {"fields": ("args_pretty", "kwargs_pretty", "result_pretty")}),
+        ("Progress", {"fields": ("progress_html", "checkpoint_html")}),
         (
             "Timing",
             {
@@ -114,6 +116,8 @@ class JobAdmin(JobListing, JobActions):
         "args_pretty",
         "kwargs_pretty",
         "result_pretty",
+        "progress_html",
+        "checkpoint_html",
         "created",
         "next_execution",
         "started",
@@ -185,6 +189,11 @@ class JobAdmin(JobListing, JobActions):
                 name="django_gator_job_edit_arguments",
             ),
             path("<path:object_id>/retry/", wrap(self.retry_view), name="django_gator_job_retry"),
+            path(
+                "<path:object_id>/clear-checkpoint/",
+                wrap(self.clear_checkpoint_view),
+                name="django_gator_job_clear_checkpoint",
+            ),
             path(
                 "batches/<int:batch_id>/",
                 wrap(BatchView.as_view(model_admin=self)),

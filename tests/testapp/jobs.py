@@ -1197,3 +1197,7 @@ class NotesItsConnection(Queueable):
         CONNECTION_NOTES.append(
             (threading.current_thread().name, was_open, started, time.monotonic())
         )
+
+
+# Registered with the others, for worker subprocesses (autodiscovery imports this module).
+from tests.testapp import long_jobs  # noqa: E402, F401
