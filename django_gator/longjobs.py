@@ -107,7 +107,6 @@ class Journal:
             "total": total,
             "note": note[:NOTE_CHARS],
             "rate": None if rate is None else round(rate, 3),
-            "at": datetime.now(UTC).isoformat(timespec="seconds"),
         }
         with self._lock:
             self._progress = value
@@ -164,6 +163,8 @@ class Journal:
         self._written_at = time.monotonic()
         if progress is None and checkpoint is _NOTHING:
             return
+        if progress is not None:  # when it is written: at most an interval after the call
+            progress["at"] = datetime.now(UTC).isoformat(timespec="seconds")
         text = None if progress is None else json.dumps(progress, separators=(",", ":"))
         try:
             written = self._write(text, None if checkpoint is _NOTHING else checkpoint)
