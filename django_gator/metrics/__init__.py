@@ -12,7 +12,8 @@ worker's hooks cost one module-attribute test per job while metrics are off
   (``succeeded``, ``failed`` (will retry), ``dead``, ``cancelled``, ``snoozed``);
 - ``gator_job_run_seconds{job, queue}``: how long ``handle()`` ran (histogram);
 - ``gator_job_progress_items_total{job, queue}``: items running jobs reported done with
-  ``self.progress()``, counted at each progress write (its rate is the jobs' throughput);
+  ``self.progress()``, counted at each progress write from each attempt's first report
+  (its rate is the jobs' throughput);
 - ``gator_job_pickup_latency_seconds{queue}``: from the job's due time (its
   ``next_execution_at``) to its start (histogram; the worker's clock against the
   database's, so clock skew between them shows here);

@@ -69,3 +69,23 @@ def test_gator_status_shows_the_progress_of_running_jobs(capsys):
     document = json.loads(capsys.readouterr().out)
     assert document["progress"][0]["id"] == job.pk
     assert document["progress"][0]["progress"]["done"] == 250
+
+
+def test_progress_is_counted_in_the_metrics():
+    from prometheus_client import REGISTRY
+
+    from django_gator import metrics
+
+    def counted() -> float:
+        labels = {"job": ManualCheckpoint.name, "queue": "long"}
+        return REGISTRY.get_sample_value("gator_job_progress_items_total", labels) or 0.0
+
+    metrics.enable()
+    try:
+        before = counted()
+        ManualCheckpoint.dispatch(50, fail_at=30)
+        run_worker("long", concurrency=1)
+        # Counted from each attempt's first report: 1 to 30, then 31 to 50.
+        assert counted() - before == 29 + 19
+    finally:
+        metrics.disable()
