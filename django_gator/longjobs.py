@@ -19,6 +19,7 @@ write that fails is logged and kept, to be tried at the next write.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -140,7 +141,8 @@ class Journal:
         if now - self._written_at < self.interval:
             return
         if self._submit is None:
-            self.flush()
+            if not _on_event_loop():  # else kept for the write at the attempt's end
+                self.flush()
             return
         with self._lock:
             if self._flushing:
@@ -185,6 +187,16 @@ class Journal:
         if delta > 0:
             self._counted += delta
             self._on_progress(delta)  # type: ignore[misc]
+
+
+def _on_event_loop() -> bool:
+    """Whether this thread runs an event loop: an async handler awaited outside the
+    worker's loop (run_jobs(), GATOR_IMMEDIATE), where no database call may be made."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 class LongRunning:

@@ -36,6 +36,9 @@ def _handle(instance: Queueable) -> Any:
     ORM calls (through sync_to_async) use this thread's connection."""
     result = instance.handle(*instance.args, **instance.kwargs)
     if inspect.isawaitable(result):
+        if instance._gator_journal is not None:
+            # Read now: no database call can be made from the loop it is awaited in.
+            instance._gator_journal.start_state()
         result = async_to_sync(_awaited)(result)
     return result
 

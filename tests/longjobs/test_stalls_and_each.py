@@ -89,3 +89,17 @@ def test_each_in_an_async_handler_resumes_at_its_cursor():
 
 def test_workers_left_nothing_behind():
     assert not Worker.objects.exists()
+
+
+def test_run_jobs_resumes_an_async_handlers_each_and_writes_its_progress():
+    # run_jobs() awaits an async handler in its own event loop: the journal reads and
+    # writes off that loop.
+    from django_gator.testing import run_jobs
+
+    job = AsyncCounts.dispatch(30, fail_at=12)
+    run_jobs(raise_errors=False)
+    run_jobs(raise_errors=False)
+    job.refresh_from_db()
+    assert job.state == JobState.SUCCEEDED, job.last_error
+    assert job.result == list(range(12, 30))
+    assert job.progress["done"] == 30
