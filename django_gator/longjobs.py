@@ -149,7 +149,11 @@ class Journal:
                 return
             self._flushing = True
         self._written_at = now
-        self._submit(self.flush)
+        try:
+            self._submit(self.flush)
+        except Exception as exc:  # the writer threads are gone (the worker stops)
+            self._flushing = False
+            logger.warning("Progress not written (kept): %s: %s", type(exc).__name__, exc)
 
     def flush(self) -> None:
         """Write what is pending, now, on this thread (the attempt's end does, before its

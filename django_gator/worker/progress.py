@@ -5,7 +5,6 @@ metrics."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -68,8 +67,7 @@ async def within_limits(instance: Queueable, handle: Callable[[Queueable], Await
         task.cancel()  # the worker cancelled the job: its handler too
         raise
     task.cancel()
-    with contextlib.suppress(BaseException):
-        await task
+    await asyncio.wait({task})  # its end, whatever it raised (a cancel of ours still raises)
     raise JobStalled(
         f"no progress(), checkpoint() or heartbeat() for {stall:g} s (its stall_timeout)"
     )
