@@ -155,6 +155,11 @@ class Journal:
             self._flushing = False
             logger.warning("Progress not written (kept): %s: %s", type(exc).__name__, exc)
 
+    @property
+    def pending(self) -> bool:
+        """Whether a progress or checkpoint waits to be written (or is being written)."""
+        return self._progress is not None or self._checkpoint is not _NOTHING or self._flushing
+
     def flush(self) -> None:
         """Write what is pending, now, on this thread (the attempt's end does, before its
         outcome is written). Never raises."""

@@ -351,7 +351,8 @@ class AsyncRunner:
         )
         try:
             outcome = await arun_claimed(job, worker_id, self.orm, journal)
-            await self._write(journal.flush)  # before the outcome: a hand-back's position
+            if journal.pending:  # before the outcome: a hand-back's position
+                await self._write(journal.flush)
             elapsed_ms = (time.perf_counter() - started) * 1000
             state = await self._write(self.outcomes.record, job, outcome, elapsed_ms, batch=True)
         except asyncio.CancelledError:
