@@ -12,7 +12,7 @@ from django.urls import reverse
 from django_gator.models import Job, JobState
 from tests.admin_helpers import dead_job, operator
 from tests.conftest import run_worker
-from tests.testapp.long_jobs import ManualCheckpoint
+from tests.testapp.long_jobs import DiesMidway, ManualCheckpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -89,3 +89,18 @@ def test_a_running_jobs_checkpoint_is_not_cleared():
     assert "Nothing cleared" in response.content.decode()
     assert Job.objects.get(pk=job.pk).checkpoint_data == {"row": 3}
     assert not Job.objects.get(pk=job.pk).audit
+
+
+def test_an_operators_retry_resumes_a_dead_job_from_its_checkpoint():
+    job = DiesMidway.dispatch(20, fail_at=8)
+    run_worker("long", concurrency=1)
+    job.refresh_from_db()
+    assert job.state == JobState.DEAD
+    assert job.checkpoint_data == {"each": 8}
+    retrier = operator("retry_job")
+    retrier.post(reverse("admin:django_gator_job_retry", args=[job.pk]))
+    assert Job.objects.get(pk=job.pk).state == JobState.WAITING
+    run_worker("long", concurrency=1)
+    job.refresh_from_db()
+    assert job.state == JobState.SUCCEEDED
+    assert job.result == 8

@@ -9,8 +9,17 @@ import pytest
 from django.test import override_settings
 
 from django_gator.models import Job, JobState, Worker
-from tests.conftest import run_worker
-from tests.testapp.long_jobs import AsyncCounts, AsyncStalls, CountsItems, CountsRows, Stalls
+from django_gator.worker.queues import parse_queue_specs
+from django_gator.worker.supervisor import WorkerProcess
+from tests.conftest import run_worker, start_worker_thread, wait_for
+from tests.testapp.long_jobs import (
+    AsyncCounts,
+    AsyncSlowItems,
+    AsyncStalls,
+    CountsItems,
+    CountsRows,
+    Stalls,
+)
 from tests.testapp.models import ItemDone
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -103,3 +112,28 @@ def test_run_jobs_resumes_an_async_handlers_each_and_writes_its_progress():
     assert job.state == JobState.SUCCEEDED, job.last_error
     assert job.result == list(range(12, 30))
     assert job.progress["done"] == 30
+
+
+@override_settings(GATOR_PROGRESS_INTERVAL=0.1)
+def test_an_async_job_in_each_is_handed_back_at_its_cursor_when_its_worker_stops():
+    job = AsyncSlowItems.dispatch(500, 0.02)
+    worker = WorkerProcess(
+        parse_queue_specs(["long"]),
+        concurrency=1,
+        install_signal_handlers=False,
+        shutdown_timeout=120,  # only the hand-back lets it stop at once
+    )
+    thread = start_worker_thread(worker)
+    wait_for(lambda: (Job.objects.get(pk=job.pk).progress or {}).get("done", 0) >= 5)
+    worker.request_stop()
+    thread.join(30)
+    assert not thread.is_alive()
+    row = Job.objects.get(pk=job.pk)
+    assert row.state == JobState.WAITING
+    assert row.handbacks == 1
+    saved = row.checkpoint_data["each"]
+    assert 5 <= saved < 500
+    run_worker("long", concurrency=1)
+    row.refresh_from_db()
+    assert row.state == JobState.SUCCEEDED
+    assert row.result == saved

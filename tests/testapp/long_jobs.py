@@ -151,3 +151,29 @@ class AtomicCheckpoint(Queueable):
         if self.attempt == 1:
             raise RuntimeError("rolled back")
         return start
+
+
+class DiesMidway(Queueable):
+    """No retries: its first attempt dies at item ``fail_at``; returns where the attempt
+    that succeeded started."""
+
+    queue = "long"
+
+    def handle(self, count: int, fail_at: int) -> int:
+        start = (self.checkpoint_data or {}).get("each", 0)
+        for item in self.each(list(range(count))):
+            if item == fail_at and self.attempt == 1:
+                raise RuntimeError("dies")
+        return start
+
+
+class AsyncSlowItems(Queueable):
+    """each() in an async handler, ``pause`` s per item; returns where it started."""
+
+    queue = "long"
+
+    async def handle(self, count: int, pause: float) -> int:
+        start = (self.checkpoint_data or {}).get("each", 0)
+        for _item in self.each(list(range(count))):
+            await asyncio.sleep(pause)
+        return start
