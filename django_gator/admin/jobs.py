@@ -64,7 +64,7 @@ class JobAdmin(JobListing, ProgressDisplay, JobActions):
         "id",
         "job_name",
         "queue",
-        "state_and_progress",
+        "state",
         "priority",
         "attempts",
         "next_run",
@@ -228,10 +228,10 @@ class JobAdmin(JobListing, ProgressDisplay, JobActions):
 
     @admin.display(description="next run", ordering="next_execution_at")
     def next_run(self, job: Job) -> SafeString | None:
-        """When the job is due; under it, how many times it snoozed, if it did, and for a
-        job running longer than ``GATOR_LONG_RUNNING_AFTER`` (since its claim, by this
-        server's clock) a flag with its age (in the same cell: the list has no room for
-        another column). A job that never ends shows here."""
+        """When the job is due; under it, how many times it snoozed, if it did, a running
+        job's progress bar, and for a job running longer than ``GATOR_LONG_RUNNING_AFTER``
+        (since its claim, by this server's clock) a flag with its age (in the same cell:
+        the list has no room for another column). A job that never ends shows here."""
         shown = when(job.next_execution_at)
         if job.snoozes:
             shown = format_html(
@@ -240,6 +240,7 @@ class JobAdmin(JobListing, ProgressDisplay, JobActions):
                 "times handle() raised Snooze (no attempt counted)",
                 wording.count(job.snoozes, "snooze"),
             )
+        shown = self.with_progress(job, shown)
         age = running_for(job)
         if age is None or age <= conf.long_running_after():
             return shown

@@ -78,14 +78,14 @@ def progress_bar(parts: dict[str, Any]) -> SafeString:
 class ProgressDisplay(admin.ModelAdmin):
     """The JobAdmin's long-running-job fields and the clear-checkpoint view."""
 
-    @admin.display(description="state", ordering="state")
-    def state_and_progress(self, job: Job) -> SafeString:
-        """The state; under it, for a running job that reports progress, its bar."""
-        state = format_html("{}", job.get_state_display())
+    @staticmethod
+    def with_progress(job: Job, shown: SafeString | None) -> SafeString | None:
+        """``shown`` (a cell of the job list) with, under it, the progress bar of a running
+        job that reports progress (the list has no room for a column of its own)."""
         parts = progress_parts(job.progress) if job.state == JobState.RUNNING else None
         if parts is None:
-            return state
-        return format_html("{}<br>{}", state, progress_bar(parts))
+            return shown
+        return format_html("{}<br>{}", shown or "-", progress_bar(parts))
 
     @admin.display(description="progress")
     def progress_html(self, job: Job) -> SafeString:
