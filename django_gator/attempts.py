@@ -7,6 +7,7 @@ An attempt ends in one of three outcomes (like River's JobSetStateCompleted, ...
 
 - :class:`Success`: ``handle()`` returned;
 - :class:`Snoozed`: ``handle()`` raised :class:`~django_gator.exceptions.Snooze`;
+- :class:`HandedBack`: ``self.each()`` gave the job back to a stopping worker;
 - :class:`Failure`: anything else, retried or not (see its named constructors).
 
 Each says how metrics and traces name it: its ``label`` is ``succeeded``, ``snoozed``,
@@ -60,6 +61,20 @@ class Snoozed:
     @property
     def label(self) -> str:
         return "snoozed"
+
+
+@dataclass(frozen=True, slots=True)
+class HandedBack:
+    """``handle()`` raised :class:`~django_gator.exceptions.HandBack` (``self.each()``
+    does when the worker stops): the job goes back to ``waiting`` at once, its attempt
+    given back and counted in ``handbacks``, never charged; its checkpoint was written
+    before this outcome is."""
+
+    exception: BaseException
+
+    @property
+    def label(self) -> str:
+        return "handed_back"
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +173,7 @@ class Failure:
 
 
 #: Every outcome of an attempt.
-Outcome = Success | Failure | Snoozed
+Outcome = Success | Failure | Snoozed | HandedBack
 
 
 class Mark(NamedTuple):

@@ -56,6 +56,18 @@ class JobTimeout(GatorError):
     """A job ran longer than its ``timeout``."""
 
 
+class JobStalled(JobTimeout):
+    """A job with a ``stall_timeout`` called none of ``progress()``, ``checkpoint()`` and
+    ``heartbeat()`` for that long: its attempt fails with this error (retried per its
+    policy), and its thread is replaced as for a timeout."""
+
+
+class HandBack(GatorError):
+    """Raised by ``self.each()`` when the worker is stopping: the job goes back to
+    ``waiting`` at once, its position checkpointed, its attempt not charged. Let it
+    propagate out of ``handle()`` (do not catch it)."""
+
+
 class WorkerLost(GatorError):
     """The worker running a job stopped heartbeating (killed, frozen or cut off)."""
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from django_gator import conf
 from django_gator.items import dispatch_items
+from django_gator.longjobs import LongRunning
 
 # The registry's functions are still importable from here, where they were first.
 from django_gator.registry import get_job_class as get_job_class
@@ -43,7 +44,7 @@ Middleware = Callable[[Any, Callable[[], Any]], Any]
 MAX_SHAPES = 1000
 
 
-class Queueable:
+class Queueable(LongRunning):
     """Base class of a job: subclass it, write ``handle()``, then ``MyJob.dispatch(...)``.
 
     Class attributes set the defaults of every dispatch:
@@ -66,6 +67,8 @@ class Queueable:
     per key when the class defines :meth:`concurrency_key` (else for the class).
     ``rate_limit``: at most this many starts per window, ``"100/m"`` (``/s``, ``/m``,
     ``/h``), per key when the class defines :meth:`concurrency_key`.
+    ``stall_timeout``: seconds without progress, checkpoint or heartbeat after which an
+    attempt fails with JobStalled (see :mod:`django_gator.longjobs`).
 
     Read, never set: ``traits``, a :class:`~django_gator.traits.JobTraits` worked out when
     the class is defined (is it async, unique, limited, keyed; its handler's signature).

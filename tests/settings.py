@@ -101,6 +101,7 @@ GATOR_OUTAGE_RETRIES = int(os.environ.get("GATOR_OUTAGE_RETRIES", "10"))
 if "GATOR_ASYNC_COMMIT" in os.environ:  # tests/reliability/test_outages.py: durable success marks
     GATOR_ASYNC_COMMIT = os.environ["GATOR_ASYNC_COMMIT"] == "1"
 GATOR_MAX_HANDBACKS = int(os.environ.get("GATOR_MAX_HANDBACKS", "3"))
+GATOR_PROGRESS_INTERVAL = float(os.environ.get("GATOR_PROGRESS_INTERVAL", "2"))
 # Unknown job names end dead at once in tests, unless a test waits for a deploy
 # (tests/worker/test_unknown_names.py).
 GATOR_UNKNOWN_JOB_WINDOW = float(os.environ.get("GATOR_UNKNOWN_JOB_WINDOW", "0"))

@@ -31,6 +31,7 @@ from django_gator.admin.display import pretty, running_for, time_field, when
 from django_gator.admin.filters import ErrorClassFilter, JobNameFilter, QueueFilter
 from django_gator.admin.limits import QueueLimitsView
 from django_gator.admin.listing import JobListing
+from django_gator.admin.progress import ProgressDisplay
 from django_gator.admin.queues import QueuePauseView
 from django_gator.admin.reading import ReadingAdmin, wrote
 from django_gator.admin.workflows import workflow_link
@@ -56,7 +57,7 @@ ATTEMPT_FIELDS = (
 )
 
 
-class JobAdmin(JobListing, JobActions, ReadingAdmin):
+class JobAdmin(JobListing, ProgressDisplay, JobActions, ReadingAdmin):
     # Sized to fit a 1400 px window with the navigation sidebar and the filters open (a
     # browser test measures it): names wrap after their dots, times after the date, errors
     # anywhere, and the error is cut short.
@@ -85,6 +86,7 @@ class JobAdmin(JobListing, JobActions, ReadingAdmin):
     fieldsets = (
         (None, {"fields": ("id", "name", "state", "queue", "priority")}),
         ("Payload", {"fields": ("args_pretty", "kwargs_pretty", "result_pretty")}),
+        ("Progress", {"fields": ("progress_html", "checkpoint_html")}),
         (
             "Timing",
             {
@@ -115,6 +117,8 @@ class JobAdmin(JobListing, JobActions, ReadingAdmin):
         "args_pretty",
         "kwargs_pretty",
         "result_pretty",
+        "progress_html",
+        "checkpoint_html",
         "created",
         "next_execution",
         "started",
@@ -187,6 +191,11 @@ class JobAdmin(JobListing, JobActions, ReadingAdmin):
             ),
             path("<path:object_id>/retry/", wrap(self.retry_view), name="django_gator_job_retry"),
             path(
+                "<path:object_id>/clear-checkpoint/",
+                wrap(self.clear_checkpoint_view),
+                name="django_gator_job_clear_checkpoint",
+            ),
+            path(
                 "batches/<int:batch_id>/",
                 wrap(BatchView.as_view(model_admin=self)),
                 name="django_gator_job_batch",
@@ -221,10 +230,10 @@ class JobAdmin(JobListing, JobActions, ReadingAdmin):
 
     @admin.display(description="next run", ordering="next_execution_at")
     def next_run(self, job: Job) -> SafeString | None:
-        """When the job is due; under it, how many times it snoozed, if it did, and for a
-        job running longer than ``GATOR_LONG_RUNNING_AFTER`` (since its claim, by this
-        server's clock) a flag with its age (in the same cell: the list has no room for
-        another column). A job that never ends shows here."""
+        """When the job is due; under it, how many times it snoozed, if it did, a running
+        job's progress bar, and for a job running longer than ``GATOR_LONG_RUNNING_AFTER``
+        (since its claim, by this server's clock) a flag with its age (in the same cell:
+        the list has no room for another column). A job that never ends shows here."""
         shown = when(job.next_execution_at)
         if job.snoozes:
             shown = format_html(
@@ -233,6 +242,7 @@ class JobAdmin(JobListing, JobActions, ReadingAdmin):
                 "times handle() raised Snooze (no attempt counted)",
                 wording.count(job.snoozes, "snooze"),
             )
+        shown = self.with_progress(job, shown)
         age = running_for(job)
         if age is None or age <= conf.long_running_after():
             return shown

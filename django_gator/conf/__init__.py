@@ -196,6 +196,12 @@ def default_timeout() -> float | None:
     return None if seconds is None else float(seconds)
 
 
+def progress_interval() -> float:
+    """GATOR_PROGRESS_INTERVAL: seconds between two progress/checkpoint writes of an
+    attempt."""
+    return float(value("GATOR_PROGRESS_INTERVAL"))
+
+
 def long_running_after() -> float:
     return float(value("GATOR_LONG_RUNNING_AFTER"))
 

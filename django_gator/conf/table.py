@@ -144,6 +144,13 @@ SETTINGS: tuple[Setting, ...] = (
         'policy decides); see "Jobs that never end"',
     ),
     Setting(
+        "GATOR_PROGRESS_INTERVAL",
+        2.0,
+        Number(0),
+        "seconds between two writes of a running attempt's `progress()` and `checkpoint()` "
+        '(the latest value is kept in memory meanwhile); see "Long-running jobs"',
+    ),
+    Setting(
         "GATOR_DEFAULT_TIMEOUT",
         None,
         Number(0.001, none="no limit"),

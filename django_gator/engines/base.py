@@ -26,6 +26,7 @@ from django_gator.engines.core import (
     set_connection_hook,
 )
 from django_gator.engines.gauges import GaugeStatements, QueueGauge
+from django_gator.engines.progress import ProgressStatements
 from django_gator.engines.workers import WorkerStatements
 from django_gator.engines.workflows import WorkflowStatements
 from django_gator.rows import ClaimedJob, InsertRow, LostClaim
@@ -56,7 +57,9 @@ __all__ = [
 ]
 
 
-class Engine(WorkflowStatements, BatchStatements, WorkerStatements, GaugeStatements):
+class Engine(
+    WorkflowStatements, BatchStatements, WorkerStatements, GaugeStatements, ProgressStatements
+):
     """What the package asks of a database: dispatch, claims, outcomes, worker rows,
     workflows and batches."""
 

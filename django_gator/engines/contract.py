@@ -255,6 +255,19 @@ class JobEngine(Protocol):
         deadlock the database breaks runs it again from the start when the transaction is
         ours. No ids: just ``write()``, nothing more."""
 
+    # -- long-running jobs (see django_gator.longjobs) ------------------------------------
+    def save_progress(
+        self, worker_id: str, claim: Claim, progress: str | None, checkpoint: str | None
+    ) -> bool:
+        """Write a running attempt's ``progress`` and/or ``checkpoint`` (JSON texts; None
+        leaves that column as it is): a compare-and-set on ``claim``, by primary key;
+        False, writing nothing, if the claim is no longer ``worker_id``'s at that attempt.
+        One UPDATE, in the caller's transaction when one is open (an atomic job's)."""
+
+    def read_checkpoint(self, job_id: int) -> str | None:
+        """The row's checkpoint as JSON text; None if it has none or is gone. One SELECT by
+        primary key."""
+
     # -- workers, heartbeats and rescue ----------------------------------------------------
     def register_worker(
         self,

@@ -11,6 +11,9 @@ worker's hooks cost one module-attribute test per job while metrics are off
 - ``gator_jobs_finished_total{job, queue, outcome}``: attempts that ended, by outcome
   (``succeeded``, ``failed`` (will retry), ``dead``, ``cancelled``, ``snoozed``);
 - ``gator_job_run_seconds{job, queue}``: how long ``handle()`` ran (histogram);
+- ``gator_job_progress_items_total{job, queue}``: items running jobs reported done with
+  ``self.progress()``, counted at each progress write from each attempt's first report
+  (its rate is the jobs' throughput);
 - ``gator_job_pickup_latency_seconds{queue}``: from the job's due time (its
   ``next_execution_at``) to its start (histogram; the worker's clock against the
   database's, so clock skew between them shows here);
@@ -99,6 +102,11 @@ class _WorkerMetrics:
             ["queue"],
             buckets=BUCKETS,
         )
+        self.progress = prometheus.Counter(
+            "gator_job_progress_items",
+            "Items running jobs reported done with progress(), by job name and queue",
+            ["job", "queue"],
+        )
         self.threads = prometheus.Gauge(
             "gator_worker_threads", "Executor threads", multiprocess_mode="livesum"
         )
@@ -168,6 +176,14 @@ def job_finished(job: ClaimedJob, outcome: Outcome, elapsed_ms: float) -> None:
         pickup.observe(max(0.0, time.time() - seconds - due))
 
 
+def job_progress(job: ClaimedJob, delta: float) -> None:
+    """A running attempt of ``job`` wrote progress ``delta`` items further on."""
+    m = _metrics
+    if m is None:
+        return
+    m.progress.labels(job.name, job.queue).inc(delta)
+
+
 def heartbeat() -> None:
     """The worker wrote a heartbeat (the lifeline's hook)."""
     m = _metrics
@@ -201,6 +217,7 @@ __all__ = [
     "enabled",
     "heartbeat",
     "job_finished",
+    "job_progress",
     "mark_dead",
     "multiprocess_dir",
     "prepare_multiprocess_dir",

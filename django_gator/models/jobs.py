@@ -133,6 +133,16 @@ class Job(models.Model):
         blank=True,
         help_text="OpenTelemetry context of the dispatch (traceparent), continued by each run.",
     )
+    progress = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="The last progress() of a run: done, total, note (and rate, at).",
+    )
+    checkpoint_data = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="The last checkpoint() written: the next attempt resumes from it.",
+    )
 
     objects = JobQuerySet.as_manager()
 

@@ -53,11 +53,11 @@ from django_gator.attempts import Outcome, Success
 from django_gator.engines import ClaimedJob
 from django_gator.exceptions import (
     JobNotRegistered,
-    JobTimeout,
     TransactionLeftOpen,
 )
+from django_gator.longjobs import Journal
 from django_gator.payload import result_json
-from django_gator.queueable import Queueable, effective_timeout, get_job_class
+from django_gator.queueable import Queueable, get_job_class
 from django_gator.worker.execution import (
     BadRow,
     dead_failure,
@@ -68,6 +68,7 @@ from django_gator.worker.execution import (
 )
 from django_gator.worker.hygiene import ConnectionWatch
 from django_gator.worker.outcomes import DEFERRED, Outcomes
+from django_gator.worker.progress import journal_for, within_limits
 from django_gator.worker.slots import Finished, Slots
 
 logger = logging.getLogger("django_gator.worker")
@@ -225,20 +226,23 @@ class _ContextWithExecutor(ThreadSensitiveContext):
         return entered
 
 
-async def arun_claimed(job: ClaimedJob, worker_id: str, orm: OrmThread) -> Outcome:
+async def arun_claimed(
+    job: ClaimedJob, worker_id: str, orm: OrmThread, journal: Journal | None = None
+) -> Outcome:
     """:func:`~.execution.run_claimed` for an async job, on the loop. Raises
-    CancelledError only when the worker cancels the job (a forced stop)."""
+    CancelledError only when the worker cancels the job (a forced stop). ``journal``:
+    its progress and checkpoint (the caller writes them at the end)."""
     instance: Queueable | None = None
     started = time.perf_counter()
     raised: BaseException | None = None
     outcome: Outcome | None = None
     _current_job.set(job.id)  # this task's context: its sync calls carry it
     try:
-        instance = instance_for(job)
+        instance = instance_for(job, journal)
         job_class = type(instance)
         if signals.job_started.has_listeners(job_class):
             await sync_to_async(signals.send)(signals.job_started, job_class, job=instance)
-        result = await _within_timeout(instance)
+        result = await within_limits(instance, acall_handle)
         outcome = Success(result_json(job, result))
     except JobNotRegistered as exc:
         return unknown_name_failure(job, worker_id, exc)
@@ -264,23 +268,6 @@ async def arun_claimed(job: ClaimedJob, worker_id: str, orm: OrmThread) -> Outco
     if instance is not None and signals.job_finished.has_listeners(type(instance)):
         await sync_to_async(finished)(instance, outcome, time.perf_counter() - started)
     return outcome
-
-
-async def _within_timeout(instance: Queueable) -> Any:
-    """Await the job, cancelled after its class's ``timeout``, or GATOR_DEFAULT_TIMEOUT
-    (JobTimeout then)."""
-    timeout = effective_timeout(type(instance))
-    scope = asyncio.timeout(timeout)
-    try:
-        async with scope:
-            result = await acall_handle(instance)
-    except TimeoutError as exc:
-        if not scope.expired():
-            raise  # the job's own TimeoutError
-        raise JobTimeout(f"job ran longer than its timeout of {timeout:g} s") from exc
-    if scope.expired():  # the job swallowed the cancellation and went on
-        raise JobTimeout(f"job ran longer than its timeout of {timeout:g} s")
-    return result
 
 
 class AsyncRunner:
@@ -354,8 +341,18 @@ class AsyncRunner:
 
     async def _run(self, job: ClaimedJob) -> None:
         started = time.perf_counter()
+        worker_id = self.outcomes.worker_id
+        journal = journal_for(
+            job,
+            self.outcomes.engine,
+            worker_id,
+            stopping=lambda: self.slots.stopping,
+            submit=self.writers.submit,
+        )
         try:
-            outcome = await arun_claimed(job, self.outcomes.worker_id, self.orm)
+            outcome = await arun_claimed(job, worker_id, self.orm, journal)
+            if journal.pending:  # before the outcome: a hand-back's position
+                await self._write(journal.flush)
             elapsed_ms = (time.perf_counter() - started) * 1000
             state = await self._write(self.outcomes.record, job, outcome, elapsed_ms, batch=True)
         except asyncio.CancelledError:

@@ -115,3 +115,18 @@ def loggable_traceback(job: ClaimedJob, exc: BaseException) -> str:
     text = "".join(traceback.format_exception(exc))
     secrets = secret_values(job.name, job.args, job.kwargs)
     return safe(mask_text(text, secrets), conf.max_traceback_chars())
+
+
+def age_seconds(created_at: Any) -> float | None:
+    """Seconds since ``created_at`` (a datetime, or SQLite's text), by this clock."""
+    if created_at is None:
+        return None
+    if isinstance(created_at, str):
+        from django.utils.dateparse import parse_datetime
+
+        created_at = parse_datetime(created_at)
+        if created_at is None:
+            return None
+    if created_at.tzinfo is None:
+        created_at = created_at.replace(tzinfo=UTC)
+    return max((datetime.now(UTC) - created_at).total_seconds(), 0.0)

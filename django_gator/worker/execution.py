@@ -3,21 +3,19 @@ the caller writes the outcome with a compare-and-set on its claim."""
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from datetime import UTC, datetime
 from typing import Any
 
-from asgiref.sync import async_to_sync, iscoroutinefunction, sync_to_async
 from django.db import transaction
 
 from django_gator import conf, signals, tracing
-from django_gator.attempts import Failure, Outcome, Snoozed, Success
+from django_gator.attempts import Failure, HandedBack, Outcome, Snoozed, Success
 from django_gator.exceptions import (
     GatorError,
+    HandBack,
     JobCancelled,
     JobNotRegistered,
     Snooze,
@@ -25,16 +23,19 @@ from django_gator.exceptions import (
     snooze_seconds,
 )
 from django_gator.logutil import safe
+from django_gator.longjobs import Journal
 from django_gator.payload import result_json
 from django_gator.queueable import Queueable, effective_timeout, get_job_class
 from django_gator.rows import ClaimedJob
 from django_gator.states import JobState
 from django_gator.worker.errors import (
+    age_seconds,
     error_entry,
     exception_text,
     loggable_traceback,
     qualified_name,
 )
+from django_gator.worker.handler import call_handle
 from django_gator.worker.hygiene import ConnectionWatch
 from django_gator.worker.policy import decide_retry, outage_failure
 
@@ -55,39 +56,6 @@ class ClaimLost(GatorError):
 Commit = Callable[[str | None], bool]
 
 
-def call_handle(instance: Queueable) -> Any:
-    """``handle()`` wrapped in the middleware of ``GATOR_MIDDLEWARE`` (outermost first),
-    then the class's own."""
-    layers = [*conf.middleware(), *type(instance).middleware]
-    if not layers:
-        return _handle(instance)
-
-    def call(index: int) -> Any:
-        if index == len(layers):
-            return _handle(instance)
-        layer = layers[index]
-        if iscoroutinefunction(layer):  # an async middleware: its call_next is awaitable
-            rest = sync_to_async(call, thread_sensitive=True)
-            return async_to_sync(layer)(instance, lambda: rest(index + 1))
-        return layer(instance, lambda: call(index + 1))
-
-    return call(0)
-
-
-def _handle(instance: Queueable) -> Any:
-    """Call ``handle()``; an ``async def`` handler is awaited to completion here, in this
-    thread's own event loop (asgiref's async_to_sync), so its body really runs and its
-    ORM calls (through sync_to_async) use this thread's connection."""
-    result = instance.handle(*instance.args, **instance.kwargs)
-    if inspect.isawaitable(result):
-        result = async_to_sync(_awaited)(result)
-    return result
-
-
-async def _awaited(awaitable: Any) -> Any:
-    return await awaitable
-
-
 def run_claimed(
     job: ClaimedJob,
     worker_id: str,
@@ -95,11 +63,12 @@ def run_claimed(
     *,
     watch: bool | Sequence[Any] = False,
     atomic: Callable[[], AbstractContextManager[Any]] | None = None,
+    journal: Journal | None = None,
 ) -> Outcome:
     """:func:`_run_claimed`, in a span that continues the dispatch's trace when
     OpenTelemetry is installed (see :mod:`django_gator.tracing`)."""
-    run = lambda: _run_claimed(job, worker_id, commit, watch=watch, atomic=atomic)  # noqa: E731
-    return tracing.traced_run(job, run)
+    options: dict[str, Any] = {"watch": watch, "atomic": atomic, "journal": journal}
+    return tracing.traced_run(job, lambda: _run_claimed(job, worker_id, commit, **options))
 
 
 def _run_claimed(
@@ -109,6 +78,7 @@ def _run_claimed(
     *,
     watch: bool | Sequence[Any] = False,
     atomic: Callable[[], AbstractContextManager[Any]] | None = None,
+    journal: Journal | None = None,
 ) -> Outcome:
     """Run ``job``'s handler; never raises (a BaseException from user code is an outcome).
 
@@ -127,6 +97,7 @@ def _run_claimed(
     transaction the job left open is rolled back and the attempt fails with
     :class:`TransactionLeftOpen`, as its uncommitted writes are gone. ``watch`` may be the
     thread's connections (``connections.all()``), if the caller has them already.
+    ``journal``: the attempt's progress and checkpoint (see _handle_plainly).
     """
     instance: Queueable | None = None
     started = time.perf_counter()
@@ -135,13 +106,13 @@ def _run_claimed(
     outcome: Outcome
     try:
         with watcher or nullcontext():
-            instance = instance_for(job)
+            instance = instance_for(job, journal)
             job_class = type(instance)
             signals.send(signals.job_started, job_class, job=instance)
             if job_class.atomic and commit is not None:
                 outcome = _handle_atomically(job, instance, worker_id, commit, atomic)
             else:
-                outcome = Success(result_json(job, call_handle(instance)))
+                outcome = _handle_plainly(job, instance)
     except JobNotRegistered as exc:
         return unknown_name_failure(job, worker_id, exc)
     except BadRow as exc:
@@ -161,6 +132,18 @@ def _run_claimed(
     return outcome
 
 
+def _handle_plainly(job: ClaimedJob, instance: Queueable) -> Success:
+    """Run a job's handler. Its journal (progress and checkpoint, see
+    :mod:`django_gator.longjobs`) is written once more as it ends, whatever the outcome,
+    before the outcome is; an atomic job's inside its transaction, before its success
+    mark (see _handle_atomically: a failed atomic job's roll back with it)."""
+    try:
+        return Success(result_json(job, call_handle(instance)))
+    finally:
+        if instance._gator_journal is not None:
+            instance._gator_journal.flush()
+
+
 def _handle_atomically(
     job: ClaimedJob,
     instance: Queueable,
@@ -174,6 +157,8 @@ def _handle_atomically(
     try:
         with atomic() if atomic else transaction.atomic(using=conf.database()):
             result = result_json(job, call_handle(instance))
+            if instance._gator_journal is not None:
+                instance._gator_journal.flush()  # in the transaction: it commits with the job
             if not commit(result):
                 raise ClaimLost(f"job {job.id} is no longer claimed by {worker_id}")
     except ClaimLost:
@@ -183,7 +168,7 @@ def _handle_atomically(
 
 def left_open(job: ClaimedJob, leftovers: Sequence[str]) -> TransactionLeftOpen:
     """Log what ``job`` left open on its connections (rolled back and reconnected by the
-    watch); the error its attempt fails with, unless its outcome was settled already."""
+    watch): the error its attempt fails with, unless its outcome was settled already."""
     logger.warning(
         "Job left %s; rolled back and reconnected id=%s name=%s attempt=%s",
         " and ".join(leftovers),
@@ -200,9 +185,12 @@ def left_open(job: ClaimedJob, leftovers: Sequence[str]) -> TransactionLeftOpen:
 
 def raised_outcome(
     job: ClaimedJob, worker_id: str, raised: BaseException, instance: Queueable | None
-) -> Snoozed | Failure:
-    """The outcome of an attempt whose handler raised ``raised``: a snooze, or a failure
-    (retried or dead per the job's policy, after its on_error())."""
+) -> Snoozed | HandedBack | Failure:
+    """The outcome of an attempt whose handler raised ``raised``: a snooze, a hand-back
+    (``each()`` in a stopping worker), or a failure (retried or dead per the job's policy,
+    after its on_error())."""
+    if isinstance(raised, HandBack):
+        return HandedBack(raised)
     if isinstance(raised, Snooze):
         try:
             # Checked again: a subclass may have set its own ``seconds``. Milliseconds:
@@ -213,16 +201,19 @@ def raised_outcome(
     return _failure(job, worker_id, raised, instance)
 
 
-def instance_for(job: ClaimedJob) -> Queueable:
-    """The job class's instance for this attempt; JobNotRegistered or BadRow."""
+def instance_for(job: ClaimedJob, journal: Journal | None = None) -> Queueable:
+    """The job class's instance for this attempt, writing its progress and checkpoint
+    through ``journal``; JobNotRegistered or BadRow."""
     job_class = get_job_class(job.name)
     if not isinstance(job.args, list):
         raise BadRow(f"job {job.id}: args must be a JSON array, got {safe(job.args, 80)}")
     if not isinstance(job.kwargs, dict):
         raise BadRow(f"job {job.id}: kwargs must be a JSON object, got {safe(job.kwargs, 80)}")
-    return job_class(
+    instance = job_class(
         job_id=job.id, attempt=job.attempts, queue=job.queue, args=job.args, kwargs=job.kwargs
     )
+    instance._gator_journal = journal
+    return instance
 
 
 def finished(instance: Queueable | None, outcome: Outcome, duration: float) -> None:
@@ -236,7 +227,7 @@ def finished(instance: Queueable | None, outcome: Outcome, duration: float) -> N
     exc: BaseException | None
     if isinstance(outcome, Success):
         state, exc = JobState.SUCCEEDED.value, None
-    elif isinstance(outcome, Snoozed):
+    elif isinstance(outcome, (Snoozed, HandedBack)):
         state = (JobState.CANCELLED if instance._cancel_seen else JobState.WAITING).value
         exc = outcome.exception
     else:
@@ -309,7 +300,7 @@ def unknown_name_failure(job: ClaimedJob, worker_id: str, exc: JobNotRegistered)
     module no worker imports, a tampered row) it ends ``dead``. The worker's "Processed
     job" line carries the error, and with it the likely cause."""
     window = conf.unknown_job_window()
-    age = _age_seconds(job.created_at)
+    age = age_seconds(job.created_at)
     if age is None or age >= window:
         error, summary = error_entry(exc, attempt=job.attempts, worker_id=worker_id, tb="")
         return Failure.discard(job.queue, error, summary)
@@ -329,21 +320,6 @@ def unknown_name_failure(job: ClaimedJob, worker_id: str, exc: JobNotRegistered)
 
 class UnknownJobName(GatorError):
     """In an error history: a worker that did not know the job's name handed it back."""
-
-
-def _age_seconds(created_at: Any) -> float | None:
-    """Seconds since ``created_at`` (a datetime, or SQLite's text), by this clock."""
-    if created_at is None:
-        return None
-    if isinstance(created_at, str):
-        from django.utils.dateparse import parse_datetime
-
-        created_at = parse_datetime(created_at)
-        if created_at is None:
-            return None
-    if created_at.tzinfo is None:
-        created_at = created_at.replace(tzinfo=UTC)
-    return max((datetime.now(UTC) - created_at).total_seconds(), 0.0)
 
 
 def unstorable_failure(

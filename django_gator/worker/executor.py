@@ -7,10 +7,12 @@ An executor takes a job from :class:`~django_gator.worker.slots.Slots`, runs it 
 is written at once; a plain success is left in the slots for the fetcher to write with
 others in one statement.
 
-The watchdog runs on the fetcher thread, which wakes for the next deadline. A timed-out
-job's slot gets a fresh executor thread at once, and the stuck thread gets a JobTimeout
-raised in it: that interrupts Python code, not a blocking call. When the stuck thread
-finally returns, it sees that the job is no longer its own, writes nothing, and exits.
+The watchdog runs on the fetcher thread, which wakes for the next deadline (a job's
+timeout, or its ``stall_timeout`` after its last progress, checkpoint or heartbeat: then
+JobStalled instead of JobTimeout). A timed-out job's slot gets a fresh executor thread at
+once, and the stuck thread gets a JobTimeout raised in it: that interrupts Python code,
+not a blocking call. When the stuck thread finally returns, it sees that the job is no
+longer its own, writes nothing, and exits.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from django.db import connections
 
 from django_gator.attempts import Success
 from django_gator.engines import ClaimedJob, JobEngine
-from django_gator.exceptions import JobNotRegistered, JobTimeout
+from django_gator.exceptions import JobNotRegistered, JobStalled, JobTimeout
 from django_gator.queueable import effective_timeout, get_job_class
 from django_gator.worker.execution import run_claimed
 from django_gator.worker.hygiene import after_job, before_job
 from django_gator.worker.outcomes import DEFERRED, Outcomes
+from django_gator.worker.progress import journal_for
 from django_gator.worker.slots import Finished, Idle, Slots
 from django_gator.worker.warm import WarmConnections, warm_aliases
 
@@ -91,6 +94,10 @@ class Executors:
         before_job(thread_connections)
         started = time.perf_counter()
         commit = functools.partial(self.outcomes.commit, job)
+        journal = journal_for(
+            job, self.engine, self.outcomes.worker_id, stopping=lambda: self.slots.stopping
+        )
+        self.slots.watch_stall(threading.current_thread(), journal, stall_timeout(job))
         try:
             outcome = run_claimed(
                 job,
@@ -98,6 +105,7 @@ class Executors:
                 commit,
                 watch=thread_connections,
                 atomic=self.engine.atomic_job,
+                journal=journal,
             )
         finally:
             elapsed_ms = (time.perf_counter() - started) * 1000
@@ -125,7 +133,8 @@ class Executors:
         :meth:`write_timeouts`."""
         for entry in self.slots.expire_locked(time.monotonic()):
             self.start_one()
-            interrupt(entry.thread, JobTimeout)
+            timed_out = entry.deadline is not None and time.monotonic() > entry.deadline
+            interrupt(entry.thread, JobTimeout if timed_out else JobStalled)
 
     def write_timeouts(self) -> None:
         """Write the outcome of every job the watchdog took over (on the fetcher thread,
@@ -133,8 +142,11 @@ class Executors:
         with self.slots.lock:
             self.enforce_timeouts_locked()
             expired = self.slots.take_timed_out_locked()
+            stalled = self.slots.take_stalled_locked()
         for job in expired:
             self.outcomes.timeout(job)
+        for job, seconds in stalled:
+            self.outcomes.stalled(job, seconds)
 
 
 def deadline(job: ClaimedJob) -> float | None:
@@ -144,6 +156,14 @@ def deadline(job: ClaimedJob) -> float | None:
     except JobNotRegistered:
         return None
     return None if timeout is None else time.monotonic() + timeout
+
+
+def stall_timeout(job: ClaimedJob) -> float | None:
+    """The job class's ``stall_timeout`` (None: none, or an unknown name)."""
+    try:
+        return get_job_class(job.name).stall_timeout
+    except JobNotRegistered:
+        return None
 
 
 def interrupt(thread: threading.Thread, exc_type: type[BaseException]) -> None:

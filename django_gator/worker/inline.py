@@ -16,6 +16,7 @@ from django_gator.engines import ClaimedJob, get_engine
 from django_gator.logutil import safe
 from django_gator.worker.execution import run_claimed
 from django_gator.worker.outcomes import Outcomes
+from django_gator.worker.progress import journal_for
 
 logger = logging.getLogger("django_gator.worker")
 
@@ -44,7 +45,8 @@ def run_inline(alias: str, job_id: int, worker_id: str) -> InlineRun | None:
     follow_ups: list[int] = []
     outcomes = Outcomes(engine, worker_id, follow_ups=follow_ups)
     started = time.perf_counter()
-    outcome = run_claimed(job, worker_id, functools.partial(outcomes.commit, job))
+    journal = journal_for(job, engine, worker_id)
+    outcome = run_claimed(job, worker_id, functools.partial(outcomes.commit, job), journal=journal)
     elapsed_ms = (time.perf_counter() - started) * 1000
     state = outcomes.record(job, outcome, elapsed_ms, batch=False)
     if state is None:  # the row changed while the job ran (the outcome says how)

@@ -18,9 +18,9 @@ import logging
 from collections.abc import Callable, Sequence
 
 from django_gator import conf, metrics
-from django_gator.attempts import Claim, Failure, Mark, Outcome, Snoozed, Success
+from django_gator.attempts import Claim, Failure, HandedBack, Mark, Outcome, Snoozed, Success
 from django_gator.engines import ClaimedJob
-from django_gator.exceptions import JobHandedBack, JobTimeout
+from django_gator.exceptions import JobHandedBack, JobStalled, JobTimeout
 from django_gator.queueable import effective_timeout, get_job_class
 from django_gator.states import JobState
 from django_gator.worker.execution import failure_for
@@ -60,6 +60,13 @@ class Outcomes(OutcomeWrites):
             return self._failure(job, outcome, elapsed_ms)
         if isinstance(outcome, Snoozed):
             return self._snoozed(job, outcome, elapsed_ms)
+        if isinstance(outcome, HandedBack):
+            # Counted in handbacks, never charged (see Outcomes.hand_back): the job saved
+            # its position and stopped when asked.
+            released = self.retrying(
+                "hand back a job", functools.partial(self.release, [job], handback=True)
+            )
+            return JobState.WAITING.value if released else None
         if outcome.written is not None:
             return self._atomic(job, outcome, elapsed_ms)
         if batch:
@@ -82,6 +89,15 @@ class Outcomes(OutcomeWrites):
         timeout = effective_timeout(get_job_class(job.name)) or 0
         exc = JobTimeout(f"job ran longer than its timeout of {timeout:g} s")
         return self.record(job, failure_for(job, self.worker_id, exc), timeout * 1000, batch=False)
+
+    def stalled(self, job: ClaimedJob, seconds: float) -> str | None:
+        """Fail a job the watchdog took from its executor for its ``stall_timeout``."""
+        exc = JobStalled(
+            f"no progress(), checkpoint() or heartbeat() for {seconds:g} s (its stall_timeout)"
+        )
+        return self.record(
+            job, failure_for(job, self.worker_id, exc, seconds), seconds * 1000, batch=False
+        )
 
     def worker_error(self, job: ClaimedJob, exc: BaseException) -> None:
         """The worker itself failed while finishing ``job`` (writing its outcome, building

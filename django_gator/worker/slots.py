@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Literal
+from typing import Any, Literal
 
 from django_gator.attempts import Success
 from django_gator.engines import ClaimedJob
@@ -48,6 +48,13 @@ class Running:
     thread: threading.Thread
     deadline: float | None  # time.monotonic() after which the job has timed out
     started: float = field(default_factory=time.monotonic)  # time.monotonic() at its start
+    stall: float | None = None  # its stall_timeout; journal.active_at: its last sign of life
+    journal: Any = None
+
+    def stall_deadline(self) -> float | None:
+        if self.stall is None or self.journal is None:
+            return None
+        return float(self.journal.active_at) + self.stall
 
 
 @dataclass(slots=True)
@@ -88,6 +95,7 @@ class Slots:
         self.running: dict[threading.Thread, Running] = {}
         self.succeeded: list[Finished] = []
         self.timed_out: list[ClaimedJob] = []  # taken over by the watchdog, not yet written
+        self.stalled: list[tuple[ClaimedJob, float]] = []  # the same, for stall_timeout
         self.retired: set[threading.Thread] = set()  # executors whose job timed out
         self.in_flight = 0  # claimed and not finished: pending + suspects + running
         self.notified = False  # a NOTIFY came for one of our queues
@@ -112,6 +120,7 @@ class Slots:
             or bool(self.succeeded)
             or self.notified
             or bool(self.timed_out)
+            or bool(self.stalled)
             or self.may_isolate_locked()
             or (self.free_locked() > 0 and not self.holding_locked() and self.budget != 0)
         )
@@ -154,6 +163,7 @@ class Slots:
             and not self.notified
             and not self.woken
             and not self.timed_out
+            and not self.stalled
             and not self.suspects
             and self.isolated is None
         )
@@ -225,6 +235,7 @@ class Slots:
             known |= {job.id for job in self.suspects}
             known |= {entry.job.id for entry in self.running.values()}
             known |= {job.id for job in self.timed_out}
+            known |= {job.id for job, _ in self.stalled}
             known |= {job.id for job, _, _ in self.succeeded}
             known |= {job.id for job in self.async_slots.running.values()}
             known |= {job.id for job in self.async_slots.waiting}
@@ -264,6 +275,16 @@ class Slots:
                 self.work_ready.notify()  # the next job for another executor
             self.running[thread] = Running(job, thread, deadline(job))
             return job
+
+    def watch_stall(self, thread: threading.Thread, journal: Any, stall: float | None) -> None:
+        """Fail ``thread``'s job once ``journal.active_at`` is ``stall`` s old (expire_locked)."""
+        if stall is None:
+            return
+        with self.lock:
+            entry = self.running.get(thread)
+            if entry is not None:
+                entry.journal, entry.stall = journal, stall
+            self.fetch_needed.notify()  # the watchdog's next wake-up may be sooner now
 
     def still_running(self, thread: threading.Thread) -> bool:
         """Whether ``thread``'s job is still its own (the watchdog did not take it)."""
@@ -312,23 +333,40 @@ class Slots:
             return following
 
     def expire_locked(self, now: float) -> list[Running]:
-        """Take the jobs that ran past their deadline off their threads."""
-        expired = [r for r in self.running.values() if r.deadline is not None and now > r.deadline]
-        for entry in expired:
+        """Take the jobs that ran past their deadline, or stalled past their
+        stall_timeout, off their threads."""
+        expired = []
+        for entry in list(self.running.values()):
+            stalled_at = entry.stall_deadline()
+            if entry.deadline is not None and now > entry.deadline:
+                self.timed_out.append(entry.job)
+            elif stalled_at is not None and now > stalled_at:
+                self.stalled.append((entry.job, float(entry.stall or 0)))
+            else:
+                continue
+            expired.append(entry)
             del self.running[entry.thread]
             if entry.job is self.isolated:
                 self.isolated = None
             self.in_flight -= 1
             self.retired.add(entry.thread)
-            self.timed_out.append(entry.job)
         return expired
 
     def take_timed_out_locked(self) -> list[ClaimedJob]:
         expired, self.timed_out = self.timed_out, []
         return expired
 
+    def take_stalled_locked(self) -> list[tuple[ClaimedJob, float]]:
+        stalled, self.stalled = self.stalled, []
+        return stalled
+
     def next_deadline_locked(self) -> float | None:
-        deadlines = [r.deadline for r in self.running.values() if r.deadline is not None]
+        deadlines = [
+            d
+            for r in self.running.values()
+            for d in (r.deadline, r.stall_deadline())
+            if d is not None
+        ]
         return min(deadlines) if deadlines else None
 
     # -- recycling -------------------------------------------------------------------------

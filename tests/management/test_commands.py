@@ -221,7 +221,9 @@ def test_status_json_has_stable_keys():
 
     document = json.loads(run("gator_status", "--json"))
 
-    assert set(document) == {"now", "database", "vendor", "queues", "workers", "total_rows"}
+    assert set(document) == {
+        "now", "database", "vendor", "queues", "workers", "total_rows", "progress"
+    }  # fmt: skip
     assert document["database"] == "default"
     assert set(document["total_rows"]) == {"count", "exact"}
     default = document["queues"][0]

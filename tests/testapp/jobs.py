@@ -1236,3 +1236,7 @@ class Escalates(Queueable):
 
     def handle(self, workflow_id: str, signal: str) -> dict[str, str]:
         return {"escalated": signal, "workflow": workflow_id}
+
+
+# Registered with the others, for worker subprocesses (autodiscovery imports this module).
+from tests.testapp import long_jobs  # noqa: E402, F401

@@ -18,3 +18,16 @@ class Execution(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id} attempt {self.attempt}"
+
+
+class ItemDone(models.Model):
+    """A ledger of the items long-running jobs processed: one row per item per attempt,
+    so an item processed twice shows twice."""
+
+    job_id = models.BigIntegerField()
+    item = models.PositiveIntegerField()
+    attempt = models.PositiveIntegerField()
+    pid = models.PositiveIntegerField()
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} item {self.item} attempt {self.attempt}"

@@ -10,9 +10,11 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from django_gator import health, replicas, schema, stats, wording
+from django_gator.admin.progress import progress_parts, progress_text
 from django_gator.engines import get_engine
 from django_gator.logutil import safe
 from django_gator.management.arguments import Seconds, WholeNumber
+from django_gator.models import Job, JobState
 
 QUEUE_COLUMNS = (
     "queue",
@@ -62,8 +64,10 @@ class Command(BaseCommand):
         "objects with id, hostname, pid, queues, concurrency, started_at, heartbeat_at, "
         "heartbeat_age (seconds), stale (true when the heartbeat is older than half of "
         "GATOR_HEARTBEAT_TIMEOUT), running, running_job_ids, supervisor: the id of the "
-        "gator_worker --processes supervisor that started it, or empty) and total_rows (an "
-        "object with count and exact: false when count is the database's estimate)."
+        "gator_worker --processes supervisor that started it, or empty), total_rows (an "
+        "object with count and exact: false when count is the database's estimate) and "
+        "progress (the first 20 running jobs that report progress, by id: objects with id, "
+        "name and progress: done, total, note, rate, at)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -138,8 +142,11 @@ class Command(BaseCommand):
         queues = stats.queue_stats(alias, exact=exact, now=now)
         live = stats.workers(alias, now=now)
         total, total_exact = stats.estimated_total(alias)
+        progress = running_progress(alias)
         if as_json:
-            self._print_json(alias, now.isoformat(), queues, live, total, total_exact, source)
+            self._print_json(
+                alias, now.isoformat(), queues, live, total, total_exact, source, progress
+            )
             return
         if source.replica is not None:
             self.stdout.write(source.describe())
@@ -148,6 +155,9 @@ class Command(BaseCommand):
         self.stdout.write("")
         self._print_workers(live)
         self.stdout.write("")
+        if progress:
+            self._print_progress(progress)
+            self.stdout.write("")
         how = "exactly" if total_exact else "about (database estimate)"
         self.stdout.write(
             f"Jobs table: {how} {wording.count(total, 'row')}. Database time {now.isoformat()}."
@@ -177,6 +187,7 @@ class Command(BaseCommand):
         total: int,
         total_exact: bool,
         source: replicas.ReadSource,
+        progress: list[dict[str, Any]],
     ) -> None:
         document: dict[str, Any] = {
             "now": now,
@@ -185,6 +196,7 @@ class Command(BaseCommand):
             "queues": [q.as_dict() for q in queues],
             "workers": [w.as_dict() for w in live],
             "total_rows": {"count": total, "exact": total_exact},
+            "progress": progress,
         }
         if source.replica is not None:
             document["replica"] = {
@@ -194,6 +206,20 @@ class Command(BaseCommand):
                 "fallback": source.fallback or None,
             }
         self.stdout.write(json.dumps(document, indent=2, sort_keys=True))
+
+    def _print_progress(self, progress: list[dict[str, Any]]) -> None:
+        self.stdout.write(f"Progress of running jobs (first {MAX_PROGRESS_SHOWN})")
+        rows = []
+        for item in progress:
+            parts = progress_parts(item["progress"])
+            if parts is None:
+                continue
+            eta = "" if parts["eta"] is None else wording.age(parts["eta"])
+            rate = "" if parts["rate"] is None else f"{parts['rate']:g}/s"
+            rows.append(
+                [str(item["id"]), item["name"], progress_text(parts), rate, eta, parts["note"]]
+            )
+        self._table(["job", "name", "done", "rate", "eta", "note"], rows)
 
     def _print_queues(self, queues: list[stats.QueueStats], exact: bool) -> None:
         columns = list(QUEUE_COLUMNS)
@@ -248,6 +274,21 @@ class Command(BaseCommand):
         self.stdout.write(line(columns))
         for row in rows:
             self.stdout.write(line(row))
+
+
+#: Running jobs whose progress gator_status shows.
+MAX_PROGRESS_SHOWN = 20
+
+
+def running_progress(alias: str) -> list[dict[str, Any]]:
+    """The id, name and progress of the first running jobs that report progress."""
+    rows = (
+        Job.objects.using(alias)
+        .filter(state=JobState.RUNNING, progress__isnull=False)
+        .order_by("id")
+        .values("id", "name", "progress")[:MAX_PROGRESS_SHOWN]
+    )
+    return [dict(row) for row in rows]
 
 
 def _under_supervisors(
