@@ -28,9 +28,13 @@ with the jobs table's recommended settings, benchmarks/soak/cluster.py):
   then the success mark's (``UPDATE ... FROM unnest(...)`` with the compare-and-set), each
   committed, ``--batch`` (100) at a time. django-gator: one burst ``gator_worker`` in this
   process with ``--concurrency`` threads running the no-op job (``gator_bench``'s drain).
+  Beside them, the *minimal* loop (benchmarks/raw_minimal.py, issue 31): a table of its own
+  with only the columns a claim needs, claim ``--batch`` with ``FOR UPDATE SKIP LOCKED``,
+  ack by ``UPDATE ... WHERE id = ANY(%s)``; django-gator's ratio is given to each.
 
 Each round runs every pair on an emptied and vacuumed table, raw first in odd rounds and
-django-gator first in even ones (so that a drift in the machine's load favours neither);
+django-gator first in even ones (the drain's three sides take turns going first), so that
+a drift in the machine's load favours neither;
 each figure is printed with its ratio to the raw one of the same round and the load
 average (1 minute) when the pair started. ``--profile`` prints where django-gator's bulk
 dispatch spent its time, phase by phase, in each round.
@@ -50,6 +54,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from benchmarks import raw_minimal
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = "django_gator_job"
@@ -128,8 +134,6 @@ def raw_single_autocommit(dsn: str, count: int, synchronous_commit: str = "on") 
 
 def raw_drain(dsn: str, count: int, batch: int) -> float:
     """Claim ``batch`` due jobs and mark them succeeded, until none is left."""
-    import psycopg
-
     # concurrency_key IS NULL, as in django-gator's ordinary claim: the ready index
     # (gator_job_ready) is partial on it, and without it the claim cannot use that index;
     # it then sorts every waiting row on each claim, and the "raw" rate falls with the
@@ -150,24 +154,21 @@ def raw_drain(dsn: str, count: int, batch: int) -> float:
         "attempts, r) WHERE j.id = u.id AND CASE WHEN j.attempts = u.attempts AND "
         "j.state = 'running' AND j.reserved_by = %s THEN true END RETURNING j.id"
     )
-    done = 0
-    with psycopg.connect(dsn) as connection:
-        connection.execute("SET synchronous_commit TO off")
+
+    def step(connection: Any) -> int | None:
+        rows = connection.execute(claim, ["raw", batch, "raw-worker"]).fetchall()
         connection.commit()
-        started = time.perf_counter()
-        while True:
-            rows = connection.execute(claim, ["raw", batch, "raw-worker"]).fetchall()
-            connection.commit()
-            if not rows:
-                break
-            ids = [row[0] for row in rows]
-            attempts = [row[7] for row in rows]
-            marked = connection.execute(
-                mark, [ids, attempts, [None] * len(ids), "raw-worker"]
-            ).fetchall()
-            connection.commit()
-            done += len(marked)
-        elapsed = time.perf_counter() - started
+        if not rows:
+            return None
+        ids = [row[0] for row in rows]
+        attempts = [row[7] for row in rows]
+        marked = connection.execute(
+            mark, [ids, attempts, [None] * len(ids), "raw-worker"]
+        ).fetchall()
+        connection.commit()
+        return len(marked)
+
+    done, elapsed = raw_minimal.loop(dsn, step)
     if done != count:
         raise RuntimeError(f"raw drain finished {done} of {count}")
     return count / elapsed
@@ -362,25 +363,34 @@ def run(args: argparse.Namespace, url: str, table_autovacuum: dict[str, str] | N
         gator: Callable[[], float],
         rnd: int,
         count: int | None = None,
+        others: dict[str, Callable[[], float]] | None = None,
     ) -> None:
-        """One round of a pair. With ``count`` (the items each side handles) also this
-        process's CPU time per item on each side: what the client spends, which a busy
-        machine blurs less than the elapsed time."""
+        """One round of a pair (with ``others``, more baselines beside the raw one). The
+        side that goes first turns from round to round (raw first in round 1). With
+        ``count`` (the items each side handles) also this process's CPU time per item on
+        each side: what the client spends, which a busy machine blurs less than the
+        elapsed time."""
         load = os.getloadavg()[0]
         figures: dict[str, float] = {}
         cpu: dict[str, float] = {}
-        for side in ("raw", "gator") if rnd % 2 else ("gator", "raw"):
+        sides = {"raw": raw, **(others or {}), "gator": gator}
+        names = list(sides)
+        shift = (rnd - 1) % len(names)
+        order = names[shift:] + names[:shift]
+        for side in order:
             clean(dsn)
             started = time.process_time()
-            figures[side] = raw() if side == "raw" else gator()
+            figures[side] = sides[side]()
             cpu[side] = time.process_time() - started
         r, g = figures["raw"], figures["gator"]
-        entry = {"raw": r, "gator": g, "load": load}
-        first = "raw first" if rnd % 2 else "gator first"
+        entry = {**figures, "load": load}
         line = (
             f"round {rnd} {label:<40} raw {r:>10,.0f}/s  django-gator {g:>10,.0f}/s  "
-            f"ratio {g / r:.2f}  (load {load:.1f}, {first})"
+            f"ratio {g / r:.2f}"
         )
+        for other in others or {}:
+            line += f"  {other} {figures[other]:>10,.0f}/s ratio {g / figures[other]:.2f}"
+        line += f"  (load {load:.1f}, {order[0]} first)"
         if count:
             entry["raw_cpu_us"] = cpu["raw"] / count * 1e6
             entry["gator_cpu_us"] = cpu["gator"] / count * 1e6
@@ -438,11 +448,16 @@ def run(args: argparse.Namespace, url: str, table_autovacuum: dict[str, str] | N
                 seed_raw(dsn, args.drain)
                 return raw_drain(dsn, args.drain, args.batch)
 
+            def minimal() -> float:
+                raw_minimal.prepare(dsn, args.drain)
+                return raw_minimal.drain(dsn, args.drain, args.batch)
+
             pair(
                 f"drain {args.drain:,} (raw batch {args.batch}, {args.concurrency} threads)",
                 raw,
                 lambda: gator_drain(args.drain, args.concurrency),
                 rnd,
+                others={"minimal": minimal},
             )
     summary: dict[str, dict[str, Any]] = {
         label: {
@@ -456,14 +471,31 @@ def run(args: argparse.Namespace, url: str, table_autovacuum: dict[str, str] | N
                 if "raw_cpu_us" in entry
             ],
             "ratio_median": statistics.median(entry["gator"] / entry["raw"] for entry in rounds),
+            **_minimal_summary(rounds),
         }
         for label, rounds in results.items()
     }
     for label, entry in summary.items():
         ratios = ", ".join(f"{ratio:.2f}" for ratio in entry["ratios"])
         print(f"{label:<40} ratios {ratios}; median {entry['ratio_median']:.2f}")
+        if "minimal_ratios" in entry:
+            ratios = ", ".join(f"{ratio:.2f}" for ratio in entry["minimal_ratios"])
+            median = entry["minimal_ratio_median"]
+            print(f"{label:<40} against the minimal loop: {ratios}; median {median:.2f}")
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def _minimal_summary(rounds: list[dict[str, float]]) -> dict[str, Any]:
+    """The minimal loop's rates and django-gator's ratios to it (drain only)."""
+    if not rounds or "minimal" not in rounds[0]:
+        return {}
+    ratios = [entry["gator"] / entry["minimal"] for entry in rounds]
+    return {
+        "minimal_per_s": [entry["minimal"] for entry in rounds],
+        "minimal_ratios": ratios,
+        "minimal_ratio_median": statistics.median(ratios),
+    }
 
 
 def _create(url: str) -> None:

@@ -53,7 +53,9 @@ if PEER not in PEER_APPS:
 INSTALLED_APPS = ["django.contrib.contenttypes", *PEER_APPS[PEER], "benchmarks.peers.benchapp"]
 
 # django-q2 with its ORM broker (the database is the broker, as for every peer here but
-# Celery). Its documented defaults, but the worker count, set by the driver.
+# Celery). Its documented defaults, but the worker count, set by the driver, and the
+# broker's polling interval: 0.1 s (its default is 0.2 s), as django-tasks-db's worker is
+# started with, so that the two pollers are compared at the same interval.
 Q_CLUSTER = {
     "name": "bench",
     "orm": "default",
@@ -61,6 +63,7 @@ Q_CLUSTER = {
     "timeout": 60,
     "retry": 120,
     "catch_up": False,
+    "poll": 0.1,
     "log_level": "WARNING",
 }
 

@@ -14,7 +14,7 @@ import time
 
 from django.db.models import F
 
-from benchmarks.peers.benchapp.models import ROWS, Counter
+from benchmarks.peers.benchapp.models import ROWS, Counter, ProbeRow
 
 #: Redis lists: jobs of the drain workloads, and the latency probes.
 DRAIN_KEY = "peers:drain"
@@ -40,8 +40,14 @@ def ledger():
 
 def run(kind: str, number: int) -> None:
     """``noop``: nothing. ``write``: one UPDATE by primary key on the project's table, then
-    5 ms of waiting (a call to another service). ``probe``: a latency probe."""
+    5 ms of waiting (a call to another service). ``probe``: a latency probe that reports to
+    Redis and never touches the database. ``row``: a latency probe that inserts one row
+    (its number and start time) into the database through the ORM, in autocommit, and
+    reports nothing else: the driver polls the table for it from its own process."""
     started = time.time()
+    if kind == "row":
+        ProbeRow.objects.create(number=number, started=started)
+        return
     if kind == "write":
         Counter.objects.filter(pk=number % ROWS + 1).update(hits=F("hits") + 1)
         time.sleep(0.005)
