@@ -18,7 +18,8 @@ while idle (10 s without jobs) and during the samples.
 and reports the moment it is committed, so a connect the job's thread pays shows; ``udp``
 (the default) reports the moment ``handle()`` starts. ``--warmup N``: jobs run before the
 samples (default 5); ``--warmup 0`` measures from the worker's start, so each of the first
-jobs lands on an executor thread that has run none yet.
+jobs lands on an executor thread that has run none yet (their median and maximum are
+printed as "first p50" and "first max").
 
 ``--finished N``: before each run the jobs table is vacuumed (PostgreSQL), then ``N`` jobs
 of the queue are dispatched and marked succeeded with no vacuum after them: the index
@@ -280,6 +281,10 @@ def measure(
         "finished_since_vacuum": finished,
         "ready_index_pages": ready_index_pages(),
         "p50_ms": statistics.median(latencies),
+        # The first `concurrency` samples: with --warmup 0, each lands on an executor
+        # thread that has run no job yet (threads take jobs in turn while idle).
+        "first_p50_ms": statistics.median(latencies[:concurrency]),
+        "first_max_ms": max(latencies[:concurrency]),
         "p90_ms": percentile(latencies, 90),
         "p99_ms": percentile(latencies, 99),
         "max_ms": max(latencies),
@@ -337,7 +342,7 @@ def main() -> None:
     )
     print(
         f"{'finished':>9} {'mode':>4} {'threads':>7} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7}"
-        f" {'max ms':>7} {'SQL/s idle':>10} {'SQL/s sparse':>15}"
+        f" {'max ms':>7} {'first p50':>9} {'first max':>9} {'SQL/s idle':>10} {'SQL/s sparse':>15}"
     )
     results = []
     for _ in range(args.rounds):
@@ -364,6 +369,7 @@ def main() -> None:
             print(
                 f"{finished:>9,} {mode:>4} {concurrency:>7} {r['p50_ms']:>7.2f}"
                 f" {r['p90_ms']:>7.2f} {r['p99_ms']:>7.2f} {r['max_ms']:>7.1f}"
+                f" {r['first_p50_ms']:>9.2f} {r['first_max_ms']:>9.1f}"
                 f" {r['statements_per_s_idle']:>10.1f}"
                 f" {r['statements_per_s_during']:>15.1f}{extra}",
                 flush=True,
