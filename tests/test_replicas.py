@@ -79,7 +79,11 @@ def test_without_a_replica_no_page_command_or_scrape_adds_a_statement_or_says_an
 
 
 def _read_messages() -> list[checks.CheckMessage]:
-    return [m for m in checks.run_checks() if m.id in ("django_gator.E007", "django_gator.W006")]
+    # The read alias's own check only: the whole registry's model checks ask each alias's
+    # server about JSON (Django 6.1), which the "copy" alias may not be opened for here.
+    from django_gator.checks import check_read_database
+
+    return [m for m in check_read_database() if m.id in ("django_gator.E007", "django_gator.W006")]
 
 
 @pytest.fixture
