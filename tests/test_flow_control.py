@@ -654,7 +654,10 @@ def test_a_burst_worker_waits_for_a_slot_held_by_a_job_running_elsewhere():
     assert (ended.state, ended.rescues) == (JobState.SUCCEEDED, 0)
     rows = Job.objects.filter(pk__in=[j.pk for j in jobs])
     assert set(rows.values_list("state", flat=True)) == {JobState.SUCCEEDED}
-    assert all(row.locked_at >= ended.finished_at for row in rows)
+    # (Not compared: the claims' locked_at with finished_at. On MariaDB NOW() is the time a
+    # statement began, and a claim that began before the slot was freed waits on the lock
+    # and then claims, stamped earlier than the freeing: CI saw it. That they waited while
+    # the slot was held is asserted above.)
 
 
 def test_a_burst_worker_does_not_wait_for_paused_queues_or_scheduled_jobs():

@@ -166,14 +166,13 @@ def read_only_alias(django_db_setup, monkeypatch) -> Iterator[str]:
         options[key] = (
             f"{options[key]}; {value}" if key == "init_command" and key in options else value
         )
-    connections.settings["readonly"] = config
+    # connections.settings is DATABASES itself: one setitem, undone at teardown.
     monkeypatch.setitem(django_settings.DATABASES, "readonly", config)
     try:
         yield "readonly"
     finally:
         connections["readonly"].close()
         del connections["readonly"]
-        del connections.settings["readonly"]
 
 
 @server_only
@@ -209,7 +208,7 @@ def silent_replica(django_db_setup, monkeypatch, settings) -> Iterator[str]:
         config["OPTIONS"] = {
             k: v for k, v in (config.get("OPTIONS") or {}).items() if k != "connect_timeout"
         }
-        connections.settings["silent"] = config
+        # connections.settings is DATABASES itself: one setitem, undone at teardown.
         monkeypatch.setitem(django_settings.DATABASES, "silent", config)
         settings.GATOR_READ_DATABASE = "silent"
         replicas.forget_failures()
@@ -219,7 +218,6 @@ def silent_replica(django_db_setup, monkeypatch, settings) -> Iterator[str]:
             replicas.forget_failures()
             connections["silent"].close()
             del connections["silent"]
-            del connections.settings["silent"]
 
 
 @server_only
