@@ -20,46 +20,10 @@ from django_gator import conf, redaction, wording
 from django_gator.admin.display import pretty
 from django_gator.admin.pages import RETRY_PERMISSION, username
 from django_gator.models import Job, JobState, record
+from django_gator.progress_figures import number_text, progress_parts, progress_text
 
 #: The audit trail's name for the clear-checkpoint action.
 CLEAR_ACTION = "clear checkpoint"
-
-
-def progress_parts(progress: Any) -> dict[str, Any] | None:
-    """A stored progress as the figures shown: done, total, percent, note, rate, eta
-    (seconds), at; None if there is none (or it is not a progress object)."""
-    if not isinstance(progress, dict) or not isinstance(progress.get("done"), (int, float)):
-        return None
-    done, total = progress["done"], progress.get("total")
-    rate = progress.get("rate")
-    parts: dict[str, Any] = {
-        "done": done,
-        "total": total if isinstance(total, (int, float)) else None,
-        "note": str(progress.get("note") or ""),
-        "rate": rate if isinstance(rate, (int, float)) and rate > 0 else None,
-        "at": str(progress.get("at") or ""),
-        "percent": None,
-        "eta": None,
-    }
-    if parts["total"]:
-        parts["percent"] = max(0.0, min(100.0, 100.0 * done / parts["total"]))
-        if parts["rate"]:
-            parts["eta"] = max(0.0, (parts["total"] - done) / parts["rate"])
-    return parts
-
-
-def _number(value: float) -> str:
-    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.2f}"
-
-
-def progress_text(parts: dict[str, Any]) -> str:
-    """``done / total (pct %)``, the way gator_status prints it too."""
-    text = _number(parts["done"])
-    if parts["total"] is not None:
-        text += f" / {_number(parts['total'])}"
-    if parts["percent"] is not None:
-        text += f" ({parts['percent']:.0f} %)"
-    return text
 
 
 def progress_bar(parts: dict[str, Any]) -> SafeString:
@@ -97,7 +61,7 @@ class ProgressDisplay(admin.ModelAdmin):
         if parts["note"]:
             details.append(parts["note"])
         if parts["rate"]:
-            details.append(f"{_number(parts['rate'])} per second")
+            details.append(f"{number_text(parts['rate'])} per second")
         if parts["eta"] is not None and job.state == JobState.RUNNING:
             details.append(f"about {wording.age(parts['eta'])} left")
         if parts["at"]:

@@ -10,11 +10,11 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from django_gator import health, replicas, schema, stats, wording
-from django_gator.admin.progress import progress_parts, progress_text
 from django_gator.engines import get_engine
 from django_gator.logutil import safe
 from django_gator.management.arguments import Seconds, WholeNumber
 from django_gator.models import Job, JobState
+from django_gator.progress_figures import progress_parts, progress_text
 
 QUEUE_COLUMNS = (
     "queue",
