@@ -318,4 +318,6 @@ def test_the_admins_retry_and_cancel_need_their_permissions():
     assert _job(run, "approval").audit[-1]["by"] == "carol"
     response = retrier.post(_decide(run), {"decision": "cancel:"}, follow=True)
     assert "Workflow cancelled" in response.content.decode()
-    assert _job(run, "approval").state == JobState.CANCELLED
+    cancelled = _job(run, "approval")
+    assert cancelled.state == JobState.CANCELLED
+    assert (cancelled.audit[-1]["action"], cancelled.audit[-1]["by"]) == ("cancel", "carol")

@@ -13,8 +13,10 @@ from typing import Any
 from django.db import models, transaction
 from django.utils import timezone
 
+from django_gator import conf
 from django_gator.dbtime import DbNow
 from django_gator.exceptions import WorkflowError
+from django_gator.models.job_queries import record
 from django_gator.models.jobs import Job
 from django_gator.models.pruning import Prunable
 from django_gator.states import JobState, StepState
@@ -80,17 +82,29 @@ class WorkflowRun(models.Model):
         True if delivered; False if a signal of that name was delivered already (the first
         one stays). Kept when the wait step is not reached yet. WorkflowError when the
         workflow waits for no signal of that name, or that wait has ended."""
-        return send_signal(self._state.db or "default", self.pk, name, payload, by=by)
+        return send_signal(self._alias(), self.pk, name, payload, by=by)
+
+    def _alias(self) -> str:
+        """The database this row was read from (the job database for one built here)."""
+        return self._state.db or conf.database()
 
     def cancel(self, *, by: str = "") -> int:
         """Cancel this workflow: its jobs not started end ``cancelled`` (running ones are
         asked to stop, see ``JobQuerySet.cancel``) and its steps not released yet end
         ``cancelled`` with who did it, so nothing after them is released even if a running
         step succeeds. Returns how many jobs and steps changed."""
-        alias = self._state.db or "default"
+        alias = self._alias()
         with transaction.atomic(using=alias):
             WorkflowRun.objects.using(alias).select_for_update().filter(pk=self.pk).first()
-            changed = Job.objects.using(alias).filter(chain_id=self.pk).cancel()
+            jobs = Job.objects.using(alias).filter(chain_id=self.pk)
+            ids = list(
+                jobs.exclude(
+                    state__in=(JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED)
+                ).values_list("pk", flat=True)
+            )
+            changed = jobs.cancel()
+            if ids and by:
+                record(alias, ids, "cancel", by)
             changed += (
                 WorkflowStep.objects.using(alias)
                 .filter(workflow_id=self.pk, state=StepState.BLOCKED)
@@ -107,7 +121,7 @@ class WorkflowRun(models.Model):
         what a dead step had cancelled waits again once it succeeds. A retried wait step
         waits again for its signal (a rejection is forgotten) until its timeout, counted
         from now. Returns how many jobs it retried."""
-        alias = self._state.db or "default"
+        alias = self._alias()
         jobs = Job.objects.using(alias).filter(
             chain_id=self.pk, state__in=(JobState.DEAD, JobState.FAILED)
         )
@@ -130,7 +144,7 @@ class WorkflowRun(models.Model):
         (``WaitRejected``, naming ``by``) and cancels the steps after it. Refused like
         :meth:`signal`; False if a signal of that name came already (nothing changes)."""
         entry = {"note": note} if note else None
-        return send_signal(self._state.db or "default", self.pk, name, entry, by=by, rejected=True)
+        return send_signal(self._alias(), self.pk, name, entry, by=by, rejected=True)
 
 
 class WorkflowStep(models.Model):
