@@ -1,10 +1,11 @@
 """The one place where the package's layers are wired upward.
 
-Four lower layers call code that sits above them, without importing it (the layers of
+Lower layers call code that sits above them, without importing it (the layers of
 ``.importlinter`` forbid that): GATOR_IMMEDIATE runs jobs with the worker's inline runner;
 the engines bound the LISTEN connection they open themselves with the worker's network
 bounds; the job verbs of ``models/`` settle, re-open and probe batches with the engines'
-statements; and an operator's cancel or discard settles the workflow steps it ended.
+statements; an operator's cancel or discard settles the workflow steps it ended; and a
+signal that makes a wait step's job due wakes the idle workers.
 :func:`install` puts each in place; the app's ``ready()`` calls it, and :func:`installed`
 says which are (a test holds every one to it).
 """
@@ -13,10 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from django_gator import conf, immediate
+from django_gator import conf, immediate, wakeup
 from django_gator.engines import core as engines
 from django_gator.engines import get_engine
-from django_gator.models import job_queries, membership, settling
+from django_gator.models import job_queries, membership, settling, workflows
 from django_gator.worker import connections, inline
 
 
@@ -31,6 +32,8 @@ def install() -> None:
     )
     if settling.settle_cancelled not in job_queries.cancel_hooks:
         job_queries.cancel_hooks.append(settling.settle_cancelled)
+    if _wake not in workflows.wake_hooks:
+        workflows.wake_hooks.append(_wake)
 
 
 def installed() -> dict[str, bool]:
@@ -40,7 +43,14 @@ def installed() -> dict[str, bool]:
         "engines.connection_hook": engines.connection_hook_installed(),
         "models.membership": membership.installed(),
         "models.job_queries.cancel_hooks": settling.settle_cancelled in job_queries.cancel_hooks,
+        "models.workflows.wake_hooks": _wake in workflows.wake_hooks,
     }
+
+
+def _wake(alias: str, queues: Collection[str]) -> None:
+    """A signal made a wait's job due: NOTIFY (PostgreSQL, at commit) or wakeup datagrams."""
+    get_engine(alias).wake(queues)
+    wakeup.after_commit(alias, queues)
 
 
 def _settle_batches(alias: str, ids: Collection[int]) -> None:

@@ -186,13 +186,14 @@ def test_sql_and_vendor_branches_live_behind_the_engines():
 def test_every_upward_call_is_installed_by_the_one_wiring_point():
     from django_gator import wiring
     from django_gator.models import job_queries as job_models
+    from django_gator.models import workflows as workflow_models
 
     state = wiring.installed()
-    assert len(state) == 4
+    assert len(state) == 5
     assert all(state.values()), state
-    before = list(job_models.cancel_hooks)
+    before = list(job_models.cancel_hooks), list(workflow_models.wake_hooks)
     wiring.install()  # idempotent: ready() may run it again (tests, reloads)
-    assert job_models.cancel_hooks == before
+    assert (job_models.cancel_hooks, workflow_models.wake_hooks) == before
 
 
 #: Private names one module of the package still takes from another, each with the work

@@ -13,6 +13,7 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.test import override_settings
 
 from django_gator import Workflow
 from django_gator.exceptions import WorkflowError
@@ -321,3 +322,36 @@ def test_the_admins_retry_and_cancel_need_their_permissions():
     cancelled = _job(run, "approval")
     assert cancelled.state == JobState.CANCELLED
     assert (cancelled.audit[-1]["action"], cancelled.audit[-1]["by"]) == ("cancel", "carol")
+
+
+@override_settings(GATOR_POLL_INTERVAL=20)
+def test_a_signal_wakes_an_idle_worker_rather_than_waiting_for_its_poll():
+    from django.db import connection
+
+    from django_gator import wakeup
+    from django_gator.worker.queues import parse_queue_specs
+    from django_gator.worker.supervisor import WorkerProcess
+    from tests.conftest import start_worker_thread, wait_for
+
+    run = _approval()
+    run_worker("results")  # merge; the wait is released and waits
+    worker = WorkerProcess(
+        parse_queue_specs(["results"]), concurrency=2, install_signal_handlers=False
+    )
+    thread = start_worker_thread(worker)
+    try:
+        wait_for(lambda: worker.slots.idle.is_set(), 30)
+        # This process's list of workers to wake (SQLite, MariaDB) is read in the
+        # background, a first dispatch finding it empty: read it now, as a long-running
+        # web process has.
+        wakeup.forget()
+        wakeup.refresh(connection.alias)
+        sent = time.monotonic()
+        assert run.signal("approved", "now") is True
+        wait_for(lambda: _job(run, "approval").state == JobState.SUCCEEDED, 30)
+        took = time.monotonic() - sent
+    finally:
+        worker.request_stop()
+        thread.join(30)
+        wakeup.forget()
+    assert took < 10, f"{took:.1f} s: found by the idle worker's next poll (20 s), not woken"

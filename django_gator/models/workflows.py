@@ -7,6 +7,7 @@ steps after it is :mod:`django_gator.models.settling`; what a wait step's job re
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -215,6 +216,11 @@ class WorkflowStep(models.Model):
         return self.members is not None
 
 
+#: Called with (alias, queues) in the transaction that made a wait's job due: wake the idle
+#: workers of those queues. :mod:`django_gator.wiring` installs the engine's wakeup here
+#: (this layer cannot import it).
+wake_hooks: list[Callable[[str, Collection[str]], None]] = []
+
 #: Steps in these states have ended: a signal can no longer change them.
 ENDED = (StepState.SUCCEEDED, StepState.DEAD, StepState.CANCELLED)
 
@@ -268,7 +274,8 @@ def send_signal(
         }
         run.save(using=alias, update_fields=["signals"])
         if wait.job_id is not None:
-            Job.objects.using(alias).filter(pk=wait.job_id, state=JobState.WAITING).update(
-                next_execution_at=DbNow()
-            )
+            waiting = Job.objects.using(alias).filter(pk=wait.job_id, state=JobState.WAITING)
+            if waiting.update(next_execution_at=DbNow()):
+                for hook in wake_hooks:  # idle workers claim it now, not at their next poll
+                    hook(alias, [wait.queue])
     return True
