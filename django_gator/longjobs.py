@@ -162,15 +162,21 @@ class Journal:
 
     def flush(self) -> None:
         """Write what is pending, now, on this thread (the attempt's end does, before its
-        outcome is written). Never raises."""
+        outcome is written). Never raises. ``pending`` stays true until the write is done:
+        an async job's end, seeing a write in flight on a writer thread, waits for it
+        before its outcome (which would otherwise be written first, and the checkpoint's
+        compare-and-set then find the claim gone: its retry started from the beginning)."""
         with self._write_lock:
-            self._flush()
+            try:
+                self._flush()
+            finally:
+                with self._lock:
+                    self._flushing = False
 
     def _flush(self) -> None:
         with self._lock:
             progress, self._progress = self._progress, None
             checkpoint, self._checkpoint = self._checkpoint, _NOTHING
-            self._flushing = False
         self._written_at = time.monotonic()
         if progress is None and checkpoint is _NOTHING:
             return
