@@ -183,8 +183,9 @@ class Workflow:
 
     def _set_queue(self, step: Step, queue: str | None) -> None:
         """A sleep's or a wait's queue: ``queue``, else its first ``after`` step's."""
-        if queue is None and step.after:
-            queue = step.after[0].job_class.queue if isinstance(step.after[0], Step) else None
+        first = step.after[0] if step.after else None
+        if queue is None and isinstance(first, Step):
+            queue = first.queue or first.job_class.queue  # a sleep after a wait: the wait's
         step.queue = queue
 
     def _resolve(self, after: Iterable[Step | str]) -> list[Any]:

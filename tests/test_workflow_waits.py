@@ -160,6 +160,10 @@ def test_a_sleep_step_holds_no_thread_and_releases_what_follows_when_it_ends():
     assert first.state == JobState.SUCCEEDED
     assert sleep.state == JobState.WAITING
     assert sleep.queue == "results", "a sleep's job runs on the queue of the step before it"
+    chained = Workflow(name="chained")
+    chained.add(Produces, 1, name="a")
+    chained.add_wait("ok", after=["a"], name="w")
+    assert chained.add_sleep(1, after=["w"]).queue == "results", "after a wait: the wait's queue"
     assert _step(run, "last").state == StepState.BLOCKED
     while Job.objects.filter(pk=sleep.pk, next_execution_at__gt=_db_now()).exists():
         time.sleep(0.05)
