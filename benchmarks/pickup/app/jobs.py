@@ -12,6 +12,15 @@ QUEUE = "pickup"
 _reply: socket.socket | None = None
 
 
+def report(job_id: int | None, moment: float) -> None:
+    """Send ``"<job id> <moment>"`` to GATOR_PICKUP_REPLY (host:port) over UDP."""
+    global _reply
+    if _reply is None:
+        _reply = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    host, port = os.environ["GATOR_PICKUP_REPLY"].rsplit(":", 1)
+    _reply.sendto(f"{job_id} {moment!r}".encode(), (host, int(port)))
+
+
 class Stamp(Queueable):
     """Sends ``"<job id> <time.time() at start>"`` to GATOR_PICKUP_REPLY (host:port)."""
 
@@ -20,11 +29,7 @@ class Stamp(Queueable):
 
     def handle(self) -> None:
         started = time.time()
-        global _reply
-        if _reply is None:
-            _reply = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        host, port = os.environ["GATOR_PICKUP_REPLY"].rsplit(":", 1)
-        _reply.sendto(f"{self.job_id} {started!r}".encode(), (host, int(port)))
+        report(self.job_id, started)
 
 
 #: The row-writing probe's table, made by the benchmark (not a model: no migration).
@@ -50,11 +55,7 @@ class Touch(Queueable):
                 [self.job_id, started],
             )
         written = time.time()
-        global _reply
-        if _reply is None:
-            _reply = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        host, port = os.environ["GATOR_PICKUP_REPLY"].rsplit(":", 1)
-        _reply.sendto(f"{self.job_id} {written!r}".encode(), (host, int(port)))
+        report(self.job_id, written)
 
 
 class Noop(Queueable):
