@@ -14,6 +14,7 @@ class Migration(migrations.Migration):
             name="label",
             field=models.CharField(
                 blank=True,
+                db_default="",
                 default="",
                 help_text="The step's name in its workflow (its position unless named); the key of its result in its dependents' results().",
                 max_length=100,

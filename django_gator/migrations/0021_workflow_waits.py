@@ -25,6 +25,7 @@ class Migration(migrations.Migration):
             field=models.JSONField(
                 blank=True,
                 default=dict,
+                null=True,
                 help_text="Signals received, by name: {payload, at, by} (see WorkflowRun.signal).",
             ),
         ),
@@ -49,6 +50,7 @@ class Migration(migrations.Migration):
             name="wait_for",
             field=models.CharField(
                 blank=True,
+                db_default="",
                 default="",
                 help_text="A wait step: the name of the signal it waits for.",
                 max_length=100,

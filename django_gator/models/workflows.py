@@ -63,6 +63,7 @@ class WorkflowRun(models.Model):
     signals = models.JSONField(
         default=dict,
         blank=True,
+        null=True,  # NULL for rows that workers of the version before insert (an upgrade)
         help_text="Signals received, by name: {payload, at, by} (see WorkflowRun.signal).",
     )
 
@@ -133,7 +134,9 @@ class WorkflowRun(models.Model):
             with transaction.atomic(using=alias):
                 run = WorkflowRun.objects.using(alias).select_for_update().get(pk=self.pk)
                 if (run.signals or {}).get(wait.wait_for, {}).get("rejected"):
-                    run.signals = {k: v for k, v in run.signals.items() if k != wait.wait_for}
+                    run.signals = {
+                        k: v for k, v in (run.signals or {}).items() if k != wait.wait_for
+                    }
                     run.save(using=alias, update_fields=["signals"])
                 due = timezone.now() + timedelta(seconds=wait.delay or 0)
                 retried_wait = Job.objects.using(alias).filter(pk=wait.job_id or 0)
@@ -158,6 +161,7 @@ class WorkflowStep(models.Model):
     label = models.CharField(
         max_length=STEP_NAME_MAX_LENGTH,
         default="",
+        db_default="",  # rows that workers of the version before insert (a rolling upgrade)
         blank=True,
         help_text="The step's name in its workflow (its position unless named); the key of "
         "its result in its dependents' results().",
@@ -165,6 +169,7 @@ class WorkflowStep(models.Model):
     wait_for = models.CharField(
         max_length=STEP_NAME_MAX_LENGTH,
         default="",
+        db_default="",
         blank=True,
         help_text="A wait step: the name of the signal it waits for.",
     )
