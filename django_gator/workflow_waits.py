@@ -40,19 +40,17 @@ class WaitStep(Queueable):
     name = "gator.wait"
 
     def handle(self, signal: str, on_timeout: str = "") -> Any:
-        from django_gator.models.waits import delivered, workflow_of  # see cancel_requested
+        from django_gator.models.waits import delivered  # see cancel_requested
 
-        alias = conf.database()
-        found, entry = delivered(alias, self.job_id, signal)
-        workflow_id = workflow_of(alias, self.job_id)
-        if found and entry.get("rejected"):
+        workflow_id, entry = delivered(conf.database(), self.job_id, signal)
+        if entry is not None and entry.get("rejected"):
             note = (entry.get("payload") or {}).get("note", "")
             raise WaitRejected(
                 f"workflow {workflow_id}: the wait for {signal!r} was rejected by "
                 f"{entry.get('by') or 'someone'} at {entry.get('at')}"
                 + (f": {note}" if note else "")
             )
-        if found:
+        if entry is not None:
             return entry.get("payload")
         if on_timeout:
             handler = get_job_class(on_timeout)(

@@ -21,33 +21,24 @@ from django_gator.models.jobs import Job
 from django_gator.models.workflows import WorkflowRun, WorkflowStep
 
 
-def delivered(alias: str, job_id: int | None, name: str) -> tuple[bool, Any]:
-    """For the job of a wait step: (True, its entry: payload, at, by, and ``rejected``
-    for a rejection) if its signal has come, else (False, None)."""
+def delivered(alias: str, job_id: int | None, name: str) -> tuple[str | None, Any]:
+    """For the job of a wait step: (its workflow's id as text, the signal's entry: payload,
+    at, by, and ``rejected`` for a rejection); the entry is None while no signal has come.
+    Two reads by primary key."""
     if job_id is None:
-        return False, None
+        return None, None
     workflow_id = (
         Job.objects.using(alias).filter(pk=job_id).values_list("chain_id", flat=True).first()
     )
     if workflow_id is None:
-        return False, None
+        return None, None
     signals = (
         WorkflowRun.objects.using(alias)
         .filter(pk=workflow_id)
         .values_list("signals", flat=True)
         .first()
     )
-    if not signals or name not in signals:
-        return False, None
-    return True, signals[name]
-
-
-def workflow_of(alias: str, job_id: int | None) -> str | None:
-    """The id of the workflow whose step's job is ``job_id`` (as text), or None."""
-    if job_id is None:
-        return None
-    found = Job.objects.using(alias).filter(pk=job_id).values_list("chain_id", flat=True).first()
-    return None if found is None else str(found)
+    return str(workflow_id), (signals or {}).get(name)
 
 
 def signal_waiting(alias: str, step: WorkflowStep) -> bool:
