@@ -194,6 +194,27 @@ def test_an_idle_worker_starts_a_job_long_before_its_next_poll():
     assert not Worker.objects.filter(id=worker.worker_id).exists()
 
 
+@no_listen
+def test_a_processs_first_dispatch_wakes_an_idle_worker():
+    # Before, the first dispatch of a process found its list of workers not read yet
+    # (it is read in the background), sent nothing, and the job waited for a poll.
+    worker = WorkerProcess(concurrency=2, poll_interval=30, install_signal_handlers=False)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_for(lambda: Worker.objects.filter(id=worker.worker_id).exists(), timeout=20)
+        assert worker.slots.idle.wait(20), "the worker never went idle"
+        wakeup.forget()  # as in a process that has not dispatched yet
+        started = time.monotonic()
+        job = Echo.dispatch("first")
+        wait_for(lambda: Job.objects.get(pk=job.pk).state == JobState.SUCCEEDED, timeout=20)
+        assert time.monotonic() - started < 10, "started by the worker's poll, not a wakeup"
+    finally:
+        worker.request_stop()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+
+
 def test_postgresql_workers_publish_no_address_and_off_means_off():
     with override_settings(GATOR_WAKEUP_BIND=None):
         assert not wakeup.enabled(connection.alias)
