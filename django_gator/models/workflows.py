@@ -17,6 +17,7 @@ from django.utils import timezone
 from django_gator import conf
 from django_gator.dbtime import DbNow
 from django_gator.exceptions import WorkflowError
+from django_gator.models import awaiting
 from django_gator.models.job_queries import record
 from django_gator.models.jobs import Job
 from django_gator.models.pruning import Prunable
@@ -142,6 +143,25 @@ class WorkflowRun(models.Model):
                 retried_wait = Job.objects.using(alias).filter(pk=wait.job_id or 0)
                 retried_wait.filter(state=JobState.WAITING).update(next_execution_at=due)
         return retried
+
+    def wait_result(self, timeout: timedelta | float | None = None) -> dict[str, Any]:
+        """Wait until every step of this workflow has ended and return ``{leaf step name:
+        result}`` (a leaf: no step comes after it; a batch step's result is its members'
+        results in order); raise :class:`~django_gator.exceptions.WorkflowFailed` naming
+        the first step that ended dead (with ``on_dead="cancel"``) or was cancelled, with
+        its job's error, or :class:`~django_gator.exceptions.ResultTimeout` after
+        ``timeout`` seconds (None: no limit). Read like ``Job.wait_result``."""
+        return awaiting.wait_run(self._rows(), timeout)
+
+    async def await_result(self, timeout: timedelta | float | None = None) -> dict[str, Any]:
+        """:meth:`wait_result` for async code."""
+        return await awaiting.await_run(self._rows(), timeout)
+
+    def _rows(self) -> awaiting.RunRows:
+        alias = self._alias()
+        steps = WorkflowStep.objects.using(alias).filter(workflow_id=self.pk)
+        fatal = steps.filter(state=StepState.DEAD, on_dead=ON_DEAD_CANCEL)
+        return awaiting.RunRows(self, steps, fatal, Job.objects.using(alias))
 
     def reject(self, name: str, *, by: str = "", note: str = "") -> bool:
         """End this workflow's wait for the signal ``name`` as rejected: the wait ends dead
