@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from django.db import models, transaction
@@ -250,6 +251,12 @@ wake_hooks: list[Callable[[str, Collection[str]], None]] = []
 ENDED = (StepState.SUCCEEDED, StepState.DEAD, StepState.CANCELLED)
 
 
+#: Called with a signal's outcome ("delivered", "rejected", "duplicate", "refused") once
+#: it is known: at the commit of its transaction, a refusal at once. The metrics count them
+#: (:mod:`django_gator.wiring` installs the hook; this layer cannot import the metrics).
+signal_hooks: list[Callable[[str], None]] = []
+
+
 def send_signal(
     alias: str,
     run_id: uuid.UUID | str,
@@ -260,6 +267,27 @@ def send_signal(
     rejected: bool = False,
 ) -> bool:
     """See WorkflowRun.signal and WorkflowRun.reject."""
+    try:
+        done = _deliver(alias, run_id, name, payload, by=by, rejected=rejected)
+    except WorkflowError:
+        for hook in signal_hooks:
+            hook("refused")
+        raise
+    outcome = ("rejected" if rejected else "delivered") if done else "duplicate"
+    for hook in signal_hooks:
+        transaction.on_commit(partial(hook, outcome), using=alias, robust=True)
+    return done
+
+
+def _deliver(
+    alias: str,
+    run_id: uuid.UUID | str,
+    name: str,
+    payload: Any,
+    *,
+    by: str,
+    rejected: bool,
+) -> bool:
     if not isinstance(name, str) or not name:
         raise WorkflowError(f"a signal's name is a non-empty str, got {name!r}")
     check_json(payload, "payload")
