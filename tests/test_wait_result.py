@@ -166,3 +166,12 @@ def test_a_workflows_wait_result_raises_for_its_first_dead_step(spawn_worker):
     stopped.cancel(by="ops")
     with pytest.raises(WorkflowFailed, match="step 'only' ended cancelled"):
         stopped.wait_result(timeout=5)
+
+
+@pytest.mark.django_db(transaction=False)
+def test_under_gator_immediate_the_result_is_there_at_once_even_in_a_testcase(settings):
+    """A TestCase's transaction is open, but the job ran at dispatch: no wait, no refusal."""
+    settings.GATOR_IMMEDIATE = True
+    assert connections["default"].in_atomic_block
+    assert Echo.dispatch(5).wait_result(timeout=0) == {"args": [5], "kwargs": {}, "queue": "echo"}
+    assert async_to_sync(Echo.dispatch(6).await_result)(timeout=0)["args"] == [6]
