@@ -1,11 +1,12 @@
 """Issue 34's bar for durable workflows: a 30-step workflow (atomic steps that pass results,
 three waits for signals, three sleeps) drained by three worker processes SIGKILLed at
-random and restarted, while its signals arrive (one before its wait is reached, each sent
-twice). Then a ledger proves it: every step ran once (an atomic step's ledger row commits
-with its success mark: exactly one per step; a step has one job row), after the steps it
-comes after, with their results as its inputs; the waits' results are the signals'
-payloads; ``run.wait_result()``, called from another thread while the workers were being
-killed, returned the leaves' results; nothing is left running, blocked or released.
+random (one running a step when there is one) and restarted, while its signals arrive
+(one before its wait is reached, each sent twice). Then a ledger proves it: every step ran
+once (an atomic step's ledger row commits with its success mark: exactly one per step; a
+step has one job row), after the steps it comes after, with their results as its inputs;
+the waits' results are the signals' payloads; ``run.wait_result()``, called from another
+thread while the workers were being killed, returned the leaves' results; nothing is left
+running, blocked or released; every kill was made and at least one cut a step short.
 
 GATOR_WORKFLOW_CHAOS_KILLS (default 4) SIGKILLs; GATOR_CHAOS_SEED picks the graph.
 """
@@ -68,6 +69,11 @@ def _graph(rng: random.Random) -> tuple[Workflow, dict[str, list[str]]]:
     return wf, parents
 
 
+def _pids_running_a_step() -> list[int]:
+    running = Job.objects.filter(state=JobState.RUNNING).values("reserved_by")
+    return list(Worker.objects.filter(id__in=running).values_list("pid", flat=True))
+
+
 def _drain(
     rng: random.Random,
     spawn: Callable[..., Any],
@@ -75,9 +81,10 @@ def _drain(
     done: Callable[[], bool],
     sent: dict[str, Any],
 ) -> int:
-    """Three workers, one SIGKILLed and replaced every 0.8-1.6 s (KILLS times), the next
-    signal not in ``sent`` sent at every other turn (twice: the second is refused), until
-    ``done()``. Returns the kills; ``sent`` gets the payloads delivered, by signal name."""
+    """Three workers, one of them (running a step, if one does) SIGKILLed and replaced
+    every 0.8-1.6 s (KILLS times), the next signal not in ``sent`` sent at every other turn
+    (twice: the second is refused), until ``done()``. Returns the kills; ``sent`` gets the
+    payloads delivered, by signal name."""
     args = ("--concurrency", "3")
     env = {"GATOR_HEARTBEAT_TIMEOUT": "3", "GATOR_MAX_RESCUES": "10", "GATOR_POLL_INTERVAL": "0.2"}
     procs = [spawn(*args, env=env) for _ in range(WORKERS)]
@@ -94,10 +101,13 @@ def _drain(
             assert _retry_db(lambda n=name: run.signal(n, {"again": True})) is False
             sent[name] = payload
         if kills < KILLS:
+            busy = set(_retry_db(_pids_running_a_step))
             registered = set(_retry_db(lambda: list(Worker.objects.values_list("pid", flat=True))))
             alive = [p for p in procs if p.poll() is None and p.pid in registered]
-            if alive:
-                victim = rng.choice(alive)
+            # A worker running a step if there is one: the kill then cuts an attempt short.
+            targets = [p for p in alive if p.pid in busy] or alive
+            if targets:
+                victim = rng.choice(targets)
                 victim.send_signal(signal.SIGKILL)
                 victim.wait()
                 kills += 1
@@ -155,6 +165,8 @@ def test_a_workflow_under_sigkills_runs_each_step_once_with_its_inputs(spawn_wor
     leaves = {name for name in parents if not any(name in after for after in parents.values())}
     assert waited["results"] == {name: result[name] for name in leaves}
     rescued = sum(j.rescues for j in jobs.values())
+    assert kills == KILLS, "the workflow ended before every kill was made"
+    assert rescued >= 1, "no kill cut a step short"
     print(
         f"\nworkflow chaos: {STEPS} steps, {kills} SIGKILLs, {rescued} rescues, "
         f"{time.monotonic() - started:.1f} s"
