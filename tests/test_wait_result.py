@@ -78,7 +78,7 @@ def test_bad_timeouts_unsaved_jobs_and_waits_inside_a_transaction_are_refused():
     with pytest.raises(ValueError, match="has no id"):
         Job(name=Record.name).wait_result(timeout=1)
     with pytest.raises(Job.DoesNotExist, match=rf"#{job.pk + 1000} is not in the database"):
-        Job.objects.get(pk=job.pk).__class__(pk=job.pk + 1000, name="x").wait_result(1)
+        Job(pk=job.pk + 1000, name="x").wait_result(1)
 
     with transaction.atomic(), pytest.raises(GatorError, match=r"inside transaction.atomic\(\)"):
         Record.dispatch("in the transaction").wait_result(timeout=30)
