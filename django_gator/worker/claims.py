@@ -298,8 +298,10 @@ class Claimer:
         """Fold a claim's duration into its kind's average; a stale average is replaced."""
         costs = self._costs.setdefault(queue, {})
         old = costs.get(keyset)
-        fresh = old is None or self._stale(queue, keyset=keyset)
-        costs[keyset] = seconds if fresh else old + COST_WEIGHT * (seconds - old)
+        if old is None or self._stale(queue, keyset=keyset):
+            costs[keyset] = seconds
+        else:
+            costs[keyset] = old + COST_WEIGHT * (seconds - old)
         self._measured.setdefault(queue, {})[keyset] = self.clock()
 
     def _advance(
