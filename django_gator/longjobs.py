@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar, TypeVar
 
 from django_gator.exceptions import HandBack
+from django_gator.joblogs import LogBuffer, level_of
 from django_gator.validation import check_json
 
 logger = logging.getLogger("django_gator.worker")
@@ -41,9 +42,9 @@ NOTE_CHARS = 200
 #: What :meth:`Journal.pending` holds when there is nothing to write.
 _NOTHING: Any = object()
 
-#: Writes (progress JSON or None, checkpoint JSON or None) on the claim; False if the claim
-#: is no longer this attempt's.
-Write = Callable[[str | None, str | None], bool]
+#: Writes (progress JSON or None, checkpoint JSON or None, captured-logs entry JSON or None)
+#: on the claim; False if the claim is no longer this attempt's.
+Write = Callable[[str | None, str | None, str | None], bool]
 
 
 class Journal:
@@ -54,7 +55,9 @@ class Journal:
     whether the worker is stopping (``each()`` hands the job back then); ``submit``: run a
     function off this thread (an async job's writes and reads go to the worker's writer
     threads, never on the event loop); ``on_progress(delta)``: items done since the last
-    write, for the metrics."""
+    write, for the metrics; ``logs``: the attempt's captured log lines (see
+    :mod:`django_gator.joblogs`), written once, by its last write, as the JSON text
+    ``log_entry()`` makes of them."""
 
     def __init__(
         self,
@@ -65,8 +68,13 @@ class Journal:
         stopping: Callable[[], bool] = lambda: False,
         submit: Callable[[Callable[[], Any]], Any] | None = None,
         on_progress: Callable[[float], None] | None = None,
+        logs: LogBuffer | None = None,
+        log_entry: Callable[[], str] | None = None,
     ) -> None:
         self._write = write
+        self.logs = logs if log_entry is not None else None
+        self._log_entry = log_entry
+        self._logs_written = False
         self._load = load
         self.interval = interval
         self.stopping = stopping
@@ -142,7 +150,7 @@ class Journal:
             return
         if self._submit is None:
             if not _on_event_loop():  # else kept for the write at the attempt's end
-                self.flush()
+                self.flush(final=False)
             return
         with self._lock:
             if self._flushing:
@@ -150,41 +158,76 @@ class Journal:
             self._flushing = True
         self._written_at = now
         try:
-            self._submit(self.flush)
+            self._submit(self._flush_between)
         except Exception as exc:  # the writer threads are gone (the worker stops)
             self._flushing = False
             logger.warning("Progress not written (kept): %s: %s", type(exc).__name__, exc)
 
     @property
     def pending(self) -> bool:
-        """Whether a progress or checkpoint waits to be written (or is being written)."""
-        return self._progress is not None or self._checkpoint is not _NOTHING or self._flushing
+        """Whether a progress, a checkpoint or the captured logs wait to be written (or
+        are being written)."""
+        return (
+            self._progress is not None
+            or self._checkpoint is not _NOTHING
+            or self._flushing
+            or self.logs_pending
+        )
 
-    def flush(self) -> None:
+    @property
+    def logs_pending(self) -> bool:
+        """Whether the attempt captured log lines that are not written yet."""
+        logs = self.logs
+        return logs is not None and not self._logs_written and bool(logs.lines or logs.dropped)
+
+    def _flush_between(self) -> None:
+        self.flush(final=False)
+
+    def write_logs(self) -> None:
+        """Write the captured logs alone, if not written yet (an atomic job's failed
+        attempt, whose last write rolled back with it; an attempt the watchdog took).
+        Never raises."""
+        if not self.logs_pending:
+            return
+        with self._write_lock:
+            entry = self._take_logs()
+            try:
+                self._write(None, None, entry)
+            except Exception as exc:
+                logger.warning("Job logs not written: %s: %s", type(exc).__name__, exc)
+
+    def _take_logs(self) -> str | None:
+        if not self.logs_pending or self._log_entry is None:
+            return None
+        self._logs_written = True
+        return self._log_entry()
+
+    def flush(self, *, final: bool = True) -> None:
         """Write what is pending, now, on this thread (the attempt's end does, before its
-        outcome is written). Never raises. ``pending`` stays true until the write is done:
+        outcome is written; ``final``: with the captured logs, which only the attempt's
+        end writes). Never raises. ``pending`` stays true until the write is done:
         an async job's end, seeing a write in flight on a writer thread, waits for it
         before its outcome (which would otherwise be written first, and the checkpoint's
         compare-and-set then find the claim gone: its retry started from the beginning)."""
         with self._write_lock:
             try:
-                self._flush()
+                self._flush(self._take_logs() if final else None)
             finally:
                 with self._lock:
                     self._flushing = False
 
-    def _flush(self) -> None:
+    def _flush(self, logs: str | None) -> None:
         with self._lock:
             progress, self._progress = self._progress, None
             checkpoint, self._checkpoint = self._checkpoint, _NOTHING
         self._written_at = time.monotonic()
-        if progress is None and checkpoint is _NOTHING:
+        if progress is None and checkpoint is _NOTHING and logs is None:
             return
         if progress is not None:  # when it is written: at most an interval after the call
             progress["at"] = datetime.now(UTC).isoformat(timespec="seconds")
         text = None if progress is None else json.dumps(progress, separators=(",", ":"))
         try:
-            written = self._write(text, None if checkpoint is _NOTHING else checkpoint)
+            written = self._write(text, None if checkpoint is _NOTHING else checkpoint, logs)
         except Exception as exc:
             logger.warning("Progress not written (dropped): %s: %s", type(exc).__name__, exc)
             if checkpoint is not _NOTHING:
@@ -220,15 +263,26 @@ class LongRunning:
 
     ``stall_timeout``: seconds the job may go without calling :meth:`progress`,
     :meth:`checkpoint` or :meth:`heartbeat` before its attempt fails with
-    :class:`~django_gator.exceptions.JobStalled` (None: never)."""
+    :class:`~django_gator.exceptions.JobStalled` (None: never).
+
+    ``log_level``: the level from which the log records an attempt emits are captured
+    and kept with it (see :mod:`django_gator.joblogs`): a name (``"INFO"``) or a number;
+    None follows ``GATOR_JOB_LOG_LEVEL``; False captures nothing, whatever the setting."""
 
     stall_timeout: ClassVar[float | None] = None
+    log_level: ClassVar[str | int | bool | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.log_level is not False:
+            level_of(cls.log_level, f"{cls.__qualname__}.log_level")
+
     #: Set by the worker for each attempt it runs.
     _gator_journal: Journal | None = None
 
     def _journal(self) -> Journal:
         if self._gator_journal is None:  # a job made by hand: kept in memory only
-            self._gator_journal = Journal(lambda p, c: True, lambda: None, interval=math.inf)
+            self._gator_journal = Journal(lambda p, c, g: True, lambda: None, interval=math.inf)
         return self._gator_journal
 
     def progress(self, done: float, total: float | None = None, note: str = "") -> None:

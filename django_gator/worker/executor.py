@@ -29,6 +29,7 @@ from django.db import connections
 from django_gator.attempts import Success
 from django_gator.engines import ClaimedJob, JobEngine
 from django_gator.exceptions import JobNotRegistered, JobStalled, JobTimeout
+from django_gator.longjobs import Journal
 from django_gator.queueable import effective_timeout, get_job_class
 from django_gator.worker.execution import run_claimed
 from django_gator.worker.hygiene import after_job, before_job
@@ -54,6 +55,8 @@ class Executors:
         self.started = 0
         #: The connections each executor thread opens before it takes a job.
         self.warm_aliases = warm_aliases()
+        #: Journals (with captured logs) of the jobs the watchdog took, by job id.
+        self.taken_logs: dict[int, Journal] = {}
 
     def start(self, count: int) -> None:
         for _ in range(count):
@@ -97,7 +100,9 @@ class Executors:
         journal = journal_for(
             job, self.engine, self.outcomes.worker_id, stopping=lambda: self.slots.stopping
         )
-        self.slots.watch_stall(threading.current_thread(), journal, stall_timeout(job))
+        stall = stall_timeout(job)
+        if stall is not None or journal.logs is not None:
+            self.slots.watch_stall(threading.current_thread(), journal, stall)
         try:
             outcome = run_claimed(
                 job,
@@ -132,6 +137,8 @@ class Executors:
         slot a fresh thread (lock held). Their failures are written by
         :meth:`write_timeouts`."""
         for entry in self.slots.expire_locked(time.monotonic()):
+            if entry.journal is not None and entry.journal.logs is not None:
+                self.taken_logs[entry.job.id] = entry.journal
             self.start_one()
             timed_out = entry.deadline is not None and time.monotonic() > entry.deadline
             interrupt(entry.thread, JobTimeout if timed_out else JobStalled)
@@ -144,9 +151,18 @@ class Executors:
             expired = self.slots.take_timed_out_locked()
             stalled = self.slots.take_stalled_locked()
         for job in expired:
+            self._write_taken_logs(job)
             self.outcomes.timeout(job)
         for job, seconds in stalled:
+            self._write_taken_logs(job)
             self.outcomes.stalled(job, seconds)
+
+    def _write_taken_logs(self, job: ClaimedJob) -> None:
+        """The captured logs of a job the watchdog took, written before its failure
+        (unless its thread, interrupted, wrote them already)."""
+        journal = self.taken_logs.pop(job.id, None)
+        if journal is not None:
+            journal.write_logs()
 
 
 def deadline(job: ClaimedJob) -> float | None:
