@@ -22,7 +22,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from django.db import connections
 
@@ -33,8 +33,10 @@ from django_gator.longjobs import Journal
 from django_gator.queueable import effective_timeout, get_job_class
 from django_gator.worker.execution import run_claimed
 from django_gator.worker.hygiene import after_job, before_job
+from django_gator.worker.isolation import isolates, run_isolated
 from django_gator.worker.outcomes import DEFERRED, Outcomes
 from django_gator.worker.progress import journal_for
+from django_gator.worker.queues import QueueSpec
 from django_gator.worker.slots import Finished, Idle, Slots
 from django_gator.worker.warm import WarmConnections, warm_aliases
 
@@ -47,7 +49,14 @@ Spawn = Callable[[str, Callable[[], None]], threading.Thread]
 class Executors:
     """The executor threads of one worker, and their watchdog."""
 
-    def __init__(self, slots: Slots, outcomes: Outcomes, engine: JobEngine, spawn: Spawn) -> None:
+    def __init__(
+        self,
+        slots: Slots,
+        outcomes: Outcomes,
+        engine: JobEngine,
+        spawn: Spawn,
+        specs: Sequence[QueueSpec] = (),
+    ) -> None:
         self.slots = slots
         self.outcomes = outcomes
         self.engine = engine
@@ -55,6 +64,8 @@ class Executors:
         self.started = 0
         #: The connections each executor thread opens before it takes a job.
         self.warm_aliases = warm_aliases()
+        #: Queues whose every job runs in a child process (--isolate-queue).
+        self.isolated_queues = frozenset(s.name for s in specs if s.isolated)
         #: Journals (with captured logs) of the jobs the watchdog took, by job id.
         self.taken_logs: dict[int, Journal] = {}
 
@@ -97,21 +108,23 @@ class Executors:
         before_job(thread_connections)
         started = time.perf_counter()
         commit = functools.partial(self.outcomes.commit, job)
-        journal = journal_for(
-            job, self.engine, self.outcomes.worker_id, stopping=lambda: self.slots.stopping
-        )
+        stopping = functools.partial(getattr, self.slots, "stopping")
+        journal = journal_for(job, self.engine, self.outcomes.worker_id, stopping=stopping)
         stall = stall_timeout(job)
         if stall is not None or journal.logs is not None:
             self.slots.watch_stall(threading.current_thread(), journal, stall)
         try:
-            outcome = run_claimed(
-                job,
-                self.outcomes.worker_id,
-                commit,
-                watch=thread_connections,
-                atomic=self.engine.atomic_job,
-                journal=journal,
-            )
+            if isolates(job, self.isolated_queues):
+                outcome = run_isolated(job, self.outcomes.worker_id, journal, stopping=stopping)
+            else:
+                outcome = run_claimed(
+                    job,
+                    self.outcomes.worker_id,
+                    commit,
+                    watch=thread_connections,
+                    atomic=self.engine.atomic_job,
+                    journal=journal,
+                )
         finally:
             elapsed_ms = (time.perf_counter() - started) * 1000
             after_job(thread_connections)
