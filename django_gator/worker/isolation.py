@@ -11,7 +11,8 @@ in the child. Spawning a fresh interpreter per job is safe but pays Django's sta
 (``multiprocessing``'s ``forkserver``): one clean process per worker, started from a fresh
 interpreter the first time a job is isolated, which sets Django up once (the module
 ``isolation_boot``), opens no connection and runs no thread; each attempt is a fork of it,
-which costs a few milliseconds and starts with every job module imported. See
+which starts with every job module imported and costs some 10 to 40 ms of start and exit
+(against about a second for a fresh interpreter). See
 docs/benchmarks.md for the cost per job against threads.
 
 **What crosses the boundary.** The worker sends the claimed job, its database settings and
@@ -111,7 +112,6 @@ def run_isolated(
     raised into this thread, kills the child (and the watchdog writes that failure)."""
     job_class = get_job_class(job.name)
     context = fork_server()
-    ours, theirs = context.Pipe()
     capture = journal.logs
     journal.logs = None  # the records are the child's: it captures them
     payload = {
@@ -125,20 +125,27 @@ def run_isolated(
         else (capture.level, capture.max_lines, capture.max_bytes),
     }
     started = time.monotonic()
-    child = context.Process(target=child_main, args=(theirs, payload), name=f"gator-job-{job.id}")
-    child.start()
-    _live.add(child)
-    theirs.close()
-    talk = Conversation(ours, child, journal, stopping)
+    child: Any = None
+    ours: Connection | None = None
     try:
+        ours, theirs = context.Pipe()
+        child = context.Process(
+            target=child_main, args=(theirs, payload), name=f"gator-job-{job.id}"
+        )
+        _live.add(child)
+        child.start()
+        theirs.close()
+        journal.touch()  # the stall watch counts from the child's start
+        talk = Conversation(ours, child, journal, stopping)
         outcome = talk.run()
-    except BaseException as exc:  # the watchdog's, raised into this thread
-        kill(child)
+        child.join(JOIN_TIMEOUT)
+    except BaseException as exc:  # the watchdog's JobTimeout or JobStalled, raised here
         return failure_for(job, worker_id, exc, time.monotonic() - started)
     finally:
-        ours.close()
-    child.join(JOIN_TIMEOUT)
-    kill(child)
+        if child is not None:
+            kill(child)
+        if ours is not None:
+            ours.close()
     if outcome is not None:
         return outcome
     died = IsolatedProcessDied(death_message(child.exitcode, job_class.memory_limit, talk.peak))
@@ -226,9 +233,10 @@ def death_message(code: int | None, memory_limit: int | None, peak_kib: int | No
 
 def kill(child: Any) -> None:
     """SIGKILL ``child`` if it still runs, and reap it."""
-    if child.is_alive():
-        child.kill()
-    child.join(JOIN_TIMEOUT)
+    if child.pid is not None:  # started
+        if child.is_alive():
+            child.kill()
+        child.join(JOIN_TIMEOUT)
     _live.discard(child)
 
 

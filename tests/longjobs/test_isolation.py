@@ -9,17 +9,20 @@ import os
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.test import override_settings
 
 from django_gator import Queueable
 from django_gator.models import Job, JobState
 from django_gator.worker.queues import QueueSpec
 from django_gator.worker.supervisor import WorkerProcess
-from tests.conftest import run_worker
+from tests.conftest import run_worker, start_worker_thread, wait_for
 from tests.testapp.isolated_jobs import (
     AsyncIsolated,
     EatsMemory,
     ExitsThree,
     HangsInC,
+    IsolatedSlowItems,
+    IsolatedStalls,
     IsolatedWork,
     Ordinary,
     Segfaults,
@@ -114,6 +117,36 @@ def test_a_timeout_kills_a_child_stuck_in_a_call_that_never_returns():
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # killed and reaped
     assert worker.executors.started == 2  # its thread replaced, as for any timeout
+
+
+def test_a_stalled_child_is_killed_and_its_job_retried():
+    job = IsolatedStalls.dispatch()
+    run_worker("isolated", concurrency=1)
+    job.refresh_from_db()
+    assert job.state == JobState.SUCCEEDED, job.last_error
+    assert job.result == 2
+    assert [e["class"] for e in job.errors] == ["django_gator.exceptions.JobStalled"]
+
+
+@override_settings(GATOR_PROGRESS_INTERVAL=0.1)
+def test_an_isolated_job_in_each_is_handed_back_at_its_cursor_when_its_worker_stops():
+    job = IsolatedSlowItems.dispatch(500, 0.02)
+    worker = WorkerProcess(
+        [QueueSpec("isolated")],
+        concurrency=1,
+        install_signal_handlers=False,
+        shutdown_timeout=120,  # only the hand-back lets it stop at once
+    )
+    thread = start_worker_thread(worker)
+    wait_for(lambda: (Job.objects.get(pk=job.pk).progress or {}).get("done", 0) >= 5)
+    worker.request_stop()
+    thread.join(30)
+    assert not thread.is_alive()
+    row = Job.objects.get(pk=job.pk)
+    assert row.state == JobState.WAITING
+    assert row.handbacks == 1
+    saved = row.checkpoint_data["each"]
+    assert 5 <= saved < 500
 
 
 def test_a_queue_given_to_isolate_queue_runs_every_job_in_a_child():

@@ -101,3 +101,35 @@ class HangsInC(Queueable):
 
         ItemDone.objects.create(job_id=self.job_id, item=0, attempt=self.attempt, pid=os.getpid())
         time.sleep(3600)  # deliberate: a call that never returns
+
+
+class IsolatedStalls(Queueable):
+    """Reports once, then goes quiet in C on its first attempt: its stall_timeout ends it."""
+
+    queue = "isolated"
+    isolation = "process"
+    stall_timeout = 3.0
+    retry = Retry(interval=0, max_retries=1)
+
+    def handle(self) -> int:
+        import time
+
+        self.progress(1, total=2, note="about to stall")
+        if self.attempt == 1:
+            time.sleep(60)  # deliberate: silent, in a call the watchdog cannot interrupt
+        return self.attempt
+
+
+class IsolatedSlowItems(Queueable):
+    """each() in a child, ``pause`` s per item; returns where it started."""
+
+    queue = "isolated"
+    isolation = "process"
+
+    def handle(self, count: int, pause: float) -> int:
+        import time
+
+        start = (self.checkpoint_data or {}).get("each", 0)
+        for _item in self.each(list(range(count))):
+            time.sleep(pause)  # deliberate: an item's work
+        return start
