@@ -41,6 +41,11 @@ CUT = " [cut]"
 _current: contextvars.ContextVar[LogBuffer | None] = contextvars.ContextVar(
     "gator_job_logs", default=None
 )
+#: (logger, level) that isEnabledFor() let through for the capture alone, in this thread or
+#: task: the record that follows goes to the buffer only.
+_only: contextvars.ContextVar[tuple[logging.Logger, int] | None] = contextvars.ContextVar(
+    "gator_job_logs_only", default=None
+)
 _install_lock = threading.Lock()
 _installed = False
 
@@ -99,9 +104,6 @@ class LogBuffer:
         self.size = 0
         self.dropped = 0
         self._lock = threading.Lock()
-        #: (logger, level) that isEnabledFor() let through for this buffer alone: the
-        #: record that follows goes to the buffer only.
-        self.only: tuple[logging.Logger, int] | None = None
 
     def add(self, record: logging.LogRecord) -> None:
         """Format ``record`` and keep it, dropping the oldest lines beyond the bounds.
@@ -174,6 +176,7 @@ def capturing(buffer: LogBuffer | None) -> Iterator[None]:
         yield
     finally:
         _current.reset(token)
+        _only.set(None)
 
 
 def storable(text: str) -> str:
@@ -207,14 +210,16 @@ def install() -> None:
                 return False
             if level <= self.manager.disable:  # logging.disable() applies to capture too
                 return False
-            buffer.only = (self, level)
+            _only.set((self, level))
             return True
 
         def handle_record(self: logging.Logger, record: logging.LogRecord) -> Any:
             buffer = _current.get()
             if buffer is None:
                 return handle(self, record)
-            only, buffer.only = buffer.only, None
+            only = _only.get()
+            if only is not None:
+                _only.set(None)
             if record.levelno >= buffer.level and not self.disabled:
                 buffer.add(record)
             if only is not None and only[0] is self and only[1] == record.levelno:
