@@ -163,12 +163,13 @@ def guard_memory(job: ClaimedJob, limit: int) -> None:
 
 def sendable(outcome: Outcome) -> Outcome:
     """``outcome`` as it can cross the pipe: its exception (used for signals, which ran
-    here) left out when it cannot be pickled."""
+    here) left out, or replaced, when it cannot be pickled and unpickled (an exception
+    class whose ``__init__`` does not take its ``args`` back)."""
     exception = getattr(outcome, "exception", None)
     if exception is None:
         return outcome
     try:
-        pickle.dumps(exception)
+        pickle.loads(pickle.dumps(exception))  # noqa: S301 - our own bytes, round-tripped
     except Exception:
         if isinstance(outcome, Failure):
             return dataclasses.replace(outcome, exception=None)

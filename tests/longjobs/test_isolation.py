@@ -25,6 +25,7 @@ from tests.testapp.isolated_jobs import (
     IsolatedStalls,
     IsolatedWork,
     Ordinary,
+    RaisesOddError,
     Segfaults,
 )
 from tests.testapp.models import ItemDone
@@ -94,6 +95,16 @@ def test_progress_checkpoints_logs_and_the_result_cross_the_process_boundary():
     assert job.errors[0]["message"] == "failing at 5"
     assert "RuntimeError" in job.errors[0]["class"]
     assert 'raise RuntimeError(f"failing at {item}")' in job.errors[0]["traceback"]
+
+
+def test_an_error_that_cannot_be_unpickled_is_recorded_as_the_child_saw_it():
+    job = RaisesOddError.dispatch()
+    run_worker("isolated", concurrency=1)
+    job.refresh_from_db()
+    assert job.state == JobState.DEAD
+    assert job.error_class == "tests.testapp.isolated_jobs.OddError"
+    assert job.last_error.endswith("OddError: 1+2")
+    assert "raise OddError(1, 2)" in job.errors[0]["traceback"]
 
 
 def test_an_isolated_async_job_is_awaited_in_its_child():

@@ -133,3 +133,18 @@ class IsolatedSlowItems(Queueable):
         for _item in self.each(list(range(count))):
             time.sleep(pause)  # deliberate: an item's work
         return start
+
+
+class OddError(Exception):
+    """An exception whose __init__ does not take its args back: it cannot be unpickled."""
+
+    def __init__(self, left: int, right: int) -> None:
+        super().__init__(f"{left}+{right}")
+
+
+class RaisesOddError(Queueable):
+    queue = "isolated"
+    isolation = "process"
+
+    def handle(self) -> None:
+        raise OddError(1, 2)
