@@ -98,6 +98,16 @@ class JobStalled(JobTimeout):
     policy), and its thread is replaced as for a timeout."""
 
 
+class IsolatedProcessDied(GatorError):
+    """The child process of an isolated attempt (``isolation = "process"``) ended before it
+    reported the attempt's outcome: a signal (a segfault, the OOM killer, a kill) or an exit
+    (``os._exit()``). The message says which, by number and name or code."""
+
+
+class MemoryLimitExceeded(GatorError):
+    """An isolated attempt asked for more memory than its class's ``memory_limit``."""
+
+
 class HandBack(GatorError):
     """Raised by ``self.each()`` when the worker is stopping: the job goes back to
     ``waiting`` at once, its position checkpointed, its attempt not charged. Let it

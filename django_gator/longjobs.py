@@ -3,15 +3,15 @@ them (``self.progress()``, ``self.checkpoint()``, ``self.heartbeat()``,
 ``self.checkpoint_data``, ``self.each()``; see :class:`LongRunning`, which
 :class:`~django_gator.queueable.Queueable` inherits).
 
-An attempt run by a worker (or by ``run_jobs()`` / ``GATOR_IMMEDIATE``) has a
-:class:`Journal`: it keeps the latest progress and checkpoint in memory and writes them
-to the job's row at most once per ``GATOR_PROGRESS_INTERVAL`` seconds (the first call of
-an attempt writes at once), and once more when the attempt ends, before its outcome is
-written. Each write is one UPDATE, a compare-and-set on the claim: a job taken over by a
-rescue is never written by its old runner. The worker gives the journal its write and
-read functions (see :mod:`django_gator.worker.progress`), so this module loads no
-database code. Without a journal (a job instance made by hand) every call is kept in
-memory only.
+An attempt run by a worker (or by ``run_jobs()`` / ``GATOR_IMMEDIATE``) has a journal
+(:class:`~django_gator.journal.Journal`): it keeps the latest progress and checkpoint in
+memory and writes them to the job's row at most once per ``GATOR_PROGRESS_INTERVAL``
+seconds (the first call of an attempt writes at once), and once more when the attempt
+ends, before its outcome is written. Each write is one UPDATE, a compare-and-set on the
+claim: a job taken over by a rescue is never written by its old runner. The worker gives
+the journal its write and read functions (see :mod:`django_gator.worker.progress`), so
+this module loads no database code. Without a journal (a job instance made by hand) every
+call is kept in memory only.
 
 A progress write that fails is logged and dropped: it never fails the job. A checkpoint
 write that fails is logged and kept, to be tried at the next write.
@@ -19,199 +19,23 @@ write that fails is logged and kept, to be tried at the next write.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import math
-import threading
-import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from datetime import UTC, datetime
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from django_gator.exceptions import HandBack
-from django_gator.validation import check_json
+from django_gator.joblogs import level_of
+from django_gator.journal import Journal
 
 logger = logging.getLogger("django_gator.worker")
 
 T = TypeVar("T")
 
-#: Characters of a progress note kept.
-NOTE_CHARS = 200
-#: What :meth:`Journal.pending` holds when there is nothing to write.
-_NOTHING: Any = object()
+#: The values of a job class's ``isolation``.
+ISOLATIONS = ("thread", "process")
 
-#: Writes (progress JSON or None, checkpoint JSON or None) on the claim; False if the claim
-#: is no longer this attempt's.
-Write = Callable[[str | None, str | None], bool]
-
-
-class Journal:
-    """One attempt's progress and checkpoint, and when it last showed signs of life.
-
-    ``write`` stores what is pending; ``load`` reads the checkpoint the attempt starts
-    from (JSON text or None); ``interval``: seconds between two writes; ``stopping``:
-    whether the worker is stopping (``each()`` hands the job back then); ``submit``: run a
-    function off this thread (an async job's writes and reads go to the worker's writer
-    threads, never on the event loop); ``on_progress(delta)``: items done since the last
-    write, for the metrics."""
-
-    def __init__(
-        self,
-        write: Write,
-        load: Callable[[], str | None],
-        *,
-        interval: float,
-        stopping: Callable[[], bool] = lambda: False,
-        submit: Callable[[Callable[[], Any]], Any] | None = None,
-        on_progress: Callable[[float], None] | None = None,
-    ) -> None:
-        self._write = write
-        self._load = load
-        self.interval = interval
-        self.stopping = stopping
-        self._submit = submit
-        self._on_progress = on_progress
-        self._lock = threading.Lock()
-        #: Held from taking the pending values to their write: two writes of one attempt
-        #: (an async job's, on two writer threads) land in the order they took them.
-        self._write_lock = threading.Lock()
-        #: time.monotonic() of the last progress(), checkpoint() or heartbeat(): what the
-        #: stall watch reads (without the lock: a float is read whole).
-        self.active_at = time.monotonic()
-        self._written_at = -math.inf
-        self._progress: dict[str, Any] | None = None
-        self._checkpoint: Any = _NOTHING  # JSON text waiting to be written
-        self._flushing = False  # an async journal's write is on its way
-        self._first: tuple[float, float] | None = None  # (done, monotonic) at the first call
-        self._counted = 0.0  # items counted in the metrics so far
-        self._loaded = False
-        self._start_state: Any = None
-        #: The latest state given to checkpoint() (or loaded), for each() to merge into.
-        self.state: Any = None
-        #: Writes made, and refused (the claim was lost): for tests and the logs.
-        self.writes = 0
-
-    # -- what the job calls ------------------------------------------------------------------
-    def touch(self) -> None:
-        self.active_at = time.monotonic()
-
-    def progress(self, done: float, total: float | None, note: str) -> None:
-        now = time.monotonic()
-        self.active_at = now
-        if self._first is None:
-            self._first = (done, now)
-        first_done, first_at = self._first
-        rate = (done - first_done) / (now - first_at) if now - first_at >= 1.0 else None
-        value = {
-            "done": done,
-            "total": total,
-            "note": note[:NOTE_CHARS],
-            "rate": None if rate is None else round(rate, 3),
-        }
-        with self._lock:
-            self._progress = value
-        self._maybe_write(now)
-
-    def checkpoint(self, state: Any) -> None:
-        check_json(state, "checkpoint")
-        text = json.dumps(state, separators=(",", ":"), ensure_ascii=False)
-        if not self._loaded:
-            self.start_state()  # read before this attempt's first write replaces it
-        now = time.monotonic()
-        self.active_at = now
-        with self._lock:
-            self._checkpoint = text
-            self.state = state
-        self._maybe_write(now)
-
-    def start_state(self) -> Any:
-        """The checkpoint this attempt started from (read once, on first use)."""
-        if not self._loaded:
-            text = self._submit(self._load).result() if self._submit else self._load()
-            self._start_state = None if text is None else json.loads(text)
-            with self._lock:
-                if self._checkpoint is _NOTHING:
-                    self.state = self._start_state
-            self._loaded = True
-        return self._start_state
-
-    # -- writing -----------------------------------------------------------------------------
-    def _maybe_write(self, now: float) -> None:
-        if now - self._written_at < self.interval:
-            return
-        if self._submit is None:
-            if not _on_event_loop():  # else kept for the write at the attempt's end
-                self.flush()
-            return
-        with self._lock:
-            if self._flushing:
-                return
-            self._flushing = True
-        self._written_at = now
-        try:
-            self._submit(self.flush)
-        except Exception as exc:  # the writer threads are gone (the worker stops)
-            self._flushing = False
-            logger.warning("Progress not written (kept): %s: %s", type(exc).__name__, exc)
-
-    @property
-    def pending(self) -> bool:
-        """Whether a progress or checkpoint waits to be written (or is being written)."""
-        return self._progress is not None or self._checkpoint is not _NOTHING or self._flushing
-
-    def flush(self) -> None:
-        """Write what is pending, now, on this thread (the attempt's end does, before its
-        outcome is written). Never raises. ``pending`` stays true until the write is done:
-        an async job's end, seeing a write in flight on a writer thread, waits for it
-        before its outcome (which would otherwise be written first, and the checkpoint's
-        compare-and-set then find the claim gone: its retry started from the beginning)."""
-        with self._write_lock:
-            try:
-                self._flush()
-            finally:
-                with self._lock:
-                    self._flushing = False
-
-    def _flush(self) -> None:
-        with self._lock:
-            progress, self._progress = self._progress, None
-            checkpoint, self._checkpoint = self._checkpoint, _NOTHING
-        self._written_at = time.monotonic()
-        if progress is None and checkpoint is _NOTHING:
-            return
-        if progress is not None:  # when it is written: at most an interval after the call
-            progress["at"] = datetime.now(UTC).isoformat(timespec="seconds")
-        text = None if progress is None else json.dumps(progress, separators=(",", ":"))
-        try:
-            written = self._write(text, None if checkpoint is _NOTHING else checkpoint)
-        except Exception as exc:
-            logger.warning("Progress not written (dropped): %s: %s", type(exc).__name__, exc)
-            if checkpoint is not _NOTHING:
-                with self._lock:  # tried again at the next write, unless replaced
-                    if self._checkpoint is _NOTHING:
-                        self._checkpoint = checkpoint
-            return
-        self.writes += 1
-        if written and progress is not None and self._on_progress is not None:
-            self._count(progress["done"])
-
-    def _count(self, done: float) -> None:
-        first = self._first[0] if self._first else done
-        delta = done - first - self._counted
-        if delta > 0:
-            self._counted += delta
-            self._on_progress(delta)  # type: ignore[misc]
-
-
-def _on_event_loop() -> bool:
-    """Whether this thread runs an event loop: an async handler awaited outside the
-    worker's loop (run_jobs(), GATOR_IMMEDIATE), where no database call may be made."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
+__all__ = ["ISOLATIONS", "Journal", "LongRunning"]
 
 
 class LongRunning:
@@ -220,15 +44,47 @@ class LongRunning:
 
     ``stall_timeout``: seconds the job may go without calling :meth:`progress`,
     :meth:`checkpoint` or :meth:`heartbeat` before its attempt fails with
-    :class:`~django_gator.exceptions.JobStalled` (None: never)."""
+    :class:`~django_gator.exceptions.JobStalled` (None: never).
+
+    ``log_level``: the level from which the log records an attempt emits are captured
+    and kept with it (see :mod:`django_gator.joblogs`): a name (``"INFO"``) or a number;
+    None follows ``GATOR_JOB_LOG_LEVEL``; False captures nothing, whatever the setting."""
 
     stall_timeout: ClassVar[float | None] = None
+    log_level: ClassVar[str | int | bool | None] = None
+    #: "thread" (the default) or "process": each attempt in a child process of its own.
+    isolation: ClassVar[str] = "thread"
+    #: MiB of address space an isolated attempt may use (RLIMIT_AS); None: no limit.
+    memory_limit: ClassVar[int | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        name = cls.__qualname__
+        if cls.log_level is not False:
+            level_of(cls.log_level, f"{name}.log_level")
+        if cls.isolation not in ISOLATIONS:
+            raise ValueError(
+                f'{name}.isolation must be "thread" or "process", not {cls.isolation!r}'
+            )
+        limit = cls.memory_limit
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+        ):
+            raise ValueError(
+                f"{name}.memory_limit must be None or a whole number of MiB, not {limit!r}"
+            )
+        if cls.isolation == "process" and getattr(cls, "atomic", False):
+            raise ValueError(
+                f'{name}: an atomic job cannot have isolation = "process" (its success mark '
+                "commits in its transaction, on the worker's connection)"
+            )
+
     #: Set by the worker for each attempt it runs.
     _gator_journal: Journal | None = None
 
     def _journal(self) -> Journal:
         if self._gator_journal is None:  # a job made by hand: kept in memory only
-            self._gator_journal = Journal(lambda p, c: True, lambda: None, interval=math.inf)
+            self._gator_journal = Journal(lambda p, c, g: True, lambda: None, interval=math.inf)
         return self._gator_journal
 
     def progress(self, done: float, total: float | None = None, note: str = "") -> None:

@@ -118,6 +118,11 @@ class JobChangeList(ChangeList):
     """Shows the first page its paginator read for the count (Django would read a list of
     one page again)."""
 
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> Any:
+        # The captured logs (up to GATOR_JOB_LOG_BYTES per attempt) are shown on a job's
+        # page only: the list does not read them.
+        return super().get_queryset(request, exclude_parameters).defer("captured_logs")
+
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
         head = getattr(self.paginator, "head", None)

@@ -1,7 +1,8 @@
 """Long-running jobs in the admin: a running job's progress (a bar, its note, rate and ETA)
-in the job list and on its page, its checkpoint (redacted like its arguments), and the
-"Clear checkpoint" button: a POST with the page's CSRF token, behind the retry permission,
-recorded in the job's audit trail."""
+in the job list and on its page, its checkpoint (redacted like its arguments), the log lines
+each attempt captured (redacted like its errors), and the "Clear checkpoint" button: a POST
+with the page's CSRF token, behind the retry permission, recorded in the job's audit
+trail."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from django.db import transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from django_gator import conf, redaction, wording
@@ -86,6 +87,32 @@ class ProgressDisplay(admin.ModelAdmin):
             'formaction="{}">{}</button>',
             reverse("admin:django_gator_job_clear_checkpoint", args=[job.pk]),
             "Clear checkpoint (restart from scratch)",
+        )
+
+    @admin.display(description="captured logs, oldest attempt first")
+    def logs_html(self, job: Job) -> SafeString:
+        """Each attempt's captured log lines (see ``log_level``), apart, the job's
+        redacted values masked; the last attempt's open."""
+        entries = job.logs()
+        if not entries:
+            return format_html("<p>{}</p>", "No log lines captured.")
+        return format_html_join(
+            "\n",
+            '<details class="gator-logs"{}><summary>Attempt {} &middot; {} &middot; {} lines'
+            "{} &middot; from {} &middot; worker {}</summary><pre>{}</pre></details>",
+            (
+                (
+                    " open" if number == len(entries) else "",
+                    e.get("attempt", "?"),
+                    e.get("at", ""),
+                    len(e["lines"]),
+                    f" ({e['dropped']} older dropped)" if e.get("dropped") else "",
+                    e.get("level", ""),
+                    e.get("worker", ""),
+                    "\n".join(e["lines"]) or "(none)",
+                )
+                for number, e in enumerate(entries, 1)
+            ),
         )
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:

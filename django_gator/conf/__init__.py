@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
+from logging import getLevelName
 from typing import Any
 
 from django.conf import settings
@@ -200,6 +201,20 @@ def progress_interval() -> float:
     """GATOR_PROGRESS_INTERVAL: seconds between two progress/checkpoint writes of an
     attempt."""
     return float(value("GATOR_PROGRESS_INTERVAL"))
+
+
+def job_log_level() -> int | None:
+    """GATOR_JOB_LOG_LEVEL as a number (None: no capture)."""
+    level = value("GATOR_JOB_LOG_LEVEL")
+    return level if level is None or isinstance(level, int) else int(getLevelName(level.upper()))
+
+
+def job_log_lines() -> int:
+    return int(value("GATOR_JOB_LOG_LINES"))
+
+
+def job_log_bytes() -> int:
+    return int(value("GATOR_JOB_LOG_BYTES"))
 
 
 def long_running_after() -> float:

@@ -4,6 +4,7 @@ the accessors' errors) and, for the README, what it allows."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -89,6 +90,23 @@ class Text:
 
     def allowed(self) -> str:
         return self.what if self.none is None else f"`None` ({self.none}) or {self.what}"
+
+
+@dataclass(frozen=True)
+class LogLevel:
+    """None (``none`` says what it means), or a ``logging`` level: a name, or a number."""
+
+    none: str
+
+    def problem(self, value: Any, *, deep: bool = False) -> str | None:
+        if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+            return None
+        if isinstance(value, str) and isinstance(logging.getLevelName(value.upper()), int):
+            return None
+        return f"must be None or a logging level name (DEBUG, INFO, ...) or number, got {value!r}"
+
+    def allowed(self) -> str:
+        return f"`None` ({self.none}) or a `logging` level name or number"
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from django_gator.conf.rules import (
     Delays,
     Flag,
     HostPort,
+    LogLevel,
     Names,
     Number,
     QueueTable,
@@ -149,6 +150,26 @@ SETTINGS: tuple[Setting, ...] = (
         Number(0),
         "seconds between two writes of a running attempt's `progress()` and `checkpoint()` "
         '(the latest value is kept in memory meanwhile); see "Long-running jobs"',
+    ),
+    Setting(
+        "GATOR_JOB_LOG_LEVEL",
+        None,
+        LogLevel("no capture"),
+        "level from which the log records an attempt emits are captured and kept with it, "
+        'for job classes that set no `log_level` of their own; see "Captured logs"',
+    ),
+    Setting(
+        "GATOR_JOB_LOG_LINES",
+        500,
+        Number(1, whole=True),
+        "captured log lines kept per attempt (the newest; older ones are counted as dropped)",
+    ),
+    Setting(
+        "GATOR_JOB_LOG_BYTES",
+        65_536,
+        Number(256, whole=True),
+        "bytes (UTF-8) of captured log lines kept per attempt (the newest lines; a longer "
+        "line is cut)",
     ),
     Setting(
         "GATOR_DEFAULT_TIMEOUT",

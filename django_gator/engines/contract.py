@@ -257,10 +257,17 @@ class JobEngine(Protocol):
 
     # -- long-running jobs (see django_gator.longjobs) ------------------------------------
     def save_progress(
-        self, worker_id: str, claim: Claim, progress: str | None, checkpoint: str | None
+        self,
+        worker_id: str,
+        claim: Claim,
+        progress: str | None,
+        checkpoint: str | None,
+        logs: str | None = None,
     ) -> bool:
         """Write a running attempt's ``progress`` and/or ``checkpoint`` (JSON texts; None
-        leaves that column as it is): a compare-and-set on ``claim``, by primary key;
+        leaves that column as it is), and append ``logs`` (the attempt's captured-logs
+        entry, a JSON object's text) to the job's ``logs`` array (NULL: empty), in the
+        same statement: a compare-and-set on ``claim``, by primary key;
         False, writing nothing, if the claim is no longer ``worker_id``'s at that attempt.
         One UPDATE, in the caller's transaction when one is open (an atomic job's)."""
 

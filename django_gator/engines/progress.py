@@ -16,10 +16,16 @@ class ProgressStatements(EngineCore):
     _json_param = "%s"
 
     def save_progress(
-        self, worker_id: str, claim: Claim, progress: str | None, checkpoint: str | None
+        self,
+        worker_id: str,
+        claim: Claim,
+        progress: str | None,
+        checkpoint: str | None,
+        logs: str | None = None,
     ) -> bool:
         """Write ``progress`` and/or ``checkpoint`` (JSON texts; None leaves that column
-        as it is) on ``claim``: a compare-and-set, by primary key, that writes only while
+        as it is), and append ``logs`` (an attempt's captured-logs entry, JSON text) to the
+        ``logs`` array, on ``claim``: a compare-and-set, by primary key, that writes only while
         the row is still ``running`` for ``worker_id`` at the claim's attempt. False,
         writing nothing, if refused (or if there is nothing to write). One UPDATE, in the
         caller's transaction when one is open (an atomic job's)."""
@@ -30,6 +36,9 @@ class ProgressStatements(EngineCore):
         if checkpoint is not None:
             sets.append(f"checkpoint_data = {self._json_param}")
             params.append(checkpoint)
+        if logs is not None:
+            sets.append(f"logs = {self.json_append_sql('logs')}")
+            params.append(logs)
         if not sets:
             return False
         with self.connection.cursor() as cursor:

@@ -13,6 +13,7 @@ from django.utils import timezone
 from django_gator.limits import KEY_MAX_LENGTH
 from django_gator.models import awaiting
 from django_gator.models.job_queries import JobQuerySet
+from django_gator.redaction import job_secret_values, mask_text
 from django_gator.states import FINAL_STATES, JobState
 from django_gator.validation import (
     NAME_MAX_LENGTH,
@@ -145,6 +146,13 @@ class Job(models.Model):
         blank=True,
         help_text="The last checkpoint() written: the next attempt resumes from it.",
     )
+    # Named so that the model's logs() reads them: job.logs() masks the redacted values.
+    captured_logs = models.JSONField(
+        null=True,
+        blank=True,
+        db_column="logs",
+        help_text="Log records each attempt emitted (see GATOR_JOB_LOG_LEVEL), per attempt.",
+    )
 
     objects = JobQuerySet.as_manager()
 
@@ -226,3 +234,15 @@ class Job(models.Model):
     @property
     def error_history(self) -> list[dict[str, Any]]:
         return list(self.errors or [])
+
+    def logs(self) -> list[dict[str, Any]]:
+        """The log lines each attempt captured (see ``log_level``), oldest attempt first:
+        dicts with ``attempt``, ``worker``, ``at``, ``level``, ``lines`` (the newest lines
+        kept, oldest first) and ``dropped`` (older lines not kept). The job's redacted
+        values are masked in the lines, as in its error messages."""
+        secrets = job_secret_values(self.name, self.args, self.kwargs, self.audit)
+        entries = []
+        for entry in self.captured_logs or []:
+            lines = [mask_text(str(line), secrets) for line in entry.get("lines") or []]
+            entries.append({**entry, "lines": lines})
+        return entries

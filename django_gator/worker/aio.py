@@ -55,6 +55,7 @@ from django_gator.exceptions import (
     JobNotRegistered,
     TransactionLeftOpen,
 )
+from django_gator.joblogs import capturing
 from django_gator.longjobs import Journal
 from django_gator.payload import result_json
 from django_gator.queueable import Queueable, get_job_class
@@ -106,7 +107,14 @@ async def acall_handle(instance: Queueable) -> Any:
     async job's ORM calls) while the job runs; write middleware for async jobs as
     ``async def``."""
     layers = [*conf.middleware(), *type(instance).middleware]
+    journal = instance._gator_journal
+    if journal is not None and journal.logs is not None:
+        with capturing(journal.logs):  # this task's records (and its sync calls')
+            return await _call_layers(instance, layers)
+    return await _call_layers(instance, layers)
 
+
+async def _call_layers(instance: Queueable, layers: list[Any]) -> Any:
     async def call(index: int) -> Any:
         if index == len(layers):
             return await instance.handle(*instance.args, **instance.kwargs)

@@ -163,6 +163,10 @@ def _handle_atomically(
                 raise ClaimLost(f"job {job.id} is no longer claimed by {worker_id}")
     except ClaimLost:
         return Success(result, written=False)
+    except BaseException:
+        if instance._gator_journal is not None:  # rolled back with the rest: written again
+            instance._gator_journal.write_logs()
+        raise
     return Success(result, written=True)
 
 

@@ -22,18 +22,21 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from django.db import connections
 
 from django_gator.attempts import Success
 from django_gator.engines import ClaimedJob, JobEngine
 from django_gator.exceptions import JobNotRegistered, JobStalled, JobTimeout
+from django_gator.longjobs import Journal
 from django_gator.queueable import effective_timeout, get_job_class
 from django_gator.worker.execution import run_claimed
 from django_gator.worker.hygiene import after_job, before_job
+from django_gator.worker.isolation import isolates, run_isolated
 from django_gator.worker.outcomes import DEFERRED, Outcomes
 from django_gator.worker.progress import journal_for
+from django_gator.worker.queues import QueueSpec
 from django_gator.worker.slots import Finished, Idle, Slots
 from django_gator.worker.warm import WarmConnections, warm_aliases
 
@@ -46,7 +49,14 @@ Spawn = Callable[[str, Callable[[], None]], threading.Thread]
 class Executors:
     """The executor threads of one worker, and their watchdog."""
 
-    def __init__(self, slots: Slots, outcomes: Outcomes, engine: JobEngine, spawn: Spawn) -> None:
+    def __init__(
+        self,
+        slots: Slots,
+        outcomes: Outcomes,
+        engine: JobEngine,
+        spawn: Spawn,
+        specs: Sequence[QueueSpec] = (),
+    ) -> None:
         self.slots = slots
         self.outcomes = outcomes
         self.engine = engine
@@ -54,6 +64,10 @@ class Executors:
         self.started = 0
         #: The connections each executor thread opens before it takes a job.
         self.warm_aliases = warm_aliases()
+        #: Queues whose every job runs in a child process (--isolate-queue).
+        self.isolated_queues = frozenset(s.name for s in specs if s.isolated)
+        #: Journals (with captured logs) of the jobs the watchdog took, by job id.
+        self.taken_logs: dict[int, Journal] = {}
 
     def start(self, count: int) -> None:
         for _ in range(count):
@@ -94,19 +108,23 @@ class Executors:
         before_job(thread_connections)
         started = time.perf_counter()
         commit = functools.partial(self.outcomes.commit, job)
-        journal = journal_for(
-            job, self.engine, self.outcomes.worker_id, stopping=lambda: self.slots.stopping
-        )
-        self.slots.watch_stall(threading.current_thread(), journal, stall_timeout(job))
+        stopping = functools.partial(getattr, self.slots, "stopping")
+        journal = journal_for(job, self.engine, self.outcomes.worker_id, stopping=stopping)
+        stall = stall_timeout(job)
+        if stall is not None or journal.logs is not None:
+            self.slots.watch_stall(threading.current_thread(), journal, stall)
         try:
-            outcome = run_claimed(
-                job,
-                self.outcomes.worker_id,
-                commit,
-                watch=thread_connections,
-                atomic=self.engine.atomic_job,
-                journal=journal,
-            )
+            if isolates(job, self.isolated_queues):
+                outcome = run_isolated(job, self.outcomes.worker_id, journal, stopping=stopping)
+            else:
+                outcome = run_claimed(
+                    job,
+                    self.outcomes.worker_id,
+                    commit,
+                    watch=thread_connections,
+                    atomic=self.engine.atomic_job,
+                    journal=journal,
+                )
         finally:
             elapsed_ms = (time.perf_counter() - started) * 1000
             after_job(thread_connections)
@@ -132,6 +150,8 @@ class Executors:
         slot a fresh thread (lock held). Their failures are written by
         :meth:`write_timeouts`."""
         for entry in self.slots.expire_locked(time.monotonic()):
+            if entry.journal is not None and entry.journal.logs is not None:
+                self.taken_logs[entry.job.id] = entry.journal
             self.start_one()
             timed_out = entry.deadline is not None and time.monotonic() > entry.deadline
             interrupt(entry.thread, JobTimeout if timed_out else JobStalled)
@@ -144,9 +164,18 @@ class Executors:
             expired = self.slots.take_timed_out_locked()
             stalled = self.slots.take_stalled_locked()
         for job in expired:
+            self._write_taken_logs(job)
             self.outcomes.timeout(job)
         for job, seconds in stalled:
+            self._write_taken_logs(job)
             self.outcomes.stalled(job, seconds)
+
+    def _write_taken_logs(self, job: ClaimedJob) -> None:
+        """The captured logs of a job the watchdog took, written before its failure
+        (unless its thread, interrupted, wrote them already)."""
+        journal = self.taken_logs.pop(job.id, None)
+        if journal is not None:
+            journal.write_logs()
 
 
 def deadline(job: ClaimedJob) -> float | None:

@@ -8,12 +8,21 @@ from typing import Any
 from asgiref.sync import async_to_sync, iscoroutinefunction, sync_to_async
 
 from django_gator import conf
+from django_gator.joblogs import capturing
 from django_gator.queueable import Queueable
 
 
 def call_handle(instance: Queueable) -> Any:
     """``handle()`` wrapped in the middleware of ``GATOR_MIDDLEWARE`` (outermost first),
     then the class's own."""
+    journal = instance._gator_journal
+    if journal is not None and journal.logs is not None:
+        with capturing(journal.logs):  # this thread's records
+            return _call_layers(instance)
+    return _call_layers(instance)
+
+
+def _call_layers(instance: Queueable) -> Any:
     layers = [*conf.middleware(), *type(instance).middleware]
     if not layers:
         return _handle(instance)

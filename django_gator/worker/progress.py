@@ -12,9 +12,12 @@ from typing import Any
 from django_gator import conf, metrics
 from django_gator.attempts import Claim
 from django_gator.engines import ClaimedJob, JobEngine
-from django_gator.exceptions import JobStalled, JobTimeout
+from django_gator.exceptions import JobNotRegistered, JobStalled, JobTimeout
+from django_gator.joblogs import buffer_for
 from django_gator.longjobs import Journal
-from django_gator.queueable import Queueable, effective_timeout
+from django_gator.queueable import Queueable, effective_timeout, get_job_class
+from django_gator.redaction import secret_values
+from django_gator.validation import dumps
 
 
 def journal_for(
@@ -25,16 +28,26 @@ def journal_for(
     stopping: Callable[[], bool] = lambda: False,
     submit: Callable[[Callable[[], Any]], Any] | None = None,
 ) -> Journal:
-    """A journal writing ``job``'s progress and checkpoint on this claim of
-    ``worker_id``'s. ``submit``: where an async job's writes run (see Journal)."""
+    """A journal writing ``job``'s progress, checkpoint and captured logs on this claim
+    of ``worker_id``'s. ``submit``: where an async job's writes run (see Journal)."""
     claim = Claim.of(job)
 
-    def write(progress: str | None, checkpoint: str | None) -> bool:
-        return engine.save_progress(worker_id, claim, progress, checkpoint)
+    def write(progress: str | None, checkpoint: str | None, logs: str | None) -> bool:
+        return engine.save_progress(worker_id, claim, progress, checkpoint, logs)
 
     def counted(delta: float) -> None:
         if metrics.enabled:
             metrics.job_progress(job, delta)
+
+    try:
+        buffer = buffer_for(get_job_class(job.name))
+    except JobNotRegistered:  # its attempt fails before it runs
+        buffer = None
+
+    def log_entry() -> str:
+        assert buffer is not None
+        secrets = secret_values(job.name, job.args, job.kwargs)
+        return dumps(buffer.entry(attempt=job.attempts, worker=worker_id, secrets=secrets))
 
     return Journal(
         write,
@@ -43,6 +56,8 @@ def journal_for(
         stopping=stopping,
         submit=submit,
         on_progress=counted,
+        logs=buffer,
+        log_entry=log_entry,
     )
 
 

@@ -15,6 +15,8 @@ MAX_WEIGHT = 1000
 class QueueSpec:
     name: str
     weight: int = 1
+    #: Every job of the queue runs in a child process (``--isolate-queue``).
+    isolated: bool = False
 
 
 def parse_queue_spec(text: str) -> QueueSpec:

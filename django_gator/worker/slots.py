@@ -245,9 +245,9 @@ class Slots:
             return job
 
     def watch_stall(self, thread: threading.Thread, journal: Any, stall: float | None) -> None:
-        """Fail ``thread``'s job once ``journal.active_at`` is ``stall`` s old (expire_locked)."""
-        if stall is None:
-            return
+        """Keep ``thread``'s journal with its job (for the watchdog, which writes the logs
+        of a job it takes), and fail the job once ``journal.active_at`` is ``stall`` s old
+        (expire_locked; None: never)."""
         with self.lock:
             entry = self.running.get(thread)
             if entry is not None:

@@ -40,7 +40,7 @@ from typing import Any
 
 from django_gator import conf
 from django_gator.engines import ClaimedJob, get_engine
-from django_gator.worker import aio
+from django_gator.worker import aio, isolation
 from django_gator.worker import connections as worker_connections
 from django_gator.worker.beacon import RAN, Beacon
 from django_gator.worker.claims import Claimer
@@ -131,7 +131,7 @@ class WorkerProcess:
         # The event loop of async jobs (see .aio), if any job class is async.
         loop = aio.any_async_jobs()
         self.slots = Slots(
-            self.concurrency, self.async_concurrency, aio.runs_async if loop else None
+            self.concurrency, self.async_concurrency, isolation.router(self.specs) if loop else None
         )
         self.slots.budget = self.limits.max_jobs
         self.threads = WorkerThreads(self.slots, self.worker_id, self.force_stop)
@@ -140,7 +140,7 @@ class WorkerProcess:
         self.outcomes = Outcomes(self.engine, self.worker_id, self.retrying)
         self.aio = aio.AsyncRunner(self.slots, self.outcomes, spawn) if loop else None
         self.claimer = Claimer(self.engine, self.worker_id, self.specs, rng)
-        self.executors = Executors(self.slots, self.outcomes, self.engine, spawn)
+        self.executors = Executors(self.slots, self.outcomes, self.engine, spawn, self.specs)
         burst = self.burst
         self.listen_on = None if burst else listen_engine(self.engine, self.poll_interval)
         self.fetcher = Fetcher(

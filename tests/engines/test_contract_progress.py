@@ -25,6 +25,24 @@ def _claimed(worker: str = "w-1") -> Claim:
 
 
 @covers("save_progress")
+def test_captured_logs_are_appended_per_attempt_with_the_progress_in_one_statement():
+    engine = get_engine("default")
+    claim = _claimed()
+    first = json.dumps({"attempt": 1, "lines": ["a", "é"], "dropped": 0})
+    with statements() as sent:
+        assert engine.save_progress("w-1", claim, json.dumps({"done": 1}), None, first)
+    assert len(writes(sent)) == 1
+    assert engine.save_progress("w-1", claim, None, None, json.dumps({"attempt": 1, "lines": []}))
+    assert not engine.save_progress("w-2", claim, None, None, json.dumps({"attempt": 9}))
+    job = Job.objects.get(pk=claim.id)
+    assert job.captured_logs == [
+        {"attempt": 1, "lines": ["a", "é"], "dropped": 0},
+        {"attempt": 1, "lines": []},
+    ]
+    assert job.progress == {"done": 1}
+
+
+@covers("save_progress")
 def test_progress_and_checkpoints_are_written_only_on_the_claim_in_one_statement():
     engine = get_engine("default")
     claim = _claimed()

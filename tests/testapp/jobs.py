@@ -1258,4 +1258,4 @@ class LedgerStep(Queueable):
 
 
 # Registered with the others, for worker subprocesses (autodiscovery imports this module).
-from tests.testapp import long_jobs  # noqa: E402, F401
+from tests.testapp import isolated_jobs, log_jobs, long_jobs  # noqa: E402, F401

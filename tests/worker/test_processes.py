@@ -51,7 +51,7 @@ def test_worker_processes_get_the_supervisors_options():
     command = load_command_class("django_gator", "gator_worker")
     parser = command.create_parser("manage.py", "gator_worker")
     given = [
-        *("-q", "critical,8", "-q", "default"),
+        *("-q", "critical,8", "-q", "default", "--isolate-queue", "default"),
         *("--concurrency", "3", "--burst", "--shutdown-timeout", "2.5"),
         *("--processes", "4", "--max-jobs", "100", "--max-memory", "300", "-v", "2"),
     ]
@@ -61,8 +61,10 @@ def test_worker_processes_get_the_supervisors_options():
 
     assert "--processes" not in args
     again = vars(parser.parse_args(args))
-    for key in ("queues", "concurrency", "burst", "shutdown_timeout", "max_jobs", "max_memory"):
+    keys = ("queues", "concurrency", "burst", "shutdown_timeout", "max_jobs", "max_memory")
+    for key in (*keys, "isolate_queues"):
         assert again[key] == options[key], key
+    assert again["isolate_queues"] == ["default"]
     assert again["verbosity"] == 2
     assert again["processes"] is None
 

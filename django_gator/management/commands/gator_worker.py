@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -54,6 +55,17 @@ class Command(BaseCommand):
                 "A queue to work on, with an optional weight (default 1); repeat for more "
                 "queues. With different weights a queue is picked in proportion to its weight "
                 "while several have work. Default: every queue, equally."
+            ),
+        )
+        parser.add_argument(
+            "--isolate-queue",
+            dest="isolate_queues",
+            action="append",
+            default=[],
+            metavar="NAME",
+            help=(
+                "Run every job of this queue (one of the -q queues) in a child process of its "
+                'own, as isolation = "process" does for a job class; repeat for more queues.'
             ),
         )
         parser.add_argument(
@@ -166,9 +178,11 @@ class Command(BaseCommand):
         max_memory: int | None = None,
         supervisor: str = "",
         beacon: int | None = None,
+        isolate_queues: list[str] | None = None,
         **options: Any,
     ) -> None:
         _check_options(queues)
+        queues = _isolating(queues, isolate_queues or [])
         _configure_logging(verbosity)
         count = 1 if supervisor else processes or conf.processes()
         if count > 1:
@@ -256,6 +270,20 @@ def _check_options(queues: list[QueueSpec]) -> None:
     bad = settings_problems(deep=False)
     if bad:
         raise CommandError("; ".join(f"{p.message} ({p.hint})" for p in bad), returncode=2)
+
+
+def _isolating(queues: list[QueueSpec], names: list[str]) -> list[QueueSpec]:
+    """``queues`` with those named by --isolate-queue marked isolated; CommandError for a
+    name that is not one of them."""
+    listed = {spec.name for spec in queues}
+    for name in names:
+        if name not in listed:
+            raise CommandError(
+                f"--isolate-queue {name!r} is not one of this worker's queues "
+                f"({', '.join(sorted(listed)) or 'none listed: add -q ' + name})",
+                returncode=2,
+            )
+    return [dataclasses.replace(s, isolated=s.name in names) for s in queues]
 
 
 def _exit(worker: WorkerProcess, code: int, supervisor: str) -> None:
