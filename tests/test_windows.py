@@ -253,3 +253,14 @@ def test_throttle_with_twenty_concurrent_dispatchers():
     waiting = Job.objects.get(name=Digest.name, state=JobState.WAITING)
     assert waiting.next_execution_at >= started + timedelta(seconds=10)
     assert Job.objects.filter(name=Digest.name).count() == 2
+
+
+def test_immediate_mode_leaves_debounced_and_throttled_jobs_for_their_window(settings):
+    settings.GATOR_IMMEDIATE = True
+    debounced = Reindex.dispatch(21)
+    throttled = Digest.dispatch(21)
+    kept = Webhook.dispatch("evt_immediate")
+    states = dict(Job.objects.values_list("pk", "state"))
+    assert states[debounced.pk] == JobState.WAITING
+    assert states[throttled.pk] == JobState.WAITING
+    assert states[kept.pk] == JobState.SUCCEEDED

@@ -220,8 +220,11 @@ class JobsInsert(Insert):
                     first.queue,
                     first.pk,
                 )
-        # Jobs dispatched with wait= or at= are left for run_jobs() and its clock.
-        if conf.immediate() and self.rows.run_at is None:
+        # Jobs dispatched with wait= or at= are left for run_jobs() and its clock, and so
+        # are debounced and throttled ones (their window decides their start).
+        window = self.sender.traits.window
+        later = window is not None and window.kind != "unique_for"
+        if conf.immediate() and self.rows.run_at is None and not later:
             due = [job.pk for job in created]
             immediate.after_commit(self.alias, lambda: immediate.run_immediately(self.alias, due))
 
