@@ -10,11 +10,12 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from django_gator import Batch, Queueable, conf
+from django_gator import Batch, Queueable, Workflow, conf
 from django_gator.dbtime import DbNow
 from django_gator.engines import get_engine
 from django_gator.expiry import EXPIRED_CLASS, EXPIRED_REASON, settle_expired
-from django_gator.models import Job, JobState
+from django_gator.models import Job, JobState, WorkflowStep
+from django_gator.states import StepState
 from django_gator.testing import run_jobs
 from tests.conftest import run_worker
 from tests.testapp.jobs import BatchCompleted, BatchSucceeded, Record
@@ -150,3 +151,40 @@ def test_an_expired_member_completes_its_batch_as_a_cancelled_one():
     callbacks = set(Job.objects.filter(batch_id=None).values_list("name", flat=True))
     assert BatchCompleted.name in callbacks
     assert BatchSucceeded.name not in callbacks  # not every member succeeded
+
+
+class AddsACode(Queueable):
+    """A member of a workflow's batch step that adds an expiring member while it runs."""
+
+    queue = "expiry-adders"
+
+    def handle(self) -> None:
+        batch = self.batch()
+        assert batch is not None, "runs as a member of a batch"
+        batch.add(SendCode, 7)
+
+
+def test_an_expired_member_cancels_its_workflow_batch_step_and_the_dependents():
+    wf = Workflow(name="codes")
+    codes = wf.add_batch(AddsACode, [[]])
+    wf.add(Record, "after the codes", after=[codes])
+    wf.dispatch()
+    run_jobs()  # the code is sent in time: the workflow goes on
+    assert Job.objects.get(name=SendCode.name).state == JobState.SUCCEEDED
+    assert Execution.objects.filter(label="after the codes").count() == 1
+
+    wf = Workflow(name="late codes")
+    codes = wf.add_batch(AddsACode, [[]])
+    after = wf.add(Record, "after the late codes", after=[codes])
+    run = wf.dispatch()
+    assert len(run_jobs(queue="expiry-adders")) == 1
+    [code] = Job.objects.filter(name=SendCode.name, state=JobState.WAITING)
+    _expire(code)
+    assert settle_expired(conf.database()) == 1
+    assert _expired(code)
+    steps = {step.position: step for step in WorkflowStep.objects.filter(workflow=run)}
+    assert steps[0].state == StepState.CANCELLED
+    assert steps[1].state == StepState.CANCELLED
+    run_jobs()
+    assert after.job is None
+    assert not Execution.objects.filter(label="after the late codes").exists()
