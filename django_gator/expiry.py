@@ -49,7 +49,10 @@ def settle_expired(alias: str, limit: int = SWEEP_BATCH) -> int:
         pk__in=ids, state__in=READY_STATES, expires_at__lte=DbNow()
     )
     with transaction.atomic(using=alias):
-        rows = list(expired.select_for_update().values_list("pk", "name", "queue"))
+        # In id order, skipping rows another sweep (or an operator) holds: two workers'
+        # sweeps never wait on each other, nor lock the same rows in opposite orders.
+        locked = expired.select_for_update(skip_locked=True).order_by("pk")
+        rows = list(locked.values_list("pk", "name", "queue"))
         if not rows:
             return 0
         settled = Job.objects.using(alias).filter(pk__in=[row[0] for row in rows])

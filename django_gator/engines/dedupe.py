@@ -29,7 +29,7 @@ from django.db import IntegrityError, transaction
 
 from django_gator.engines.dispatching import DispatchStatements
 from django_gator.rows import InsertRow
-from django_gator.states import ACTIVE_SQL, FINAL_STATES, SQL_WAITING, sql_list
+from django_gator.states import ACTIVE_SQL, FINAL_STATES, READY_STATES, SQL_WAITING, sql_list
 from django_gator.windows import Window
 
 #: A row: (id, created_at, next_execution_at, created).
@@ -228,7 +228,7 @@ class DedupeStatements(DispatchStatements):
             order = "expiring_at"
         else:
             where = (
-                f"state IN {sql_list(('waiting', 'failed'))} AND expires_at IS NOT NULL"
+                f"state IN {sql_list(READY_STATES)} AND expires_at IS NOT NULL"
                 f" AND expires_at <= {self.now_sql}"
             )
             order = "expires_at"

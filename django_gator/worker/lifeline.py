@@ -67,7 +67,7 @@ class Lifeline:
         """Beat until ``stopped(interval)`` (which waits up to ``interval``) is true."""
         interval = conf.heartbeat_interval()
         self._round(self.rescue, "Rescue failed")  # a worker that died just before we started
-        self._round(self.expire, "Expiry sweep failed")  # what expired while none ran
+        self._round(self.expire, "Expiry sweep failed")  # what expired while no worker ran
         self.last_beat = time.monotonic()
         while not stopped(interval):
             self._round(self.beat, "Heartbeat failed")
@@ -103,8 +103,13 @@ class Lifeline:
 
     def expire(self) -> None:
         """Settle a bounded batch of jobs past their expiry (no claim takes them anyway:
-        this only ends them, see :mod:`django_gator.expiry`)."""
-        settle_expired(self.engine.alias)
+        this only ends them, see :mod:`django_gator.expiry`). A failed sweep is logged and
+        tried again at the next beat; it never counts as a failed heartbeat."""
+        try:
+            settle_expired(self.engine.alias)
+        except Exception:
+            logger.exception("Expiry sweep failed worker=%s", self.worker_id)
+            drop_connection(self.engine.alias)
 
     def may_rescue(self, now: float) -> bool:
         """Note a heartbeat written at ``now`` (time.monotonic()); whether this worker may
