@@ -4,6 +4,7 @@ window), kept by the database's indexes under concurrent dispatchers."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable
 from datetime import timedelta
@@ -264,3 +265,75 @@ def test_immediate_mode_leaves_debounced_and_throttled_jobs_for_their_window(set
     assert states[debounced.pk] == JobState.WAITING
     assert states[throttled.pk] == JobState.WAITING
     assert states[kept.pk] == JobState.SUCCEEDED
+
+
+class QuickDigest(Queueable):
+    """Throttled to one start per half second per key, and does nothing."""
+
+    queue = "windows-stress"
+    unique = True
+    throttle = 0.5
+
+    def handle(self, key: int) -> None:
+        return None
+
+
+@pytest.mark.slow
+def test_throttled_starts_are_spaced_while_dispatchers_and_a_worker_race():
+    # Four threads dispatch three keys as fast as they can for four seconds while a worker
+    # claims them: every key's jobs start at least the window apart (database time), and
+    # no dispatch fails (a deadlock is retried in the dispatch's own transaction).
+    import random
+    import time
+
+    from django_gator.worker.queues import parse_queue_specs
+    from django_gator.worker.supervisor import WorkerProcess
+    from tests.conftest import start_worker_thread
+
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    calls: list[int] = []
+
+    def dispatcher(seed: int) -> None:
+        rng = random.Random(seed)
+        count = 0
+        try:
+            while not stop.is_set():
+                try:
+                    QuickDigest.dispatch(rng.randrange(3))
+                except Exception as exc:  # reported below
+                    errors.append(exc)
+                count += 1
+        finally:
+            calls.append(count)
+            connections.close_all()  # this thread's
+
+    worker = WorkerProcess(
+        parse_queue_specs(["windows-stress"]),
+        concurrency=4,
+        install_signal_handlers=False,
+        poll_interval=0.01,
+        scheduler=False,
+    )
+    worker_thread = start_worker_thread(worker)
+    threads = [threading.Thread(target=dispatcher, args=(i,), daemon=True) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    time.sleep(4)  # deliberate: the race runs for a fixed time
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=60)
+    worker.request_stop()
+    worker_thread.join(timeout=60)
+    assert not worker_thread.is_alive()
+
+    assert not errors, f"{len(errors)} of {sum(calls)} dispatches failed, e.g. {errors[:3]}"
+    assert sum(calls) > 50, calls
+    started = Job.objects.filter(name=QuickDigest.name, started_at__isnull=False)
+    assert started.count() >= 6  # each key started more than once in four seconds
+    for key in {job.dedupe_key for job in started}:
+        times = sorted(started.filter(dedupe_key=key).values_list("started_at", flat=True))
+        gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(times)]
+        assert min(gaps) >= 0.5 - 0.002, (key, gaps)  # a datetime's text on SQLite: ms
+    waiting = Job.objects.filter(name=QuickDigest.name, state=JobState.WAITING)
+    assert waiting.count() <= 3

@@ -140,7 +140,7 @@ class DedupeStatements(DispatchStatements):
             job_id = self._insert_keyed(row, notify)
             last = self._one(
                 f"SELECT MAX(started_at) FROM {self.job_table}"
-                " WHERE name = %s AND dedupe_key = %s AND id <> %s",
+                f" WHERE name = %s AND dedupe_key = %s AND id <> %s{self._unique_lookup_lock()}",
                 [row.name, row.unique_key, job_id],
             )
             if last is not None and last[0] is not None:
