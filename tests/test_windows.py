@@ -357,3 +357,29 @@ def test_windows_under_repeatable_read_on_mariadb(monkeypatch):
     kept = _in_threads(20, lambda i: Webhook.dispatch("evt_rr"))
     assert len({job.pk for job in kept}) == 1
     connections["default"].close()
+
+
+class SometimesKept(Queueable):
+    """unique_key() returns None for 0: that dispatch is not unique, and has no window."""
+
+    queue = "windows"
+    unique_for = 60
+
+    def unique_key(self, n: int) -> str | None:
+        return None if n == 0 else f"k{n}"
+
+    def handle(self, n: int) -> None:
+        return None
+
+
+class SometimesUnique(SometimesKept):
+    unique_for = None
+    unique = True
+
+
+@pytest.mark.parametrize("job_class", [SometimesUnique, SometimesKept])
+def test_rows_without_a_key_in_one_dispatch_many_are_each_inserted(job_class):
+    jobs = job_class.dispatch_many([[0], [0], [1], [1]])
+    assert jobs[0].pk != jobs[1].pk
+    assert jobs[2].pk == jobs[3].pk
+    assert Job.objects.filter(name=job_class.name).count() == 3

@@ -58,12 +58,13 @@ class DedupeStatements(DispatchStatements):
         seen: dict[str | None, Answer] = {}
         with transaction.atomic(using=self.alias):
             for row in rows:
-                known = seen.get(row.unique_key)
+                known = seen.get(row.unique_key)  # a None key is no key: never seen
                 if known is not None and window.kind != "debounce":
                     out.append((*known[:3], False))
                     continue
                 answer = self._windowed(row, window, notify)
-                seen[row.unique_key] = answer
+                if row.unique_key is not None:
+                    seen[row.unique_key] = answer
                 out.append(answer)
         return out
 
