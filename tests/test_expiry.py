@@ -188,3 +188,13 @@ def test_an_expired_member_cancels_its_workflow_batch_step_and_the_dependents():
     run_jobs()
     assert after.job is None
     assert not Execution.objects.filter(label="after the late codes").exists()
+
+
+def test_the_async_dispatches_take_an_expiry_too():
+    from asgiref.sync import async_to_sync
+
+    deadline = timezone.now() + timedelta(minutes=3)
+    one = async_to_sync(Record.adispatch)("a", expires_at=deadline)
+    many = async_to_sync(Record.adispatch_many)([["b"], ["c"]], expires_at=deadline)
+    rows = Job.objects.filter(pk__in=[one.pk, *(job.pk for job in many)])
+    assert [row.expires_at for row in rows] == [deadline] * 3
