@@ -52,6 +52,42 @@ class WaitRejected(GatorError):
     and cancels the steps after it."""
 
 
+class ResultTimeout(GatorError, TimeoutError):
+    """``wait_result(timeout=...)`` gave up: the job (or workflow) it names had not ended
+    by then. It may still end later; nothing about it changed."""
+
+
+class JobFailed(GatorError):
+    """What ``job.wait_result()`` raises for a job that ended without a result: ``dead``
+    (its last error in ``error_class`` and ``error``) or ``cancelled``."""
+
+    def __init__(self, job_id: int, name: str, state: str, error_class: str, error: str) -> None:
+        self.job_id = job_id
+        self.name = name
+        self.state = state
+        self.error_class = error_class
+        self.error = error
+        summary = error.strip().splitlines()[-1] if error.strip() else error_class
+        message = f"job {name} #{job_id} ended {state}"
+        super().__init__(f"{message}: {summary}" if summary else message)
+
+
+class WorkflowFailed(GatorError):
+    """What ``run.wait_result()`` raises for a workflow that ended with a step dead or
+    cancelled: ``step`` names it; ``error`` is its job's final error (a :class:`JobFailed`,
+    or None for a step cancelled before it had a job), ``reason`` says why."""
+
+    def __init__(
+        self, workflow: str, step: str, state: str, reason: str, error: JobFailed | None
+    ) -> None:
+        self.workflow = workflow
+        self.step = step
+        self.state = state
+        self.reason = reason
+        self.error = error
+        super().__init__(f"workflow {workflow}: step {step!r} ended {state}: {reason}")
+
+
 class JobTimeout(GatorError):
     """A job ran longer than its ``timeout``."""
 

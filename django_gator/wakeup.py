@@ -44,6 +44,9 @@ logger = logging.getLogger("django_gator.dispatch")
 MAGIC = b"gator-wakeup\n"
 #: Seconds a process keeps its list of workers' addresses before reading it again.
 REFRESH_EVERY = 1.0
+#: Seconds a process's first wakeup waits for the first read of the list (a connect and
+#: one SELECT, on the reading thread): without it that job waited for a poll.
+FIRST_READ_WAIT = 0.25
 
 
 def enabled(alias: str) -> bool:
@@ -114,20 +117,23 @@ class Directory:
     """The wakeup targets of one database alias, read again at most every
     :data:`REFRESH_EVERY` seconds, by a thread of its own on a connection of its own: a
     dispatch never waits for the read, and never runs a query the caller did not ask for
-    (a test's ``assertNumQueries`` sees none). Until the first read is done, the list is
-    empty and the workers are found by their poll."""
+    (a test's ``assertNumQueries`` sees none). The process's first wakeup waits for the
+    first read, at most :data:`FIRST_READ_WAIT`; after that it never waits."""
 
     def __init__(self, alias: str) -> None:
         self.alias = alias
         self.targets: list[Target] = []
         self.read_at = -REFRESH_EVERY - 1.0  # time.monotonic() of the last read asked for
         self._reading = threading.Event()  # a read is asked for or under way
+        self._read_once = threading.Event()  # the first read is over (done or failed)
 
     def current(self) -> list[Target]:
         if time.monotonic() - self.read_at >= REFRESH_EVERY and not self._reading.is_set():
             self.read_at = time.monotonic()
             self._reading.set()
             _refresher().put(self)
+        if not self._read_once.is_set():
+            self._read_once.wait(FIRST_READ_WAIT)
         return self.targets
 
     def refresh(self, *, close: bool = True) -> None:
@@ -141,6 +147,7 @@ class Directory:
             if close:
                 connections[self.alias].close()
             self._reading.clear()
+            self._read_once.set()
 
     def _read(self) -> list[Target]:
         cutoff = timezone.now() - timedelta(seconds=conf.heartbeat_timeout())

@@ -4,8 +4,9 @@ Lower layers call code that sits above them, without importing it (the layers of
 ``.importlinter`` forbid that): GATOR_IMMEDIATE runs jobs with the worker's inline runner;
 the engines bound the LISTEN connection they open themselves with the worker's network
 bounds; the job verbs of ``models/`` settle, re-open and probe batches with the engines'
-statements; an operator's cancel or discard settles the workflow steps it ended; and a
-signal that makes a wait step's job due wakes the idle workers.
+statements; an operator's cancel or discard settles the workflow steps it ended; a
+signal that makes a wait step's job due wakes the idle workers; and the metrics count the
+signals sent.
 :func:`install` puts each in place; the app's ``ready()`` calls it, and :func:`installed`
 says which are (a test holds every one to it).
 """
@@ -17,6 +18,7 @@ from collections.abc import Collection
 from django_gator import conf, immediate, wakeup
 from django_gator.engines import core as engines
 from django_gator.engines import get_engine
+from django_gator.metrics import workflows as workflow_metrics
 from django_gator.models import job_queries, membership, settling, workflows
 from django_gator.worker import connections, inline
 
@@ -34,6 +36,8 @@ def install() -> None:
         job_queries.cancel_hooks.append(settling.settle_cancelled)
     if _wake not in workflows.wake_hooks:
         workflows.wake_hooks.append(_wake)
+    if workflow_metrics.count_signal not in workflows.signal_hooks:
+        workflows.signal_hooks.append(workflow_metrics.count_signal)
 
 
 def installed() -> dict[str, bool]:
@@ -44,6 +48,7 @@ def installed() -> dict[str, bool]:
         "models.membership": membership.installed(),
         "models.job_queries.cancel_hooks": settling.settle_cancelled in job_queries.cancel_hooks,
         "models.workflows.wake_hooks": _wake in workflows.wake_hooks,
+        "models.workflows.signal_hooks": workflow_metrics.count_signal in workflows.signal_hooks,
     }
 
 

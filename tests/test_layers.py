@@ -189,11 +189,12 @@ def test_every_upward_call_is_installed_by_the_one_wiring_point():
     from django_gator.models import workflows as workflow_models
 
     state = wiring.installed()
-    assert len(state) == 5
+    assert len(state) == 6
     assert all(state.values()), state
-    before = list(job_models.cancel_hooks), list(workflow_models.wake_hooks)
+    hooks = (job_models.cancel_hooks, workflow_models.wake_hooks, workflow_models.signal_hooks)
+    before = [list(h) for h in hooks]
     wiring.install()  # idempotent: ready() may run it again (tests, reloads)
-    assert (job_models.cancel_hooks, workflow_models.wake_hooks) == before
+    assert [list(h) for h in hooks] == before
 
 
 #: Private names one module of the package still takes from another, each with the work

@@ -4,6 +4,7 @@ delays or fails a dispatch."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -165,33 +166,52 @@ def test_another_hosts_loopback_address_and_stale_rows_are_skipped(inbox):
     assert received(inbox, 0.3) == []
 
 
-@no_listen
-def test_an_idle_worker_starts_a_job_long_before_its_next_poll():
-    # A poll interval of 30 s: only a wakeup can start the job within seconds.
+@contextlib.contextmanager
+def polling_worker() -> Iterator[WorkerProcess]:
+    """A worker whose poll interval is 30 s (only a wakeup can start a job within
+    seconds), registered; stopped and its row gone at the end."""
     worker = WorkerProcess(concurrency=2, poll_interval=30, install_signal_handlers=False)
     thread = threading.Thread(target=worker.run)
     thread.start()
     try:
         wait_for(lambda: Worker.objects.filter(id=worker.worker_id).exists(), timeout=20)
-        row = Worker.objects.get(id=worker.worker_id)
-        assert row.wakeup_address == worker.registration.wakeup_address
-        assert row.wakeup_address.startswith("127.0.0.1:")
-        wakeup.refresh(connection.alias)
-        for i in range(3):
-            # The fetcher's last claim found nothing: it now waits 30 s for a poll.
-            assert worker.slots.idle.wait(20), "the worker never went idle"
-            started = time.monotonic()
-            job = Echo.dispatch(i)
-            wait_for(
-                lambda job=job: Job.objects.get(pk=job.pk).state == JobState.SUCCEEDED,
-                timeout=10,
-            )
-            assert time.monotonic() - started < 10
+        yield worker
     finally:
         worker.request_stop()
         thread.join(timeout=30)
     assert not thread.is_alive()
     assert not Worker.objects.filter(id=worker.worker_id).exists()
+
+
+def started_soon(worker: WorkerProcess, *args: object) -> None:
+    """Dispatch once the worker is idle (its last claim found nothing: it waits 30 s for
+    a poll), and see the job done within 10 s."""
+    assert worker.slots.idle.wait(20), "the worker never went idle"
+    started = time.monotonic()
+    job = Echo.dispatch(*args)
+    wait_for(lambda: Job.objects.get(pk=job.pk).state == JobState.SUCCEEDED, timeout=20)
+    assert time.monotonic() - started < 10, "started by the worker's poll, not a wakeup"
+
+
+@no_listen
+def test_an_idle_worker_starts_a_job_long_before_its_next_poll():
+    with polling_worker() as worker:
+        row = Worker.objects.get(id=worker.worker_id)
+        assert row.wakeup_address == worker.registration.wakeup_address
+        assert row.wakeup_address.startswith("127.0.0.1:")
+        wakeup.refresh(connection.alias)
+        for i in range(3):
+            started_soon(worker, i)
+
+
+@no_listen
+def test_a_processs_first_dispatch_wakes_an_idle_worker():
+    # Before, the first dispatch of a process found its list of workers not read yet
+    # (it is read in the background), sent nothing, and the job waited for a poll.
+    with polling_worker() as worker:
+        assert worker.slots.idle.wait(20), "the worker never went idle"
+        wakeup.forget()  # as in a process that has not dispatched yet
+        started_soon(worker, "first")
 
 
 def test_postgresql_workers_publish_no_address_and_off_means_off():

@@ -429,6 +429,8 @@ def probe_mark(
     succeeded, so the compare-and-set matches nothing and nothing is written): the cost of
     finding the rows, which is what grew in issue 15. ``batch`` 1 is the single-job
     statement, more the batched one."""
+    from django_gator.attempts import Mark
+
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT id, attempts, reserved_by FROM django_gator_job WHERE state = 'succeeded' "
@@ -439,7 +441,7 @@ def probe_mark(
     if not rows:
         return None
     owner = rows[0][2]
-    done = [(job_id, attempts, None) for job_id, attempts, by in rows if by == owner][:batch]
+    done = [Mark(job_id, attempts) for job_id, attempts, by in rows if by == owner][:batch]
     if len(done) < batch:
         return None
     return explain(connection, lambda: engine.mark_succeeded(owner, done), text)

@@ -7,37 +7,20 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from django.core.cache import caches
 from django.http import HttpRequest, HttpResponse
 
 from django_gator import conf
+from django_gator.metrics.cache import cached
 from django_gator.metrics.client import client as prometheus
 
 
 def queue_figures(alias: str | None = None) -> dict[str, Any]:
     """The queues' figures, read from the database at most once per
-    ``GATOR_METRICS_CACHE_SECONDS`` through the Django cache ``GATOR_METRICS_CACHE``.
-
-    With a cache the replicas share (Redis, Memcached, the database cache), one replica
-    refreshes them per interval: the first to take a short lock (``cache.add``) reads the
-    database, and the others serve the figures stored until the new ones are in. With
-    a per-process cache (LocMemCache, Django's default) each process refreshes once per
-    interval. A figure is ``{"at": unix time read, "db_now": ..., "queues": [...]}``."""
+    ``GATOR_METRICS_CACHE_SECONDS`` through the Django cache ``GATOR_METRICS_CACHE``
+    (see :func:`cached`). A figure is ``{"at": unix time read, "db_now": ...,
+    "queues": [...]}``."""
     alias = alias or conf.database()
-    interval = conf.metrics_cache_seconds()
-    if interval <= 0:
-        return _read_figures(alias)
-    cache = caches[conf.metrics_cache()]
-    key = f"django_gator:metrics:queues:{alias}"
-    figures: dict[str, Any] | None = cache.get(key)
-    if figures is not None and time.time() - figures["at"] < interval:
-        return figures
-    # Whoever takes the lock refreshes; the others keep serving what is stored.
-    if figures is not None and not cache.add(f"{key}:refresh", 1, timeout=max(interval, 1)):
-        return figures
-    figures = _read_figures(alias)
-    cache.set(key, figures, timeout=max(interval * 4, 60))
-    return figures
+    return cached(f"django_gator:metrics:queues:{alias}", lambda: _read_figures(alias))
 
 
 def _read_figures(alias: str) -> dict[str, Any]:
@@ -142,4 +125,7 @@ def view(request: HttpRequest) -> HttpResponse:
     client = prometheus()
     registry = client.CollectorRegistry()
     registry.register(QueueCollector())
+    from django_gator.metrics.workflows import WorkflowCollector  # imports the models
+
+    registry.register(WorkflowCollector())
     return HttpResponse(client.generate_latest(registry), content_type=client.CONTENT_TYPE_LATEST)

@@ -4,12 +4,14 @@ admin and the management commands share are :class:`~django_gator.models.job_que
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.db import models
 from django.utils import timezone
 
 from django_gator.limits import KEY_MAX_LENGTH
+from django_gator.models import awaiting
 from django_gator.models.job_queries import JobQuerySet
 from django_gator.states import FINAL_STATES, JobState
 from django_gator.validation import (
@@ -218,6 +220,20 @@ class Job(models.Model):
         if changed:
             self.refresh_from_db()
         return changed
+
+    def wait_result(self, timeout: timedelta | float | None = None) -> Any:
+        """Wait until this job ends and return what its ``handle()`` returned; raise
+        :class:`~django_gator.exceptions.JobFailed` if it ended ``dead`` or ``cancelled``
+        (its last error attached), :class:`~django_gator.exceptions.ResultTimeout` if it
+        has not ended after ``timeout`` seconds (None: no limit). A failed attempt that
+        will be retried is not an end. Reads the row with a backoff of 5 to 50 ms (see
+        :mod:`django_gator.models.awaiting`); refused inside ``transaction.atomic()``."""
+        return awaiting.wait_job(self, timeout)
+
+    async def await_result(self, timeout: timedelta | float | None = None) -> Any:
+        """:meth:`wait_result` for async code (the reads go through ``sync_to_async``, the
+        pauses are ``asyncio.sleep``: no thread is held while the job runs)."""
+        return await awaiting.await_job(self, timeout)
 
     @property
     def error_history(self) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from django.db import models, transaction
@@ -17,6 +18,7 @@ from django.utils import timezone
 from django_gator import conf
 from django_gator.dbtime import DbNow
 from django_gator.exceptions import WorkflowError
+from django_gator.models import awaiting
 from django_gator.models.job_queries import record
 from django_gator.models.jobs import Job
 from django_gator.models.pruning import Prunable
@@ -143,6 +145,25 @@ class WorkflowRun(models.Model):
                 retried_wait.filter(state=JobState.WAITING).update(next_execution_at=due)
         return retried
 
+    def wait_result(self, timeout: timedelta | float | None = None) -> dict[str, Any]:
+        """Wait until every step of this workflow has ended and return ``{leaf step name:
+        result}`` (a leaf: no step comes after it; a batch step's result is its members'
+        results in order); raise :class:`~django_gator.exceptions.WorkflowFailed` naming
+        the first step that ended dead (with ``on_dead="cancel"``) or was cancelled, with
+        its job's error, or :class:`~django_gator.exceptions.ResultTimeout` after
+        ``timeout`` seconds (None: no limit). Read like ``Job.wait_result``."""
+        return awaiting.wait_run(self._rows(), timeout)
+
+    async def await_result(self, timeout: timedelta | float | None = None) -> dict[str, Any]:
+        """:meth:`wait_result` for async code."""
+        return await awaiting.await_run(self._rows(), timeout)
+
+    def _rows(self) -> awaiting.RunRows:
+        alias = self._alias()
+        steps = WorkflowStep.objects.using(alias).filter(workflow_id=self.pk)
+        fatal = steps.filter(state=StepState.DEAD, on_dead=ON_DEAD_CANCEL)
+        return awaiting.RunRows(self, steps, fatal, Job.objects.using(alias))
+
     def reject(self, name: str, *, by: str = "", note: str = "") -> bool:
         """End this workflow's wait for the signal ``name`` as rejected: the wait ends dead
         (``WaitRejected``, naming ``by``) and cancels the steps after it. Refused like
@@ -230,6 +251,12 @@ wake_hooks: list[Callable[[str, Collection[str]], None]] = []
 ENDED = (StepState.SUCCEEDED, StepState.DEAD, StepState.CANCELLED)
 
 
+#: Called with a signal's outcome ("delivered", "rejected", "duplicate", "refused") once
+#: it is known: at the commit of its transaction, a refusal at once. The metrics count them
+#: (:mod:`django_gator.wiring` installs the hook; this layer cannot import the metrics).
+signal_hooks: list[Callable[[str], None]] = []
+
+
 def send_signal(
     alias: str,
     run_id: uuid.UUID | str,
@@ -240,6 +267,27 @@ def send_signal(
     rejected: bool = False,
 ) -> bool:
     """See WorkflowRun.signal and WorkflowRun.reject."""
+    try:
+        done = _deliver(alias, run_id, name, payload, by=by, rejected=rejected)
+    except WorkflowError:
+        for hook in signal_hooks:
+            hook("refused")
+        raise
+    outcome = ("rejected" if rejected else "delivered") if done else "duplicate"
+    for hook in signal_hooks:
+        transaction.on_commit(partial(hook, outcome), using=alias, robust=True)
+    return done
+
+
+def _deliver(
+    alias: str,
+    run_id: uuid.UUID | str,
+    name: str,
+    payload: Any,
+    *,
+    by: str,
+    rejected: bool,
+) -> bool:
     if not isinstance(name, str) or not name:
         raise WorkflowError(f"a signal's name is a non-empty str, got {name!r}")
     check_json(payload, "payload")

@@ -128,8 +128,10 @@ class Claimer:
         self._full_claims: dict[str, float] = {}  # per queue: clock() of the last
         self.keyset = keyset
         self.timer = timer
-        #: Per queue: moving average of a claim's duration, full and keyset (seconds).
+        #: Per queue: moving average of a claim's duration, full and keyset (seconds), and
+        #: clock() of each kind's last measure.
         self._costs: dict[str, dict[bool, float]] = {}
+        self._measured: dict[str, dict[bool, float]] = {}
         #: Queues with limits, or with jobs of limited classes: the limited claim.
         self.flow = FlowRouter(engine, worker_id, clock)
         #: Per queue served by both claims: until when (clock()) its ordinary claim rests.
@@ -278,17 +280,29 @@ class Claimer:
 
     def keyset_pays(self, queue: str) -> bool:
         """Whether keyset claims of ``queue`` are cheaper than full ones, as measured (a
-        first keyset claim is made to measure it)."""
+        first keyset claim is made to measure it, and another whenever its measure is
+        FULL_CLAIM_EVERY old: a figure that is never refreshed could keep the worker on
+        full claims for ever, such as a first keyset claim slowed by its statement's
+        planning while dead entries then pile up in front of the full ones)."""
         costs = self._costs.get(queue, {})
         full, keyset = costs.get(False), costs.get(True)
-        if keyset is None:
+        if keyset is None or self._stale(queue, keyset=True):
             return True
         return full is None or full > KEYSET_MARGIN * keyset
 
+    def _stale(self, queue: str, *, keyset: bool) -> bool:
+        at = self._measured.get(queue, {}).get(keyset)
+        return at is None or self.clock() - at > FULL_CLAIM_EVERY
+
     def _measure(self, queue: str, *, keyset: bool, seconds: float) -> None:
+        """Fold a claim's duration into its kind's average; a stale average is replaced."""
         costs = self._costs.setdefault(queue, {})
         old = costs.get(keyset)
-        costs[keyset] = seconds if old is None else old + COST_WEIGHT * (seconds - old)
+        if old is None or self._stale(queue, keyset=keyset):
+            costs[keyset] = seconds
+        else:
+            costs[keyset] = old + COST_WEIGHT * (seconds - old)
+        self._measured.setdefault(queue, {})[keyset] = self.clock()
 
     def _advance(
         self, queue: str, jobs: Sequence[ClaimedJob], *, full: bool, full_batch: bool

@@ -253,6 +253,7 @@ class Fetcher:
         """Fold a claim's duration, and the run times of the successes it marked, into the
         moving averages."""
         self.claim_seconds += AVERAGE_WEIGHT * (claim_seconds - self.claim_seconds)
+        self.slots.ahead.window = self.claim_seconds  # jobs shorter than it: claim ahead
         if batch:
             run = sum(elapsed_ms for _, _, elapsed_ms in batch) / len(batch) / 1000
             self.job_seconds += AVERAGE_WEIGHT * (run - self.job_seconds)

@@ -31,7 +31,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 
 from django_gator.engines.sessions import transaction_left_open
-from django_gator.worker.warm import server_spoke
+from django_gator.worker.warm import mark_trusted, trusted
 
 logger = logging.getLogger("django_gator.worker")
 
@@ -51,17 +51,19 @@ def before_job(thread_connections: Sequence[BaseDatabaseWrapper]) -> None:
     An executor keeps its connections between jobs, and the server may have closed one
     meanwhile (a restart, a killed backend, an idle timeout). Without a look, the job's
     first query would fail and the job with it, for a fault that is not its own. The look
-    is a zero-timeout poll of the socket (see :func:`~django_gator.worker.warm.server_spoke`):
-    a server that ends a session makes it readable. Only a connection found so (or one that
-    cannot be polled) gets Django's health check (CONN_HEALTH_CHECKS: one ``SELECT 1`` at
-    the job's first query, and a reconnect if it fails); a healthy one costs no round trip.
-    One pass over the connections, on the path of every job."""
+    is a zero-timeout poll of the socket, skipped for a connection opened or found quiet in
+    the last :data:`~django_gator.worker.warm.TRUST_WINDOW` seconds (see
+    :func:`~django_gator.worker.warm.trusted`): a server that ends a session makes it
+    readable. Only a connection found so (or one that cannot be polled) gets Django's
+    health check (CONN_HEALTH_CHECKS: one ``SELECT 1`` at the job's first query, and a
+    reconnect if it fails); a healthy one costs no round trip. One pass over the
+    connections, on the path of every job."""
     for connection in thread_connections:
         connection.close_if_unusable_or_obsolete()
         if connection.connection is not None:
             # Attributes of Django's BaseDatabaseWrapper that django-stubs does not declare.
             connection.health_check_enabled = True  # type: ignore[attr-defined]
-            connection.health_check_done = server_spoke(connection) is False  # type: ignore[attr-defined]
+            connection.health_check_done = trusted(connection)  # type: ignore[attr-defined]
 
 
 def after_job(thread_connections: Sequence[BaseDatabaseWrapper]) -> None:
@@ -99,6 +101,7 @@ def _connected(sender: Any, connection: Any, **kwargs: Any) -> None:
     used = getattr(connection, "_gator_used", None)
     if used is not None:
         used.session_changed = False
+    mark_trusted(connection)
 
 
 connection_created.connect(_connected, dispatch_uid="django_gator.worker.hygiene")

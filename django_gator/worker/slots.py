@@ -3,7 +3,8 @@
 Every claimed job is in exactly one place until its outcome is handed on: ``pending``
 (claimed, waiting for an executor), ``suspects`` (claimed, held until it can run alone:
 see precise blame below), or ``running`` (an executor has it). ``in_flight`` counts them
-all, and a worker claims only while ``in_flight`` is below its concurrency. A finished
+all, and a worker claims while ``in_flight`` is below its concurrency (twice that while its
+jobs are shorter than a claim: see :mod:`.ahead`). A finished
 plain success waits in ``succeeded`` for the fetcher to write it with others; a job the
 watchdog took from a stuck executor waits in ``timed_out`` for its failure to be written.
 
@@ -23,50 +24,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, Literal
 
-from django_gator.attempts import Success
 from django_gator.engines import ClaimedJob
+from django_gator.worker.ahead import ClaimAhead
 from django_gator.worker.async_slots import AsyncSlots
+from django_gator.worker.entries import Finished, Idle, Round, Running
 
-
-class Idle(Enum):
-    """What :meth:`Slots.next_job` returns when its ``until`` came with no job."""
-
-    UNTIL = "until"
-
-
-#: A plain success waiting for its batched mark: the job, its outcome, its duration (ms).
-Finished = tuple[ClaimedJob, Success, float]
-
-
-@dataclass(slots=True)
-class Running:
-    job: ClaimedJob
-    thread: threading.Thread
-    deadline: float | None  # time.monotonic() after which the job has timed out
-    started: float = field(default_factory=time.monotonic)  # time.monotonic() at its start
-    stall: float | None = None  # its stall_timeout; journal.active_at: its last sign of life
-    journal: Any = None
-
-    def stall_deadline(self) -> float | None:
-        if self.stall is None or self.journal is None:
-            return None
-        return float(self.journal.active_at) + self.stall
-
-
-@dataclass(slots=True)
-class Round:
-    """What the fetcher does in one turn of its loop (see Slots.next_round)."""
-
-    stopping: bool
-    free: int  # executor slots to claim for (0 while a suspect is held or runs alone)
-    idle: bool  # nothing was claimed or running when the round began
-    suspect: ClaimedJob | None  # a held suspect that may start now, alone
-    #: Queues a wakeup named since the last round that claimed (see Claimer.claim).
-    woken: frozenset[str] = frozenset()
+__all__ = ["Finished", "Idle", "Round", "Running", "Slots"]
 
 
 class Slots:
@@ -80,6 +45,7 @@ class Slots:
         runs_async: Callable[[ClaimedJob], bool] | None = None,
     ) -> None:
         self.concurrency = concurrency
+        self.ahead = ClaimAhead(concurrency)  # claims beyond the free slots, for short jobs
         # Async jobs (see .aio): ``async_concurrency`` of them run on the event loop beside
         # the executor threads, counted apart (and in ``in_flight`` too).
         self.async_slots = AsyncSlots(async_concurrency, runs_async)
@@ -129,6 +95,8 @@ class Slots:
         """Jobs to claim for: free executor slots, plus the async window (see AsyncSlots)."""
         aio = self.async_slots
         threads = self.concurrency - (self.in_flight - len(aio.running))
+        if self.ahead.window:
+            threads += self.ahead.allowance(self.running.values(), time.monotonic())
         return max(threads, 0) + aio.free()
 
     def next_round_locked(self) -> Round:
@@ -298,6 +266,7 @@ class Slots:
             entry = self.running.pop(thread, None)
             if entry is None:
                 return False
+            self.ahead.ran(time.monotonic() - entry.started)
             if entry.job is self.isolated:
                 self.isolated = None
             self.in_flight -= 1
@@ -345,6 +314,7 @@ class Slots:
             else:
                 continue
             expired.append(entry)
+            self.ahead.ran(now - entry.started)
             del self.running[entry.thread]
             if entry.job is self.isolated:
                 self.isolated = None

@@ -1,17 +1,20 @@
 """The workflow page in a real browser: from a step's job page to its workflow's graph,
-each step drawn with its state, and from a step's box back to its job."""
+each step drawn with its state, and from a step's box back to its job; a wait step
+approved with the page's Approve button."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
 from django_gator import Workflow
-from django_gator.models import Job, WorkflowStep
+from django_gator.models import Job, WorkflowRun, WorkflowStep
 from tests.browser.test_admin_browser import PASSWORD, log_in
 from tests.conftest import run_worker
-from tests.testapp.jobs import DagStep
+from tests.testapp.jobs import DagStep, Gathers, Produces
 
 try:
     from playwright.sync_api import expect
@@ -110,3 +113,66 @@ def test_a_batch_step_leads_to_its_batch_whose_retry_brings_the_workflow_back(pa
     }
     assert states == {"0": "succeeded", "1": "succeeded", "2": "succeeded"}
     expect(page.locator('g.gator-batch-step[data-position="1"]')).to_contain_text("4/4 succeeded")
+
+
+def _approval_run(name: str) -> WorkflowRun:
+    wf = Workflow(name=name)
+    wf.add(Produces, {"order": 42}, name="merge")
+    wf.add_wait("approved", after=["merge"], timeout=timedelta(days=3), name="approval")
+    wf.add(Gathers, "ship", after=["approval"], name="ship")
+    run = wf.dispatch()
+    run_worker("results")  # merge runs; the approval waits for its signal
+    return run
+
+
+def test_approve_on_the_workflow_page_releases_the_wait_for_a_user_allowed_to(page):
+    """A staff user with the signal permission approves the wait with a note (a real POST
+    through the page's form, its CSRF token included); the payload reaches the step after
+    it, and the page then shows who approved. A user without the permission sees the wait
+    but no buttons."""
+    run = _approval_run("order 42")
+    ana = User.objects.create_user("ana", password=PASSWORD, is_staff=True)
+    ana.user_permissions.add(
+        *Permission.objects.filter(
+            content_type__app_label="django_gator",
+            codename__in=["view_workflowrun", "signal_workflow"],
+        )
+    )
+    viewer = User.objects.create_user("viewer", password=PASSWORD, is_staff=True)
+    viewer.user_permissions.add(
+        Permission.objects.get(content_type__app_label="django_gator", codename="view_workflowrun")
+    )
+    url = reverse("admin:django_gator_workflowrun_change", args=[run.pk])
+
+    log_in(page, "viewer")
+    page.goto(url)
+    waits = page.locator("table.gator-workflow-waits")
+    expect(waits).to_contain_text("approved")
+    expect(waits.get_by_role("button", name="Approve")).to_have_count(0)
+    page.context.clear_cookies()
+
+    log_in(page, "ana")
+    page.goto(url)
+    waits = page.locator("table.gator-workflow-waits")
+    expect(waits).to_contain_text("released")
+    waits.get_by_placeholder("note").fill("checked the stock")
+    waits.get_by_role("button", name="Approve").click()
+
+    expect(page.locator("ul.messagelist")).to_contain_text("Approved 'approved'")
+    expect(page).to_have_url(url)
+    expect(page.locator("table.gator-workflow-waits")).to_contain_text("received at")
+    expect(page.locator("table.gator-workflow-waits")).to_contain_text("by ana")
+    expect(page.locator("table.gator-workflow-waits").get_by_role("button")).to_have_count(0)
+    run.refresh_from_db()
+    assert run.signals["approved"]["by"] == "ana"
+    payload = {"approved": True, "by": "ana", "note": "checked the stock"}
+    assert run.signals["approved"]["payload"] == payload
+
+    run_worker("results")
+    assert run.wait_result(timeout=5) == {
+        "ship": {"results": {"approval": payload}, "extra": "ship"}
+    }
+    page.reload()
+    expect(page.locator('svg.gator-workflow g.gator-step[data-position="2"]')).to_have_attribute(
+        "data-state", "succeeded"
+    )

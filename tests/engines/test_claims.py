@@ -159,6 +159,32 @@ def test_a_claimer_uses_keyset_claims_only_while_they_are_cheaper():
     assert claimer.position("default") is None  # a full claim is still due in time
 
 
+def test_a_keyset_claim_measured_slow_once_is_measured_again():
+    # The first keyset claim of a queue plans its statement and can take longer than a
+    # full claim; dead entries then pile up in front of the full claims. Before, the
+    # stale figure was never refreshed, and the worker made full claims for ever.
+    engine = get_engine("default")
+    clock = Clock()
+    claimer = Claimer(engine, "w", [QueueSpec("default")], clock=clock)
+    costs = {False: 0.004, True: 0.030}
+    claimer.timer = Timer(claimer, costs)
+    Noop.dispatch_many([[i] for i in range(20)])
+
+    kinds = []
+    for _ in range(4):
+        kinds.append(claimer.position("default") is not None)
+        assert len(claimer.claim(1)[0]) == 1
+    assert kinds == [False, True, False, False]  # the keyset claim measured slow
+    costs[True] = 0.0008  # its real cost
+    clock.now += FULL_CLAIM_EVERY + 0.1
+    for _ in range(4):
+        kinds.append(claimer.position("default") is not None)
+        assert len(claimer.claim(1)[0]) == 1
+    # A full claim is due first, then the stale keyset figure is measured again, replaced,
+    # and keyset claims pay from then on.
+    assert kinds[4:] == [False, True, True, True]
+
+
 def test_all_queues_mode_claims_known_queues_and_finds_new_ones():
     engine = get_engine("default")
     clock = Clock()

@@ -1238,5 +1238,24 @@ class Escalates(Queueable):
         return {"escalated": signal, "workflow": workflow_id}
 
 
+class LedgerStep(Queueable):
+    """A workflow step for the chaos test (tests/reliability/test_workflow_chaos.py):
+    sleeps ``sleep`` seconds (a SIGKILL may land meanwhile), then writes its ledger row in
+    its transaction, which commits with its success mark; returns its label and the
+    results it was given."""
+
+    atomic = True
+    queue = "results"
+    retry = Retry(interval=0, max_retries=3)
+
+    def handle(self, label: str, sleep: float = 0.0) -> dict[str, Any]:
+        inputs = self.results()
+        time.sleep(sleep)
+        Execution.objects.create(
+            job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label=label
+        )
+        return {"label": label, "inputs": inputs}
+
+
 # Registered with the others, for worker subprocesses (autodiscovery imports this module).
 from tests.testapp import long_jobs  # noqa: E402, F401

@@ -17,6 +17,7 @@ from django.test import override_settings
 
 from django_gator.conf import InvalidSetting
 from django_gator.worker import connections as worker_connections
+from django_gator.worker import warm
 from django_gator.worker.hygiene import before_job
 from django_gator.worker.queues import parse_queue_specs
 from django_gator.worker.supervisor import WorkerProcess
@@ -144,9 +145,39 @@ def test_a_healthy_kept_connection_is_trusted_without_a_query():
         assert connection.health_check_done, "no SELECT 1 before the job's first query"  # type: ignore[attr-defined]
 
 
-def test_a_connection_the_server_ended_is_checked_and_replaced_before_the_job_uses_it():
+def test_a_connection_opened_or_found_quiet_moments_ago_is_not_polled_again(monkeypatch):
+    if connection.vendor == "sqlite":
+        pytest.skip("no socket to poll: SQLite keeps Django's health check")
+    polls: list[object] = []
+    real = warm.server_spoke
+
+    def counted(conn: object) -> bool | None:
+        polls.append(conn)
+        return real(conn)
+
+    monkeypatch.setattr(warm, "server_spoke", counted)
+    undo = worker_connections.prepare()
+    try:
+        connection.close()
+        connection.ensure_connection()  # just opened: trusted for the window
+        before_job([connection])
+        assert polls == []
+        assert connection.health_check_done  # type: ignore[attr-defined]
+        connection._gator_trusted_at -= warm.TRUST_WINDOW  # type: ignore[attr-defined]
+        before_job([connection])
+        before_job([connection])
+    finally:
+        undo()
+    assert len(polls) == 1, "found quiet once, then trusted for the window"
+    assert connection.health_check_done  # type: ignore[attr-defined]
+
+
+def test_a_connection_the_server_ended_is_checked_and_replaced_before_the_job_uses_it(
+    monkeypatch,
+):
     if connection.vendor == "sqlite":
         pytest.skip("SQLite has no server to end a session")
+    monkeypatch.setattr(warm, "TRUST_WINDOW", 0.0)  # else a new connection skips the poll
     undo = worker_connections.prepare()
     try:
         connection.close()

@@ -1,0 +1,260 @@
+"""Waiting for an end: ``Job.wait_result()`` / ``await_result()`` and
+``WorkflowRun.wait_result()`` / ``await_result()``.
+
+The waiter reads; the workers write nothing more for it. It reads the job's state (one
+primary-key read of one column), and while the job has not ended, reads again after a
+pause that starts at :data:`FIRST_PAUSE` and doubles up to :data:`LONGEST_PAUSE`: a job
+that ends after the first second is seen at most ``LONGEST_PAUSE`` (plus one read) after
+its final state commits, whichever database holds it. The success mark, the workers' hot
+path, sends nothing (no NOTIFY per success, no flag to look at): a process that never
+waits pays nothing, and one that waits pays ``1 / LONGEST_PAUSE`` reads a second. The
+result (which may be large) is read once, when the state says the job has ended.
+
+A workflow is read the same way: whether any of its steps is still blocked or released
+(one indexed read), then once, its steps and the results of its leaves.
+
+Waiting inside ``transaction.atomic()`` on the job database is refused (once the first
+read shows the job has not ended): a job dispatched in that transaction is not committed,
+so no worker can run it, and a REPEATABLE READ snapshot (MariaDB's default) would never
+see its end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from asgiref.sync import sync_to_async
+from django.db import connections
+
+from django_gator import conf
+from django_gator.exceptions import GatorError, JobFailed, ResultTimeout, WorkflowFailed
+from django_gator.states import FINAL_STATES, JobState, StepState
+
+if TYPE_CHECKING:
+    from django_gator.models.jobs import Job
+    from django_gator.models.workflows import WorkflowRun
+
+#: Seconds before the second read of a job that has not ended.
+FIRST_PAUSE = 0.005
+#: The longest pause between two reads: the most a waiter lags behind an end (plus a read).
+LONGEST_PAUSE = 0.05
+
+T = TypeVar("T")
+
+
+def seconds(timeout: timedelta | float | None) -> float | None:
+    """``timeout`` as seconds (None: no limit); a clear error for anything else."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, timedelta):
+        value = timeout.total_seconds()
+    elif isinstance(timeout, int | float) and not isinstance(timeout, bool):
+        value = float(timeout)
+    else:
+        raise TypeError(
+            f"timeout must be seconds (a number or a timedelta) or None, got {timeout!r}"
+        )
+    if math.isnan(value) or value < 0:
+        raise ValueError(f"timeout must be 0 or more seconds, got {timeout!r}")
+    return value
+
+
+class Backoff:
+    """The pauses between reads until a deadline."""
+
+    def __init__(self, timeout: timedelta | float | None, what: str) -> None:
+        limit = seconds(timeout)
+        self.deadline = None if limit is None else time.monotonic() + limit
+        self.pause = FIRST_PAUSE
+        self.what = what
+        self.first = True  # no read has missed yet
+
+    def missed(self) -> float:
+        """The pause after a read that found no end; ResultTimeout once the deadline has
+        passed."""
+        self.first = False
+        pause = self.pause
+        self.pause = min(self.pause * 2, LONGEST_PAUSE)
+        if self.deadline is None:
+            return pause
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise ResultTimeout(f"{self.what} had not ended after the timeout")
+        return min(pause, left)
+
+
+def refuse_in_transaction(alias: str, what: str) -> None:
+    if connections[alias].in_atomic_block:
+        raise GatorError(
+            f"cannot wait for {what} inside transaction.atomic() on {alias!r}: a job "
+            "dispatched in it is not committed, so no worker can run it, and the "
+            "transaction's snapshot may never show its end; wait after the commit"
+        )
+
+
+def _wait(done: Callable[[bool], T | None], backoff: Backoff) -> T:
+    while (outcome := done(backoff.first)) is None:
+        time.sleep(backoff.missed())
+    return outcome
+
+
+async def _await(done: Callable[[bool], T | None], backoff: Backoff) -> T:
+    # thread_sensitive: the read runs where the caller's sync code (and its transaction)
+    # runs, as aenqueue's insert does.
+    read = sync_to_async(done, thread_sensitive=True)
+    while (outcome := await read(backoff.first)) is None:
+        await asyncio.sleep(backoff.missed())
+    return outcome
+
+
+class _Ended:
+    """An outcome that is there (its value may be None, which ``_wait`` reads as "not yet")."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+# Jobs --------------------------------------------------------------------------------------
+
+
+def _job_alias(job: Job) -> str:
+    if job.pk is None:
+        raise ValueError(
+            f"job {job.name} has no id: it is not in the database yet (dispatched with "
+            "on_commit, before the commit?)"
+        )
+    return job._state.db or conf.database()
+
+
+def _job_check(job: Job, alias: str) -> Callable[[bool], _Ended | None]:
+    what = f"job {job.name} #{job.pk}"
+    rows = type(job).objects.using(alias).filter(pk=job.pk)
+
+    def gone() -> Exception:
+        return type(job).DoesNotExist(f"{what} is not in the database (deleted or pruned)")
+
+    def done(first: bool) -> _Ended | None:
+        state = rows.values_list("state", flat=True).first()
+        if state is None:
+            raise gone()
+        if state not in FINAL_STATES:
+            if first:
+                refuse_in_transaction(alias, what)
+            return None
+        row = rows.values_list("state", "result", "error_class", "last_error").first()
+        if row is None:
+            raise gone()
+        job.state, job.result, job.error_class, job.last_error = row
+        return _Ended(None)
+
+    return done
+
+
+def job_outcome(job: Job) -> Any:
+    """The result of ``job`` (read by :func:`wait_job`), or its final error."""
+    if job.state == JobState.SUCCEEDED:
+        return job.result
+    raise JobFailed(job.pk, job.name, job.state, job.error_class or "", job.last_error)
+
+
+def wait_job(job: Job, timeout: timedelta | float | None) -> Any:
+    """See ``Job.wait_result``."""
+    alias = _job_alias(job)
+    _wait(_job_check(job, alias), Backoff(timeout, f"job {job.name} #{job.pk}"))
+    return job_outcome(job)
+
+
+async def await_job(job: Job, timeout: timedelta | float | None) -> Any:
+    """See ``Job.await_result``."""
+    alias = _job_alias(job)
+    await _await(_job_check(job, alias), Backoff(timeout, f"job {job.name} #{job.pk}"))
+    return job_outcome(job)
+
+
+# Workflows ---------------------------------------------------------------------------------
+
+#: Step states of a workflow that has not ended.
+OPEN = (StepState.BLOCKED, StepState.RELEASED)
+
+
+class RunRows:
+    """What a workflow's wait reads, as the workflows module gives it (this module imports
+    neither models module: they import it): the run's steps, the steps whose end fails
+    the run (dead ones that cancel what follows, in order), and the jobs table."""
+
+    def __init__(self, run: WorkflowRun, steps: Any, fatal: Any, jobs: Any) -> None:
+        self.run, self.steps, self.fatal, self.jobs = run, steps, fatal, jobs
+        self.alias = run._alias()
+        self.what = f"workflow {run.pk} ({run.name or 'unnamed'})"
+
+    def check(self, first: bool) -> _Ended | None:
+        if first and not type(self.run).objects.using(self.alias).filter(pk=self.run.pk).exists():
+            raise type(self.run).DoesNotExist(
+                f"{self.what} is not in the database (deleted or pruned)"
+            )
+        if self.steps.filter(state__in=OPEN).exists():
+            if first:
+                refuse_in_transaction(self.alias, self.what)
+            return None
+        return _Ended(self.outcome())
+
+    def outcome(self) -> dict[str, Any]:
+        """``{leaf step name: result}`` of the ended workflow, or WorkflowFailed for its
+        first fatal dead step or, without one, its first cancelled step."""
+        failed = self.fatal.order_by("position").first() or (
+            self.steps.filter(state=StepState.CANCELLED).order_by("position").first()
+        )
+        if failed is not None:
+            raise _failure(self.run, failed, self.jobs)
+        fields = ("position", "label", "state", "job_id", "batch_id", "members", "children")
+        out: dict[str, Any] = {}
+        for row in self.steps.order_by("position").values(*fields):
+            if row["children"]:
+                continue  # not a leaf
+            name = row["label"] or str(row["position"])
+            if row["members"] is not None:
+                members = self.jobs.filter(batch_id=row["batch_id"]).order_by("pk")
+                batch = row["batch_id"] is not None
+                out[name] = list(members.values_list("result", flat=True)) if batch else []
+            elif row["job_id"] is not None and row["state"] == StepState.SUCCEEDED:
+                result = self.jobs.filter(pk=row["job_id"]).values_list("result", flat=True)
+                out[name] = result.first()
+            else:
+                out[name] = None  # ended dead under on_dead="continue"
+        return out
+
+
+def _failure(run: WorkflowRun, step: Any, jobs: Any) -> WorkflowFailed:
+    name = step.label or str(step.position)
+    row = None if step.job_id is None else jobs.filter(pk=step.job_id).first()
+    error = None
+    if row is not None and row.state in (JobState.DEAD, JobState.CANCELLED):
+        error = JobFailed(row.pk, row.name, row.state, row.error_class or "", row.last_error)
+    if step.reason:
+        reason = step.reason
+    elif error is not None:
+        reason = str(error)
+    elif step.batch_id is not None:
+        reason = f"batch {step.batch_id} has members that ended dead"
+    else:
+        reason = f"its job ended {step.state}"
+    return WorkflowFailed(str(run.pk), name, step.state, reason, error)
+
+
+def wait_run(rows: RunRows, timeout: timedelta | float | None) -> dict[str, Any]:
+    """See ``WorkflowRun.wait_result``."""
+    ended: _Ended = _wait(rows.check, Backoff(timeout, rows.what))
+    return dict(ended.value)
+
+
+async def await_run(rows: RunRows, timeout: timedelta | float | None) -> dict[str, Any]:
+    """See ``WorkflowRun.await_result``."""
+    ended: _Ended = await _await(rows.check, Backoff(timeout, rows.what))
+    return dict(ended.value)
