@@ -227,3 +227,31 @@ def check_read_database(app_configs: Any = None, **kwargs: Any) -> list[checks.C
             id="django_gator.W006",
         )
     ]
+
+
+@checks.register()
+def check_windows(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """A ``unique_for`` longer than the automatic pruning keeps finished jobs: a job pruned
+    before its window ends frees its key early."""
+    from django_gator.registry import registered_jobs
+
+    try:
+        if not conf.auto_prune():
+            return []
+        kept = min(conf.prune_succeeded_after(), conf.prune_cancelled_after())
+    except conf.InvalidSetting:
+        return []  # check_settings reports it
+    return [
+        checks.Warning(
+            f"{job_class.name}.unique_for is {window.seconds:g} s, longer than the "
+            f"{kept:g} s that automatic pruning keeps finished jobs: a job pruned before its "
+            "window ends frees its key early.",
+            hint="Raise GATOR_PRUNE_SUCCEEDED_AFTER and GATOR_PRUNE_CANCELLED_AFTER to at "
+            "least unique_for, or shorten unique_for.",
+            id="django_gator.W007",
+        )
+        for job_class in registered_jobs().values()
+        if (window := job_class.traits.window) is not None
+        and window.kind == "unique_for"
+        and window.seconds > kept
+    ]

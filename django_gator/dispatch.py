@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 
-from django_gator import conf
+from django_gator import conf, windows
 from django_gator.models.batches import current_batch
 from django_gator.pipeline import core
 from django_gator.pipeline.encoding import Payloads, job_rows
@@ -33,6 +33,7 @@ def enqueue(
     on_commit: bool | str | None = None,
     chain: tuple[str, int, str] | None = None,
     many: bool = False,
+    expires_at: datetime | None = None,
 ) -> list[Job]:
     """Validate and insert one job per (args, kwargs) item; returns the rows in order.
 
@@ -42,6 +43,7 @@ def enqueue(
     use it when the jobs table lives in another database than the caller's transaction.
     """
     rows, payloads = job_rows(job_class, items, wait, at, queue, priority, chain, many)
+    windows.settle_dispatch(job_class, rows, expires_at)
     return _submit(job_class, rows, payloads, on_commit)
 
 
@@ -56,6 +58,7 @@ async def aenqueue(
     on_commit: bool | str | None = None,
     chain: tuple[str, int, str] | None = None,
     many: bool = False,
+    expires_at: datetime | None = None,
 ) -> list[Job]:
     """:func:`enqueue` from async code. The arguments are validated here, on the event
     loop, so a bad dispatch raises before any thread is used; the INSERT then runs through
@@ -63,6 +66,7 @@ async def aenqueue(
     (Django's rule for sync code called from async code), so it joins that transaction
     and ``on_commit`` waits for its commit as in sync code."""
     rows, payloads = job_rows(job_class, items, wait, at, queue, priority, chain, many)
+    windows.settle_dispatch(job_class, rows, expires_at)
     return await sync_to_async(_submit, thread_sensitive=True)(job_class, rows, payloads, on_commit)
 
 

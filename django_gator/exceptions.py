@@ -124,6 +124,11 @@ class JobHandedBack(GatorError):
     give its class a ``timeout``, or set ``GATOR_DEFAULT_TIMEOUT``)."""
 
 
+class JobExpired(GatorError):
+    """A job reached its ``expires_at`` before it started: it ends ``cancelled`` with this
+    class as its ``error_class`` and is never run (see :mod:`django_gator.expiry`)."""
+
+
 class JobCancelled(GatorError):
     """Raised by a job (usually after ``self.cancel_requested()`` said so) to stop early:
     the job ends ``cancelled``, with no retry."""

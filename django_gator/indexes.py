@@ -136,3 +136,35 @@ def batch_index() -> models.Index:
         name="gator_job_batch_member",
         condition=models.Q(batch_id__isnull=False),
     )
+
+
+# -- windows and expiry (migration 0023) ------------------------------------------------------
+
+
+def dedupe_waiting_constraint() -> models.UniqueConstraint:
+    # At most one waiting job per (job name, dedupe key): what a debounced or throttled
+    # dispatch replaces or joins. A running one does not count (the next may wait beside it).
+    return models.UniqueConstraint(
+        fields=["name", "dedupe_key"],
+        condition=models.Q(dedupe_key__isnull=False, state=JobState.WAITING.value),
+        name="gator_job_dedupe_waiting",
+    )
+
+
+def dedupe_indexes() -> list[models.Index]:
+    ready = models.Q(state__in=[state.value for state in READY_STATES])
+    return [
+        # A key's jobs, newest start last: a throttle's last start, a unique_for window's
+        # finished job. Partial: jobs of other classes have no entry.
+        models.Index(
+            fields=["name", "dedupe_key", "started_at"],
+            name="gator_job_dedupe",
+            condition=models.Q(dedupe_key__isnull=False),
+        ),
+        # The ready jobs that expire, soonest first: what the expiry sweep settles.
+        models.Index(
+            fields=["expires_at"],
+            name="gator_job_expiring",
+            condition=ready & models.Q(expires_at__isnull=False),
+        ),
+    ]

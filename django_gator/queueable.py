@@ -10,9 +10,7 @@ are ready.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
-import json
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -30,6 +28,7 @@ from django_gator.registry import registered_jobs as registered_jobs
 from django_gator.registry import unregister as unregister
 from django_gator.retry import Interval, Retry
 from django_gator.traits import JobTraits, read_traits
+from django_gator.windows import Windows
 
 if TYPE_CHECKING:
     from datetime import datetime, timedelta
@@ -44,7 +43,7 @@ Middleware = Callable[[Any, Callable[[], Any]], Any]
 MAX_SHAPES = 1000
 
 
-class Queueable(LongRunning):
+class Queueable(Windows, LongRunning):
     """Base class of a job: subclass it, write ``handle()``, then ``MyJob.dispatch(...)``.
 
     Class attributes set the defaults of every dispatch:
@@ -56,7 +55,8 @@ class Queueable(LongRunning):
     ``timeout``: seconds a run may take; None takes ``GATOR_DEFAULT_TIMEOUT`` (by
     default None too: no limit). See :func:`effective_timeout`.
     ``unique``: True allows one waiting, failed or running job per set of arguments (or
-    per :meth:`unique_key`); a dispatch while one exists returns that job.
+    per :meth:`unique_key`); a dispatch while one exists returns that job. ``unique_for``,
+    ``debounce``, ``throttle``, ``expires``: see :mod:`django_gator.windows`.
     ``atomic``: True runs ``handle()`` and the success mark in one transaction on the
     jobs database, so effects written there apply exactly once.
     ``middleware``: callables ``(job, call_next)`` wrapped around ``handle()``, inside
@@ -82,7 +82,6 @@ class Queueable(LongRunning):
     priority: ClassVar[int] = 0
     retry: ClassVar[Retry | None] = None
     timeout: ClassVar[float | None] = None
-    unique: ClassVar[bool] = False
     atomic: ClassVar[bool] = False
     middleware: ClassVar[Sequence[Middleware]] = ()
     schedule: ClassVar[Any] = None
@@ -145,25 +144,6 @@ class Queueable(LongRunning):
 
     def handle(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError
-
-    def unique_key(self, *args: Any, **kwargs: Any) -> str | None:
-        """The key that makes a dispatch unique, from the dispatch's arguments.
-
-        With ``unique = True`` the default is a digest of the arguments, bound to
-        ``handle()``'s parameters (so ``dispatch(5)`` and ``dispatch(user_id=5)`` share a
-        key). Override it to choose what makes two jobs the same (``f"user:{user_id}"``);
-        return None to make one dispatch not unique. Keys are per job name.
-        """
-        if not type(self).unique:
-            return None
-        try:
-            bound = type(self).traits.signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            identity: Any = bound.arguments
-        except TypeError:
-            identity = [args, kwargs]
-        text = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=repr)
-        return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
     def concurrency_key(self, *args: Any, **kwargs: Any) -> str | None:
         """The key this job's ``concurrency_limit`` and ``rate_limit`` count it under,
@@ -299,9 +279,11 @@ class Queueable(LongRunning):
         queue: str | None = None,
         priority: int | None = None,
         on_commit: bool | str | None = None,
+        expires_at: datetime | None = None,
         **kwargs: Any,
     ) -> Job:
-        """Enqueue one run of this job; returns the new :class:`~django_gator.models.Job`."""
+        """Enqueue one run of this job; returns the new :class:`~django_gator.models.Job`
+        (``expires_at``: not started by then, it never runs)."""
         # Here, not at the top: dispatch imports the models, which `import django_gator`
         # must not (see the module's docstring). Not an import cycle.
         from django_gator.dispatch import enqueue
@@ -314,6 +296,7 @@ class Queueable(LongRunning):
             queue=queue,
             priority=priority,
             on_commit=on_commit,
+            expires_at=expires_at,
         )[0]
 
     @classmethod
@@ -326,6 +309,7 @@ class Queueable(LongRunning):
         queue: str | None = None,
         priority: int | None = None,
         on_commit: bool | str | None = None,
+        expires_at: datetime | None = None,
     ) -> list[Job]:
         """Enqueue one run per item in a single INSERT; returns the new rows in order.
 
@@ -341,6 +325,7 @@ class Queueable(LongRunning):
             queue=queue,
             priority=priority,
             on_commit=on_commit,
+            expires_at=expires_at,
             many=True,
         )
 
@@ -353,6 +338,7 @@ class Queueable(LongRunning):
         queue: str | None = None,
         priority: int | None = None,
         on_commit: bool | str | None = None,
+        expires_at: datetime | None = None,
         **kwargs: Any,
     ) -> Job:
         """:meth:`dispatch` for async code (``await MyJob.adispatch(...)`` in an async
@@ -361,6 +347,7 @@ class Queueable(LongRunning):
         from django_gator.dispatch import aenqueue  # not at the top: see dispatch() above
 
         options: dict[str, Any] = {"wait": wait, "at": at, "queue": queue, "priority": priority}
+        options["expires_at"] = expires_at
         return (await aenqueue(cls, [(args, kwargs)], on_commit=on_commit, **options))[0]
 
     @classmethod
@@ -373,11 +360,13 @@ class Queueable(LongRunning):
         queue: str | None = None,
         priority: int | None = None,
         on_commit: bool | str | None = None,
+        expires_at: datetime | None = None,
     ) -> list[Job]:
         """:meth:`dispatch_many` for async code."""
         from django_gator.dispatch import aenqueue  # not at the top: see dispatch() above
 
         options: dict[str, Any] = {"wait": wait, "at": at, "queue": queue, "priority": priority}
+        options["expires_at"] = expires_at
         return await aenqueue(
             cls, dispatch_items(arguments), on_commit=on_commit, many=True, **options
         )

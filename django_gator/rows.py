@@ -93,6 +93,11 @@ class JobRows:
     #: One per row, or None for a class without limits (see limits.flow_key).
     concurrency_keys: list[str | None] | None = None
     batch_id: int | None = None
+    #: Not started by then, the rows never run (``expires_at=``, or the class's ``expires``
+    #: counted from the dispatch by database time: ``expires_in`` seconds). Set after the
+    #: INSERT, in its transaction (see pipeline.jobs).
+    expires_at: datetime | None = None
+    expires_in: float | None = None
     #: Arguments checked and encoded as they are sent (a large dispatch_many; see
     #: pipeline.encoding.job_rows): until then ``args`` and ``kwargs`` hold placeholders, and
     #: ``encode(start, stop)`` fills in those rows, raising for the first bad item among

@@ -56,6 +56,14 @@ ACTIVE_SQL = f"state IN {sql_list(ACTIVE_STATES)}"
 #: The condition of a claimed job.
 RUNNING_SQL = f"state = {sql_literal(JobState.RUNNING)}"
 
+
+def live_sql(now_sql: str, table: str = "") -> str:
+    """The condition of a job that has not expired at ``now_sql``: every claim statement
+    has it, so a job past its ``expires_at`` is never started, however late a worker
+    comes. Jobs without an expiry pass on the first test (their column is NULL)."""
+    return f"({table}expires_at IS NULL OR {table}expires_at > {now_sql})"
+
+
 #: Each state as an SQL literal, for the engines' statements.
 SQL_WAITING = sql_literal(JobState.WAITING)
 SQL_RUNNING = sql_literal(JobState.RUNNING)

@@ -15,6 +15,7 @@ from typing import Any
 from django.utils import timezone
 
 from django_gator import conf, wording
+from django_gator.dbtime import DbNow
 from django_gator.jobfunction import JobFunction, resolve_job_class
 from django_gator.queueable import Queueable
 from django_gator.states import JobState
@@ -39,7 +40,8 @@ def run_jobs(
 
     ``now`` (an aware datetime) or ``advance`` (a timedelta or seconds from the current
     time) sets the clock that decides what is due, so scheduled jobs and retries can be
-    reached without waiting; by default it is the current time. Jobs that the run
+    reached without waiting; by default it is the current time. A job past its
+    ``expires_at`` by that clock is left alone, as a worker leaves an expired job. Jobs that the run
     dispatches, retries that fall due and next chain steps run too, each in this thread,
     through the same claim, retry, chain and atomic-transaction code as the worker. Jobs of
     paused queues are left waiting, as a worker leaves them.
@@ -99,6 +101,9 @@ def _next_due(alias: str, clock: datetime, queues: list[str]) -> int | None:
         Job.objects.using(alias)
         .filter(state__in=READY_STATES, next_execution_at__lte=clock)
         .exclude(queue__in=Queue.objects.using(alias).paused_names())
+        # Past its expires_at by the clock, or by the database's (no claim would take it).
+        .exclude(expires_at__lte=clock)
+        .exclude(expires_at__lte=DbNow())
     )
     if queues:
         due = due.filter(queue__in=queues)

@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING
 
 from django_gator import limits, validation
 from django_gator.retry import Retry
+from django_gator.windows import Window, read_windows
 
 if TYPE_CHECKING:
     from django_gator.queueable import Queueable
 
 #: Keyword names that dispatch() takes for itself; a handler cannot use them as parameters.
-DISPATCH_OPTIONS = frozenset({"wait", "at", "queue", "priority", "on_commit"})
+DISPATCH_OPTIONS = frozenset({"wait", "at", "queue", "priority", "on_commit", "expires_at"})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -31,7 +32,9 @@ class JobTraits:
     its event loop). ``is_unique``: ``unique = True`` or a ``unique_key()`` of its own.
     ``is_limited``: a ``concurrency_limit`` or ``rate_limit``, so its rows carry a
     concurrency key. ``is_keyed``: a ``concurrency_key()`` of its own. ``accepts_anything``:
-    the handler takes ``*args`` (and perhaps ``**kwargs``) and nothing else.
+    the handler takes ``*args`` (and perhaps ``**kwargs``) and nothing else. ``window``:
+    its ``unique_for``, ``debounce`` or ``throttle`` (see :mod:`django_gator.windows`).
+    ``expires``: seconds after its dispatch a job of the class may still start.
     """
 
     signature: inspect.Signature
@@ -40,6 +43,8 @@ class JobTraits:
     is_limited: bool = False
     is_keyed: bool = False
     accepts_anything: bool = False
+    window: Window | None = None
+    expires: float | None = None
 
 
 def _refuse_own_traits(cls: type[Queueable]) -> None:
@@ -61,18 +66,7 @@ def read_traits(cls: type[Queueable], base: type[Queueable]) -> JobTraits:
     validation.validate_queue(cls.queue)
     validation.validate_priority(cls.priority)
     validation.validate_timeout(cls.timeout)
-    if cls.retry is not None and not isinstance(cls.retry, Retry):
-        raise TypeError(f"{where}.retry must be a django_gator.Retry or None, got {cls.retry!r}")
-    if cls.handle is base.handle:
-        raise TypeError(f"{where} must define handle()")
-    for flag in ("unique", "atomic"):
-        if not isinstance(getattr(cls, flag), bool):
-            raise TypeError(f"{where}.{flag} must be True or False, got {getattr(cls, flag)!r}")
-    if isinstance(cls.middleware, str | bytes) or not all(callable(m) for m in cls.middleware):
-        raise TypeError(
-            f"{where}.middleware must be a list of callables "
-            f"(job, call_next), got {cls.middleware!r}"
-        )
+    _check_plain_attributes(cls, base)
     is_async = cls._handler_is_async()
     if is_async and cls.atomic:
         raise TypeError(
@@ -84,6 +78,7 @@ def read_traits(cls: type[Queueable], base: type[Queueable]) -> JobTraits:
         )
     is_unique = cls.unique or cls.unique_key is not base.unique_key
     is_limited, is_keyed = _limits(cls, base)
+    window, expires = read_windows(cls, is_unique)
     signature = cls._handler_signature()
     clash = DISPATCH_OPTIONS & {
         p.name
@@ -103,12 +98,31 @@ def read_traits(cls: type[Queueable], base: type[Queueable]) -> JobTraits:
         is_unique=is_unique,
         is_limited=is_limited,
         is_keyed=is_keyed,
+        window=window,
+        expires=expires,
         accepts_anything=kinds
         in (
             [inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD],
             [inspect.Parameter.VAR_POSITIONAL],
         ),
     )
+
+
+def _check_plain_attributes(cls: type[Queueable], base: type[Queueable]) -> None:
+    """retry, handle(), the flags and middleware: TypeError naming the bad one."""
+    where = cls.__qualname__
+    if cls.retry is not None and not isinstance(cls.retry, Retry):
+        raise TypeError(f"{where}.retry must be a django_gator.Retry or None, got {cls.retry!r}")
+    if cls.handle is base.handle:
+        raise TypeError(f"{where} must define handle()")
+    for flag in ("unique", "atomic"):
+        if not isinstance(getattr(cls, flag), bool):
+            raise TypeError(f"{where}.{flag} must be True or False, got {getattr(cls, flag)!r}")
+    if isinstance(cls.middleware, str | bytes) or not all(callable(m) for m in cls.middleware):
+        raise TypeError(
+            f"{where}.middleware must be a list of callables "
+            f"(job, call_next), got {cls.middleware!r}"
+        )
 
 
 def _limits(cls: type[Queueable], base: type[Queueable]) -> tuple[bool, bool]:

@@ -521,3 +521,28 @@ def test_a_worker_started_without_the_system_checks_still_refuses_a_bad_setting(
         pytest.raises(CommandError, match=r"GATOR_REDACT.*\{'token': 1\}"),
     ):
         call_command("gator_worker", "--burst")
+
+
+class KeptThreeDays(Queueable):
+    """An idempotency window of three days: within the default retention (7 days)."""
+
+    unique = True
+    unique_for = 3 * 86400
+
+    def handle(self, event_id: str) -> None:
+        return None
+
+
+def _w007() -> list[checks.CheckMessage]:
+    return [m for m in gator_checks.check_windows() if KeptThreeDays.name in m.msg]
+
+
+def test_a_unique_for_longer_than_the_pruning_retention_is_a_warning():
+    assert _w007() == []
+    with override_settings(GATOR_PRUNE_CANCELLED_AFTER=86400):
+        [warning] = _w007()
+    assert warning.id == "django_gator.W007"
+    assert "unique_for is 259200 s, longer than the 86400 s" in warning.msg
+    assert "GATOR_PRUNE_CANCELLED_AFTER" in warning.hint
+    with override_settings(GATOR_PRUNE_CANCELLED_AFTER=86400, GATOR_AUTO_PRUNE=False):
+        assert _w007() == []

@@ -27,8 +27,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from django_gator import metrics, pause_queue
+from django_gator import conf, metrics, pause_queue
+from django_gator.dbtime import DbNow
 from django_gator.engines import get_engine
+from django_gator.expiry import settle_expired
 from django_gator.models import Job, JobState
 from tests.conftest import (
     ROOT,
@@ -236,6 +238,21 @@ def test_job_metrics_in_process_and_the_outcome_labels():
         run_worker("inproc")
         assert count("succeeded", Noop.name) - base_ok == 4
         assert count("dead", Boom.name) - base_dead == 1
+    finally:
+        metrics.disable()
+
+
+def test_the_expiry_sweep_counts_expired_jobs_under_their_own_outcome():
+    metrics.enable()
+    try:
+        from prometheus_client import REGISTRY
+
+        labels = {"job": Noop.name, "queue": "expiring", "outcome": "expired"}
+        before = REGISTRY.get_sample_value("gator_jobs_finished_total", labels) or 0.0
+        jobs = Noop.dispatch_many([[]] * 3, queue="expiring", expires_at=timezone.now())
+        Job.objects.filter(pk__in=[j.pk for j in jobs]).update(expires_at=DbNow())
+        assert settle_expired(conf.database()) == 3
+        assert REGISTRY.get_sample_value("gator_jobs_finished_total", labels) == before + 3
     finally:
         metrics.disable()
 

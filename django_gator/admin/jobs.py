@@ -34,6 +34,7 @@ from django_gator.admin.listing import JobListing
 from django_gator.admin.progress import ProgressDisplay
 from django_gator.admin.queues import QueuePauseView
 from django_gator.admin.reading import ReadingAdmin, wrote
+from django_gator.admin.windows import WindowDisplay
 from django_gator.admin.workflows import workflow_link
 from django_gator.models import Job, JobState
 
@@ -57,7 +58,7 @@ ATTEMPT_FIELDS = (
 )
 
 
-class JobAdmin(JobListing, ProgressDisplay, JobActions, ReadingAdmin):
+class JobAdmin(JobListing, ProgressDisplay, WindowDisplay, JobActions, ReadingAdmin):
     # Sized to fit a 1400 px window with the navigation sidebar and the filters open (a
     # browser test measures it): names wrap after their dots, times after the date, errors
     # anywhere, and the error is cut short.
@@ -87,6 +88,7 @@ class JobAdmin(JobListing, ProgressDisplay, JobActions, ReadingAdmin):
         (None, {"fields": ("id", "name", "state", "queue", "priority")}),
         ("Payload", {"fields": ("args_pretty", "kwargs_pretty", "result_pretty")}),
         ("Progress", {"fields": ("progress_html", "checkpoint_html")}),
+        ("Unique key and expiry", {"fields": ("key_window", "expiry")}),
         (
             "Timing",
             {
@@ -120,6 +122,8 @@ class JobAdmin(JobListing, ProgressDisplay, JobActions, ReadingAdmin):
         "result_pretty",
         "progress_html",
         "checkpoint_html",
+        "key_window",
+        "expiry",
         "created",
         "next_execution",
         "started",

@@ -25,6 +25,7 @@ from django_gator.engines.core import (
     loads,
     set_connection_hook,
 )
+from django_gator.engines.dedupe import DedupeStatements
 from django_gator.engines.gauges import GaugeStatements, QueueGauge
 from django_gator.engines.progress import ProgressStatements
 from django_gator.engines.workers import WorkerStatements
@@ -38,6 +39,7 @@ from django_gator.states import (
     SQL_WAITING,
     JobState,
     claim_set_sql,
+    live_sql,
 )
 
 __all__ = [
@@ -58,7 +60,12 @@ __all__ = [
 
 
 class Engine(
-    WorkflowStatements, BatchStatements, WorkerStatements, GaugeStatements, ProgressStatements
+    WorkflowStatements,
+    BatchStatements,
+    DedupeStatements,
+    WorkerStatements,
+    GaugeStatements,
+    ProgressStatements,
 ):
     """What the package asks of a database: dispatch, claims, outcomes, worker rows,
     workflows and batches."""
@@ -252,7 +259,7 @@ class Engine(
         with self.write_transaction() as cursor:
             cursor.execute(
                 f"UPDATE {self.job_table} SET {claim_set_sql(self.now_sql)} "
-                f"WHERE id = %s AND {READY_SQL}",
+                f"WHERE id = %s AND {READY_SQL} AND {live_sql(self.now_sql)}",
                 [worker_id, job_id],
             )
             if cursor.rowcount != 1:

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from django_gator.models.membership import Probe
     from django_gator.models.workflows import WorkflowRun, WorkflowStep
     from django_gator.rows import ClaimedJob, Inserted, InsertRow, JobRows, LostClaim
+    from django_gator.windows import Window
     from django_gator.worker.connections import NetworkBounds
 
 T = TypeVar("T")
@@ -134,6 +135,26 @@ class JobEngine(Protocol):
         ``False`` instead of a new row. The database's unique index decides between two
         concurrent dispatches; each row is a savepoint, all in one transaction (the
         caller's if open). A deadlock is raised (the caller retries its own transaction)."""
+
+    def insert_windowed(
+        self, rows: Sequence[InsertRow], window: Window, notify: set[str] | None = None
+    ) -> list[tuple[int, datetime, datetime, bool]]:
+        """:meth:`insert_unique` for a class with ``unique_for``, ``debounce`` or
+        ``throttle`` (``window``): the row's key is found taken by a job that finished within
+        ``unique_for``; a debounced row replaces the arguments of the key's waiting job and
+        moves its start to now + the window; a throttled one returns the waiting job, or
+        starts no sooner than the key's last start + the window. The indexes of migration
+        0023 decide between concurrent dispatches; a savepoint per try, all in one
+        transaction (the caller's if open)."""
+
+    def set_expiry(self, ids: Sequence[int], at: datetime | None, seconds: float | None) -> None:
+        """Set ``expires_at`` on the jobs ``ids``: ``at``, or now + ``seconds`` by database
+        time. One UPDATE per 1,000 ids, in the caller's transaction."""
+
+    def expired_ids(self, limit: int) -> list[int]:
+        """Up to ``limit`` ids of waiting or failed jobs whose ``expires_at`` has passed (by
+        database time), soonest first, through the expiry index. No claim ever takes
+        them (every claim statement checks the expiry); the expiry sweep settles them."""
 
     def insert_workflow(
         self,

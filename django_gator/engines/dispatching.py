@@ -228,7 +228,7 @@ class DispatchStatements(EngineCore):
         with transaction.atomic(using=self.alias):
             for row in rows:
                 key = (row.name, row.unique_key)
-                if key in seen:
+                if row.unique_key is not None and key in seen:  # None: not unique
                     out.append((*seen[key], False))
                     continue
                 job_id, created_at, next_at, created = self._insert_or_find(row, notify)

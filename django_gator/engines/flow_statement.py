@@ -17,7 +17,7 @@ from typing import Any
 
 from django_gator.engines.base import JOB_COLUMNS, KEYED_SQL, UNKEYED_SQL
 from django_gator.engines.flow_keyset import Floor
-from django_gator.states import READY_SQL, RUNNING_SQL, claim_set_sql
+from django_gator.states import READY_SQL, RUNNING_SQL, claim_set_sql, live_sql
 
 #: No limit, as an SQL integer.
 NO_LIMIT = 2_147_483_647
@@ -152,7 +152,7 @@ class ClaimStatement:
         returning = ", ".join(f"j.{c}" for c in _JOB_COLUMN_NAMES)
         add(
             f" upd AS (UPDATE {self.job_table} AS j SET {claim_set_sql(_NOW, 'j.')} FROM picked"
-            f" WHERE j.id = picked.id AND j.{READY_SQL}"
+            f" WHERE j.id = picked.id AND j.{READY_SQL} AND {live_sql(_NOW, 'j.')}"
             f" RETURNING {returning}, j.concurrency_key AS key)",
             request.worker_id,
         )
@@ -202,6 +202,7 @@ class ClaimStatement:
             base = (
                 f"(SELECT {columns} FROM {self.job_table} WHERE queue = %s"
                 f" AND {READY_SQL} AND {kind} AND next_execution_at <= (SELECT now FROM t)"
+                f" AND {live_sql(_NOW)}"
             )
             reads: list[tuple[str, list[Any]]]
             if floor is None:

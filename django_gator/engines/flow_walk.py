@@ -36,7 +36,7 @@ from django_gator.engines.flow_keyset import Candidate, KeysetPositions
 from django_gator.engines.flow_ledger import Ledger, Policy, key_scope, queue_scope
 from django_gator.limits import Rate, parse_rate
 from django_gator.models import Queue
-from django_gator.states import READY_SQL, RUNNING_SQL, claim_set_sql
+from django_gator.states import READY_SQL, RUNNING_SQL, claim_set_sql, live_sql
 
 logger = logging.getLogger("django_gator.worker")
 
@@ -304,13 +304,16 @@ class FlowWalk(KeysetPositions):
         extra_params: Sequence[Any] = (),
     ) -> tuple[str, list[Any]]:
         engine = self.engine
-        params: list[Any] = [queue, engine.adapt_dt(now), *extra_params]
+        at = engine.adapt_dt(now)
+        # Not expired at the claim's time (its parameter follows the extra ones).
+        extra += f" AND {live_sql('%s')}"
+        params: list[Any] = [queue, at, *extra_params, at]
         if self.mysql:
             index, rank = ("gator_job_flow_my", "flow_rank")
             if not keyed:
                 index, rank = ("gator_job_ready_my", "ready_rank")
             source = f"{engine.job_table} FORCE INDEX ({index})"
-            where = f"queue = %s AND {rank} IS NOT NULL AND next_execution_at <= %s"
+            where = f"queue = %s AND {rank} IS NOT NULL AND next_execution_at <= %s{extra}"
             order = f"{rank}, next_execution_at, id"
         else:
             source = engine.job_table
@@ -346,9 +349,9 @@ class FlowWalk(KeysetPositions):
         at = engine.adapt_dt(now)
         sql = (
             f"UPDATE {engine.job_table} SET {claim_set_sql('%s')} "
-            f"WHERE id IN ({marks}) AND {READY_SQL}"
+            f"WHERE id IN ({marks}) AND {READY_SQL} AND {live_sql('%s')}"
         )
-        params = [worker_id, at, at, *ids]
+        params = [worker_id, at, at, *ids, at]
         if engine.update_returning:
             cursor.execute(f"{sql} RETURNING {JOB_COLUMNS}", params)
             return [engine.claimed(row) for row in cursor.fetchall()]

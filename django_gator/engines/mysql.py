@@ -22,7 +22,13 @@ from django_gator.engines.batching import DEAD
 from django_gator.engines.dispatching import answered
 from django_gator.models.membership import LOCKED
 from django_gator.rows import Inserted, JobRows
-from django_gator.states import READY_SQL, SQL_CANCELLED, SQL_WAITING, claim_set_sql
+from django_gator.states import (
+    READY_SQL,
+    SQL_CANCELLED,
+    SQL_WAITING,
+    claim_set_sql,
+    live_sql,
+)
 
 if TYPE_CHECKING:
     from django_gator.worker.connections import NetworkBounds
@@ -228,7 +234,8 @@ class MySQLEngine(Engine):
         select = (
             f"SELECT {JOB_COLUMNS} FROM {self.job_table} FORCE INDEX ({READY_INDEX})"
             f" WHERE queue = %s AND ready_rank IS NOT NULL"
-            f" AND next_execution_at <= {self.now_sql} AND {self.not_paused_sql}"
+            f" AND next_execution_at <= {self.now_sql} AND {live_sql(self.now_sql)}"
+            f" AND {self.not_paused_sql}"
             " ORDER BY ready_rank, next_execution_at, id LIMIT %s FOR UPDATE SKIP LOCKED"
         )
         cursor.execute(select, [queue, queue, limit])

@@ -12,7 +12,7 @@ from typing import Any
 from django_gator.attempts import Mark, batches_of
 from django_gator.engines.base import JOB_COLUMNS, UNKEYED_SQL, ClaimedJob, Position
 from django_gator.engines.postgresql_sessions import PostgresSessions
-from django_gator.states import READY_SQL, RUNNING_SQL, SQL_SUCCEEDED, claim_set_sql
+from django_gator.states import READY_SQL, RUNNING_SQL, SQL_SUCCEEDED, claim_set_sql, live_sql
 
 #: The range of the priority column (smallint): the ends of a keyset claim's gaps.
 SMALLINT_MIN, SMALLINT_MAX = -32768, 32767
@@ -73,7 +73,7 @@ class PostgresClaims(PostgresSessions):
         picked = (
             f"SELECT id FROM {self.job_table}"
             f" WHERE queue = %s AND {READY_SQL} AND {UNKEYED_SQL}"
-            f" AND next_execution_at <= {self.now_sql}"
+            f" AND next_execution_at <= {self.now_sql} AND {live_sql(self.now_sql)}"
             f" AND {self.not_paused_sql}"
             " ORDER BY priority DESC, next_execution_at, id"
             " LIMIT %s FOR UPDATE SKIP LOCKED"
@@ -108,6 +108,7 @@ class PostgresClaims(PostgresSessions):
         columns = "id, priority, next_execution_at"
         ready = (
             f"queue = %s AND {READY_SQL} AND {UNKEYED_SQL} AND next_execution_at <= {self.now_sql}"
+            f" AND {live_sql(self.now_sql)}"
         )
         lock = "LIMIT %s FOR UPDATE SKIP LOCKED"
         parts = []

@@ -217,6 +217,10 @@ def restore_after_rebuild(apps: Any, schema_editor: Any) -> None:
             field.name == "batch_id" for field in job._meta.fields
         ):
             _add_missing(job, schema_editor, batch_index())
+        if any(field.name == "dedupe_key" for field in job._meta.fields):
+            from django_gator.engines.schema_dedupe import restore_dedupe_indexes  # its layer
+
+            restore_dedupe_indexes(job, schema_editor)
 
 
 # -- the queue figures' dead counts (migration 0018) -----------------------------------------

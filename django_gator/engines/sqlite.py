@@ -18,7 +18,7 @@ from django.db import OperationalError, transaction
 
 from django_gator.engines.base import JOB_COLUMNS, UNKEYED_SQL, ClaimedJob, Engine, Position
 from django_gator.engines.outages import is_busy
-from django_gator.states import READY_SQL, SQL_WAITING, claim_set_sql
+from django_gator.states import READY_SQL, SQL_WAITING, claim_set_sql, live_sql
 
 try:
     import fcntl
@@ -130,7 +130,7 @@ class SQLiteEngine(Engine):
             f"UPDATE {self.job_table} SET {claim_set_sql(self.now_sql)}"
             f" WHERE id IN (SELECT id FROM {self.job_table}"
             f"  WHERE queue = %s AND {READY_SQL} AND {UNKEYED_SQL}"
-            f"  AND next_execution_at <= {self.now_sql}"
+            f"  AND next_execution_at <= {self.now_sql} AND {live_sql(self.now_sql)}"
             f"  AND {self.not_paused_sql}"
             "  ORDER BY priority DESC, next_execution_at, id LIMIT %s)"
             f" RETURNING {JOB_COLUMNS}"

@@ -9,7 +9,8 @@ worker's hooks cost one module-attribute test per job while metrics are off
 **What a worker records** (:func:`enable`), in its own process:
 
 - ``gator_jobs_finished_total{job, queue, outcome}``: attempts that ended, by outcome
-  (``succeeded``, ``failed`` (will retry), ``dead``, ``cancelled``, ``snoozed``);
+  (``succeeded``, ``failed`` (will retry), ``dead``, ``cancelled``, ``snoozed``; and
+  ``expired`` for a job the worker's expiry sweep ended before it started);
 - ``gator_job_run_seconds{job, queue}``: how long ``handle()`` ran (histogram);
 - ``gator_job_progress_items_total{job, queue}``: items running jobs reported done with
   ``self.progress()``, counted at each progress write from each attempt's first report
@@ -176,6 +177,15 @@ def job_finished(job: ClaimedJob, outcome: Outcome, elapsed_ms: float) -> None:
         pickup.observe(max(0.0, time.time() - seconds - due))
 
 
+def job_expired(name: str, queue: str) -> None:
+    """A job of ``name`` in ``queue`` expired before it started (the expiry sweep's hook):
+    counted under the outcome ``expired``."""
+    m = _metrics
+    if m is None:
+        return
+    m.finished.labels(name, queue, "expired").inc()
+
+
 def job_progress(job: ClaimedJob, delta: float) -> None:
     """A running attempt of ``job`` wrote progress ``delta`` items further on."""
     m = _metrics
@@ -216,6 +226,7 @@ __all__ = [
     "enable",
     "enabled",
     "heartbeat",
+    "job_expired",
     "job_finished",
     "job_progress",
     "mark_dead",

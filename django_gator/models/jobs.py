@@ -99,6 +99,18 @@ class Job(models.Model):
         blank=True,
         help_text="At most one waiting, failed or running job per job name and key.",
     )
+    dedupe_key = models.CharField(  # noqa: DJ001 - NULL: no window (see django_gator.dedupe)
+        max_length=UNIQUE_KEY_MAX_LENGTH,
+        null=True,
+        blank=True,
+        help_text="The key of a class with unique_for, debounce or throttle: its window "
+        "(after the job finished, or before it starts) is counted under it.",
+    )
+    expires_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Not started by then: never runs (ends cancelled, reason 'expired').",
+    )
     concurrency_key = models.CharField(  # noqa: DJ001 - NULL means "no class limits"
         max_length=KEY_MAX_LENGTH,
         null=True,

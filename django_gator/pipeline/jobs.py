@@ -20,12 +20,14 @@ from django_gator.pipeline.encoding import Payloads
 from django_gator.pipeline.unsaved import FIELDS, mark_saved, unsaved_jobs
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from django.db import DatabaseError
 
     from django_gator.engines import JobEngine
     from django_gator.models import Batch
     from django_gator.queueable import Queueable
-    from django_gator.rows import Inserted, JobRows
+    from django_gator.rows import Inserted, InsertRow, JobRows
 
 logger = logging.getLogger("django_gator.dispatch")
 
@@ -104,6 +106,15 @@ class JobsInsert(Insert):
             rows.settle()
         if unique:
             return self._write_unique(engine)
+        if rows.expires_at is None and rows.expires_in is None:
+            return self._insert(engine)
+        with transaction.atomic(using=self.alias):  # no worker sees a row before its expiry
+            created = self._insert(engine)
+            self._expire(engine, [job.pk for job in created], created)
+        return created
+
+    def _insert(self, engine: JobEngine) -> list[Job]:
+        rows = self.rows
         jobs = self.jobs
 
         def fill(inserted: Inserted) -> None:
@@ -124,15 +135,20 @@ class JobsInsert(Insert):
         rows = self.rows.rows()
         inserted = retrying_deadlocks(
             engine,
-            lambda: engine.insert_unique(rows, notify=self.due_now()),
+            lambda: self._insert_unique(engine, rows),
             f"unique dispatch name={safe(self.name)}",
             self._deadlock_in_callers_transaction,
         )
+        window = self.sender.traits.window
         created = []
         existing: dict[int, list[Job]] = {}
         for job, (job_id, created_at, next_at, new) in zip(self.jobs, inserted, strict=True):
             if new:
                 mark_saved(job, job_id, created_at, next_at)
+                if window is not None:  # as the window's INSERT wrote them
+                    job.dedupe_key = job.unique_key
+                    if window.kind != "unique_for":
+                        job.unique_key = None
                 created.append(job)
             else:
                 existing.setdefault(job_id, []).append(job)
@@ -142,6 +158,41 @@ class JobsInsert(Insert):
                     job.__dict__.update({name: getattr(row, name) for name in FIELDS})
                     job._state.adding = False
         return created
+
+    def _insert_unique(
+        self, engine: JobEngine, rows: list[InsertRow]
+    ) -> list[tuple[int, datetime, datetime, bool]]:
+        """The unique rows' INSERT (under the class's window, if any) and the expiry of
+        the rows it wrote, in one transaction. A debounced dispatch that replaced a
+        waiting job's arguments gives it its expiry too (the last call wins)."""
+        window = self.sender.traits.window
+        expiring = self.rows.expires_at is not None or self.rows.expires_in is not None
+        if window is None and not expiring:
+            return engine.insert_unique(rows, notify=self.due_now())
+        with transaction.atomic(using=self.alias):
+            if window is None:
+                inserted = engine.insert_unique(rows, notify=self.due_now())
+            else:
+                inserted = engine.insert_windowed(rows, window, notify=self.due_now())
+            if expiring:
+                replaced = window is not None and window.kind == "debounce"
+                ids = [row[0] for row in inserted if row[3] or replaced]
+                self._expire(engine, ids, [])
+        return inserted
+
+    def _expire(self, engine: JobEngine, ids: list[int], created: list[Job]) -> None:
+        """Write the rows' expiry on the jobs ``ids``; ``created`` (returned jobs) take it."""
+        rows = self.rows
+        engine.set_expiry(ids, rows.expires_at, rows.expires_in)
+        if not created:
+            return  # jobs found or replaced are read back whole
+        if rows.expires_at is not None:
+            values: dict[int, datetime | None] = dict.fromkeys(ids, rows.expires_at)
+        else:
+            found = Job.objects.using(self.alias).filter(pk__in=ids)
+            values = dict(found.values_list("pk", "expires_at"))
+        for job in created:
+            job.__dict__["expires_at"] = values.get(job.pk)
 
     def _deadlock_in_callers_transaction(self, exc: DatabaseError) -> DispatchDeadlock:
         return DispatchDeadlock(
@@ -169,8 +220,11 @@ class JobsInsert(Insert):
                     first.queue,
                     first.pk,
                 )
-        # Jobs dispatched with wait= or at= are left for run_jobs() and its clock.
-        if conf.immediate() and self.rows.run_at is None:
+        # Jobs dispatched with wait= or at= are left for run_jobs() and its clock, and so
+        # are debounced and throttled ones (their window decides their start).
+        window = self.sender.traits.window
+        later = window is not None and window.kind != "unique_for"
+        if conf.immediate() and self.rows.run_at is None and not later:
             due = [job.pk for job in created]
             immediate.after_commit(self.alias, lambda: immediate.run_immediately(self.alias, due))
 

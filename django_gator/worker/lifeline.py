@@ -26,6 +26,7 @@ from django.db import close_old_connections
 from django_gator import conf, health
 from django_gator.engines import JobEngine
 from django_gator.exceptions import WorkerLost
+from django_gator.expiry import settle_expired
 from django_gator.logutil import safe
 from django_gator.rows import LostClaim
 from django_gator.states import JobState
@@ -66,6 +67,7 @@ class Lifeline:
         """Beat until ``stopped(interval)`` (which waits up to ``interval``) is true."""
         interval = conf.heartbeat_interval()
         self._round(self.rescue, "Rescue failed")  # a worker that died just before we started
+        self._round(self.expire, "Expiry sweep failed")  # what expired while no worker ran
         self.last_beat = time.monotonic()
         while not stopped(interval):
             self._round(self.beat, "Heartbeat failed")
@@ -97,6 +99,17 @@ class Lifeline:
         judging = self.may_rescue(time.monotonic())
         if judging or self.engine.workers_share_a_host:
             self.rescue(judging=judging)
+        self.expire()
+
+    def expire(self) -> None:
+        """Settle a bounded batch of jobs past their expiry (no claim takes them anyway:
+        this only ends them, see :mod:`django_gator.expiry`). A failed sweep is logged and
+        tried again at the next beat; it never counts as a failed heartbeat."""
+        try:
+            settle_expired(self.engine.alias)
+        except Exception:
+            logger.exception("Expiry sweep failed worker=%s", self.worker_id)
+            drop_connection(self.engine.alias)
 
     def may_rescue(self, now: float) -> bool:
         """Note a heartbeat written at ``now`` (time.monotonic()); whether this worker may

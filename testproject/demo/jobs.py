@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.sessions.models import Session
@@ -205,6 +205,30 @@ class RebuildSearchIndex(Queueable):
 
     def handle(self, section: str) -> str:
         return f"rebuilt the {section} index"
+
+
+class HandlePaymentEvent(Queueable):
+    """A payment provider's webhook, dispatched blindly by the view: the provider resends an
+    event it is not sure we got, and for an hour after the first one finished, a resend
+    returns that job instead of handling the event twice."""
+
+    unique_for = timedelta(hours=1)
+
+    def unique_key(self, event_id: str, kind: str) -> str:
+        return f"event:{event_id}"
+
+    def handle(self, event_id: str, kind: str) -> str:
+        return f"handled {kind} {event_id}"
+
+
+class SendLoginCode(Queueable):
+    """A one-time login code: useless ten minutes after it was asked for, so a job that has
+    not started by then (workers down, a long backlog) is never run."""
+
+    expires = timedelta(minutes=10)
+
+    def handle(self, email: str) -> str:
+        return f"sent a code to {email}"
 
 
 # --- Chains: steps that run one after the other --------------------------------------------------

@@ -85,3 +85,26 @@ def test_a_worker_that_heartbeats_on_time_judges_others_at_once():
     now = time.monotonic()
     me.last_beat = now - conf.heartbeat_interval()
     assert me.may_rescue(now) is True
+
+
+def test_each_heartbeat_settles_expired_jobs_and_a_failed_sweep_is_only_logged(monkeypatch, caplog):
+    from django_gator import expiry
+    from django_gator.dbtime import DbNow
+    from django_gator.models import Worker
+
+    engine = get_engine("default")
+    Worker.objects.create(id="me", hostname="h", pid=1, concurrency=1, heartbeat_at=timezone.now())
+    me = Lifeline(engine, "me")
+    [job] = Echo.dispatch_many([["late"]], expires_at=timezone.now() + timedelta(hours=1))
+    Job.objects.filter(pk=job.pk).update(expires_at=DbNow())
+    me.beat()
+    job.refresh_from_db()
+    assert (job.state, job.error_class) == (JobState.CANCELLED, expiry.EXPIRED_CLASS)
+
+    def broken(alias: str) -> int:
+        raise RuntimeError("the sweep broke")
+
+    monkeypatch.setattr("django_gator.worker.lifeline.settle_expired", broken)
+    me.beat()  # the heartbeat itself is written; the sweep's error is logged
+    assert "Expiry sweep failed worker=me" in caplog.text
+    assert Worker.objects.get(id="me").heartbeat_at is not None

@@ -15,10 +15,12 @@ from demo.jobs import (
     ChargeCard,
     ExportOrders,
     FetchShippingLabel,
+    HandlePaymentEvent,
     ImportLegacyOrders,
     RebuildSearchIndex,
     ReserveStock,
     SendInvoice,
+    SendLoginCode,
     SendReceipt,
     SendWelcomeEmail,
     SyncAccount,
@@ -107,6 +109,13 @@ class Command(BaseCommand):
         again = RebuildSearchIndex.dispatch("products")
         assert again.pk == first.pk
         jobs.append(("unique (dispatched twice)", first))
+
+        # An idempotency key: a resent webhook returns the job of the first delivery (for an
+        # hour after it finished); a login code that expires if not sent within 10 minutes.
+        event = HandlePaymentEvent.dispatch("evt_1001", "charge.succeeded")
+        assert HandlePaymentEvent.dispatch("evt_1001", "charge.succeeded").pk == event.pk
+        jobs.append(("unique_for (dispatched twice)", event))
+        jobs.append(("expires in 10 minutes", SendLoginCode.dispatch("ana@example.com")))
 
         # A chain: each step is inserted when the previous one succeeds.
         jobs.append(
