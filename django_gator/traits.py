@@ -31,7 +31,8 @@ class JobTraits:
     its event loop). ``is_unique``: ``unique = True`` or a ``unique_key()`` of its own.
     ``is_limited``: a ``concurrency_limit`` or ``rate_limit``, so its rows carry a
     concurrency key. ``is_keyed``: a ``concurrency_key()`` of its own. ``accepts_anything``:
-    the handler takes ``*args`` (and perhaps ``**kwargs``) and nothing else.
+    the handler takes ``*args`` (and perhaps ``**kwargs``) and nothing else. ``encrypted``:
+    ``encrypted = True``, its data is sealed at rest (see :mod:`django_gator.encryption`).
     """
 
     signature: inspect.Signature
@@ -40,6 +41,7 @@ class JobTraits:
     is_limited: bool = False
     is_keyed: bool = False
     accepts_anything: bool = False
+    encrypted: bool = False
 
 
 def _refuse_own_traits(cls: type[Queueable]) -> None:
@@ -65,7 +67,7 @@ def read_traits(cls: type[Queueable], base: type[Queueable]) -> JobTraits:
         raise TypeError(f"{where}.retry must be a django_gator.Retry or None, got {cls.retry!r}")
     if cls.handle is base.handle:
         raise TypeError(f"{where} must define handle()")
-    for flag in ("unique", "atomic"):
+    for flag in ("unique", "atomic", "encrypted"):
         if not isinstance(getattr(cls, flag), bool):
             raise TypeError(f"{where}.{flag} must be True or False, got {getattr(cls, flag)!r}")
     if isinstance(cls.middleware, str | bytes) or not all(callable(m) for m in cls.middleware):
@@ -103,6 +105,7 @@ def read_traits(cls: type[Queueable], base: type[Queueable]) -> JobTraits:
         is_unique=is_unique,
         is_limited=is_limited,
         is_keyed=is_keyed,
+        encrypted=cls.encrypted,
         accepts_anything=kinds
         in (
             [inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD],

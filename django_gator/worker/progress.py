@@ -5,16 +5,18 @@ metrics."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from django_gator import conf, metrics
+from django_gator import conf, encryption, metrics
 from django_gator.attempts import Claim
 from django_gator.engines import ClaimedJob, JobEngine
 from django_gator.exceptions import JobStalled, JobTimeout
 from django_gator.longjobs import Journal
 from django_gator.queueable import Queueable, effective_timeout
+from django_gator.redaction import is_encrypted
 
 
 def journal_for(
@@ -30,7 +32,19 @@ def journal_for(
     claim = Claim.of(job)
 
     def write(progress: str | None, checkpoint: str | None) -> bool:
+        if checkpoint is not None and is_encrypted(job.name):
+            checkpoint = encryption.seal_json(checkpoint)
         return engine.save_progress(worker_id, claim, progress, checkpoint)
+
+    def load() -> str | None:
+        text = engine.read_checkpoint(job.id)
+        if text is None or not text.startswith("{"):
+            return text
+        state = json.loads(text)
+        if not encryption.is_sealed(state):
+            return text
+        opened = encryption.open_value(state, f"the checkpoint of job {job.id} ({job.name})")
+        return json.dumps(opened, separators=(",", ":"), ensure_ascii=False)
 
     def counted(delta: float) -> None:
         if metrics.enabled:
@@ -38,7 +52,7 @@ def journal_for(
 
     return Journal(
         write,
-        lambda: engine.read_checkpoint(job.id),
+        load,
         interval=conf.progress_interval(),
         stopping=stopping,
         submit=submit,

@@ -20,6 +20,7 @@ from demo.jobs import (
     ReserveStock,
     SendInvoice,
     SendReceipt,
+    SendStatement,
     SendWelcomeEmail,
     SyncAccount,
     SyncInventory,
@@ -132,6 +133,10 @@ class Command(BaseCommand):
 
         # An atomic job: its LoyaltyEntry row commits with its success, exactly once.
         jobs.append(("atomic", AwardLoyaltyPoints.dispatch(order_id=1003, points=50)))
+
+        # Encrypted at rest: the row holds ciphertext; the worker and permitted admins see it.
+        statement = SendStatement.dispatch("ada@example.com", iban="DE02120300000000202051")
+        jobs.append(("encrypted arguments", statement))
 
         for what, row in jobs:
             self.stdout.write(
