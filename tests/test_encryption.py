@@ -16,15 +16,22 @@ from django.db import connection
 from django.test import override_settings
 from django.urls import reverse
 
-from django_gator import encryption
+from django_gator import Chain, Workflow, encryption
 from django_gator.checks import check_encryption
 from django_gator.exceptions import EncryptionUnavailable
-from django_gator.models import Job, JobState
+from django_gator.models import Job, JobState, WorkflowStep
 from django_gator.testing import run_jobs
 from tests.admin_helpers import operator
-from tests.conftest import wait_for, worker_output
+from tests.conftest import run_worker, wait_for, worker_output
 from tests.settings import TEST_KEY_A, TEST_KEY_B
-from tests.testapp.jobs import SecretRecord, SecretUnique
+from tests.testapp.jobs import (
+    Gathers,
+    SecretAsync,
+    SecretGathers,
+    SecretProduces,
+    SecretRecord,
+    SecretUnique,
+)
 from tests.testapp.models import Execution
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -268,3 +275,74 @@ def test_the_admin_warns_when_a_value_cannot_be_decrypted():
     assert "[encrypted]" in html
     assert KEY_A in html
     assert "not in GATOR_ENCRYPTION_KEYS" in html
+
+
+def test_workflow_steps_and_batch_members_are_sealed_and_hand_on_their_results():
+    wf = Workflow(name="secret order")
+    wf.add_batch(SecretProduces, [[f"{CARD}-{i}"] for i in range(3)], name="parts")
+    first = wf.add(SecretProduces, CARD, name="one")
+    wf.add(Gathers, after=["parts", first], name="plain")
+    wf.add(SecretGathers, "x", after=["parts", first], name="sealed")
+    wf.add_batch(SecretProduces, [["later-1"], ["later-2"]], after=["sealed"], name="late")
+    run = wf.dispatch()
+    step_rows = list(WorkflowStep.objects.filter(workflow=run).values_list("args", "members"))
+    assert CARD not in json.dumps(step_rows)
+    assert "later-1" not in json.dumps(step_rows)
+
+    run_worker("results", concurrency=2)
+
+    jobs = Job.objects.filter(chain_id=run.id)
+    assert {j.state for j in jobs} == {JobState.SUCCEEDED}
+    assert jobs.count() == 8
+    for job in jobs.exclude(name=Gathers.name):
+        stored = raw_row(job.pk)
+        assert CARD not in json.dumps(stored)
+        assert "later-" not in json.dumps(stored)
+        assert key_of(stored["args"]) == KEY_A
+    expected = {"parts": [f"{CARD}-{i}" for i in range(3)], "one": CARD}
+    plain = jobs.get(name=Gathers.name)
+    assert plain.result == {"results": expected, "extra": None}
+    sealed = jobs.get(name=SecretGathers.name)
+    assert encryption.open_value(sealed.result, "r") == {"results": expected, "extra": "x"}
+
+
+def test_a_chain_of_encrypted_jobs_keeps_its_arguments_sealed():
+    first = Chain(SecretProduces, SecretGathers).dispatch(CARD)
+
+    run_worker("results")
+
+    jobs = list(Job.objects.filter(chain_id=first.chain_id).order_by("chain_position"))
+    assert [j.state for j in jobs] == [JobState.SUCCEEDED] * 2
+    for job in jobs:
+        assert CARD not in json.dumps(raw_row(job.pk))
+    assert encryption.open_value(jobs[1].result, "r") == {"results": {"0": CARD}, "extra": CARD}
+
+
+def test_an_async_encrypted_job_runs_on_the_loop_with_its_data_sealed():
+    job = SecretAsync.dispatch(CARD)
+
+    run_worker("aio", concurrency=1)
+
+    job.refresh_from_db()
+    assert job.state == JobState.SUCCEEDED
+    assert CARD not in json.dumps(raw_row(job.pk))
+    assert encryption.open_value(job.result, "r") == {"card": CARD}
+
+
+def test_a_large_dispatch_many_is_sealed_row_by_row():
+    # 1,200 rows: PostgreSQL sends them with COPY (from 1,000), the others in one INSERT.
+    cards = [f"card-{i:05d}" for i in range(1200)]
+    jobs = SecretRecord.dispatch_many([[c] for c in cards])
+
+    table = connection.ops.quote_name(Job._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT args, kwargs FROM {table}")
+        stored = [(str(a), str(k)) for a, k in cursor.fetchall()]
+    assert len(stored) == len(cards)
+    assert not [row for row in stored if "card-" in row[0] or "card-" in row[1]]
+    assert {key_of(a) for a, _ in stored} == {KEY_A}
+    tokens = {json.loads(a)["data"] for a, _ in stored}
+    assert len(tokens) == len(cards)  # each row its own token
+    opened = [encryption.open_value(j.args, "a") for j in Job.objects.order_by("pk")]
+    assert opened == [[c] for c in cards]
+    assert [j.args for j in jobs] == [[c] for c in cards]  # the caller's copies, in clear

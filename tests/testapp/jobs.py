@@ -1289,3 +1289,25 @@ class SecretUnique(Queueable):
 
     def handle(self, email: str) -> str:
         return email
+
+
+class SecretProduces(Produces):
+    """Produces, encrypted: its arguments and its result are stored sealed."""
+
+    encrypted = True
+
+
+class SecretGathers(Gathers):
+    """Gathers, encrypted."""
+
+    encrypted = True
+
+
+class SecretAsync(Queueable):
+    """An encrypted async job: returns what it was given."""
+
+    encrypted = True
+    queue = "aio"
+
+    async def handle(self, card: str) -> dict[str, str]:
+        return {"card": card}
