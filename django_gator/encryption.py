@@ -157,7 +157,9 @@ def open_value(value: Any, what: str) -> Any:
     try:
         ring = keyring()
     except EncryptionUnavailable as exc:
-        raise Undecryptable(f"{what} cannot be decrypted: {exc}", key_id=str(kid)) from None
+        raise Undecryptable(
+            f"{what} (encrypted with key id {kid!r}) cannot be decrypted: {exc}", key_id=str(kid)
+        ) from None
     fernet = ring.fernets.get(kid) if isinstance(kid, str) else None
     if fernet is None:
         raise Undecryptable(
