@@ -19,7 +19,7 @@ from django.urls import reverse
 from django_gator import Chain, Workflow, encryption
 from django_gator.checks import check_encryption
 from django_gator.exceptions import EncryptionUnavailable
-from django_gator.models import Job, JobState, WorkflowStep
+from django_gator.models import Job, JobState, WorkflowStep, sealing
 from django_gator.testing import run_jobs
 from tests.admin_helpers import operator
 from tests.conftest import run_worker, wait_for, worker_output
@@ -219,7 +219,10 @@ def test_rotation_while_a_worker_runs_loses_nothing(spawn_worker):
         "secrets",
         "--concurrency",
         "4",
-        env={"GATOR_TEST_ENCRYPTION_KEYS": f"{TEST_KEY_B},{TEST_KEY_A}"},
+        env={
+            "GATOR_TEST_ENCRYPTION_KEYS": f"{TEST_KEY_B},{TEST_KEY_A}",
+            "GATOR_LOG_LEVEL": "DEBUG",
+        },
     )
     wait_for(lambda: Execution.objects.filter(job_id__in=ids).count() >= 20)
 
@@ -233,6 +236,9 @@ def test_rotation_while_a_worker_runs_loses_nothing(spawn_worker):
         )
         proc.terminate()
         assert proc.wait(30) == 0, worker_output(proc)
+        logged = worker_output(proc)
+        assert "Processed job" in logged
+        assert "card-0" not in logged  # no card in the worker's log lines
         # Each job ran once, with its own card; every row is now under the new key.
         ran = dict(Execution.objects.filter(job_id__in=ids).values_list("job_id", "label"))
         assert ran == dict(zip(ids, cards, strict=True))
@@ -346,3 +352,22 @@ def test_a_large_dispatch_many_is_sealed_row_by_row():
     opened = [encryption.open_value(j.args, "a") for j in Job.objects.order_by("pk")]
     assert opened == [[c] for c in cards]
     assert [j.args for j in jobs] == [[c] for c in cards]  # the caller's copies, in clear
+
+
+def test_rotation_never_overwrites_what_a_worker_wrote_after_the_row_was_read():
+    job = SecretRecord.dispatch(CARD)
+    with override_settings(GATOR_ENCRYPTION_KEYS=[TEST_KEY_A]):
+        Job.objects.filter(pk=job.pk).update(checkpoint_data=encryption.seal_value({"row": 1}))
+    stale = Job.objects.filter(pk=job.pk).values("pk", "name", *sealing.COLUMNS).first()
+    with override_settings(GATOR_ENCRYPTION_KEYS=[TEST_KEY_B, TEST_KEY_A]):
+        # A worker (with the new key first) writes a newer checkpoint after that read.
+        Job.objects.filter(pk=job.pk).update(checkpoint_data=encryption.seal_value({"row": 2}))
+        report = sealing.Rotation(KEY_B)
+        sealing._rotate_row(Job.objects, stale, encryption.keyring(), report)
+
+        assert (report.reread, report.resealed) == (1, 1)
+        job.refresh_from_db()
+        assert encryption.open_value(job.checkpoint_data, "c") == {"row": 2}
+        assert {key_of(raw_row(job.pk)[c]) for c in ("args", "kwargs", "checkpoint_data")} == {
+            KEY_B
+        }
