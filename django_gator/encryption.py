@@ -163,8 +163,8 @@ def open_value(value: Any, what: str) -> Any:
     fernet = ring.fernets.get(kid) if isinstance(kid, str) else None
     if fernet is None:
         raise Undecryptable(
-            f"{what} was encrypted with key id {kid!r}, which is not in "
-            "GATOR_ENCRYPTION_KEYS (add that key back, after the newest, and retry the job)",
+            f"{what} cannot be decrypted: key id {kid!r} is not in GATOR_ENCRYPTION_KEYS "
+            "(add that key back, after the newest, and retry the job)",
             key_id=str(kid),
         )
     from cryptography.fernet import InvalidToken
@@ -175,7 +175,7 @@ def open_value(value: Any, what: str) -> Any:
         return json.loads(fernet.decrypt(token.encode("ascii")))
     except (InvalidToken, UnicodeError, ValueError):
         raise Undecryptable(
-            f"{what} does not decrypt with key id {kid!r}: its ciphertext was changed "
+            f"{what} cannot be decrypted with key id {kid!r}: its ciphertext was changed "
             "(it fails the token's authentication), so it is not used",
             key_id=str(kid),
         ) from None

@@ -144,8 +144,16 @@ def test_a_row_whose_key_was_removed_fails_naming_the_key():
     job.refresh_from_db()
     assert job.state == JobState.DEAD
     assert not Execution.objects.filter(job_id=job.pk).exists()
-    assert f"key id {KEY_A!r}, which is not in GATOR_ENCRYPTION_KEYS" in job.last_error
+    assert f"key id {KEY_A!r} is not in GATOR_ENCRYPTION_KEYS" in job.last_error
     assert CARD not in job.last_error
+
+    # With the key back (after the newest), a retry runs it with its arguments.
+    with override_settings(GATOR_ENCRYPTION_KEYS=[TEST_KEY_B, TEST_KEY_A]):
+        call_command("gator_retry", "--error", "Undecryptable", stdout=StringIO())
+        run_jobs()
+    job.refresh_from_db()
+    assert job.state == JobState.SUCCEEDED
+    assert Execution.objects.get(job_id=job.pk).label == CARD
 
 
 @override_settings(GATOR_ENCRYPTION_KEYS=[])
