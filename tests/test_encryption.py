@@ -28,6 +28,7 @@ from tests.testapp.jobs import (
     Gathers,
     SecretAsync,
     SecretGathers,
+    SecretLimited,
     SecretProduces,
     SecretRecord,
     SecretUnique,
@@ -379,3 +380,15 @@ def test_rotation_never_overwrites_what_a_worker_wrote_after_the_row_was_read():
         assert {key_of(raw_row(job.pk)[c]) for c in ("args", "kwargs", "checkpoint_data")} == {
             KEY_B
         }
+
+
+def test_a_limited_encrypted_job_keeps_its_concurrency_key_as_returned():
+    job = SecretLimited.dispatch(7, "ann@example.com")
+
+    stored = raw_row(job.pk)
+    assert "ann@example.com" not in json.dumps(stored)
+    assert Job.objects.get(pk=job.pk).concurrency_key == "account:7"
+    run_jobs()
+    job.refresh_from_db()
+    assert job.state == JobState.SUCCEEDED
+    assert encryption.open_value(job.result, "r") == "ann@example.com"

@@ -1311,3 +1311,16 @@ class SecretAsync(Queueable):
 
     async def handle(self, card: str) -> dict[str, str]:
         return {"card": card}
+
+
+class SecretLimited(Queueable):
+    """An encrypted job with a per-account limit: its concurrency key is stored as returned."""
+
+    encrypted = True
+    concurrency_limit = 1
+
+    def concurrency_key(self, account_id: int, email: str) -> str:
+        return f"account:{account_id}"
+
+    def handle(self, account_id: int, email: str) -> str:
+        return email
