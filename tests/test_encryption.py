@@ -367,7 +367,7 @@ def test_rotation_never_overwrites_what_a_worker_wrote_after_the_row_was_read():
     job = SecretRecord.dispatch(CARD)
     with override_settings(GATOR_ENCRYPTION_KEYS=[TEST_KEY_A]):
         Job.objects.filter(pk=job.pk).update(checkpoint_data=encryption.seal_value({"row": 1}))
-    stale = Job.objects.filter(pk=job.pk).values("pk", "name", *sealing.COLUMNS).first()
+    stale = Job.objects.filter(pk=job.pk).values(*sealing.READ).first()
     with override_settings(GATOR_ENCRYPTION_KEYS=[TEST_KEY_B, TEST_KEY_A]):
         # A worker (with the new key first) writes a newer checkpoint after that read.
         Job.objects.filter(pk=job.pk).update(checkpoint_data=encryption.seal_value({"row": 2}))
@@ -392,3 +392,27 @@ def test_a_limited_encrypted_job_keeps_its_concurrency_key_as_returned():
     job.refresh_from_db()
     assert job.state == JobState.SUCCEEDED
     assert encryption.open_value(job.result, "r") == "ann@example.com"
+
+
+def test_rotation_digests_unique_keys_again_so_duplicates_are_still_found():
+    first = SecretUnique.dispatch("ann@example.com")
+    with override_settings(GATOR_ENCRYPTION_KEYS=[TEST_KEY_B, TEST_KEY_A]):
+        call_command("gator_rotate_keys", stdout=StringIO())
+        assert raw_row(first.pk)["unique_key"].startswith(f"hmac:{KEY_B}:")
+        assert SecretUnique.dispatch(email="ann@example.com").pk == first.pk
+
+
+def test_a_duplicate_dispatched_before_the_rotation_keeps_both_jobs():
+    first = SecretUnique.dispatch("ann@example.com")
+    with override_settings(GATOR_ENCRYPTION_KEYS=[TEST_KEY_B, TEST_KEY_A]):
+        # The window: the new key digests differently, so the active job is not found.
+        second = SecretUnique.dispatch("ann@example.com")
+        assert second.pk != first.pk
+        err = StringIO()
+        call_command("gator_rotate_keys", stdout=StringIO(), stderr=err)
+        assert "Unique keys left under the old key" in err.getvalue()
+        assert str(first.pk) in err.getvalue()
+        stored = raw_row(first.pk)
+        assert stored["unique_key"].startswith(f"hmac:{KEY_A}:")
+        assert key_of(stored["args"]) == KEY_B  # its data was re-sealed all the same
+        assert raw_row(second.pk)["unique_key"].startswith(f"hmac:{KEY_B}:")

@@ -17,15 +17,19 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
+from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from django_gator import encryption
-from django_gator.exceptions import Undecryptable
+from django_gator.exceptions import JobNotRegistered, Undecryptable
 from django_gator.models.jobs import Job
-from django_gator.registry import registered_jobs
+from django_gator.registry import get_job_class, registered_jobs
+from django_gator.validation import validate_unique_key
 
 #: The JSON columns that may hold sealed values.
 COLUMNS = ("args", "kwargs", "result", "checkpoint_data", "errors")
+#: What a rotation reads of a row: those, and the unique key (a digest under some key).
+READ = ("pk", "name", "queue", "unique_key", *COLUMNS)
 #: Reads of one row before the rotation gives up on it (a row rewritten that often by
 #: workers while being rotated is reported, and left for the next run).
 MAX_TRIES = 5
@@ -42,6 +46,8 @@ class Rotation:
     reread: int = 0
     undecryptable: list[tuple[int, str]] = dataclasses.field(default_factory=list)
     contended: list[int] = dataclasses.field(default_factory=list)
+    #: Rows whose unique key's new digest an active job holds already (left as it was).
+    clashes: list[int] = dataclasses.field(default_factory=list)
 
 
 def encrypted_names() -> list[str]:
@@ -59,9 +65,7 @@ def rotate(alias: str, *, batch_size: int, names: Iterable[str] | None = None) -
     last = 0
     while True:
         batch = list(
-            jobs.filter(pk__gt=last, name__in=wanted)
-            .order_by("pk")
-            .values("pk", "name", *COLUMNS)[:batch_size]
+            jobs.filter(pk__gt=last, name__in=wanted).order_by("pk").values(*READ)[:batch_size]
         )
         if not batch:
             return report
@@ -81,22 +85,40 @@ def _rotate_row(jobs: Any, row: dict[str, Any], ring: encryption.Keyring, report
             return
         if not changes:
             return
-        if jobs.filter(_unchanged(row, changes)).update(**changes):
+        if _update(jobs, row, changes, report):
             report.resealed += 1
             return
         report.reread += 1
-        fresh = jobs.filter(pk=row["pk"]).values("pk", "name", *COLUMNS).first()
+        fresh = jobs.filter(pk=row["pk"]).values(*READ).first()
         if fresh is None:  # deleted meanwhile (pruned, or by an operator): nothing to do
             return
         row = fresh
     report.contended.append(row["pk"])
 
 
+def _update(jobs: Any, row: dict[str, Any], changes: dict[str, Any], report: Rotation) -> bool:
+    """The compare-and-set of ``changes``; whether it landed. A unique key digested under
+    the new key that an active job holds already (one dispatched after the new key was put
+    first, with the same key) is left under the old key: both jobs stay, as they are."""
+    try:
+        with transaction.atomic(using=jobs.db):
+            return bool(jobs.filter(_unchanged(row, changes)).update(**changes))
+    except IntegrityError:
+        if "unique_key" not in changes:
+            raise
+        report.clashes.append(row["pk"])
+        kept = {column: value for column, value in changes.items() if column != "unique_key"}
+        return not kept or bool(jobs.filter(_unchanged(row, kept)).update(**kept))
+
+
 def _unchanged(row: dict[str, Any], changes: dict[str, Any]) -> Q:
     """The row still holds what was read of the columns in ``changes``: each sealed value
-    its token, the error history its entries (and no more)."""
+    its token, the error history its entries (and no more), the unique key its digest."""
     same = Q(pk=row["pk"])
     for column in changes:
+        if column == "unique_key":
+            same &= Q(unique_key=row["unique_key"])
+            continue
         if column != "errors":
             same &= Q(**{f"{column}__data": row[column]["data"]})
             continue
@@ -120,12 +142,37 @@ def _resealed(row: dict[str, Any], ring: encryption.Keyring) -> dict[str, Any]:
             new = encryption.reseal(value, ring, f"the {column} of {what}")
             if new is not value:
                 changes[column] = new
+    digest = _new_digest(row, ring)
+    if digest is not None:
+        changes["unique_key"] = digest
     errors = row["errors"]
     if isinstance(errors, list):
         new_errors = [_resealed_entry(entry, ring, f"an error of {what}") for entry in errors]
         if any(new is not old for new, old in zip(new_errors, errors, strict=True)):
             changes["errors"] = new_errors
     return changes
+
+
+def _new_digest(row: dict[str, Any], ring: encryption.Keyring) -> str | None:
+    """The row's unique key digested under the newest key, when it is a digest under an
+    older one: worked out again from its arguments by its class's unique_key(). None when
+    it stays (not a digest, the newest key's already, or the class is not registered)."""
+    key = row["unique_key"]
+    if not key or not key.startswith("hmac:") or key.startswith(f"hmac:{ring.newest}:"):
+        return None
+    try:
+        job_class = get_job_class(row["name"])
+    except JobNotRegistered:
+        return None
+    what = f"job {row['pk']} ({row['name']})"
+    args, kwargs = encryption.open_payload(row["pk"], row["name"], row["args"], row["kwargs"])
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        return None
+    try:
+        plain = validate_unique_key(job_class(queue=row["queue"]).unique_key(*args, **kwargs), what)
+    except (TypeError, ValueError):  # as at dispatch; the row keeps its digest
+        return None
+    return None if plain is None else encryption.digest(plain)
 
 
 def _resealed_entry(entry: Any, ring: encryption.Keyring, what: str) -> Any:

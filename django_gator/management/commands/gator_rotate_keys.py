@@ -66,6 +66,11 @@ class Command(BaseCommand):
                 f"{report.key_id}: {report.resealed}; read again after a worker changed "
                 f"them: {report.reread}."
             )
+        if report.clashes:
+            self.stderr.write(
+                "Unique keys left under the old key, as a job dispatched after the new key "
+                f"came first holds the same key: jobs {', '.join(map(str, report.clashes))}"
+            )
         if report.contended:
             self.stderr.write(
                 f"Rows changed on every read, left as they were (run again): "
