@@ -1,14 +1,14 @@
 """Key rotation for encrypted jobs (``gator_rotate_keys``): every sealed value of the job
 rows (arguments, result, checkpoint, error texts) sealed again with the newest key of
-``GATOR_ENCRYPTION_KEYS``.
+``GATOR_ENCRYPTION_KEYS``, and unique keys digested again under it.
 
-Rows go by primary key, a batch at a time, each row's rewrite one UPDATE in autocommit that
-is a compare-and-set on the values read: each value it replaces must still hold the token
-that was read (a Fernet token is never made twice: a value written again has a new one),
-and an error history must still have the entries read (it only grows). A column a worker
-wrote meanwhile (a result, a checkpoint, an error) fails the comparison; the row is read
-again and its new values are sealed again. Workers keep running throughout; nothing they
-write is overwritten.
+Rows go by primary key, a batch at a time, each row's rewrite one UPDATE in a transaction
+of its own that is a compare-and-set on the values read: each value it replaces must still
+hold the token that was read (a Fernet token is never made twice: a value written again has
+a new one), an error history must still have the entries read (it only grows), the unique
+key its digest. A column a worker wrote meanwhile (a result, a checkpoint, an error) fails
+the comparison; the row is read again and its new values are sealed again. Workers keep
+running throughout; nothing they write is overwritten.
 """
 
 from __future__ import annotations
