@@ -417,3 +417,16 @@ def test_a_duplicate_dispatched_before_the_rotation_keeps_both_jobs():
         assert stored["unique_key"].startswith(f"hmac:{KEY_A}:")
         assert key_of(stored["args"]) == KEY_B  # its data was re-sealed all the same
         assert raw_row(second.pk)["unique_key"].startswith(f"hmac:{KEY_B}:")
+
+
+def test_wait_result_returns_the_decrypted_result_to_the_dispatching_code():
+    job = SecretProduces.dispatch({"card": CARD})
+    wf = Workflow(name="secret wait")
+    wf.add(SecretProduces, CARD, name="one")
+    wf.add_batch(SecretProduces, [["a"], ["b"]], name="many")
+    run = wf.dispatch()
+
+    run_worker("results")
+
+    assert job.wait_result(timeout=30) == {"card": CARD}
+    assert run.wait_result(timeout=30) == {"one": CARD, "many": ["a", "b"]}
