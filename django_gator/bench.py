@@ -33,6 +33,17 @@ class BenchNoop(Queueable):
         return None
 
 
+class BenchSecret(Queueable):
+    """A no-op with ``encrypted = True`` (``--encrypted``: the cost of encryption)."""
+
+    name = "django_gator.bench.secret"
+    queue = QUEUE
+    encrypted = True
+
+    def handle(self, *args: Any) -> None:
+        return None
+
+
 class BenchKeyed(Queueable):
     """A no-op with a per-key limit: one running per key (``--flow keys``)."""
 
@@ -101,16 +112,19 @@ def timed(action: Callable[[], object]) -> float:
     return time.perf_counter() - started
 
 
-def bench_dispatch(count: int) -> float:
+def bench_dispatch(count: int, *, encrypted: bool = False) -> float:
     """Jobs per second, one dispatch() per job, each its own autocommit transaction."""
-    elapsed = timed(lambda: [BenchNoop.dispatch(i) for i in range(count)])
+    job_class = BenchSecret if encrypted else BenchNoop
+    elapsed = timed(lambda: [job_class.dispatch(i) for i in range(count)])
     return count / elapsed
 
 
-def bench_dispatch_many(count: int, batch: int) -> float:
+def bench_dispatch_many(count: int, batch: int, *, encrypted: bool = False) -> float:
+    job_class = BenchSecret if encrypted else BenchNoop
+
     def run() -> None:
         for start in range(0, count, batch):
-            BenchNoop.dispatch_many([[i] for i in range(start, min(start + batch, count))])
+            job_class.dispatch_many([[i] for i in range(start, min(start + batch, count))])
 
     return count / timed(run)
 
@@ -184,18 +198,21 @@ def bench_drain(
     in_batch: bool = False,
     in_step: bool = False,
     flow: str = "none",
+    encrypted: bool = False,
 ) -> tuple[float, float, float]:
     """(jobs per second, RSS MiB before, RSS MiB after) for one burst worker draining
     ``count`` no-op jobs (``in_batch``: members of one Batch; ``in_step``: members of a
     one-step workflow's batch step, ``add_batch()``). ``flow``: ``queue`` gives
     the queue a concurrency limit of FLOW_QUEUE_LIMIT (which never binds), ``keys`` drains
     a class limited to one running job per key over FLOW_KEYS keys (the limited claim, for
-    the cost of flow control)."""
+    the cost of flow control). ``encrypted``: the jobs' class has ``encrypted = True``."""
     from django_gator.models import Batch
     from django_gator.workflows import Workflow
 
     clean()
     job_class: type[Queueable] = BenchKeyed if flow == "keys" else BenchNoop
+    if encrypted:
+        job_class = BenchSecret
     if flow == "queue":
         Queue.objects.using(conf.database()).set_limits(
             QUEUE, concurrency=FLOW_QUEUE_LIMIT, rate_limit=None, by="gator_bench"

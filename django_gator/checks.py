@@ -30,6 +30,9 @@ W006  GATOR_READ_DATABASE is the job database itself: GATOR_DATABASE's alias, or
       every read is still right (it is the primary's), only nothing is taken off the
       primary, and a staging or development setup that points the replica's URL at the
       primary should keep running.
+E012  A job class has ``encrypted = True`` and its data cannot be encrypted: the
+      ``cryptography`` package is missing or GATOR_ENCRYPTION_KEYS is empty; or a key of
+      GATOR_ENCRYPTION_KEYS is not URL-safe base64 of 32 bytes (whether or not a class uses it).
 """
 
 from __future__ import annotations
@@ -42,11 +45,12 @@ from django.conf import settings
 from django.core import checks
 from django.db import connections
 
-from django_gator import conf, schema
+from django_gator import conf, encryption, schema
 from django_gator.conf.checking import problems as settings_problems
 from django_gator.conf.checking import unknown_names
 from django_gator.engines.checks import server_checks
 from django_gator.limits import QUEUE_OPTIONS, unknown_queue_options
+from django_gator.registry import registered_jobs
 from django_gator.validation import validate_queue
 
 
@@ -254,4 +258,37 @@ def check_windows(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMe
         if (window := job_class.traits.window) is not None
         and window.kind == "unique_for"
         and window.seconds > kept
+    ]
+
+
+@checks.register()
+def check_encryption(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E012: encrypted job classes need cryptography and keys; every key must be usable."""
+    if conf.BY_NAME["GATOR_ENCRYPTION_KEYS"].problem(conf.get("GATOR_ENCRYPTION_KEYS")):
+        return []  # E003 names the setting's bad shape
+    encrypted = sorted(n for n, cls in registered_jobs().items() if cls.traits.encrypted)
+    if encrypted:
+        problem = encryption.unavailable()
+        shown = ", ".join(encrypted[:5]) + (" ..." if len(encrypted) > 5 else "")
+        message = f"job classes with encrypted = True ({shown}) cannot be encrypted: {problem}"
+    else:
+        problem = next(
+            (
+                f"GATOR_ENCRYPTION_KEYS[{index}] {encryption.key_problem(key)}"
+                for index, key in enumerate(conf.encryption_keys())
+                if encryption.key_problem(key) is not None
+            ),
+            None,
+        )
+        message = str(problem)
+    if problem is None:
+        return []
+    return [
+        checks.Error(
+            message,
+            hint="Install django-gator[encryption] and set GATOR_ENCRYPTION_KEYS to a list of "
+            "keys, newest first, each from cryptography.fernet.Fernet.generate_key(); "
+            "dispatches of encrypted job classes are refused until then.",
+            id="django_gator.E012",
+        )
     ]

@@ -190,3 +190,19 @@ class ReadOnlyDatabase(GatorError):
 class DispatchDeadlock(GatorError, OperationalError):
     """A dispatch inside the caller's ``transaction.atomic()`` lost a deadlock: the database
     rolled back the caller's whole transaction, so only the caller can run it again."""
+
+
+class EncryptionUnavailable(GatorError):
+    """A job class with ``encrypted = True`` cannot have its data sealed: the
+    ``cryptography`` package is missing, or ``GATOR_ENCRYPTION_KEYS`` is empty or holds a
+    bad key. Its dispatch is refused (nothing is inserted)."""
+
+
+class Undecryptable(GatorError):
+    """An encrypted job's data does not open: its key id is not in
+    ``GATOR_ENCRYPTION_KEYS``, or its ciphertext was changed. The attempt fails with it;
+    the handler never runs."""
+
+    def __init__(self, message: str, *, key_id: str) -> None:
+        super().__init__(message)
+        self.key_id = key_id

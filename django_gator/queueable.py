@@ -52,8 +52,7 @@ class Queueable(Windows, LongRunning):
     ``queue``: queue name (default ``"default"``).
     ``priority``: -100 to 100, higher runs first within a queue (default 0).
     ``retry``: a :class:`~django_gator.Retry` policy; None sends a failing job to ``dead``.
-    ``timeout``: seconds a run may take; None takes ``GATOR_DEFAULT_TIMEOUT`` (by
-    default None too: no limit). See :func:`effective_timeout`.
+    ``timeout``: seconds a run may take; None: ``GATOR_DEFAULT_TIMEOUT`` (see effective_timeout).
     ``unique``: True allows one waiting, failed or running job per set of arguments (or
     per :meth:`unique_key`); a dispatch while one exists returns that job. ``unique_for``,
     ``debounce``, ``throttle``, ``expires``: see :mod:`django_gator.windows`.
@@ -89,7 +88,8 @@ class Queueable(Windows, LongRunning):
     rate_limit: ClassVar[str | None] = None
     #: Argument keys (besides GATOR_REDACT) never shown in the admin or in log lines.
     redact: ClassVar[Sequence[str]] = ()
-
+    #: Arguments, result, checkpoint and error texts encrypted at rest (docs/encryption.md).
+    encrypted: ClassVar[bool] = False
     #: Seconds between two database reads of cancel_requested().
     cancel_check_interval: ClassVar[float] = 1.0
 

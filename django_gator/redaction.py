@@ -6,7 +6,9 @@ depth of the arguments and the result, and a positional argument whose ``handle(
 parameter has that name. Values found that way are also masked wherever they appear in error
 messages and tracebacks (a secret that ended up in an exception message).
 
-The database keeps the real values: workers need them. Redaction is for display.
+The database keeps the real values: workers need them. Redaction is for display. A sealed
+value (the data of a job class with ``encrypted = True``, see :mod:`django_gator.encryption`)
+is shown as ``[encrypted]`` wherever this module shows a payload or a value.
 """
 
 from __future__ import annotations
@@ -17,12 +19,21 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from django_gator import conf
+from django_gator.encryption import SHOWN, is_sealed
 from django_gator.exceptions import JobNotRegistered
 from django_gator.registry import get_job_class
 
 MASK = "[redacted]"
 #: Shortest secret value masked inside free text (shorter ones would mask ordinary words).
 MIN_SECRET_LENGTH = 4
+
+
+def is_encrypted(job_name: str) -> bool:
+    """Whether the job class registered as ``job_name`` has ``encrypted = True``."""
+    try:
+        return bool(get_job_class(job_name).traits.encrypted)
+    except (JobNotRegistered, AttributeError):
+        return False
 
 
 def keys_for(job_name: str) -> frozenset[str]:
@@ -48,7 +59,10 @@ def _positional_names(job_name: str, count: int) -> list[str | None]:
 
 
 def redact_value(value: Any, keys: frozenset[str]) -> Any:
-    """``value`` with the values under ``keys`` (at any depth) replaced by MASK."""
+    """``value`` with the values under ``keys`` (at any depth) replaced by MASK; a sealed
+    value is ``[encrypted]``."""
+    if is_sealed(value):
+        return SHOWN
     if not keys:
         return value
     if isinstance(value, Mapping):
@@ -62,7 +76,9 @@ def redact_value(value: Any, keys: frozenset[str]) -> Any:
 
 
 def redact_payload(job_name: str, args: Any, kwargs: Any) -> tuple[Any, Any]:
-    """(args, kwargs) of a job as an operator may see them."""
+    """(args, kwargs) of a job as an operator may see them: ``[encrypted]`` if sealed."""
+    if is_sealed(args) or is_sealed(kwargs):
+        return SHOWN, SHOWN
     keys = keys_for(job_name)
     if not keys:
         return args, kwargs

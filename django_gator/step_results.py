@@ -4,7 +4,8 @@ comes after, by step name (a chain's job: the previous job's).
 Read when the job asks, from the rows: its own job row gives its workflow and position,
 its step row the positions it comes after, their step rows their names and jobs, and
 those jobs' rows their results (a batch step's: its members' results, in the order they
-were added). Three or four indexed reads, made only by a job that calls it.
+were added). Three or four indexed reads, made only by a job that calls it. A result an
+encrypted job class stored sealed is opened here (see :mod:`django_gator.encryption`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from django_gator import conf
+from django_gator.encryption import open_value
 
 
 def parent_results(job_id: int | None) -> dict[str, Any]:
@@ -40,6 +42,7 @@ def parent_results(job_id: int | None) -> dict[str, Any]:
     )
     singles = [job for _, _, job, _, members in parents if members is None and job is not None]
     results = dict(jobs.filter(pk__in=singles).values_list("pk", "result")) if singles else {}
+    results = {pk: open_value(value, f"the result of job {pk}") for pk, value in results.items()}
     out: dict[str, Any] = {}
     for parent, label, job, batch_id, members in parents:
         name = label or str(parent)
@@ -49,5 +52,8 @@ def parent_results(job_id: int | None) -> dict[str, Any]:
             out[name] = []
         else:
             members_results = jobs.filter(batch_id=batch_id).order_by("pk")
-            out[name] = list(members_results.values_list("result", flat=True))
+            out[name] = [
+                open_value(value, f"a result of batch {batch_id}")
+                for value in members_results.values_list("result", flat=True)
+            ]
     return out

@@ -35,6 +35,8 @@ class JobTraits:
     the handler takes ``*args`` (and perhaps ``**kwargs``) and nothing else. ``window``:
     its ``unique_for``, ``debounce`` or ``throttle`` (see :mod:`django_gator.windows`).
     ``expires``: seconds after its dispatch a job of the class may still start.
+    ``encrypted``: ``encrypted = True``, its data is sealed at rest (see
+    :mod:`django_gator.encryption`).
     """
 
     signature: inspect.Signature
@@ -45,6 +47,7 @@ class JobTraits:
     accepts_anything: bool = False
     window: Window | None = None
     expires: float | None = None
+    encrypted: bool = False
 
 
 def _refuse_own_traits(cls: type[Queueable]) -> None:
@@ -100,6 +103,7 @@ def read_traits(cls: type[Queueable], base: type[Queueable]) -> JobTraits:
         is_keyed=is_keyed,
         window=window,
         expires=expires,
+        encrypted=cls.encrypted,
         accepts_anything=kinds
         in (
             [inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD],
@@ -115,7 +119,7 @@ def _check_plain_attributes(cls: type[Queueable], base: type[Queueable]) -> None
         raise TypeError(f"{where}.retry must be a django_gator.Retry or None, got {cls.retry!r}")
     if cls.handle is base.handle:
         raise TypeError(f"{where} must define handle()")
-    for flag in ("unique", "atomic"):
+    for flag in ("unique", "atomic", "encrypted"):
         if not isinstance(getattr(cls, flag), bool):
             raise TypeError(f"{where}.{flag} must be True or False, got {getattr(cls, flag)!r}")
     if isinstance(cls.middleware, str | bytes) or not all(callable(m) for m in cls.middleware):

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from django_gator import conf, limits
+from django_gator import conf, encryption, limits
 from django_gator.payload import encode_payload
 
 if TYPE_CHECKING:
@@ -23,7 +23,9 @@ def step_specs(steps: Sequence[Step], queue: str | None, priority: int | None) -
     for step in steps:
         step_queue = queue if queue is not None else (step.queue or step.job_class.queue)
         try:
-            args_json, kwargs_json = encode_payload(step.args, step.kwargs)
+            args_json, kwargs_json = _sealed(
+                step.job_class, *encode_payload(step.args, step.kwargs)
+            )
             keyer = step.job_class(queue=step_queue) if step.job_class.traits.is_keyed else None
             key = (
                 None
@@ -137,5 +139,19 @@ def _members(step: Step, keyer: Queueable | None) -> list[MemberSpec]:
         except (TypeError, ValueError) as exc:
             exc.args = (f"{step.label()}, batch item {index}: {exc}", *exc.args[1:])
             raise
+        if step.job_class.traits.encrypted:  # the step's row keeps them: sealed
+            args_json, kwargs_json = _sealed(step.job_class, args_json, kwargs_json)
+            sealed = MemberSpec(
+                json.loads(args_json), json.loads(kwargs_json), args_json, kwargs_json, key
+            )
+            out.append(sealed)
+            continue
         out.append(MemberSpec(list(args), dict(kwargs), args_json, kwargs_json, key))
     return out
+
+
+def _sealed(job_class: type[Queueable], args_json: str, kwargs_json: str) -> tuple[str, str]:
+    """A step's arguments as its rows store them: sealed for an encrypted class."""
+    if not job_class.traits.encrypted:
+        return args_json, kwargs_json
+    return encryption.seal_json(args_json), encryption.seal_json(kwargs_json)

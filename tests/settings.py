@@ -138,3 +138,9 @@ LOGGING = {
         }
     },
 }
+
+# Encrypted jobs (tests/test_encryption.py): fixed test-only keys, newest first. A worker
+# subprocess takes another list from GATOR_TEST_ENCRYPTION_KEYS (a rotation test).
+TEST_KEY_A = "sIfQyvVvRWTHWNymmgrF7RMiLZGOr-84FNhfnzcLuBU="
+TEST_KEY_B = "ZDOjAqhe74Joi6xo9CXGw_xc9_H1wP1ueAVB_RmDCwE="
+GATOR_ENCRYPTION_KEYS = os.environ.get("GATOR_TEST_ENCRYPTION_KEYS", TEST_KEY_A).split(",")

@@ -65,6 +65,7 @@ BAD: dict[str, list[tuple[Any, str]]] = {
     ],
     "GATOR_MAX_TRACEBACK_CHARS": [(99, "99")],
     "GATOR_REDACT": [("password", "'password'"), (["token", None], "None"), ([""], "''")],
+    "GATOR_ENCRYPTION_KEYS": [("key", "'key'"), ([None], "None"), ({"k"}, "{'k'}")],
     "GATOR_MIDDLEWARE": [("a.b", "'a.b'"), ([None], "None")],
     "GATOR_IMMEDIATE": [("yes", "'yes'")],
     "GATOR_QUEUES": [
@@ -136,6 +137,7 @@ ACCESSORS: dict[str, tuple[Callable[[], Any], Any]] = {
     "GATOR_WORKER_NETWORK_TIMEOUT": (conf.worker_network_timeout, 30.0),
     "GATOR_MAX_TRACEBACK_CHARS": (conf.max_traceback_chars, 20_000),
     "GATOR_REDACT": (conf.redact_keys, frozenset(conf.DEFAULTS["GATOR_REDACT"])),
+    "GATOR_ENCRYPTION_KEYS": (conf.encryption_keys, []),
     "GATOR_MIDDLEWARE": (conf.middleware, []),
     "GATOR_IMMEDIATE": (conf.immediate, False),
     "GATOR_QUEUES": (conf.queues, {}),

@@ -20,6 +20,7 @@ from django.utils.safestring import SafeString
 from django_gator import conf, redaction, wording
 from django_gator.admin.display import pretty
 from django_gator.admin.pages import RETRY_PERMISSION, username
+from django_gator.admin.sealed import open_for
 from django_gator.models import Job, JobState, record
 from django_gator.progress_figures import number_text, progress_parts, progress_text
 
@@ -116,10 +117,12 @@ class ProgressDisplay(admin.ModelAdmin):
         )
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
-        """The job of a page, told whether this user may clear its checkpoint."""
+        """The job of a page, told whether this user may clear its checkpoint, its
+        encrypted data decrypted or hidden (see :mod:`.sealed`)."""
         job = super().get_object(request, object_id, from_field)
         if job is not None:
             job._gator_may_clear = request.user.has_perm(RETRY_PERMISSION)
+            open_for(request, job)
         return job
 
     def clear_checkpoint_view(self, request: HttpRequest, object_id: str) -> HttpResponse:

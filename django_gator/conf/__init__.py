@@ -242,6 +242,10 @@ def redact_keys() -> frozenset[str]:
     return frozenset(k.lower() for k in value("GATOR_REDACT"))
 
 
+def encryption_keys() -> list[str]:
+    return list(value("GATOR_ENCRYPTION_KEYS"))
+
+
 def max_traceback_chars() -> int:
     return int(value("GATOR_MAX_TRACEBACK_CHARS"))
 

@@ -272,6 +272,14 @@ SETTINGS: tuple[Setting, ...] = (
         shown='`["password", "passwd", "secret", "token", ...]`',
     ),
     Setting(
+        "GATOR_ENCRYPTION_KEYS",
+        [],
+        Names("Fernet key"),
+        "keys that encrypt the data of job classes with `encrypted = True`, newest first "
+        "(each URL-safe base64 of 32 bytes; the newest encrypts, all decrypt); see "
+        "docs/encryption.md",
+    ),
+    Setting(
         "GATOR_MIDDLEWARE",
         [],
         Names("dotted path", importable=True),

@@ -32,6 +32,7 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 
 from django_gator import conf
+from django_gator.encryption import open_value
 from django_gator.exceptions import GatorError, JobFailed, ResultTimeout, WorkflowFailed
 from django_gator.states import FINAL_STATES, JobState, StepState
 
@@ -158,9 +159,10 @@ def _job_check(job: Job, alias: str) -> Callable[[bool], _Ended | None]:
 
 
 def job_outcome(job: Job) -> Any:
-    """The result of ``job`` (read by :func:`wait_job`), or its final error."""
+    """The result of ``job`` (read by :func:`wait_job`; decrypted, for an encrypted job's:
+    the waiter is the application's code, which holds the keys), or its final error."""
     if job.state == JobState.SUCCEEDED:
-        return job.result
+        return open_value(job.result, f"the result of job {job.pk} ({job.name})")
     raise JobFailed(job.pk, job.name, job.state, job.error_class or "", job.last_error)
 
 
@@ -222,10 +224,11 @@ class RunRows:
             if row["members"] is not None:
                 members = self.jobs.filter(batch_id=row["batch_id"]).order_by("pk")
                 batch = row["batch_id"] is not None
-                out[name] = list(members.values_list("result", flat=True)) if batch else []
+                results = members.values_list("result", flat=True) if batch else []
+                out[name] = [open_value(r, f"a result of step {name!r}") for r in results]
             elif row["job_id"] is not None and row["state"] == StepState.SUCCEEDED:
                 result = self.jobs.filter(pk=row["job_id"]).values_list("result", flat=True)
-                out[name] = result.first()
+                out[name] = open_value(result.first(), f"the result of step {name!r}")
             else:
                 out[name] = None  # ended dead under on_dead="continue"
         return out

@@ -173,6 +173,7 @@ class Job(models.Model):
         permissions = [
             ("retry_job", "Can retry dead and failed jobs"),
             ("cancel_job", "Can cancel jobs that have not started"),
+            ("view_encrypted", "Can see the decrypted data of encrypted jobs"),
         ]
         # The claim's partial index and the rescue index are created by migration 0002 for
         # each database (see django_gator.indexes): MySQL and MariaDB have no partial

@@ -9,7 +9,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django_gator import collector, conf, limits, payload, validation
+from django_gator import collector, conf, encryption, limits, payload, validation
+from django_gator.exceptions import EncryptionUnavailable
 from django_gator.registry import is_registered
 from django_gator.rows import JobRows
 
@@ -72,7 +73,29 @@ def job_rows(
         )
         if job_class.traits.is_limited or job_class.traits.is_unique:
             _keys(job_class, queue, rows, args_col, kwargs_col, many)
+        if job_class.traits.encrypted:
+            _seal(job_class, rows)
     return rows, (args_col, kwargs_col)
+
+
+def _seal(job_class: type[Queueable], rows: JobRows) -> None:
+    """Replace the rows' arguments with their sealed envelopes, and their unique keys
+    with keyed digests (see :mod:`django_gator.encryption`); EncryptionUnavailable, naming
+    the class, when there are no keys to seal them with."""
+    try:
+        ring = encryption.keyring()
+    except EncryptionUnavailable as exc:
+        raise EncryptionUnavailable(
+            f"{job_class.__qualname__} has encrypted = True, but {exc}; nothing was dispatched"
+        ) from None
+    seal = ring.seal
+    dumps = encryption.envelope_json
+    rows.args = [dumps(seal(text)) for text in rows.args]
+    rows.kwargs = [dumps(seal(text)) for text in rows.kwargs]
+    if rows.unique_keys is not None:
+        rows.unique_keys = [
+            None if key is None else encryption.digest(key) for key in rows.unique_keys
+        ]
 
 
 def _streamed(
@@ -91,6 +114,7 @@ def _streamed(
         or len(args_col) < STREAM_MIN_ROWS
         or job_class.traits.is_limited
         or job_class.traits.is_unique
+        or job_class.traits.encrypted
         or job_class.misfits(args_col, kwargs_col)
     ):
         return None

@@ -13,6 +13,7 @@ from typing import Any
 from django.utils import timezone
 
 from django_gator import conf
+from django_gator.encryption import SHOWN, is_sealed
 from django_gator.engines import get_engine, reads
 from django_gator.engines.base import loads
 from django_gator.models import JobState
@@ -68,22 +69,26 @@ def build(
 
 
 def from_job(task: Any, backend: str, job: Any) -> Any:
-    """The TaskResult of a ``Job`` row."""
+    """The TaskResult of a ``Job`` row. Data an encrypted job class sealed is shown as
+    ``[encrypted]`` (it is decrypted only in the worker, see docs/encryption.md)."""
     history = list(job.errors or [])
+    args, kwargs = job.args, job.kwargs
+    if is_sealed(args) or is_sealed(kwargs):
+        args, kwargs = [SHOWN], {}
     return build(
         task,
         backend,
         str(job.pk),
         STATUS.get(job.state, Status.READY),
-        job.args,
-        job.kwargs,
+        args,
+        kwargs,
         enqueued_at=job.created_at,
         started_at=job.started_at,
         finished_at=job.finished_at,
         last_attempted_at=job.locked_at,
         errors=[task_error(entry) for entry in history],
         worker_ids=worker_ids(history, job.attempts, job.reserved_by),
-        return_value=job.result,
+        return_value=SHOWN if is_sealed(job.result) else job.result,
     )
 
 
@@ -167,4 +172,5 @@ def task_error(entry: dict[str, Any]) -> Any:
     path = str(entry.get("class") or "Exception")
     if "." not in path:
         path = f"builtins.{path}"
-    return TaskError(exception_class_path=path, traceback=str(entry.get("traceback", "")))
+    tb = entry.get("traceback", "")
+    return TaskError(exception_class_path=path, traceback=SHOWN if is_sealed(tb) else str(tb))

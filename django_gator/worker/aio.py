@@ -54,10 +54,10 @@ from django_gator.engines import ClaimedJob
 from django_gator.exceptions import (
     JobNotRegistered,
     TransactionLeftOpen,
+    Undecryptable,
 )
 from django_gator.joblogs import capturing
 from django_gator.longjobs import Journal
-from django_gator.payload import result_json
 from django_gator.queueable import Queueable, get_job_class
 from django_gator.worker.execution import (
     BadRow,
@@ -65,6 +65,7 @@ from django_gator.worker.execution import (
     finished,
     instance_for,
     raised_outcome,
+    stored_result,
     unknown_name_failure,
 )
 from django_gator.worker.hygiene import ConnectionWatch
@@ -251,10 +252,10 @@ async def arun_claimed(
         if signals.job_started.has_listeners(job_class):
             await sync_to_async(signals.send)(signals.job_started, job_class, job=instance)
         result = await within_limits(instance, acall_handle)
-        outcome = Success(result_json(job, result))
+        outcome = Success(stored_result(job, instance, result))
     except JobNotRegistered as exc:
         return unknown_name_failure(job, worker_id, exc)
-    except BadRow as exc:
+    except (BadRow, Undecryptable) as exc:
         return dead_failure(job, worker_id, exc)
     except asyncio.CancelledError as exc:
         task = asyncio.current_task()

@@ -13,9 +13,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django_gator import conf
+from django_gator.encryption import SHOWN
 from django_gator.engines.base import ClaimedJob
 from django_gator.logutil import safe
-from django_gator.redaction import mask_text, secret_values
+from django_gator.redaction import is_encrypted, mask_text, secret_values
 from django_gator.validation import dumps
 
 LAST_ERROR_CHARS = 1000
@@ -111,7 +112,9 @@ def storable(text: str) -> tuple[str, bool]:
 def loggable_traceback(job: ClaimedJob, exc: BaseException) -> str:
     """The traceback of an exception raised by a job's hook, as one log-safe line: the
     job's secrets masked, control characters escaped (user code may have put the payload
-    into its message)."""
+    into its message). An encrypted job's: its exception's class only."""
+    if is_encrypted(job.name):
+        return f"{qualified_name(exc)}: {SHOWN}"
     text = "".join(traceback.format_exception(exc))
     secrets = secret_values(job.name, job.args, job.kwargs)
     return safe(mask_text(text, secrets), conf.max_traceback_chars())

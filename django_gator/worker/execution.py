@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db import transaction
 
-from django_gator import conf, signals, tracing
+from django_gator import conf, encryption, signals, tracing
 from django_gator.attempts import Failure, HandedBack, Outcome, Snoozed, Success
 from django_gator.exceptions import (
     GatorError,
@@ -20,6 +20,7 @@ from django_gator.exceptions import (
     JobNotRegistered,
     Snooze,
     TransactionLeftOpen,
+    Undecryptable,
     snooze_seconds,
 )
 from django_gator.logutil import safe
@@ -115,7 +116,7 @@ def _run_claimed(
                 outcome = _handle_plainly(job, instance)
     except JobNotRegistered as exc:
         return unknown_name_failure(job, worker_id, exc)
-    except BadRow as exc:
+    except (BadRow, Undecryptable) as exc:
         return dead_failure(job, worker_id, exc)
     except BaseException as exc:
         raised = exc
@@ -138,7 +139,7 @@ def _handle_plainly(job: ClaimedJob, instance: Queueable) -> Success:
     before the outcome is; an atomic job's inside its transaction, before its success
     mark (see _handle_atomically: a failed atomic job's roll back with it)."""
     try:
-        return Success(result_json(job, call_handle(instance)))
+        return Success(stored_result(job, instance, call_handle(instance)))
     finally:
         if instance._gator_journal is not None:
             instance._gator_journal.flush()
@@ -156,7 +157,7 @@ def _handle_atomically(
     result: str | None = None
     try:
         with atomic() if atomic else transaction.atomic(using=conf.database()):
-            result = result_json(job, call_handle(instance))
+            result = stored_result(job, instance, call_handle(instance))
             if instance._gator_journal is not None:
                 instance._gator_journal.flush()  # in the transaction: it commits with the job
             if not commit(result):
@@ -205,16 +206,28 @@ def raised_outcome(
     return _failure(job, worker_id, raised, instance)
 
 
+def stored_result(job: ClaimedJob, instance: Queueable, value: Any) -> str | None:
+    """What handle() returned as the row stores it: JSON, sealed for an encrypted class."""
+    result = result_json(job, value)
+    if result is not None and type(instance).traits.encrypted:
+        return encryption.seal_json(result)
+    return result
+
+
 def instance_for(job: ClaimedJob, journal: Journal | None = None) -> Queueable:
     """The job class's instance for this attempt, writing its progress and checkpoint
-    through ``journal``; JobNotRegistered or BadRow."""
+    through ``journal``; JobNotRegistered, BadRow, or Undecryptable (sealed arguments that
+    do not open: the handler never sees them)."""
     job_class = get_job_class(job.name)
-    if not isinstance(job.args, list):
-        raise BadRow(f"job {job.id}: args must be a JSON array, got {safe(job.args, 80)}")
-    if not isinstance(job.kwargs, dict):
-        raise BadRow(f"job {job.id}: kwargs must be a JSON object, got {safe(job.kwargs, 80)}")
+    args, kwargs = job.args, job.kwargs
+    if job_class.traits.encrypted or type(args) is dict:
+        args, kwargs = encryption.open_payload(job.id, job.name, args, kwargs)
+    if not isinstance(args, list):
+        raise BadRow(f"job {job.id}: args must be a JSON array, got {safe(args, 80)}")
+    if not isinstance(kwargs, dict):
+        raise BadRow(f"job {job.id}: kwargs must be a JSON object, got {safe(kwargs, 80)}")
     instance = job_class(
-        job_id=job.id, attempt=job.attempts, queue=job.queue, args=job.args, kwargs=job.kwargs
+        job_id=job.id, attempt=job.attempts, queue=job.queue, args=args, kwargs=kwargs
     )
     instance._gator_journal = journal
     return instance
@@ -268,6 +281,8 @@ def _failure(
         if outage is not None:
             return outage
     error, summary = error_entry(exc, attempt=job.attempts, worker_id=worker_id)
+    if instance is not None and type(instance).traits.encrypted:
+        error, summary = encryption.seal_error(error, summary)
     dead, delay, queue = True, None, job.queue
     if not force_dead and not cancelled and instance is not None:
         dead, delay, queue = decide_retry(instance, exc, job)
@@ -352,10 +367,13 @@ def failure_for(
     the attempt ran, for job_finished (by default its timeout)."""
     try:
         job_class = get_job_class(job.name)
-    except JobNotRegistered:
+        args, kwargs = job.args, job.kwargs
+        if job_class.traits.encrypted or type(args) is dict:
+            args, kwargs = encryption.open_payload(job.id, job.name, args, kwargs)
+    except (JobNotRegistered, Undecryptable):
         return dead_failure(job, worker_id, exc)
     instance = job_class(
-        job_id=job.id, attempt=job.attempts, queue=job.queue, args=job.args, kwargs=job.kwargs
+        job_id=job.id, attempt=job.attempts, queue=job.queue, args=args, kwargs=kwargs
     )
     outcome = _failure(job, worker_id, exc, instance)
     if duration is None:

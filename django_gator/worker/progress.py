@@ -5,18 +5,19 @@ metrics."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from django_gator import conf, metrics
+from django_gator import conf, encryption, metrics
 from django_gator.attempts import Claim
 from django_gator.engines import ClaimedJob, JobEngine
 from django_gator.exceptions import JobNotRegistered, JobStalled, JobTimeout
 from django_gator.joblogs import buffer_for
 from django_gator.longjobs import Journal
 from django_gator.queueable import Queueable, effective_timeout, get_job_class
-from django_gator.redaction import secret_values
+from django_gator.redaction import is_encrypted, secret_values
 from django_gator.validation import dumps
 
 
@@ -33,16 +34,31 @@ def journal_for(
     claim = Claim.of(job)
 
     def write(progress: str | None, checkpoint: str | None, logs: str | None) -> bool:
+        if checkpoint is not None and is_encrypted(job.name):
+            checkpoint = encryption.seal_json(checkpoint)
         return engine.save_progress(worker_id, claim, progress, checkpoint, logs)
+
+    def load() -> str | None:
+        text = engine.read_checkpoint(job.id)
+        if text is None or not text.startswith("{"):
+            return text
+        state = json.loads(text)
+        if not encryption.is_sealed(state):
+            return text
+        opened = encryption.open_value(state, f"the checkpoint of job {job.id} ({job.name})")
+        return json.dumps(opened, separators=(",", ":"), ensure_ascii=False)
 
     def counted(delta: float) -> None:
         if metrics.enabled:
             metrics.job_progress(job, delta)
 
     try:
-        buffer = buffer_for(get_job_class(job.name))
+        job_class = get_job_class(job.name)
     except JobNotRegistered:  # its attempt fails before it runs
         buffer = None
+    else:
+        # An encrypted class's log lines may hold its data in clear: not captured.
+        buffer = None if job_class.traits.encrypted else buffer_for(job_class)
 
     def log_entry() -> str:
         assert buffer is not None
@@ -51,7 +67,7 @@ def journal_for(
 
     return Journal(
         write,
-        lambda: engine.read_checkpoint(job.id),
+        load,
         interval=conf.progress_interval(),
         stopping=stopping,
         submit=submit,

@@ -329,3 +329,18 @@ class AwardLoyaltyPoints(Queueable):
     def handle(self, order_id: int, points: int) -> int:
         LoyaltyEntry.objects.create(order_id=order_id, points=points)
         return points
+
+
+# --- Encrypted jobs: personal data encrypted at rest ---------------------------------------------
+
+
+class SendStatement(Queueable):
+    """Its arguments, result and errors are stored encrypted (GATOR_ENCRYPTION_KEYS in
+    settings.py, from the environment); the admin shows them to users with the
+    django_gator.view_encrypted permission only."""
+
+    encrypted = True
+
+    def handle(self, email: str, iban: str) -> dict[str, str]:
+        logger.info("Statement sent")  # never log the personal data itself
+        return {"sent_to": email, "account_ends": iban[-4:]}

@@ -8,6 +8,8 @@ Everything that differs between machines comes from the environment (django-envi
     SECRET_KEY     default: a development key (set a real one anywhere public)
     ALLOWED_HOSTS  comma-separated; default: localhost, 127.0.0.1, [::1]
     GATOR_LOG_LEVEL  level of the django_gator loggers on the console; default: INFO
+    GATOR_ENCRYPTION_KEYS  comma-separated keys for encrypted jobs, newest first (each from
+                   Fernet.generate_key()); default: a development key (never use it for real data)
 """
 
 from __future__ import annotations
@@ -91,6 +93,11 @@ STATIC_URL = "static/"
 # Flow control: at most 2 exports run at once across every worker, at most 10 start a
 # second (the admin's dashboard can change them; see "Flow control" in the README).
 GATOR_QUEUES = {"exports": {"concurrency": 2, "rate_limit": "10/s"}}
+
+# Keys of encrypted jobs (demo.jobs.SendStatement), newest first: see docs/encryption.md.
+GATOR_ENCRYPTION_KEYS = env.list(
+    "GATOR_ENCRYPTION_KEYS", default=["ZGVtby1vbmx5LWtleS1ub3QtZm9yLXJlYWwtZGF0YSE="]
+)
 
 # Middleware wrapped around every job's handle() (see demo/jobs.py).
 GATOR_MIDDLEWARE = ["demo.jobs.log_duration"]

@@ -25,7 +25,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import OperationalError, connection, connections, transaction
 
-from django_gator import Chain, Queueable, Workflow
+from django_gator import Chain, Queueable, Workflow, encryption
 from django_gator.models import Job, WorkflowRun
 from django_gator.signals import dispatch_failed, job_dispatched
 from tests.testapp.models import Execution
@@ -38,6 +38,14 @@ JOBS = "jobs"
 class Invoice(Queueable):
     queue = "billing"
     priority = 3
+
+    def handle(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+class SecretInvoice(Queueable):
+    encrypted = True
+    queue = "billing"
 
     def handle(self, *args: Any, **kwargs: Any) -> None:
         return None
@@ -189,6 +197,23 @@ def test_a_job_that_cannot_be_inserted_at_commit_is_logged_and_signalled(jobs_db
 
     jobs_db.up()
     assert not Job.objects.using(JOBS).exists()
+
+
+def test_a_lost_encrypted_job_is_logged_sealed(jobs_db, failures, caplog):
+    with transaction.atomic():
+        SecretInvoice.dispatch("INV-9", iban="DE02120300000000202051", on_commit=True)
+        jobs_db.down()
+
+    [lost] = records(caplog, logging.ERROR)
+    assert "DE0212" not in lost
+    assert "INV-9" not in lost
+    fields = dict(re.findall(r"(\w+)=(\S+)", lost.split(" error=")[0]))
+    args, kwargs = json.loads(fields["args"]), json.loads(fields["kwargs"])
+    # The envelopes: whoever holds the key can dispatch the job again from them.
+    assert encryption.open_value(args, "args") == ["INV-9"]
+    assert encryption.open_value(kwargs, "kwargs") == {"iban": "DE02120300000000202051"}
+    assert [f["sender"] for f in failures] == [SecretInvoice]
+    jobs_db.up()
 
 
 def test_a_jobs_database_back_within_the_retries_gets_the_job(jobs_db, failures, caplog):

@@ -1259,3 +1259,68 @@ class LedgerStep(Queueable):
 
 # Registered with the others, for worker subprocesses (autodiscovery imports this module).
 from tests.testapp import isolated_jobs, log_jobs, long_jobs  # noqa: E402, F401
+
+
+class SecretRecord(Queueable):
+    """An encrypted job: writes the card it was given to the ledger (what the handler saw),
+    checkpoints and returns it, and with ``fail`` raises an error that quotes it."""
+
+    encrypted = True
+    queue = "secrets"
+    retry = Retry(interval=0, max_retries=1)
+
+    def handle(self, card: str, *, fail: bool = False, sleep: float = 0.0) -> dict[str, Any]:
+        if sleep:
+            time.sleep(sleep)
+        self.checkpoint({"card": card, "seen": self.checkpoint_data})
+        Execution.objects.create(
+            job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label=card
+        )
+        if fail:
+            raise ValueError(f"card {card} was declined")
+        return {"card": card}
+
+
+class SecretUnique(Queueable):
+    """An encrypted unique job: its unique key is stored as a keyed digest."""
+
+    encrypted = True
+    unique = True
+
+    def handle(self, email: str) -> str:
+        return email
+
+
+class SecretProduces(Produces):
+    """Produces, encrypted: its arguments and its result are stored sealed."""
+
+    encrypted = True
+
+
+class SecretGathers(Gathers):
+    """Gathers, encrypted."""
+
+    encrypted = True
+
+
+class SecretAsync(Queueable):
+    """An encrypted async job: returns what it was given."""
+
+    encrypted = True
+    queue = "aio"
+
+    async def handle(self, card: str) -> dict[str, str]:
+        return {"card": card}
+
+
+class SecretLimited(Queueable):
+    """An encrypted job with a per-account limit: its concurrency key is stored as returned."""
+
+    encrypted = True
+    concurrency_limit = 1
+
+    def concurrency_key(self, account_id: int, email: str) -> str:
+        return f"account:{account_id}"
+
+    def handle(self, account_id: int, email: str) -> str:
+        return email

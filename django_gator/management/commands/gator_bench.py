@@ -43,6 +43,12 @@ class Command(BaseCommand):
             "1,000 keys); none by default",
         )
         parser.add_argument(
+            "--encrypted",
+            action="store_true",
+            help="dispatch and drain jobs of a class with encrypted = True (needs "
+            "GATOR_ENCRYPTION_KEYS)",
+        )
+        parser.add_argument(
             "--only",
             choices=[
                 "dispatch",
@@ -107,19 +113,27 @@ class Command(BaseCommand):
         """The rates of dispatch (one at a time, dispatch_many), drain and tasks."""
         from django_gator import bench
 
+        secret = options["encrypted"]
+        kind = "encrypted " if secret else ""
         if "dispatch" in only:
-            rate = bench.bench_dispatch(options["dispatch"])
-            self._line("dispatch, one at a time (autocommit)", f"{rate:,.0f} jobs/s")
+            rate = bench.bench_dispatch(options["dispatch"], encrypted=secret)
+            self._line(f"{kind}dispatch, one at a time (autocommit)", f"{rate:,.0f} jobs/s")
         if "dispatch_many" in only:
-            rate = bench.bench_dispatch_many(options["dispatch_many"], options["batch"])
-            self._line(f"dispatch_many, {options['batch']:,} per call", f"{rate:,.0f} jobs/s")
+            rate = bench.bench_dispatch_many(
+                options["dispatch_many"], options["batch"], encrypted=secret
+            )
+            self._line(f"{kind}dispatch_many, {options['batch']:,} per call", f"{rate:,.0f} jobs/s")
         if "drain" in only:
             rate, before, after = bench.bench_drain(
-                options["drain"], options["concurrency"], options["batch"], flow=options["flow"]
+                options["drain"],
+                options["concurrency"],
+                options["batch"],
+                flow=options["flow"],
+                encrypted=secret,
             )
             flow = {"none": "", "queue": ", queue limit 1,000", "keys": ", 1,000 keys x 1"}
             self._line(
-                f"drain {options['drain']:,} no-op jobs, 1 process, "
+                f"drain {options['drain']:,} {kind}no-op jobs, 1 process, "
                 f"{wording.count(options['concurrency'], 'thread')}{flow[options['flow']]}",
                 f"{rate:,.0f} jobs/s (RSS {before:.0f} -> {after:.0f} MiB)",
             )

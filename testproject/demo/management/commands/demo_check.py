@@ -10,6 +10,7 @@ client. Exits non-zero, listing every problem, if anything is off.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -32,6 +33,7 @@ from demo.jobs import (
     SendInvoice,
     SendLoginCode,
     SendReceipt,
+    SendStatement,
     SendWelcomeEmail,
     SyncAccount,
     SyncInventory,
@@ -41,6 +43,7 @@ from demo.jobs import (
 )
 from demo.management.commands.demo_superuser import PASSWORD, USERNAME
 from demo.models import LoyaltyEntry
+from django_gator import encryption
 from django_gator.models import Job, JobState
 
 UNFINISHED = (JobState.WAITING, JobState.RUNNING, JobState.FAILED)
@@ -63,6 +66,7 @@ EXPECTED_COUNTS = {
     ExportOrders.name: 2,
     AwardLoyaltyPoints.name: 1,
     FetchShippingLabel.name: 1,
+    SendStatement.name: 1,
     # Flow control: one sync per account at a time, at most 2 exports at once.
     SyncAccount.name: 6,
     export_report.name: 6,
@@ -153,6 +157,12 @@ class Command(BaseCommand):
             or len({job.chain_id for job in chain}) != 1
         ):
             problems.append(f"the chain's rows are {[(j.name, j.chain_position) for j in chain]}")
+        statement = next((job for job in jobs if job.name == SendStatement.name), None)
+        if statement is not None and (
+            "ada@example.com" in json.dumps([statement.args, statement.kwargs, statement.result])
+            or not encryption.is_sealed(statement.args)
+        ):
+            problems.append(f"#{statement.pk} {statement.name}: its row is not encrypted")
         entries = list(LoyaltyEntry.objects.values_list("order_id", "points"))
         if entries != [(1003, 50)]:
             problems.append(f"loyalty entries are {entries}, expected [(1003, 50)]")

@@ -22,6 +22,7 @@ from demo.jobs import (
     SendInvoice,
     SendLoginCode,
     SendReceipt,
+    SendStatement,
     SendWelcomeEmail,
     SyncAccount,
     SyncInventory,
@@ -141,6 +142,10 @@ class Command(BaseCommand):
 
         # An atomic job: its LoyaltyEntry row commits with its success, exactly once.
         jobs.append(("atomic", AwardLoyaltyPoints.dispatch(order_id=1003, points=50)))
+
+        # Encrypted at rest: the row holds ciphertext; the worker and permitted admins see it.
+        statement = SendStatement.dispatch("ada@example.com", iban="DE02120300000000202051")
+        jobs.append(("encrypted arguments", statement))
 
         for what, row in jobs:
             self.stdout.write(
