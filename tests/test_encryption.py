@@ -28,6 +28,7 @@ from tests.testapp.jobs import (
     Gathers,
     SecretAsync,
     SecretGathers,
+    SecretIsolated,
     SecretLimited,
     SecretProduces,
     SecretRecord,
@@ -79,6 +80,20 @@ def test_the_row_holds_ciphertext_and_the_handler_sees_plaintext(caplog):
     assert key_of(stored["checkpoint_data"]) == KEY_A
     assert encryption.open_value(job.result, "result") == {"card": CARD}
     assert CARD not in caplog.text
+
+
+def test_an_isolated_encrypted_job_sees_plaintext_and_its_row_keeps_ciphertext():
+    job = SecretIsolated.dispatch(CARD)
+    run_worker("secrets-isolated", concurrency=1)
+
+    job.refresh_from_db()
+    assert job.state == JobState.SUCCEEDED, (job.state, job.last_error)
+    assert Execution.objects.get(job_id=job.pk).label == CARD  # what the child's handle() got
+    stored = raw_row(job.pk)
+    assert CARD not in json.dumps(stored)
+    assert key_of(stored["result"]) == KEY_A
+    assert key_of(stored["checkpoint_data"]) == KEY_A
+    assert encryption.open_value(job.result, "result") == {"card": CARD}
 
 
 def test_an_error_quoting_the_arguments_is_stored_encrypted_and_logged_without_them(caplog):

@@ -1281,6 +1281,14 @@ class SecretRecord(Queueable):
         return {"card": card}
 
 
+class SecretIsolated(SecretRecord):
+    """SecretRecord run in a child process: the child opens its data, the worker seals
+    what crosses back (checkpoint, result)."""
+
+    isolation = "process"
+    queue = "secrets-isolated"
+
+
 class SecretUnique(Queueable):
     """An encrypted unique job: its unique key is stored as a keyed digest."""
 
