@@ -28,12 +28,12 @@ from django_gator.admin.batches import BatchView, batch_link
 from django_gator.admin.dashboard import DashboardView
 from django_gator.admin.dead_jobs import DeadJobsView
 from django_gator.admin.display import pretty, running_for, time_field, when
-from django_gator.admin.filters import ErrorClassFilter, JobNameFilter, QueueFilter
+from django_gator.admin.filters import DatabaseFilter, ErrorClassFilter, JobNameFilter, QueueFilter
 from django_gator.admin.limits import QueueLimitsView
 from django_gator.admin.listing import JobListing
 from django_gator.admin.progress import ProgressDisplay
 from django_gator.admin.queues import QueuePauseView
-from django_gator.admin.reading import ReadingAdmin, wrote
+from django_gator.admin.reading import ReadingAdmin, job_url, wrote
 from django_gator.admin.workflows import workflow_link
 from django_gator.models import Job, JobState
 
@@ -72,6 +72,7 @@ class JobAdmin(JobListing, ProgressDisplay, JobActions, ReadingAdmin):
         "error_summary",
     )
     list_filter = (
+        DatabaseFilter,
         "state",
         QueueFilter,
         JobNameFilter,
@@ -213,7 +214,9 @@ class JobAdmin(JobListing, ProgressDisplay, JobActions, ReadingAdmin):
         job = get_object_or_404(self.get_queryset(request), pk=object_id)
         self.retry_and_report(request, self.get_queryset(request).filter(pk=job.pk))
         wrote(request)
-        return HttpResponseRedirect(reverse("admin:django_gator_job_change", args=[job.pk]))
+        return HttpResponseRedirect(
+            job_url(reverse("admin:django_gator_job_change", args=[job.pk]), job)
+        )
 
     @staticmethod
     def _secrets(job: Job) -> list[str]:
@@ -306,10 +309,13 @@ class JobAdmin(JobListing, ProgressDisplay, JobActions, ReadingAdmin):
         if job.state not in (JobState.DEAD, JobState.FAILED):
             return format_html("<p>{}</p>", "Only dead and failed jobs can be retried or edited.")
         edit = reverse("admin:django_gator_job_edit_arguments", args=[job.pk])
+        retry = job_url(reverse("admin:django_gator_job_retry", args=[job.pk]), job)
+        button = '<button type="submit" class="button default gator-retry" formmethod="post" '
+        if retry != reverse("admin:django_gator_job_retry", args=[job.pk]):  # another database's
+            return format_html(button + 'formaction="{}">{}</button>', retry, "Retry")
         tools = format_html(
-            '<button type="submit" class="button default gator-retry" formmethod="post" '
-            'formaction="{}">{}</button> <a class="button" href="{}">{}</a>',
-            reverse("admin:django_gator_job_retry", args=[job.pk]),
+            button + 'formaction="{}">{}</button> <a class="button" href="{}">{}</a>',
+            retry,
             "Retry",
             edit,
             "Edit arguments and retry",

@@ -53,7 +53,7 @@ class Executors:
         self.spawn = spawn
         self.started = 0
         #: The connections each executor thread opens before it takes a job.
-        self.warm_aliases = warm_aliases()
+        self.warm_aliases = warm_aliases(engine.alias)
 
     def start(self, count: int) -> None:
         for _ in range(count):
