@@ -462,3 +462,21 @@ def test_run_jobs_runs_the_jobs_of_every_job_database(routed: Any) -> None:
     ran = run_jobs()
     assert sorted((job._state.db, job.args) for job in ran) == [("default", [2]), (BULK, [1])]
     assert _states(BULK) == [("bulk", JobState.SUCCEEDED)]
+
+
+def test_a_worker_refuses_a_routed_database_that_takes_no_writes(
+    routed: dict[str, Any],
+) -> None:
+    if connections[BULK].vendor != "postgresql":
+        pytest.skip("a read-only PostgreSQL database (default_transaction_read_only)")
+    name = routed["NAME"]
+    with connections["default"].cursor() as cursor:
+        cursor.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+    connections[BULK].close()  # new sessions are read-only
+    try:
+        with pytest.raises(CommandError, match=rf"{BULK}.* does not take writes"):
+            call_command("gator_worker", "--database", BULK, "--burst")
+    finally:
+        with connections["default"].cursor() as cursor:
+            cursor.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+        connections[BULK].close()
