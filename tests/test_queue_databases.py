@@ -413,6 +413,10 @@ def test_the_admin_lists_each_database_under_its_selector(routed: Any) -> None:
     dashboard = client.get(f"/admin/django_gator/job/dashboard/?database={BULK}")
     assert dashboard.status_code == 200
     assert "bulk" in dashboard.content.decode()
+    Job.objects.using(BULK).filter(pk=bulk_job.pk).update(state=JobState.DEAD)
+    dead = client.get(f"/admin/django_gator/job/dead/?database={BULK}").content.decode()
+    assert f'<input type="hidden" name="database" value="{BULK}">' in dead
+    assert f"database={BULK}" in dead.split("gator-filters", 1)[1]  # the group's job list
 
 
 # -- nothing changes without the setting ----------------------------------------------------

@@ -98,6 +98,7 @@ def context(request: HttpRequest) -> dict[str, Any]:
     chosen = source(request)
     found: dict[str, Any] = {} if chosen.replica is None else {"gator_read_source": chosen}
     if conf.get("GATOR_QUEUE_DATABASES"):
+        found["gator_database_picked"] = picked_database(request)  # kept by GET forms
         here = picked_database(request) or conf.database()
         found["gator_databases"] = [
             {
