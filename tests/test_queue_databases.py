@@ -484,3 +484,21 @@ def test_a_worker_refuses_a_routed_database_that_takes_no_writes(
         with connections["default"].cursor() as cursor:
             cursor.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
         connections[BULK].close()
+
+
+def test_gator_retry_prune_and_workflow_take_the_job_database(routed: Any) -> None:
+    job = Noop.dispatch(queue="bulk")
+    Job.objects.using(BULK).filter(pk=job.pk).update(state=JobState.DEAD)
+    call_command("gator_retry", "--all", "--database", BULK, stdout=StringIO())
+    assert Job.objects.using(BULK).get(pk=job.pk).state == JobState.WAITING
+    out = StringIO()
+    call_command("gator_prune", "--dry-run", "--database", BULK, stdout=out)
+    assert out.getvalue()
+    with pytest.raises(CommandError, match="'nowhere' is not a job database"):
+        call_command("gator_prune", "--dry-run", "--database", "nowhere")
+    run = Workflow("bulk only")
+    run.add(BulkFirst, 1)
+    dispatched = run.dispatch()
+    call_command("gator_workflow", "cancel", str(dispatched.id), "--database", BULK)
+    states = Job.objects.using(BULK).filter(name=BulkFirst.name).values_list("state", flat=True)
+    assert list(states) == [JobState.CANCELLED]
