@@ -502,3 +502,15 @@ def test_gator_retry_prune_and_workflow_take_the_job_database(routed: Any) -> No
     call_command("gator_workflow", "cancel", str(dispatched.id), "--database", BULK)
     states = Job.objects.using(BULK).filter(name=BulkFirst.name).values_list("state", flat=True)
     assert list(states) == [JobState.CANCELLED]
+
+
+def test_a_routed_database_is_listened_to_on_its_own_connection(routed: Any, settings: Any) -> None:
+    from django_gator.worker.pooling import listen_engine
+
+    if connection.vendor != "postgresql":
+        pytest.skip("LISTEN is PostgreSQL's")
+    settings.GATOR_LISTEN_DATABASE = "default"  # a direct connection to GATOR_DATABASE
+    bulk_engine = get_engine(BULK)
+    expected = bulk_engine if bulk_engine.can_listen else None  # SQLite polls
+    assert listen_engine(bulk_engine, 1.0) is expected
+    assert listen_engine(get_engine("default"), 1.0) is get_engine("default")
