@@ -51,11 +51,6 @@ def job_databases() -> list[str]:
     return aliases
 
 
-def several() -> bool:
-    """Whether more than one job database is configured."""
-    return len(job_databases()) > 1
-
-
 def one_database(what: str, queues: Iterable[str]) -> str:
     """The one database that holds the jobs of ``queues`` (a batch's, a workflow's);
     :class:`CrossDatabase`, naming the aliases and their queues, if they are routed to
