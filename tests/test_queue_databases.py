@@ -514,3 +514,15 @@ def test_a_routed_database_is_listened_to_on_its_own_connection(routed: Any, set
     expected = bulk_engine if bulk_engine.can_listen else None  # SQLite polls
     assert listen_engine(bulk_engine, 1.0) is expected
     assert listen_engine(get_engine("default"), 1.0) is get_engine("default")
+
+
+def test_a_batch_or_workflow_whose_callback_lives_elsewhere_is_refused(routed: Any) -> None:
+    with Batch(description="callback elsewhere", on_success=Noop):
+        with pytest.raises(CrossDatabase, match="on_success"):
+            BulkFirst.dispatch(1)
+        Noop.dispatch()  # members and callback on GATOR_DATABASE: accepted
+    workflow = Workflow("handler elsewhere", on_error=Noop)
+    workflow.add(BulkFirst, 1)
+    with pytest.raises(CrossDatabase, match="'default' holds queue 'default'"):
+        workflow.dispatch()
+    assert _states(BULK) == []

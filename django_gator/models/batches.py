@@ -22,6 +22,7 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from django_gator import conf
+from django_gator.databases import for_queue
 from django_gator.exceptions import CrossDatabase, JobNotRegistered
 from django_gator.models import membership
 from django_gator.models.job_queries import JobQuerySet
@@ -219,6 +220,7 @@ class Batch(models.Model):
         elif self._home is not None:
             home, first = self._home
         else:
+            self._check_callbacks(alias)
             self._home = (alias, queue)
             return
         if home == alias:
@@ -229,6 +231,23 @@ class Batch(models.Model):
             f"{alias!r} (GATOR_QUEUE_DATABASES): a batch lives within one database; nothing "
             "was dispatched"
         )
+
+    def _check_callbacks(self, alias: str) -> None:
+        """CrossDatabase if a callback's queue lives in another database than ``alias``
+        (the callbacks are dispatched in the batch's database when it completes)."""
+        if not conf.get("GATOR_QUEUE_DATABASES"):
+            return
+        for field in CALLBACKS:
+            name = getattr(self, field)
+            if not name:
+                continue
+            queue = get_job_class(name).queue
+            if for_queue(queue) != alias:
+                raise CrossDatabase(
+                    f"{self}'s {field} job {name!r} runs on queue {queue!r}, routed to "
+                    f"{for_queue(queue)!r} (GATOR_QUEUE_DATABASES), but its members go to "
+                    f"{alias!r}: a batch lives within one database; nothing was dispatched"
+                )
 
     def admit(self, alias: str, count: int) -> int:
         """Count ``count`` new members in, in the open transaction of ``alias`` (the one

@@ -18,7 +18,7 @@ from django_gator.models import Batch, Job, WorkflowRun, WorkflowStep
 from django_gator.pipeline import core
 from django_gator.pipeline.deferred import log_json
 from django_gator.pipeline.unsaved import mark_saved, unsaved_job
-from django_gator.registry import is_registered
+from django_gator.registry import get_job_class, is_registered
 
 if TYPE_CHECKING:
     from django_gator.engines import JobEngine
@@ -49,7 +49,9 @@ def dispatch_workflow(
     alias = conf.database()
     if conf.get("GATOR_QUEUE_DATABASES"):
         what = f"workflow {name!r}" if name else "a workflow (or chain)"
-        alias = databases.one_database(what, [spec.queue for spec in specs])
+        # Its on_error job is dispatched in its database too.
+        handler = [get_job_class(on_error).queue] if on_error else []
+        alias = databases.one_database(what, [spec.queue for spec in specs] + handler)
         if alias != conf.database():
             databases.check_migrated(alias)
         if on_commit is None and not conf.dispatch_on_commit():
