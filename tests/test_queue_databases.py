@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from io import StringIO
@@ -143,6 +144,7 @@ def bulk(
                 _reset_caches()
         if request.param == "postgresql":
             _drop_postgres_twin(config)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture
