@@ -30,6 +30,9 @@ W006  GATOR_READ_DATABASE is the job database itself: GATOR_DATABASE's alias, or
       every read is still right (it is the primary's), only nothing is taken off the
       primary, and a staging or development setup that points the replica's URL at the
       primary should keep running.
+E008  GATOR_QUEUE_DATABASES is not a dict of queue names to database aliases, names an
+      alias that is not a key of DATABASES, or a queue name that is not valid. (W003 and
+      E004 look at every job database a database check is run for.)
 E012  A job class has ``encrypted = True`` and its data cannot be encrypted: the
       ``cryptography`` package is missing or GATOR_ENCRYPTION_KEYS is empty; or a key of
       GATOR_ENCRYPTION_KEYS is not URL-safe base64 of 32 bytes (whether or not a class uses it).
@@ -138,15 +141,51 @@ def check_database(
     # Like Django's own database checks: only when asked for a database (``migrate``,
     # ``check --database``, the test runner). Plain ``manage.py check`` must not connect
     # (an unreachable server would crash it; SQLite would create its file).
-    alias = conf.get("GATOR_DATABASE")  # not validated: a bad one is E002, not a crash
-    if (
-        databases is None
-        or not isinstance(alias, str)
-        or alias not in databases
-        or alias not in settings.DATABASES
-    ):
+    if databases is None:
         return []
-    return _check_tables(alias) + server_checks(alias, connections[alias])
+    found = []
+    for alias in _job_databases():
+        if alias in databases:
+            found += _check_tables(alias) + server_checks(alias, connections[alias])
+    return found
+
+
+def _job_databases() -> list[str]:
+    """GATOR_DATABASE and the aliases of GATOR_QUEUE_DATABASES that are configured (not
+    validated: bad ones are E002 and E008, not a crash)."""
+    aliases = [conf.get("GATOR_DATABASE")]
+    routed = conf.get("GATOR_QUEUE_DATABASES")
+    if isinstance(routed, Mapping):
+        aliases += [a for a in routed.values() if a not in aliases]
+    return [a for a in aliases if isinstance(a, str) and a in settings.DATABASES]
+
+
+@checks.register()
+def check_queue_databases(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """GATOR_QUEUE_DATABASES: valid queue names routed to configured aliases (E008)."""
+    routed = conf.get("GATOR_QUEUE_DATABASES")
+    problem = conf.BY_NAME["GATOR_QUEUE_DATABASES"].problem(routed)
+    hint = 'Use {"queue": "alias"} with each alias a key of DATABASES.'
+    if problem is not None:
+        return [checks.Error(f"{problem}.", hint=hint, id="django_gator.E008")]
+    errors: list[checks.CheckMessage] = []
+    for queue, alias in routed.items():
+        try:
+            validate_queue(queue)
+        except ValueError as exc:
+            errors.append(
+                checks.Error(f"GATOR_QUEUE_DATABASES has a bad key: {exc}.", id="django_gator.E008")
+            )
+        if alias not in settings.DATABASES:
+            errors.append(
+                checks.Error(
+                    f"GATOR_QUEUE_DATABASES routes queue {queue!r} to {alias!r}, which is not a "
+                    "key of DATABASES.",
+                    hint=f"Use one of {sorted(settings.DATABASES)}.",
+                    id="django_gator.E008",
+                )
+            )
+    return errors
 
 
 def _check_tables(alias: str) -> list[checks.CheckMessage]:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 
-from django_gator import conf, windows
+from django_gator import conf, databases, windows
 from django_gator.models.batches import current_batch
 from django_gator.pipeline import core
 from django_gator.pipeline.encoding import Payloads, job_rows
@@ -37,10 +37,13 @@ def enqueue(
 ) -> list[Job]:
     """Validate and insert one job per (args, kwargs) item; returns the rows in order.
 
-    The INSERT runs on the connection of ``GATOR_DATABASE`` and so joins a transaction that
-    is open there. With ``on_commit`` (True for the default alias, or an alias name) the
-    INSERT itself waits for that alias's transaction to commit and is dropped on rollback;
-    use it when the jobs table lives in another database than the caller's transaction.
+    The INSERT runs on the connection of the queue's job database (``GATOR_DATABASE``, or
+    the alias ``GATOR_QUEUE_DATABASES`` routes the queue to) and so joins a transaction
+    that is open there; a routed job dispatched while only another database has a
+    transaction open waits for its commit. With ``on_commit`` (True for the default alias,
+    or an alias name) the INSERT itself waits for that alias's transaction to commit and is
+    dropped on rollback; use it when the jobs table lives in another database than the
+    caller's transaction.
     """
     rows, payloads = job_rows(job_class, items, wait, at, queue, priority, chain, many)
     windows.settle_dispatch(job_class, rows, expires_at)
@@ -77,7 +80,24 @@ def _submit(
     batch (refused now, before anything is written, if it has no room)."""
     if not len(rows):
         return []
+    alias = conf.database()
+    if conf.get("GATOR_QUEUE_DATABASES"):
+        alias, on_commit = _routed(rows.queue, on_commit)
     member_of = current_batch()
     if member_of is not None:
         member_of.check_room(len(rows))
-    return core.submit(JobsInsert(job_class, conf.database(), rows, payloads, member_of), on_commit)
+        member_of.check_database(alias, rows.queue)
+    return core.submit(JobsInsert(job_class, alias, rows, payloads, member_of), on_commit)
+
+
+def _routed(queue: str, on_commit: bool | str | None) -> tuple[str, bool | str | None]:
+    """With GATOR_QUEUE_DATABASES: the database of ``queue`` (checked for its tables once
+    per process), and when the caller holds a transaction open on another database and
+    none on that one, the INSERT waits for that transaction's commit (``on_commit``
+    unless the caller chose)."""
+    alias = databases.for_queue(queue)
+    if alias != conf.database():
+        databases.check_migrated(alias)
+    if on_commit is None and not conf.dispatch_on_commit():
+        on_commit = databases.caller_transaction(alias)
+    return alias, on_commit

@@ -182,6 +182,12 @@ class SchemaMissing(GatorError):
     """django-gator's tables are not in the database: ``manage.py migrate`` has not run."""
 
 
+class CrossDatabase(GatorError, ValueError):
+    """A batch or workflow whose jobs' queues are routed to different job databases
+    (``GATOR_QUEUE_DATABASES``): each lives within one database, so it is refused at
+    dispatch, before anything is inserted."""
+
+
 class ReadOnlyDatabase(GatorError):
     """The job database refuses writes (a standby, a replica, a read-only session): a
     worker pointed at it refuses to start rather than fail every claim."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from django_gator import conf
+from django_gator.databases import for_queue
 from django_gator.engines import get_engine
 from django_gator.models import Queue
 
@@ -25,14 +25,14 @@ def pause_queue(name: str, *, by: str | None = None) -> bool:
     queue's row records it. True if the queue was not paused before.
 
     ValueError, naming it, if ``name`` is not a valid queue name."""
-    return Queue.objects.using(conf.database()).pause(name, by=by or "")
+    return Queue.objects.using(for_queue(name)).pause(name, by=by or "")
 
 
 def resume_queue(name: str, *, by: str | None = None) -> bool:
     """Let the workers claim the jobs of the queue ``name`` again. True if it was paused.
 
     ValueError, naming it, if ``name`` is not a valid queue name."""
-    alias = conf.database()
+    alias = for_queue(name)
     with transaction.atomic(using=alias):
         resumed = Queue.objects.using(alias).resume(name, by=by or "")
         if resumed:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from django_gator import conf
+from django_gator.databases import for_queue
 from django_gator.items import dispatch_items
 from django_gator.longjobs import LongRunning
 
@@ -172,11 +173,8 @@ class Queueable(Windows, LongRunning):
         # not import the models (see the module's docstring). Not an import cycle.
         from django_gator.models import Job
 
-        self._cancel_seen = (
-            Job.objects.using(conf.database())
-            .filter(pk=self.job_id, cancel_requested=True)
-            .exists()
-        )
+        rows = Job.objects.using(for_queue(self.queue))
+        self._cancel_seen = rows.filter(pk=self.job_id, cancel_requested=True).exists()
         return self._cancel_seen
 
     def batch(self) -> Batch | None:
@@ -190,7 +188,7 @@ class Queueable(Windows, LongRunning):
             return None
         from django_gator.models import Batch  # see cancel_requested
 
-        return Batch.of_member(self.job_id)
+        return Batch.of_member(self.job_id, for_queue(self.queue))
 
     def results(self) -> dict[str, Any]:
         """In a workflow step (or a chain's job): the results of the steps it comes after,
@@ -199,7 +197,7 @@ class Queueable(Windows, LongRunning):
         database: from an ``async def handle()``, call it through ``sync_to_async``."""
         from django_gator.step_results import parent_results  # see cancel_requested
 
-        return parent_results(self.job_id)
+        return parent_results(self.job_id, for_queue(self.queue))
 
     async def acancel_requested(self) -> bool:
         """:meth:`cancel_requested` for an ``async def`` handler (its database read runs

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from django.apps import apps
-from django.db import connections
+from django.db import DEFAULT_DB_ALIAS, connections
 
 #: What to tell the user when :func:`missing_tables` is not empty.
 MISSING_TABLES_MESSAGE = "the django_gator tables do not exist: run `manage.py migrate`"
@@ -40,6 +40,8 @@ def missing_tables_message(alias: str, missing: list[str]) -> str:
     """:data:`MISSING_TABLES_MESSAGE`, with the database and, when only some are missing,
     which ones."""
     message = f"{MISSING_TABLES_MESSAGE} (database {alias!r}"
+    if alias != DEFAULT_DB_ALIAS:  # `migrate` alone migrates the default alias only
+        message = message.replace("`manage.py migrate`", f"`manage.py migrate --database {alias}`")
     if 0 < len(missing) < len(tables()):
         message += f"; missing: {', '.join(missing)}"
     return message + ")"

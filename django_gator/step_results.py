@@ -16,16 +16,17 @@ from django_gator import conf
 from django_gator.encryption import open_value
 
 
-def parent_results(job_id: int | None) -> dict[str, Any]:
+def parent_results(job_id: int | None, alias: str | None = None) -> dict[str, Any]:
     """``{step name: result}`` of the steps the job ``job_id`` comes after; empty for a job
     outside a workflow, a first step, or no job (run outside a worker). A parent that
     returned nothing, or ended dead under ``on_dead="continue"``, gives None; so does one
-    whose job row was pruned since (see GATOR_PRUNE_SUCCEEDED_AFTER)."""
+    whose job row was pruned since (see GATOR_PRUNE_SUCCEEDED_AFTER). ``alias``: the job's
+    database (default GATOR_DATABASE)."""
     from django_gator.models import Job, WorkflowStep
 
     if job_id is None:
         return {}
-    alias = conf.database()
+    alias = alias or conf.database()
     jobs = Job.objects.using(alias)
     where = jobs.filter(pk=job_id).values_list("chain_id", "chain_position").first()
     if where is None or where[0] is None or where[1] is None:

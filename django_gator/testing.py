@@ -14,7 +14,8 @@ from typing import Any
 
 from django.utils import timezone
 
-from django_gator import conf, wording
+from django_gator import wording
+from django_gator.databases import job_databases
 from django_gator.dbtime import DbNow
 from django_gator.jobfunction import JobFunction, resolve_job_class
 from django_gator.queueable import Queueable
@@ -44,7 +45,8 @@ def run_jobs(
     ``expires_at`` by that clock is left alone, as a worker leaves an expired job. Jobs that the run
     dispatches, retries that fall due and next chain steps run too, each in this thread,
     through the same claim, retry, chain and atomic-transaction code as the worker. Jobs of
-    paused queues are left waiting, as a worker leaves them.
+    paused queues are left waiting, as a worker leaves them. With several job databases
+    (GATOR_QUEUE_DATABASES) the jobs of each run, one database's due jobs after another's.
 
     With ``raise_errors`` (the default) the first job that ends ``dead`` has its exception
     raised here, after its row was written; a job that will be retried is not an error.
@@ -57,14 +59,14 @@ def run_jobs(
 
     advance = _advance(now, advance)
     queues = [queue] if isinstance(queue, str) else list(queue or [])
-    alias = conf.database()
     worker_id = inline_worker_id()
-    ran: list[int] = []
+    ran: list[tuple[str, int]] = []
     while True:
         clock = now or timezone.now() + advance
-        job_id = _next_due(alias, clock, queues)
-        if job_id is None:
+        found = _next_anywhere(clock, queues)
+        if found is None:
             break
+        alias, job_id = found
         if len(ran) >= max_jobs:
             raise TooManyJobs(
                 f"run_jobs() ran {wording.count(max_jobs, 'job')} and more are due; "
@@ -73,11 +75,25 @@ def run_jobs(
         outcome = run_inline(alias, job_id, worker_id)
         if outcome is None:
             continue  # taken by someone else meanwhile
-        ran.append(job_id)
+        ran.append(found)
         if raise_errors and outcome.state == JobState.DEAD and outcome.exception is not None:
             raise outcome.exception
-    rows = Job.objects.using(alias).in_bulk(ran)
-    return [rows[pk] for pk in ran if pk in rows]
+    rows = {
+        (alias, pk): row
+        for alias in {alias for alias, _ in ran}
+        for pk, row in Job.objects.using(alias).in_bulk([p for a, p in ran if a == alias]).items()
+    }
+    return [rows[key] for key in ran if key in rows]
+
+
+def _next_anywhere(clock: datetime, queues: list[str]) -> tuple[str, int] | None:
+    """(alias, id) of the job a worker would claim next, looking at each job database in
+    turn (GATOR_DATABASE alone unless GATOR_QUEUE_DATABASES); None when none is due."""
+    for alias in job_databases():
+        job_id = _next_due(alias, clock, queues)
+        if job_id is not None:
+            return alias, job_id
+    return None
 
 
 def _advance(now: datetime | None, advance: timedelta | float | None) -> timedelta:
@@ -131,7 +147,11 @@ def _matching(
     from django_gator.models import Job  # not at the top: see run_jobs()
 
     job_class = resolve_job_class(job)
-    rows = list(Job.objects.using(conf.database()).filter(name=job_class.name).order_by("id"))
+    rows = [
+        row
+        for alias in job_databases()
+        for row in Job.objects.using(alias).filter(name=job_class.name).order_by("id")
+    ]
     candidates = rows if queue is None else [row for row in rows if row.queue == queue]
     if not with_arguments:
         return candidates, rows

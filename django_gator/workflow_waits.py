@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django_gator import conf
+from django_gator.databases import for_queue
 from django_gator.exceptions import WaitRejected, WaitTimedOut
 from django_gator.queueable import Queueable
 from django_gator.registry import get_job_class
@@ -42,7 +42,7 @@ class WaitStep(Queueable):
     def handle(self, signal: str, on_timeout: str = "") -> Any:
         from django_gator.models.waits import delivered  # see cancel_requested
 
-        workflow_id, entry = delivered(conf.database(), self.job_id, signal)
+        workflow_id, entry = delivered(for_queue(self.queue), self.job_id, signal)
         if entry is not None and entry.get("rejected"):
             note = (entry.get("payload") or {}).get("note", "")
             raise WaitRejected(

@@ -127,6 +127,14 @@ if os.environ.get("GATOR_TEST_PGBOUNCER_PORT") and _db["ENGINE"].endswith("postg
     if os.environ.get("GATOR_TEST_LISTEN_DATABASE"):
         GATOR_LISTEN_DATABASE = os.environ["GATOR_TEST_LISTEN_DATABASE"]
 
+if os.environ.get("GATOR_TEST_JOB_DATABASES"):
+    # tests/test_queue_databases.py: worker subprocesses reach the extra job databases of
+    # the test (a JSON object of DATABASES entries) and its routes (GATOR_QUEUE_DATABASES).
+    import json
+
+    DATABASES.update(json.loads(os.environ["GATOR_TEST_JOB_DATABASES"]))
+    GATOR_QUEUE_DATABASES = json.loads(os.environ["GATOR_TEST_QUEUE_DATABASES"])
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from django_gator import conf, replicas
+from django_gator import conf, databases, replicas
 from django_gator.conf import InvalidSetting
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -26,6 +26,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 #: test_every_declared_setting_has_bad_values.
 BAD: dict[str, list[tuple[Any, str]]] = {
     "GATOR_DATABASE": [(5, "5"), ("", "''")],
+    "GATOR_QUEUE_DATABASES": [(["bulk"], "['bulk']"), ({"bulk": ""}, "{'bulk': ''}")],
     "GATOR_READ_DATABASE": [(5, "5"), ("", "''")],
     "GATOR_READ_DATABASE_MAX_LAG": [(-1, "-1"), ("30", "'30'"), (math.inf, "inf")],
     "GATOR_DISPATCH_ON_COMMIT": [(1, "1"), ("false", "'false'")],
@@ -103,6 +104,7 @@ BAD_CASES = [
 #: The accessor of each setting, and what it returns for the default value.
 ACCESSORS: dict[str, tuple[Callable[[], Any], Any]] = {
     "GATOR_DATABASE": (conf.database, "default"),
+    "GATOR_QUEUE_DATABASES": (databases.routes, {}),
     "GATOR_READ_DATABASE": (replicas.read_database, None),
     "GATOR_READ_DATABASE_MAX_LAG": (replicas.max_lag, 30.0),
     "GATOR_DISPATCH_ON_COMMIT": (conf.dispatch_on_commit, False),
@@ -183,6 +185,7 @@ def test_every_setting_is_declared_once_with_a_gator_name_and_a_one_line_meaning
             "django_gator.E002",
             "django_gator.E005",
             "django_gator.E007",
+            "django_gator.E008",
         )
 
 

@@ -111,7 +111,8 @@ def test_the_database_check_says_the_tables_do_not_exist_and_to_migrate(unmigrat
     assert len(warnings) == 1
     assert isinstance(warnings[0], checks.Warning)
     assert warnings[0].msg == (
-        f"the django_gator tables do not exist: run `manage.py migrate` (database {EMPTY!r})."
+        "the django_gator tables do not exist: run "
+        f"`manage.py migrate --database {EMPTY}` (database {EMPTY!r})."
     )
     # Not when no database is named (plain `manage.py check` does not connect).
     assert not [m for m in checks.run_checks() if m.id == "django_gator.W003"]
@@ -172,7 +173,8 @@ def test_gator_status_names_the_missing_tables_instead_of_a_database_error(unmig
         call_command("gator_status", stdout=StringIO())
 
     assert str(info.value) == (
-        f"the django_gator tables do not exist: run `manage.py migrate` (database {EMPTY!r})"
+        "the django_gator tables do not exist: run "
+        f"`manage.py migrate --database {EMPTY}` (database {EMPTY!r})"
     )
 
 

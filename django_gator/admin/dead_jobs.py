@@ -92,6 +92,8 @@ class DeadJobsView(AdminPage):
             query_states = SCREEN_STATES[filters["state"]]
             if len(query_states) == 1:
                 query["state"] = query_states[0]
+            if reading.picked_database(request) is not None:
+                query[reading.DATABASE_PARAM] = reading.alias(request)
             group["jobs_url"] = f"{changelist}?{urlencode(query)}"
         context = {
             **self.context("Dead jobs"),

@@ -9,7 +9,9 @@ from django.contrib import admin
 from django.db.models import Q
 from django.http import HttpRequest
 
+from django_gator import conf
 from django_gator.admin import reading
+from django_gator.databases import job_databases
 from django_gator.engines import get_engine
 from django_gator.models import Job, JobState
 from django_gator.queueable import registered_jobs
@@ -78,3 +80,20 @@ class ErrorClassFilter(admin.SimpleListFilter):
         if not value:
             return queryset
         return queryset.filter(state__in=(JobState.DEAD, JobState.FAILED), error_class=value)
+
+
+class DatabaseFilter(admin.SimpleListFilter):
+    """With several job databases (GATOR_QUEUE_DATABASES): which one the list reads (the
+    rows are read there by :func:`django_gator.admin.reading.source`). Hidden, and
+    costing nothing, with one."""
+
+    title = "job database"
+    parameter_name = reading.DATABASE_PARAM
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        if not conf.get("GATOR_QUEUE_DATABASES"):
+            return []
+        return [(alias, alias) for alias in job_databases()]
+
+    def queryset(self, request: HttpRequest, queryset: Any) -> Any:
+        return queryset  # read where reading.source() says

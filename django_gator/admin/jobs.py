@@ -23,17 +23,18 @@ from django.utils.text import Truncator
 
 from django_gator import conf, redaction, wording
 from django_gator.admin.actions import JobActions
-from django_gator.admin.arguments import EDIT_ACTION, EditArgumentsView, last_restorable_edit
+from django_gator.admin.arguments import EditArgumentsView, last_restorable_edit
+from django_gator.admin.audit import AuditDisplay
 from django_gator.admin.batches import BatchView, batch_link
 from django_gator.admin.dashboard import DashboardView
 from django_gator.admin.dead_jobs import DeadJobsView
 from django_gator.admin.display import pretty, running_for, time_field, when
-from django_gator.admin.filters import ErrorClassFilter, JobNameFilter, QueueFilter
+from django_gator.admin.filters import DatabaseFilter, ErrorClassFilter, JobNameFilter, QueueFilter
 from django_gator.admin.limits import QueueLimitsView
 from django_gator.admin.listing import JobListing
 from django_gator.admin.progress import ProgressDisplay
 from django_gator.admin.queues import QueuePauseView
-from django_gator.admin.reading import ReadingAdmin, wrote
+from django_gator.admin.reading import ReadingAdmin, job_url, wrote
 from django_gator.admin.windows import WindowDisplay
 from django_gator.admin.workflows import workflow_link
 from django_gator.models import Job, JobState
@@ -58,7 +59,7 @@ ATTEMPT_FIELDS = (
 )
 
 
-class JobAdmin(JobListing, ProgressDisplay, WindowDisplay, JobActions, ReadingAdmin):
+class JobAdmin(JobListing, ProgressDisplay, WindowDisplay, AuditDisplay, JobActions, ReadingAdmin):
     # Sized to fit a 1400 px window with the navigation sidebar and the filters open (a
     # browser test measures it): names wrap after their dots, times after the date, errors
     # anywhere, and the error is cut short.
@@ -73,6 +74,7 @@ class JobAdmin(JobListing, ProgressDisplay, WindowDisplay, JobActions, ReadingAd
         "error_summary",
     )
     list_filter = (
+        DatabaseFilter,
         "state",
         QueueFilter,
         JobNameFilter,
@@ -219,7 +221,9 @@ class JobAdmin(JobListing, ProgressDisplay, WindowDisplay, JobActions, ReadingAd
         job = get_object_or_404(self.get_queryset(request), pk=object_id)
         self.retry_and_report(request, self.get_queryset(request).filter(pk=job.pk))
         wrote(request)
-        return HttpResponseRedirect(reverse("admin:django_gator_job_change", args=[job.pk]))
+        return HttpResponseRedirect(
+            job_url(reverse("admin:django_gator_job_change", args=[job.pk]), job)
+        )
 
     @staticmethod
     def _secrets(job: Job) -> list[str]:
@@ -312,10 +316,13 @@ class JobAdmin(JobListing, ProgressDisplay, WindowDisplay, JobActions, ReadingAd
         if job.state not in (JobState.DEAD, JobState.FAILED):
             return format_html("<p>{}</p>", "Only dead and failed jobs can be retried or edited.")
         edit = reverse("admin:django_gator_job_edit_arguments", args=[job.pk])
+        retry = job_url(reverse("admin:django_gator_job_retry", args=[job.pk]), job)
+        button = '<button type="submit" class="button default gator-retry" formmethod="post" '
+        if retry != reverse("admin:django_gator_job_retry", args=[job.pk]):  # another database's
+            return format_html(button + 'formaction="{}">{}</button>', retry, "Retry")
         tools = format_html(
-            '<button type="submit" class="button default gator-retry" formmethod="post" '
-            'formaction="{}">{}</button> <a class="button" href="{}">{}</a>',
-            reverse("admin:django_gator_job_retry", args=[job.pk]),
+            button + 'formaction="{}">{}</button> <a class="button" href="{}">{}</a>',
+            retry,
             "Retry",
             edit,
             "Edit arguments and retry",
@@ -329,44 +336,6 @@ class JobAdmin(JobListing, ProgressDisplay, WindowDisplay, JobActions, ReadingAd
                 "Undo the last argument edit",
             )
         return tools
-
-    @admin.display(description="audit trail")
-    def audit_html(self, job: Job) -> SafeString:
-        """Who did what when; an argument edit also shows the values before and after it,
-        redacted as the payload is."""
-        entries = [e for e in job.audit or [] if isinstance(e, dict)]
-        if not entries:
-            return format_html("<p>{}</p>", "No operator action yet.")
-        shown = []
-        for e in entries:
-            line = format_html(
-                "<p>{} &middot; {} by <b>{}</b>{}</p>",
-                e.get("at", ""),
-                e.get("action", ""),
-                e.get("by", "?"),
-                f" (onto queue {e['queue']})" if e.get("queue") else "",
-            )
-            if e.get("action") == EDIT_ACTION and isinstance(e.get("before"), dict):
-                line += self._edit_values(job, e["before"], e.get("after"))
-            shown.append((line,))
-        return format_html_join("\n", "{}", shown)
-
-    @staticmethod
-    def _edit_values(job: Job, before: dict[str, Any], after: Any) -> SafeString:
-        after = after if isinstance(after, dict) else {}
-        old = redaction.redact_payload(job.name, before.get("args"), before.get("kwargs"))
-        new = redaction.redact_payload(job.name, after.get("args"), after.get("kwargs"))
-        return format_html(
-            '<table class="gator-edit"><thead><tr><th></th><th>{}</th><th>{}</th></tr></thead>'
-            "<tbody><tr><th>args</th><td>{}</td><td>{}</td></tr>"
-            "<tr><th>kwargs</th><td>{}</td><td>{}</td></tr></tbody></table>",
-            "before",
-            "after",
-            pretty(old[0]),
-            pretty(new[0]),
-            pretty(old[1]),
-            pretty(new[1]),
-        )
 
     @admin.display(description="errors, oldest first")
     def error_history_html(self, job: Job) -> SafeString:

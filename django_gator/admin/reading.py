@@ -10,22 +10,52 @@ an action shows what the action did, never the replica's older rows. Each page s
 it read, the replica's lag, or why it read the primary.
 
 Without a replica, nothing here adds a statement or touches the session.
+
+With several job databases (``GATOR_QUEUE_DATABASES``), ``?database=ALIAS`` picks the one a
+page reads and writes (the job list's "job database" filter, the selector at the top of
+each page; a job's page keeps it from the list it came from); without it, GATOR_DATABASE.
 """
 
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import admin
 from django.db import DatabaseError
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, QueryDict
 
 from django_gator import conf, replicas
+from django_gator.databases import job_databases
 
 #: The session key of the primary's position after this session's last write.
 SESSION_KEY = "gator_written"
 #: Methods of requests that only read.
 READING = ("GET", "HEAD")
+#: The query parameter that picks a job database other than GATOR_DATABASE.
+DATABASE_PARAM = "database"
+
+
+def picked_database(request: HttpRequest) -> str | None:
+    """The job database other than GATOR_DATABASE this request asks for (``?database=``,
+    or the job list's filters a job's page was opened from); None: GATOR_DATABASE. No
+    statement, and nothing read from the request, without GATOR_QUEUE_DATABASES."""
+    if not conf.get("GATOR_QUEUE_DATABASES"):
+        return None
+    value = request.GET.get(DATABASE_PARAM)
+    if value is None:
+        value = QueryDict(request.GET.get("_changelist_filters", "")).get(DATABASE_PARAM)
+    if value and value != conf.database() and value in job_databases():
+        return str(value)
+    return None
+
+
+def job_url(url: str, job: Any) -> str:
+    """``url`` (of a page about ``job``) that reads the job's own database."""
+    db = job._state.db
+    if not conf.get("GATOR_QUEUE_DATABASES") or db in (None, conf.database()):
+        return url
+    return f"{url}?{urlencode({DATABASE_PARAM: db})}"
 
 
 def source(request: HttpRequest) -> replicas.ReadSource:
@@ -33,7 +63,10 @@ def source(request: HttpRequest) -> replicas.ReadSource:
     chosen: replicas.ReadSource | None = getattr(request, "_gator_read_source", None)
     if chosen is not None:
         return chosen
-    if replicas.read_database() is None:
+    picked = picked_database(request)
+    if picked is not None:
+        chosen = replicas.ReadSource(picked, picked)  # no replica of its own
+    elif replicas.read_database() is None:
         primary = conf.database()
         chosen = replicas.ReadSource(primary, primary)
     elif request.method not in READING:
@@ -60,9 +93,23 @@ def using(request: HttpRequest, queryset: Any) -> Any:
 
 
 def context(request: HttpRequest) -> dict[str, Any]:
-    """What the page shows about where it read (nothing without a replica)."""
+    """What the page shows about where it read (nothing without a replica), and with
+    several job databases a link to each (``gator_databases``: alias, url, selected)."""
     chosen = source(request)
-    return {} if chosen.replica is None else {"gator_read_source": chosen}
+    found: dict[str, Any] = {} if chosen.replica is None else {"gator_read_source": chosen}
+    if conf.get("GATOR_QUEUE_DATABASES"):
+        found["gator_database_picked"] = picked_database(request)  # kept by GET forms
+        here = picked_database(request) or conf.database()
+        found["gator_databases"] = [
+            {
+                "alias": alias,
+                "url": request.path
+                + ("" if alias == conf.database() else f"?{DATABASE_PARAM}={alias}"),
+                "selected": alias == here,
+            }
+            for alias in job_databases()
+        ]
+    return found
 
 
 def wrote(request: HttpRequest) -> None:
@@ -70,6 +117,8 @@ def wrote(request: HttpRequest) -> None:
     primary's writes so far, this session's pages read the primary."""
     if replicas.read_database() is None or request.method in READING:
         return
+    if picked_database(request) is not None:
+        return  # another job database than the replica's primary
     session = getattr(request, "session", None)
     if session is None:
         return

@@ -247,6 +247,25 @@ class QueueTable:
 
 
 @dataclass(frozen=True)
+class QueueRoutes:
+    """``GATOR_QUEUE_DATABASES``: ``{queue name: database alias}``, both non-empty strings
+    (whether each alias is a key of ``DATABASES`` is the system check E008's)."""
+
+    def problem(self, value: Any, *, deep: bool = False) -> str | None:
+        if not isinstance(value, Mapping):
+            return f"must be a dict of queue names to database aliases, got {value!r}"
+        for queue, alias in value.items():
+            if not isinstance(queue, str) or not queue:
+                return f"must be a dict with queue names as keys, got {queue!r}"
+            if not isinstance(alias, str) or not alias:
+                return f"must be a dict of queue names to database aliases, got {value!r}"
+        return None
+
+    def allowed(self) -> str:
+        return "dict `{queue: alias}` (each alias a key of `DATABASES`)"
+
+
+@dataclass(frozen=True)
 class CallablePath:
     """None, a callable, or the dotted path of one (imported by the deep check)."""
 

@@ -13,6 +13,7 @@ from django_gator.conf.rules import (
     LogLevel,
     Names,
     Number,
+    QueueRoutes,
     QueueTable,
     Setting,
     Text,
@@ -25,6 +26,15 @@ _CORE: tuple[Setting, ...] = (
         Text("a key of `DATABASES`"),
         "database alias of the jobs table",
         checked_by="django_gator.E002",
+    ),
+    Setting(
+        "GATOR_QUEUE_DATABASES",
+        {},
+        QueueRoutes(),
+        "queues whose jobs live in another job database than `GATOR_DATABASE` (run "
+        "`migrate --database` for each alias, and add `django_gator.routers.JobDatabaseRouter`"
+        ' to `DATABASE_ROUTERS`); see "Several job databases"',
+        checked_by="django_gator.E008",
     ),
     Setting(
         "GATOR_READ_DATABASE",
@@ -231,7 +241,11 @@ _CORE: tuple[Setting, ...] = (
     Setting(
         "GATOR_WARM_CONNECTIONS",
         None,
-        Names("`DATABASES` key", none="`default` and `GATOR_DATABASE`", aliases=True),
+        Names(
+            "`DATABASES` key",
+            none="`default`, `GATOR_DATABASE` and the job database served",
+            aliases=True,
+        ),
         "database aliases each executor thread opens before it takes a job, so jobs never "
         'connect in their pickup (`[]`: connect at a job\'s first query); see "Connections"',
     ),

@@ -22,6 +22,7 @@ from typing import Generic, TypeVar
 from django.core.management.base import CommandError
 
 from django_gator import conf
+from django_gator.databases import job_databases
 from django_gator.models import exception_class_name
 from django_gator.validation import short_repr, validate_name, validate_queue
 from django_gator.worker.queues import QueueSpec, parse_queue_spec
@@ -167,6 +168,37 @@ JOB_NAME = Checked(_job_name)
 EXCEPTION_CLASS = Checked(exception_class_name, follows=True)
 #: ``NAME[,WEIGHT]``: a queue a worker works on, with its weight.
 QUEUE_SPEC = Checked(_queue_spec)
+
+
+def _job_database(text: str) -> str:
+    known = job_databases()
+    if text not in known:
+        raise ValueError(
+            f"{text!r} is not a job database (GATOR_DATABASE or an alias of "
+            f"GATOR_QUEUE_DATABASES: {', '.join(map(repr, known))})"
+        )
+    return text
+
+
+#: ``ALIAS``: a job database: GATOR_DATABASE or an alias GATOR_QUEUE_DATABASES names.
+JOB_DATABASE = Checked(_job_database)
+
+
+def add_database_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--database ALIAS``: the job database the command ``what`` (default GATOR_DATABASE)."""
+    parser.add_argument(
+        "--database",
+        default=None,
+        metavar="ALIAS",
+        help=f"The job database whose jobs it {what} (an alias GATOR_QUEUE_DATABASES "
+        "routes queues to; default GATOR_DATABASE).",
+    )
+
+
+def chosen_database(options: dict[str, object]) -> str:
+    """The job database ``--database`` names (checked), or GATOR_DATABASE."""
+    value = options.get("database")
+    return conf.database() if value is None else JOB_DATABASE.convert(value, "--database")
 
 
 class SettingValue(ArgumentType[float]):

@@ -10,6 +10,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 
 from django_gator import conf
+from django_gator.databases import job_databases
 from django_gator.metrics.cache import cached
 from django_gator.metrics.client import client as prometheus
 
@@ -60,7 +61,9 @@ def _read_figures(alias: str) -> dict[str, Any]:
 
 
 class QueueCollector:
-    """The queues' gauges, from :func:`queue_figures`."""
+    """The queues' gauges, from :func:`queue_figures`: of ``alias``, or of every job
+    database (GATOR_DATABASE and those of GATOR_QUEUE_DATABASES). With several, each
+    gauge has a ``database`` label (the alias) besides ``queue``."""
 
     def __init__(self, alias: str | None = None) -> None:
         self.alias = alias
@@ -69,50 +72,65 @@ class QueueCollector:
         prometheus()
         from prometheus_client.core import GaugeMetricFamily as gauge
 
-        figures = queue_figures(self.alias)
-        age = time.time() - figures["at"]
+        aliases = [self.alias] if self.alias else job_databases()
+        labels = ["queue", "database"] if len(aliases) > 1 else ["queue"]
         families = {
-            key: gauge(f"gator_queue_{name}", text, labels=["queue"])
-            for key, name, text in (
-                ("ready", "ready_jobs", "Waiting or failed jobs due now"),
-                ("scheduled", "scheduled_jobs", "Waiting or failed jobs due later"),
-                ("running", "running_jobs", "Running jobs"),
-                ("dead", "dead_jobs", "Dead jobs"),
-                ("oldest_due", "oldest_due_age_seconds", "Age of the oldest ready job"),
-                (
-                    "oldest_running",
-                    "oldest_running_age_seconds",
-                    "Seconds the oldest running job has run (since its claim)",
-                ),
-                ("paused", "paused", "1 when the queue is paused"),
-            )
+            key: gauge(f"gator_queue_{name}", text, labels=labels)
+            for key, name, text in QUEUE_GAUGES
         }
-        for q in figures["queues"]:
-            for key, family in families.items():
-                value = q.get(key)  # figures cached by an older version lack new keys
-                if key in ("oldest_due", "oldest_running"):
-                    value = 0.0 if value is None else max(0.0, figures["db_now"] + age - value)
-                family.add_metric([q["queue"]], float(value))
-        yield from families.values()
-        yield gauge(
+        ages = gauge(
             "gator_queue_figures_age_seconds",
             "Seconds since the queue figures were read from the database",
-            value=age,
+            labels=labels[1:],
         )
-        replica = figures.get("replica")
+        replica = None
+        for alias in aliases:
+            figures = queue_figures(alias)
+            age = time.time() - figures["at"]
+            where = [alias] if len(labels) > 1 else []
+            for q in figures["queues"]:
+                for key, family in families.items():
+                    value = q.get(key)  # figures cached by an older version lack new keys
+                    if key in ("oldest_due", "oldest_running"):
+                        value = 0.0 if value is None else max(0.0, figures["db_now"] + age - value)
+                    family.add_metric([q["queue"], *where], float(value))
+            ages.add_metric(where, age)
+            replica = replica or figures.get("replica")
+        yield from families.values()
+        yield ages
         if replica:  # GATOR_READ_DATABASE
-            yield gauge(
-                "gator_queue_figures_from_replica",
-                "1 when the queue figures were read from GATOR_READ_DATABASE, 0 when from "
-                "the primary (the replica lagged past its bound, or did not answer)",
-                value=1.0 if replica["read"] else 0.0,
-            )
-            if replica["lag"] is not None:
-                yield gauge(
-                    "gator_read_replica_lag_seconds",
-                    "Seconds GATOR_READ_DATABASE was behind the primary when the figures were read",
-                    value=float(replica["lag"]),
-                )
+            yield from _replica_gauges(gauge, replica)
+
+
+#: (key in the figures, gauge name after ``gator_queue_``, help text)
+QUEUE_GAUGES = (
+    ("ready", "ready_jobs", "Waiting or failed jobs due now"),
+    ("scheduled", "scheduled_jobs", "Waiting or failed jobs due later"),
+    ("running", "running_jobs", "Running jobs"),
+    ("dead", "dead_jobs", "Dead jobs"),
+    ("oldest_due", "oldest_due_age_seconds", "Age of the oldest ready job"),
+    (
+        "oldest_running",
+        "oldest_running_age_seconds",
+        "Seconds the oldest running job has run (since its claim)",
+    ),
+    ("paused", "paused", "1 when the queue is paused"),
+)
+
+
+def _replica_gauges(gauge: Any, replica: dict[str, Any]) -> Iterable[Any]:
+    yield gauge(
+        "gator_queue_figures_from_replica",
+        "1 when the queue figures were read from GATOR_READ_DATABASE, 0 when from "
+        "the primary (the replica lagged past its bound, or did not answer)",
+        value=1.0 if replica["read"] else 0.0,
+    )
+    if replica["lag"] is not None:
+        yield gauge(
+            "gator_read_replica_lag_seconds",
+            "Seconds GATOR_READ_DATABASE was behind the primary when the figures were read",
+            value=float(replica["lag"]),
+        )
 
 
 def view(request: HttpRequest) -> HttpResponse:

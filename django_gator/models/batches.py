@@ -22,7 +22,8 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from django_gator import conf
-from django_gator.exceptions import JobNotRegistered
+from django_gator.databases import for_queue
+from django_gator.exceptions import CrossDatabase, JobNotRegistered
 from django_gator.models import membership
 from django_gator.models.job_queries import JobQuerySet
 from django_gator.models.jobs import Job
@@ -130,6 +131,8 @@ class Batch(models.Model):
         self._member: int | None = None
         #: A workflow's batch step: (workflow id, position), which its members carry.
         self.step_of: tuple[uuid.UUID, int] | None = None
+        #: (alias, queue) of the first members dispatched into it before it has a row.
+        self._home: tuple[str, str] | None = None
 
     def __str__(self) -> str:
         return f"batch #{self.pk or '-'} {self.description}".strip()
@@ -207,6 +210,44 @@ class Batch(models.Model):
                 f"{self} would have {self.size + count} members, more than "
                 f"GATOR_MAX_BATCH_SIZE = {limit}; nothing was dispatched"
             )
+
+    def check_database(self, alias: str, queue: str) -> None:
+        """CrossDatabase, before anything is written, if members of ``queue`` (whose jobs
+        live in the database ``alias``) would join a batch that lives in another one: a
+        batch, its members and its callbacks live within one job database."""
+        if self.pk is not None and self._state.db is not None:
+            home, first = self._state.db, None
+        elif self._home is not None:
+            home, first = self._home
+        else:
+            self._check_callbacks(alias)
+            self._home = (alias, queue)
+            return
+        if home == alias:
+            return
+        where = f"{home!r}" if first is None else f"{home!r} (its first members' queue {first!r})"
+        raise CrossDatabase(
+            f"{self} lives in the job database {where}, but queue {queue!r} is routed to "
+            f"{alias!r} (GATOR_QUEUE_DATABASES): a batch lives within one database; nothing "
+            "was dispatched"
+        )
+
+    def _check_callbacks(self, alias: str) -> None:
+        """CrossDatabase if a callback's queue lives in another database than ``alias``
+        (the callbacks are dispatched in the batch's database when it completes)."""
+        if not conf.get("GATOR_QUEUE_DATABASES"):
+            return
+        for field in CALLBACKS:
+            name = getattr(self, field)
+            if not name:
+                continue
+            queue = get_job_class(name).queue
+            if for_queue(queue) != alias:
+                raise CrossDatabase(
+                    f"{self}'s {field} job {name!r} runs on queue {queue!r}, routed to "
+                    f"{for_queue(queue)!r} (GATOR_QUEUE_DATABASES), but its members go to "
+                    f"{alias!r}: a batch lives within one database; nothing was dispatched"
+                )
 
     def admit(self, alias: str, count: int) -> int:
         """Count ``count`` new members in, in the open transaction of ``alias`` (the one

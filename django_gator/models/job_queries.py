@@ -15,7 +15,9 @@ from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
 from django_gator import conf
+from django_gator.databases import for_queue
 from django_gator.dbtime import DbNow
+from django_gator.exceptions import CrossDatabase
 from django_gator.jsonsql import JsonAppend
 from django_gator.models import membership
 from django_gator.models.pruning import Pruned, delete_in_batches
@@ -50,6 +52,20 @@ def exception_class_name(value: object) -> str:
             "myapp.jobs.PaymentDeclined)"
         )
     return value
+
+
+def _stays_in(alias: str, queue: str) -> None:
+    """CrossDatabase when jobs of the database ``alias`` would move to ``queue``, whose jobs
+    live in another (GATOR_QUEUE_DATABASES): a job cannot leave its database."""
+    if not conf.get("GATOR_QUEUE_DATABASES"):
+        return
+    target = for_queue(queue)
+    if target != alias:
+        raise CrossDatabase(
+            f"queue {queue!r} is routed to the job database {target!r} (GATOR_QUEUE_DATABASES),"
+            f" but these jobs live in {alias!r}: a job cannot move to another database; "
+            "dispatch it again onto that queue instead"
+        )
 
 
 def record(alias: str | None, ids: list[int], action: str, by: str, **details: Any) -> None:
@@ -193,6 +209,7 @@ class JobQuerySet(models.QuerySet["Job"]):
             "cancel_requested": False,
         }
         if queue is not None:
+            _stays_in(self.db, queue)
             changes["queue"] = queue
         ids = list(retryable.values_list("pk", flat=True))
         changed: list[int] = []

@@ -10,6 +10,7 @@ from typing import Any
 from django.db import models
 from django.utils import timezone
 
+from django_gator.databases import for_queue
 from django_gator.limits import KEY_MAX_LENGTH
 from django_gator.models import awaiting
 from django_gator.models.job_queries import JobQuerySet
@@ -215,9 +216,14 @@ class Job(models.Model):
         self.refresh_from_db(fields=["state"])
         return self.state
 
+    def _database(self) -> str:
+        """The database this row was read from (or saved to): a routed job's own (see
+        GATOR_QUEUE_DATABASES), else that of its queue."""
+        return self._state.db or for_queue(self.queue)
+
     def retry(self) -> bool:
         """Make this dead or failed job due now (see :meth:`JobQuerySet.retry`)."""
-        changed = Job.objects.filter(pk=self.pk).retry() == 1
+        changed = Job.objects.using(self._database()).filter(pk=self.pk).retry() == 1
         if changed:
             self.refresh_from_db()
         return changed
@@ -225,7 +231,7 @@ class Job(models.Model):
     def cancel(self) -> bool:
         """Cancel this job if it has not started; ask a running one to stop (see
         :meth:`JobQuerySet.cancel`). False if the job had already finished."""
-        changed = Job.objects.filter(pk=self.pk).cancel() == 1
+        changed = Job.objects.using(self._database()).filter(pk=self.pk).cancel() == 1
         if changed:
             self.refresh_from_db()
         return changed

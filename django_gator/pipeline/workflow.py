@@ -11,14 +11,14 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from django_gator import conf, immediate, redaction, signals
+from django_gator import conf, databases, immediate, redaction, signals
 from django_gator.engines.workflows import step_batch, step_due, step_row
 from django_gator.logutil import safe
 from django_gator.models import Batch, Job, WorkflowRun, WorkflowStep
 from django_gator.pipeline import core
 from django_gator.pipeline.deferred import log_json
 from django_gator.pipeline.unsaved import mark_saved, unsaved_job
-from django_gator.registry import is_registered
+from django_gator.registry import get_job_class, is_registered
 
 if TYPE_CHECKING:
     from django_gator.engines import JobEngine
@@ -46,7 +46,17 @@ def dispatch_workflow(
                 f"step {spec.position}: {spec.job_class.__qualname__} is not a registered "
                 "job (an abstract base?); use a concrete subclass"
             )
-    insert = WorkflowInsert(conf.database(), name, on_error, specs, run_at)
+    alias = conf.database()
+    if conf.get("GATOR_QUEUE_DATABASES"):
+        what = f"workflow {name!r}" if name else "a workflow (or chain)"
+        # Its on_error job is dispatched in its database too.
+        handler = [get_job_class(on_error).queue] if on_error else []
+        alias = databases.one_database(what, [spec.queue for spec in specs] + handler)
+        if alias != conf.database():
+            databases.check_migrated(alias)
+        if on_commit is None and not conf.dispatch_on_commit():
+            on_commit = databases.caller_transaction(alias)
+    insert = WorkflowInsert(alias, name, on_error, specs, run_at)
     core.submit(insert, on_commit)
     return insert.run, insert.root_jobs, insert.batches
 

@@ -13,6 +13,7 @@ from django.core import checks
 from django.db import DEFAULT_DB_ALIAS
 
 from django_gator import conf, replicas, validation
+from django_gator.databases import job_databases
 from django_gator.dispatch import enqueue
 from django_gator.exceptions import JobNotRegistered
 from django_gator.models import Job, JobState
@@ -209,7 +210,10 @@ class GatorBackend(BaseTaskBackend):
 
     def get_result(self, result_id: str) -> Any:
         try:
-            job = self._result_row(int(result_id))
+            alias, _, pk = str(result_id).rpartition(":")  # "ALIAS:ID": another job database
+            if alias and alias not in job_databases():
+                raise ValueError(alias)
+            job = self._result_row(int(pk), alias or None)
         except (Job.DoesNotExist, ValueError, TypeError):
             raise TaskResultDoesNotExist(result_id) from None
         try:
@@ -222,10 +226,13 @@ class GatorBackend(BaseTaskBackend):
             raise TaskResultDoesNotExist(f"{result_id} is a job ({job.name}), not a task")
         return results.from_job(job_class.task, self.alias, job)
 
-    def _result_row(self, pk: int) -> Job:
+    def _result_row(self, pk: int, alias: str | None = None) -> Job:
         """The job row of a result: from the read replica with ``results_from_replica``
         while it answers within its lag bound, unless it does not have the row yet (a task
-        just enqueued); from the primary otherwise."""
+        just enqueued); from the primary otherwise. ``alias``: another job database's
+        row (it has no replica)."""
+        if alias is not None:
+            return Job.objects.using(alias).get(pk=pk)
         if self.results_from_replica:
             source = replicas.read_source()
             if source.on_replica:

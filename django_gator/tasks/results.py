@@ -13,6 +13,7 @@ from typing import Any
 from django.utils import timezone
 
 from django_gator import conf
+from django_gator.databases import for_queue
 from django_gator.encryption import SHOWN, is_sealed
 from django_gator.engines import get_engine, reads
 from django_gator.engines.base import loads
@@ -68,6 +69,14 @@ def build(
     return result
 
 
+def result_id(alias: str | None, pk: Any) -> str:
+    """A result's id: the job's id, prefixed ``ALIAS:`` for a job of another job database
+    than GATOR_DATABASE (GATOR_QUEUE_DATABASES), where the same id may exist too."""
+    if alias is None or alias == conf.database():
+        return str(pk)
+    return f"{alias}:{pk}"
+
+
 def from_job(task: Any, backend: str, job: Any) -> Any:
     """The TaskResult of a ``Job`` row. Data an encrypted job class sealed is shown as
     ``[encrypted]`` (it is decrypted only in the worker, see docs/encryption.md)."""
@@ -78,7 +87,7 @@ def from_job(task: Any, backend: str, job: Any) -> Any:
     return build(
         task,
         backend,
-        str(job.pk),
+        result_id(job._state.db, job.pk),
         STATUS.get(job.state, Status.READY),
         args,
         kwargs,
@@ -97,13 +106,14 @@ def running(task: Any, backend: str, job: Any, *, full: bool = True) -> Any:
     TaskJob): the arguments come from the claim, the rest from one indexed read (no ORM, on
     the hot path). Without ``full`` there is no read: times, errors and worker ids are
     left empty."""
-    result_id = str(job.job_id)
+    alias = for_queue(job.queue)
+    shown_id = result_id(alias, job.job_id)
     if not full:
-        return build(task, backend, result_id, Status.RUNNING, job.args, job.kwargs)
-    engine = get_engine(conf.database())
+        return build(task, backend, shown_id, Status.RUNNING, job.args, job.kwargs)
+    engine = get_engine(alias)
     row = reads.attempt_details(engine, job.job_id)
     if row is None:
-        raise TaskResultDoesNotExist(result_id)
+        raise TaskResultDoesNotExist(shown_id)
     created_at, started_at, locked_at, raw_errors, reserved_by = row
     history = list(loads(raw_errors) or [])
 
@@ -113,7 +123,7 @@ def running(task: Any, backend: str, job: Any, *, full: bool = True) -> Any:
     return build(
         task,
         backend,
-        result_id,
+        shown_id,
         Status.RUNNING,
         job.args,
         job.kwargs,

@@ -37,6 +37,9 @@ class Child:
     """One worker slot of the supervisor and the process now in it."""
 
     index: int
+    #: The job database its workers serve (``--database``), when the supervisor serves
+    #: several; None: the command's own.
+    database: str | None = None
     process: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
     failures: int = 0  # start-up failures in a row

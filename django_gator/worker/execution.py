@@ -13,6 +13,7 @@ from django.db import transaction
 
 from django_gator import conf, encryption, signals, tracing
 from django_gator.attempts import Failure, HandedBack, Outcome, Snoozed, Success
+from django_gator.databases import for_queue
 from django_gator.exceptions import (
     GatorError,
     HandBack,
@@ -91,7 +92,7 @@ def _run_claimed(
     transaction that wraps the middleware and ``handle()``, so the job's effects and its
     success commit together or not at all. ``atomic`` opens that transaction (the worker
     passes its engine's, which on SQLite takes turns with other atomic jobs); by default
-    ``transaction.atomic()`` on ``GATOR_DATABASE``.
+    ``transaction.atomic()`` on the job's database (its queue's: see :mod:`.databases`).
 
     With ``watch`` (worker threads, whose connections serve job after job), every
     connection the job used is checked afterwards and restored (see :mod:`.hygiene`): a
@@ -156,7 +157,7 @@ def _handle_atomically(
     success not ``written`` if the mark found the claim lost (the transaction rolled back)."""
     result: str | None = None
     try:
-        with atomic() if atomic else transaction.atomic(using=conf.database()):
+        with atomic() if atomic else transaction.atomic(using=for_queue(job.queue)):
             result = stored_result(job, instance, call_handle(instance))
             if instance._gator_journal is not None:
                 instance._gator_journal.flush()  # in the transaction: it commits with the job

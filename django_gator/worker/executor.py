@@ -63,7 +63,7 @@ class Executors:
         self.spawn = spawn
         self.started = 0
         #: The connections each executor thread opens before it takes a job.
-        self.warm_aliases = warm_aliases()
+        self.warm_aliases = warm_aliases(engine.alias)
         #: Queues whose every job runs in a child process (--isolate-queue).
         self.isolated_queues = frozenset(s.name for s in specs if s.isolated)
         #: Journals (with captured logs) of the jobs the watchdog took, by job id.

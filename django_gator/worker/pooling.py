@@ -26,7 +26,9 @@ def listen_engine(engine: JobEngine, poll_interval: float) -> JobEngine | None:
     None when the worker polls. InvalidSetting when ``GATOR_LISTEN_DATABASE`` names no
     PostgreSQL alias."""
     alias = conf.listen_database()
-    if alias is not None:
+    # GATOR_LISTEN_DATABASE is a direct connection to GATOR_DATABASE: a worker of another
+    # job database (GATOR_QUEUE_DATABASES) listens on its own, unless that one is pooled.
+    if alias is not None and engine.alias == conf.database():
         if alias not in connections:
             raise InvalidSetting(
                 f"GATOR_LISTEN_DATABASE = {alias!r} is not a key of DATABASES "

@@ -135,6 +135,7 @@ class ProcessSupervisor:
         install_signal_handlers: bool = True,
         on_exit: Callable[[int], None] | None = None,
         health_file: str | None = None,
+        databases: Sequence[str] = (),
     ) -> None:
         if processes < 1:
             raise ValueError(f"processes must be at least 1, got {processes}")
@@ -154,7 +155,13 @@ class ProcessSupervisor:
         self._last_tick = time.monotonic()
         self._judge_after = 0.0  # no worker killed for silence before this (monotonic)
         now = time.time()
-        self.children = [Child(index, last_ok=now) for index in range(processes)]
+        # With several job databases, ``processes`` workers for each, each given its own.
+        homes: list[str | None] = [a for a in databases for _ in range(processes)] or [
+            None
+        ] * processes
+        self.children = [
+            Child(index, database=home, last_ok=now) for index, home in enumerate(homes)
+        ]
         self.started = 0  # worker processes started, replacements included
         self._signals: list[int] = []  # appended by the handler, acted on by the loop
         self._forwarded = 0
@@ -166,8 +173,10 @@ class ProcessSupervisor:
 
     def command(self, child: Child, beacon: int) -> list[str]:
         extra = ["--supervisor", self.id, "--beacon", str(beacon), "--skip-checks"]
-        if child.index > 0 and "--no-scheduler" not in self.arguments:
-            extra.append("--no-scheduler")  # one process dispatches the cron schedules
+        if child.database is not None:
+            extra += ["--database", child.database]
+        if child.index % self.processes > 0 and "--no-scheduler" not in self.arguments:
+            extra.append("--no-scheduler")  # one process per database dispatches the schedules
         return [sys.executable, "-m", "django", "gator_worker", *self.arguments, *extra]
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -209,10 +218,11 @@ class ProcessSupervisor:
         process = child.launch(functools.partial(self.command, child), self._env)
         self.started += 1
         logger.info(
-            "Started worker process supervisor=%s slot=%s pid=%s",
+            "Started worker process supervisor=%s slot=%s pid=%s database=%s",
             self.id,
             child.index,
             process.pid,
+            child.database or "-",
         )
 
     def _look_at(self, child: Child, now: float) -> None:

@@ -5,6 +5,9 @@ Any number of workers may run it at once. Each occurrence is dispatched in a tra
 that first inserts its ``ScheduledRun`` row, unique per (schedule, occurrence time): a
 second worker's insert fails, rolls back to its savepoint and dispatches nothing. So an
 occurrence runs once however many schedulers saw it, and runs as long as one worker lives.
+
+With several job databases (GATOR_QUEUE_DATABASES) each database's schedulers hold the
+declared schedules whose jobs' queue lives there, and no other.
 """
 
 from __future__ import annotations
@@ -20,12 +23,18 @@ from django.db import IntegrityError, close_old_connections, transaction
 from django.db.models import Q
 
 from django_gator import conf
+from django_gator.databases import for_queue
 from django_gator.engines import get_engine, reads
 from django_gator.exceptions import JobNotRegistered
 from django_gator.logutil import safe
 from django_gator.models import Job, MisfirePolicy, Schedule, ScheduledRun, ScheduleSource
 from django_gator.queueable import get_job_class
-from django_gator.schedules import declared_schedules, next_occurrence, occurrences
+from django_gator.schedules import (
+    ScheduleSpec,
+    declared_schedules,
+    next_occurrence,
+    occurrences,
+)
 from django_gator.states import ACTIVE_STATES
 from django_gator.worker.retrier import backoff, drop_connection
 
@@ -68,7 +77,7 @@ class Scheduler:
         """Write the schedules declared in code and GATOR_SCHEDULES to the table: new ones
         are created, changed ones updated (a new timing counts from now), and code or
         settings schedules that are no longer declared are disabled."""
-        specs = declared_schedules()
+        specs = [spec for spec in declared_schedules() if self._held_here(spec)]
         names = set()
         schedules = Schedule.objects.using(self.alias)
         for spec in specs:
@@ -114,6 +123,18 @@ class Scheduler:
                 "Schedule disabled: no longer declared in code or settings name=%s",
                 safe(schedule.name),
             )
+
+    def _held_here(self, spec: ScheduleSpec) -> bool:
+        """Whether the schedule ``spec`` belongs to this scheduler's database: the one its
+        jobs' queue lives in (GATOR_QUEUE_DATABASES), so that each occurrence is recorded
+        and dispatched within one database, by one database's schedulers."""
+        if not conf.get("GATOR_QUEUE_DATABASES"):
+            return True
+        try:
+            queue = spec.queue or get_job_class(spec.job_name).queue
+        except JobNotRegistered:
+            return self.alias == conf.database()
+        return for_queue(queue) == self.alias
 
     # -- the loop's body -------------------------------------------------------------------
     def look(self) -> tuple[datetime, datetime | None]:

@@ -59,13 +59,15 @@ TRUST_WINDOW = 0.5
 _last_warning: dict[str, float] = {}  # alias -> time.monotonic() of the last warning
 
 
-def warm_aliases() -> tuple[str, ...]:
+def warm_aliases(served: str | None = None) -> tuple[str, ...]:
     """The aliases each executor thread keeps open, from ``GATOR_WARM_CONNECTIONS``
-    (None: ``default`` and ``GATOR_DATABASE``). :class:`~django_gator.conf.InvalidSetting`
+    (None: ``default``, ``GATOR_DATABASE`` and ``served``, the job database the worker
+    serves). :class:`~django_gator.conf.InvalidSetting`
     naming an alias that is not a key of ``DATABASES``."""
     configured = conf.warm_connections()
     if configured is None:
-        configured = [a for a in ("default", conf.database()) if a in settings.DATABASES]
+        defaults = ("default", conf.database(), served or conf.database())
+        configured = [a for a in defaults if a in settings.DATABASES]
     aliases = tuple(dict.fromkeys(configured))
     for alias in aliases:
         if alias not in settings.DATABASES:

@@ -10,7 +10,13 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_gator import conf, wording
 from django_gator.engines import get_engine
-from django_gator.management.arguments import Choice, Seconds, WholeNumber
+from django_gator.management.arguments import (
+    Choice,
+    Seconds,
+    WholeNumber,
+    add_database_option,
+    chosen_database,
+)
 from django_gator.models import Batch, Job, JobState, WorkflowRun
 
 #: The states gator_prune may delete, in the order it deletes them, with the setting that
@@ -47,6 +53,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
+        add_database_option(parser, "prunes")
         parser.add_argument(
             "--state",
             dest="states",
@@ -103,7 +110,7 @@ class Command(BaseCommand):
         limit = None if max_batches is None else WholeNumber().convert(max_batches, "--max-batches")
         self.verbosity = verbosity
 
-        alias = conf.database()
+        alias = chosen_database(options)
         now = get_engine(alias).db_now()
         cutoffs: dict[str, datetime | None] = {}
         for state in chosen:

@@ -9,7 +9,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_gator import conf, pausing, schema, stats
+from django_gator import pausing, schema, stats
+from django_gator.databases import for_queue, job_databases
 from django_gator.engines import get_engine
 from django_gator.logutil import safe
 from django_gator.management.arguments import QUEUE_NAME
@@ -27,7 +28,9 @@ class Command(BaseCommand):
         "is paused, by whom and since when; with --json, a JSON list of objects with the keys "
         "queue, ready, scheduled, running, paused, paused_at (ISO 8601 or null), paused_by, "
         'concurrency (null: no limit) and rate_limit ("": none); the limit column shows '
-        "running/concurrency and the rate."
+        "running/concurrency and the rate. With several job databases (GATOR_QUEUE_DATABASES) "
+        "list shows each database's queues, the alias after the name (and a database key "
+        "in the JSON); pause and resume act on the queue's database."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -41,7 +44,6 @@ class Command(BaseCommand):
         )
 
     def handle(self, *, action: str, name: str | None, as_json: bool, **options: Any) -> None:
-        alias = conf.database()
         if action not in ACTIONS:
             raise CommandError(
                 f"unknown action {action!r}: use one of {', '.join(ACTIONS)}", returncode=2
@@ -55,11 +57,14 @@ class Command(BaseCommand):
             )
         else:
             name = QUEUE_NAME.convert(name, "NAME")
-        missing = schema.missing_tables(alias)
-        if missing:
-            raise CommandError(schema.missing_tables_message(alias, missing))
+        # list: every job database's queues; pause and resume: the queue's database.
+        aliases = job_databases() if name is None else [for_queue(name)]
+        for alias in aliases:
+            missing = schema.missing_tables(alias)
+            if missing:
+                raise CommandError(schema.missing_tables_message(alias, missing))
         if action == "list":
-            self._list(alias, as_json)
+            self._list(aliases, as_json)
             return
         assert name is not None
         by = f"manage.py gator_queue ({getpass.getuser()}@{socket.gethostname()})"
@@ -75,9 +80,15 @@ class Command(BaseCommand):
         elif options.get("verbosity", 1) >= 1:
             self.stdout.write(f"queue {name} {said}")
 
-    def _list(self, alias: str, as_json: bool) -> None:
-        now = get_engine(alias).db_now()
-        queues = stats.queue_stats(alias, now=now)
+    def _list(self, aliases: list[str], as_json: bool) -> None:
+        """The queues of ``aliases`` (with several job databases, each labelled with its
+        database: a column, and a ``database`` key in the JSON)."""
+        labelled = len(aliases) > 1
+        queues = [
+            (alias, q)
+            for alias in aliases
+            for q in stats.queue_stats(alias, now=get_engine(alias).db_now())
+        ]
         if as_json:
             keys = (
                 "queue",
@@ -90,7 +101,10 @@ class Command(BaseCommand):
                 "concurrency",
                 "rate_limit",
             )
-            listed = [{key: q.as_dict()[key] for key in keys} for q in queues]
+            listed = [
+                {key: q.as_dict()[key] for key in keys} | ({"database": a} if labelled else {})
+                for a, q in queues
+            ]
             self.stdout.write(json.dumps(listed, indent=2, sort_keys=True))
             return
         if not queues:
@@ -99,7 +113,7 @@ class Command(BaseCommand):
         columns = ["queue", "ready", "scheduled", "running", "state", "since", "by", "limit"]
         rows = [
             [
-                safe(q.queue, 100),
+                safe(q.queue, 100) + (f" ({a})" if labelled else ""),
                 str(q.ready),
                 str(q.scheduled),
                 str(q.running),
@@ -108,7 +122,7 @@ class Command(BaseCommand):
                 safe(q.paused_by, 150) if q.paused else "-",
                 q.limit_text or "-",
             ]
-            for q in queues
+            for a, q in queues
         ]
         widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
         for cells in [columns, *rows]:

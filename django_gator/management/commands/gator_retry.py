@@ -9,12 +9,14 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_gator import conf, wording
+from django_gator import wording
 from django_gator.management.arguments import (
     EXCEPTION_CLASS,
     JOB_NAME,
     QUEUE_NAME,
     WholeNumber,
+    add_database_option,
+    chosen_database,
 )
 from django_gator.models import Job, JobState
 
@@ -33,6 +35,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
+        add_database_option(parser, "retries")
         parser.add_argument(
             "--name",
             dest="names",
@@ -99,7 +102,7 @@ class Command(BaseCommand):
             queue = QUEUE_NAME.convert(queue, "--queue")
         _check_selection(every, names, errors, job_ids)
 
-        alias = conf.database()
+        alias = chosen_database(options)
         states = [JobState.DEAD.value] + ([JobState.FAILED.value] if failed else [])
         chosen = _chosen(alias, states, names, errors, job_ids)
         what = " or ".join(states)

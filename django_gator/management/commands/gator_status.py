@@ -10,11 +10,13 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from django_gator import health, replicas, schema, stats, wording
+from django_gator.databases import job_databases
 from django_gator.engines import get_engine
 from django_gator.logutil import safe
 from django_gator.management.arguments import Seconds, WholeNumber
 from django_gator.models import Job, JobState
 from django_gator.progress_figures import progress_parts, progress_text
+from django_gator.replicas import ReadSource
 
 QUEUE_COLUMNS = (
     "queue",
@@ -67,7 +69,9 @@ class Command(BaseCommand):
         "gator_worker --processes supervisor that started it, or empty), total_rows (an "
         "object with count and exact: false when count is the database's estimate) and "
         "progress (the first 20 running jobs that report progress, by id: objects with id, "
-        "name and progress: done, total, note, rate, at)."
+        "name and progress: done, total, note, rate, at). With several job databases "
+        "(GATOR_QUEUE_DATABASES) each is shown under its alias, and the JSON document (that "
+        "of GATOR_DATABASE) has a databases key: the same document for each job database."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -133,21 +137,31 @@ class Command(BaseCommand):
             raise CommandError(
                 "--max-latency, --max-running and --min-workers go with --check", returncode=2
             )
-        source = replicas.read_source()
+        aliases = job_databases()
+        sources = [replicas.read_source()] + [ReadSource(a, a) for a in aliases[1:]]
+        for source in sources:
+            missing = schema.missing_tables(source.alias)
+            if missing:
+                raise CommandError(schema.missing_tables_message(source.alias, missing))
+        if as_json:
+            documents = [self._document(source, exact) for source in sources]
+            if len(documents) > 1:  # every job database, GATOR_DATABASE's at the top too
+                documents[0]["databases"] = [dict(d) for d in documents]
+            self.stdout.write(json.dumps(documents[0], indent=2, sort_keys=True))
+            return
+        for number, source in enumerate(sources):
+            if len(sources) > 1:
+                self.stdout.write(("\n" if number else "") + f"Database {aliases[number]!r}")
+            self._print_text(source, exact)
+
+    def _print_text(self, source: replicas.ReadSource, exact: bool) -> None:
+        """The tables of one job database, read from ``source``."""
         alias = source.alias
-        missing = schema.missing_tables(alias)
-        if missing:
-            raise CommandError(schema.missing_tables_message(alias, missing))
         now = get_engine(alias).db_now()
         queues = stats.queue_stats(alias, exact=exact, now=now)
         live = stats.workers(alias, now=now)
         total, total_exact = stats.estimated_total(alias)
         progress = running_progress(alias)
-        if as_json:
-            self._print_json(
-                alias, now.isoformat(), queues, live, total, total_exact, source, progress
-            )
-            return
         if source.replica is not None:
             self.stdout.write(source.describe())
             self.stdout.write("")
@@ -166,37 +180,38 @@ class Command(BaseCommand):
     def _check(
         self, max_latency: float | None, min_workers: int, max_running: float | None
     ) -> None:
-        source = replicas.read_source()
-        result = health.check(
-            source.alias,
-            max_latency=max_latency,
-            min_workers=min_workers,
-            max_running=max_running,
-            lag=source.lag or 0.0,
-        )
-        if not result.healthy:
-            raise CommandError("unhealthy: " + "; ".join(result.problems), returncode=1)
-        self.stdout.write(f"healthy: {wording.count(result.live_workers, 'live worker')}")
+        """Each job database checked (``--min-workers`` live workers each); a problem of
+        another database than GATOR_DATABASE names it."""
+        aliases = job_databases()
+        problems, live = [], 0
+        for number, alias in enumerate(aliases):
+            source = replicas.read_source() if number == 0 else ReadSource(alias, alias)
+            result = health.check(
+                source.alias,
+                max_latency=max_latency,
+                min_workers=min_workers,
+                max_running=max_running,
+                lag=source.lag or 0.0,
+            )
+            problems += [f"database {alias!r}: {p}" if number else p for p in result.problems]
+            live += result.live_workers
+        if problems:
+            raise CommandError("unhealthy: " + "; ".join(problems), returncode=1)
+        self.stdout.write(f"healthy: {wording.count(live, 'live worker')}")
 
-    def _print_json(
-        self,
-        alias: str,
-        now: str,
-        queues: list[stats.QueueStats],
-        live: list[stats.WorkerStats],
-        total: int,
-        total_exact: bool,
-        source: replicas.ReadSource,
-        progress: list[dict[str, Any]],
-    ) -> None:
+    def _document(self, source: replicas.ReadSource, exact: bool) -> dict[str, Any]:
+        """The JSON document of one job database, read from ``source``."""
+        alias = source.alias
+        now = get_engine(alias).db_now()
+        total, total_exact = stats.estimated_total(alias)
         document: dict[str, Any] = {
-            "now": now,
+            "now": now.isoformat(),
             "database": alias,
             "vendor": connections[alias].vendor,
-            "queues": [q.as_dict() for q in queues],
-            "workers": [w.as_dict() for w in live],
+            "queues": [q.as_dict() for q in stats.queue_stats(alias, exact=exact, now=now)],
+            "workers": [w.as_dict() for w in stats.workers(alias, now=now)],
             "total_rows": {"count": total, "exact": total_exact},
-            "progress": progress,
+            "progress": running_progress(alias),
         }
         if source.replica is not None:
             document["replica"] = {
@@ -205,7 +220,7 @@ class Command(BaseCommand):
                 "lag_seconds": source.lag,
                 "fallback": source.fallback or None,
             }
-        self.stdout.write(json.dumps(document, indent=2, sort_keys=True))
+        return document
 
     def _print_progress(self, progress: list[dict[str, Any]]) -> None:
         self.stdout.write(f"Progress of running jobs (first {MAX_PROGRESS_SHOWN})")

@@ -14,6 +14,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_gator import conf, health, metrics
 from django_gator.conf.checking import problems as settings_problems
+from django_gator.databases import job_databases
 from django_gator.exceptions import ReadOnlyDatabase, SchemaMissing
 from django_gator.logutil import safe
 from django_gator.management.arguments import QUEUE_SPEC, SettingValue, WholeNumber
@@ -82,6 +83,16 @@ class Command(BaseCommand):
             default=None,
             help="`async def` jobs run at once on the worker's event loop (default "
             f"GATOR_ASYNC_CONCURRENCY, {conf.DEFAULTS['GATOR_ASYNC_CONCURRENCY']}).",
+        )
+        parser.add_argument(
+            "--database",
+            dest="databases",
+            action="append",
+            default=[],
+            metavar="ALIAS",
+            help="A job database to serve (GATOR_DATABASE, or an alias GATOR_QUEUE_DATABASES "
+            "routes queues to); repeat for more. Default: every job database. Each is served by "
+            "worker processes of its own (--processes for each), under one supervisor.",
         )
         parser.add_argument(
             "--burst",
@@ -164,6 +175,7 @@ class Command(BaseCommand):
         self,
         *,
         queues: list[QueueSpec],
+        databases: list[str],
         concurrency: int | None,
         async_concurrency: int | None,
         burst: bool,
@@ -183,10 +195,11 @@ class Command(BaseCommand):
     ) -> None:
         _check_options(queues)
         queues = _isolating(queues, isolate_queues or [])
+        aliases = _served(databases)
         _configure_logging(verbosity)
         count = 1 if supervisor else processes or conf.processes()
-        if count > 1:
-            self._supervise(count, burst, metrics_port, health_file)
+        if count > 1 or len(aliases) > 1:
+            self._supervise(count, burst, metrics_port, health_file, aliases)
             return
         try:
             to_supervisor = Beacon(beacon)
@@ -202,6 +215,7 @@ class Command(BaseCommand):
                 burst=burst,
                 shutdown_timeout=shutdown_timeout,
                 poll_interval=poll_interval,
+                alias=aliases[0],
                 scheduler=False if no_scheduler else None,
                 limits=limits,
                 supervisor=supervisor,
@@ -221,11 +235,17 @@ class Command(BaseCommand):
         return super().execute(*args, **options)
 
     def _supervise(
-        self, count: int, burst: bool, metrics_port: int | None, health_file: str | None
+        self,
+        count: int,
+        burst: bool,
+        metrics_port: int | None,
+        health_file: str | None,
+        aliases: list[str],
     ) -> None:
-        """Run ``count`` worker processes with this command's options. With metrics, the
-        supervisor serves one endpoint that sums its workers' (prometheus_client's
-        multiprocess mode: each worker writes its figures to a directory they share)."""
+        """Run ``count`` worker processes with this command's options, for each job
+        database in ``aliases`` when there are several. With metrics, the supervisor
+        serves one endpoint that sums its workers' (prometheus_client's multiprocess
+        mode: each worker writes its figures to a directory they share)."""
         parser = self.create_parser("manage.py", "gator_worker")
         port = conf.metrics_port() if metrics_port is None else metrics_port
         directory = server = None
@@ -242,7 +262,10 @@ class Command(BaseCommand):
                 metrics.remove_multiprocess_dir(directory)
             raise CommandError(str(exc), returncode=2) from None
         options = {**self._options, "metrics_port": None}  # the workers do not serve
-        arguments = child_arguments(parser, options, SUPERVISOR_ONLY)
+        several = len(aliases) > 1  # each worker is then given its database
+        arguments = child_arguments(
+            parser, options, (*SUPERVISOR_ONLY, "databases") if several else SUPERVISOR_ONLY
+        )
         try:
             ProcessSupervisor(
                 count,
@@ -250,6 +273,7 @@ class Command(BaseCommand):
                 burst=burst,
                 on_exit=metrics.mark_dead if directory else None,
                 health_file=health_file,
+                databases=aliases if several else (),
             ).run()
         finally:
             if server is not None:
@@ -284,6 +308,27 @@ def _isolating(queues: list[QueueSpec], names: list[str]) -> list[QueueSpec]:
                 returncode=2,
             )
     return [dataclasses.replace(s, isolated=s.name in names) for s in queues]
+
+
+def _served(databases: list[str]) -> list[str]:
+    """The job databases this worker serves (``--database``; default: every one), each
+    checked to be one; a clear error names a bad one."""
+    try:
+        known = job_databases()
+    except ValueError as exc:  # a bad GATOR_QUEUE_DATABASES (InvalidSetting)
+        raise CommandError(str(exc), returncode=2) from None
+    served: list[str] = []
+    for alias in databases:
+        if alias not in known:
+            raise CommandError(
+                f"--database {alias!r} is not a job database: serve GATOR_DATABASE or an alias "
+                f"GATOR_QUEUE_DATABASES routes queues to ({', '.join(map(repr, known))})",
+                returncode=2,
+            )
+        if alias in served:
+            raise CommandError(f"--database {alias!r} is listed twice", returncode=2)
+        served.append(alias)
+    return served or known
 
 
 def _exit(worker: WorkerProcess, code: int, supervisor: str) -> None:

@@ -12,7 +12,6 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_gator import conf
 from django_gator.exceptions import WorkflowError
 from django_gator.validation import check_json
 
@@ -32,6 +31,9 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
+        from django_gator.management.arguments import add_database_option  # see handle()
+
+        add_database_option(parser, "acts on")
         parser.add_argument("action", choices=["signal", "retry", "cancel"])
         parser.add_argument("run_id", help="The workflow's id (a UUID).")
         parser.add_argument("name", nargs="?", help="signal: the signal's name.")
@@ -50,6 +52,7 @@ class Command(BaseCommand):
         by: str | None,
         **options: Any,
     ) -> None:
+        from django_gator.management.arguments import chosen_database
         from django_gator.models import WorkflowRun
 
         try:
@@ -61,7 +64,7 @@ class Command(BaseCommand):
             check_json(value, "payload")
         except (ValueError, TypeError) as exc:
             raise CommandError(f"--payload must be JSON: {exc} (got {payload!r})") from None
-        alias = conf.database()
+        alias = chosen_database(options)
         run = WorkflowRun.objects.using(alias).filter(pk=workflow_id).first()
         if run is None:
             raise CommandError(f"there is no workflow {workflow_id}")
