@@ -118,6 +118,11 @@ def _python_files(under: Path) -> list[Path]:
 
 
 UNSAFE_MODULES = {"pickle", "cPickle", "marshal", "shelve", "dill", "yaml"}
+#: Modules allowed one of them, and why. worker/isolated_child.py checks that an exception
+#: can cross the multiprocessing pipe (which pickles) between a worker and the child it
+#: forked for an isolated attempt: both ends run the project's own code; nothing read from
+#: a row, a request or the network is ever unpickled (rows stay JSON).
+ALLOWED_UNSAFE = {("isolated_child.py", "pickle")}
 
 
 def test_the_package_has_no_unsafe_decoder_or_eval():
@@ -132,7 +137,9 @@ def test_the_package_has_no_unsafe_decoder_or_eval():
             else:
                 names = []
             problems += [
-                f"{path.name}:{node.lineno} imports {n}" for n in names if n in UNSAFE_MODULES
+                f"{path.name}:{node.lineno} imports {n}"
+                for n in names
+                if n in UNSAFE_MODULES and (path.name, n) not in ALLOWED_UNSAFE
             ]
             if (
                 isinstance(node, ast.Call)
