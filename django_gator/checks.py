@@ -30,6 +30,10 @@ W006  GATOR_READ_DATABASE is the job database itself: GATOR_DATABASE's alias, or
       every read is still right (it is the primary's), only nothing is taken off the
       primary, and a staging or development setup that points the replica's URL at the
       primary should keep running.
+W007  GATOR_PARTITIONING and the jobs table disagree: set on MariaDB, MySQL or SQLite (they
+      keep DELETE pruning); set while the PostgreSQL table is plain (the fix: gator_partitions
+      --convert); unset while it is partitioned (no worker would create its partitions).
+      Looks at the database, as W001.
 """
 
 from __future__ import annotations

@@ -127,6 +127,11 @@ if os.environ.get("GATOR_TEST_PGBOUNCER_PORT") and _db["ENGINE"].endswith("postg
     if os.environ.get("GATOR_TEST_LISTEN_DATABASE"):
         GATOR_LISTEN_DATABASE = os.environ["GATOR_TEST_LISTEN_DATABASE"]
 
+if os.environ.get("GATOR_TEST_PARTITIONING") and _db["ENGINE"].endswith("postgresql"):
+    # The suite on partitioned storage: tests/conftest.py converts the test database's jobs
+    # table after migrating it (GATOR_TEST_PARTITIONING=day or hour).
+    GATOR_PARTITIONING = os.environ["GATOR_TEST_PARTITIONING"]
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import psycopg
 
+from django_gator import conf
 from django_gator.engines.postgresql_claims import PostgresClaims
 from django_gator.engines.postgresql_inserts import PostgresInserts
 from django_gator.states import RUNNING_SQL
@@ -32,4 +33,9 @@ class PostgresEngine(PostgresInserts, PostgresClaims):
     def _guard(self, condition: str) -> str:
         # Inside a CASE the conditions can neither drive an index scan nor prove a partial
         # index's predicate, so the planner has only the primary key to find the row by.
-        return f"CASE WHEN {condition} AND {RUNNING_SQL} AND reserved_by = %s THEN true END"
+        guard = f"CASE WHEN {condition} AND {RUNNING_SQL} AND reserved_by = %s THEN true END"
+        if conf.partitioning() is not None:
+            # Partitioned storage: the state outside the CASE too, so that the planner
+            # looks in the active partition only (engines/partitions.py).
+            return f"{RUNNING_SQL} AND {guard}"
+        return guard

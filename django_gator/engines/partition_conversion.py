@@ -1,0 +1,333 @@
+"""Moving an existing jobs table into the partitioned layout while workers keep running
+(``gator_partitions --convert``), and back to a plain table (``--revert``, offline).
+
+The online conversion, in four steps, none of which holds a lock that stops the claims
+for longer than a catalogue change, except the last one's final check:
+
+1. Build the partitioned table beside the plain one (``django_gator_job_new``), with the
+   time partitions the finished rows need and those ahead.
+2. Install a trigger on the plain table that mirrors every insert, update and delete into
+   the new one (in the writer's transaction: the two never disagree about a row written
+   from then on).
+3. Copy the rows that were there before, ``batch_size`` ids at a time, each batch in a
+   REPEATABLE READ transaction that locks its rows (FOR SHARE) and skips those the trigger
+   already copied. A row written by another transaction since the batch's snapshot makes
+   PostgreSQL refuse the lock (a serialization failure): the batch is tried again, so no
+   batch ever copies a stale version.
+4. Swap: lock the plain table (ACCESS EXCLUSIVE), check that both tables hold the same
+   rows, rename the plain table to ``django_gator_job_plain`` (kept, with its indexes
+   renamed, until ``--drop-backup``) and the new one to ``django_gator_job``, and move the
+   id sequence on. Claims wait for this transaction only.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+from django.db import DatabaseError, transaction
+
+from django_gator.engines.partitions import (
+    ACTIVE_LIST,
+    AHEAD,
+    DEAD_LIST,
+    DONE_LIST,
+    GRANULARITIES,
+    LOCK_TIMEOUT,
+    PartitioningError,
+    Partitions,
+    check_granularity,
+)
+
+logger = logging.getLogger("django_gator.engines")
+
+NEW = "django_gator_job_new"
+MIRROR = "django_gator_job_mirror"
+#: Tries of one batch that concurrent writes keep refusing before the conversion stops.
+BATCH_TRIES = 50
+_INDEX = re.compile(r"^CREATE (UNIQUE )?INDEX (\S+) ON (ONLY )?(\S+) ")
+
+
+class Conversion(Partitions):
+    """Convert the jobs table of ``alias`` (see the module's docstring)."""
+
+    def index_definitions(self, table: str) -> list[tuple[str, str, bool, bool]]:
+        """(name, CREATE INDEX statement, primary, unique) of each index of ``table``
+        itself (a partitioned table's own, not its partitions')."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT c.relname, pg_get_indexdef(i.indexrelid), i.indisprimary,"
+                " i.indisunique FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                " WHERE i.indrelid = to_regclass(%s) ORDER BY c.relname",
+                [table],
+            )
+            return [(r[0], r[1], r[2], r[3]) for r in cursor.fetchall()]
+
+    def _on(self, definition: str, name: str, table: str) -> str:
+        """``definition`` (pg_get_indexdef) re-aimed: index ``name`` on ``table``."""
+        match = _INDEX.match(definition)
+        if match is None:
+            raise PartitioningError(f"cannot read the index definition {definition!r}")
+        unique = match.group(1) or ""
+        rest = definition[match.end() :]
+        return f"CREATE {unique}INDEX {self.qn(name)} ON {self.qn(table)} {rest}"
+
+    # -- the plain table to the partitioned layout ------------------------------------------
+
+    def convert(
+        self,
+        granularity: str,
+        *,
+        batch_size: int = 10_000,
+        progress: Callable[[str], None] = lambda _: None,
+    ) -> int:
+        """The online conversion; returns the rows copied by the batches."""
+        check_granularity(granularity)
+        self._require_postgresql()
+        if self.is_partitioned():
+            raise PartitioningError(f"the jobs table on {self.alias!r} is partitioned already")
+        if self._exists(self.names["backup"]):
+            raise PartitioningError(
+                f"{self.names['backup']!r} (a previous conversion's copy of the plain table) "
+                "still exists: drop it first with `manage.py gator_partitions --drop-backup`"
+            )
+        if not self._exists(NEW):
+            self._build(granularity)
+            progress(f"built {NEW} and its partitions")
+        self._install_mirror()
+        progress("mirroring writes into the new table")
+        copied = self._backfill(batch_size, progress)
+        self._swap(progress)
+        return copied
+
+    def _exists(self, name: str) -> bool:
+        with self.connection.cursor() as cursor:
+            cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [name])
+            return bool(cursor.fetchone()[0])
+
+    def _build(self, granularity: str) -> None:
+        """Step 1, in one transaction: the new table, its list partitions, its indexes
+        (temporary names until the swap), its time partitions."""
+        plain, new = self.qn(self.names["parent"]), self.qn(NEW)
+        names = {key: self.qn(value) for key, value in self.names.items()}
+        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+            cursor.execute(
+                f"CREATE TABLE {new} (LIKE {plain} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"
+                " PARTITION BY LIST (state)"
+            )
+            cursor.execute(f"CREATE SEQUENCE {self.qn(NEW + '_id_seq')} OWNED BY {new}.id")
+            cursor.execute(
+                f"ALTER TABLE {new} ALTER COLUMN id SET DEFAULT nextval(%s::regclass)",
+                [NEW + "_id_seq"],
+            )
+            for key, values in (("active", ACTIVE_LIST), ("dead", DEAD_LIST)):
+                cursor.execute(
+                    f"CREATE TABLE {names[key]} PARTITION OF {new} FOR VALUES IN {values}"
+                )
+                cursor.execute(f"ALTER TABLE {names[key]} ADD PRIMARY KEY (id)")
+            cursor.execute(
+                f"CREATE TABLE {names['done']} PARTITION OF {new} FOR VALUES IN {DONE_LIST}"
+                " PARTITION BY RANGE (finished_at)"
+            )
+            cursor.execute(f"CREATE TABLE {names['default']} PARTITION OF {names['done']} DEFAULT")
+            cursor.execute(f"ALTER TABLE {names['default']} ADD PRIMARY KEY (id)")
+            for name, definition, primary, unique in self.index_definitions(self.names["parent"]):
+                if not primary:
+                    # A unique index would have to include the partition key: the unique
+                    # jobs' index goes on the active partition, where every active job is.
+                    target = (self.names["active"], f"{name}_a") if unique else (NEW, f"{name}_n")
+                    cursor.execute(self._on(definition, target[1], target[0]))
+            cursor.execute(
+                f"SELECT min(finished_at), statement_timestamp() FROM {plain}"
+                f" WHERE state IN {DONE_LIST} AND finished_at IS NOT NULL"
+            )
+            oldest, now = cursor.fetchone()
+        ahead = now + AHEAD[granularity] * GRANULARITIES[granularity]
+        self.ensure_span(oldest or now, ahead, granularity)
+
+    def _install_mirror(self) -> None:
+        """Step 2: the trigger (CREATE TRIGGER waits for the writes under way, with a lock
+        timeout, and is tried again)."""
+        plain, new, mirror = self.qn(self.names["parent"]), self.qn(NEW), self.qn(MIRROR)
+        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+            cursor.execute(
+                f"CREATE OR REPLACE FUNCTION {mirror}() RETURNS trigger LANGUAGE plpgsql AS $$"
+                " BEGIN"
+                f" IF TG_OP <> 'INSERT' THEN DELETE FROM {new} WHERE id = OLD.id; END IF;"
+                f" IF TG_OP <> 'DELETE' THEN INSERT INTO {new} SELECT NEW.*; END IF;"
+                " RETURN NULL; END $$"
+            )
+        self._locked(
+            f"DROP TRIGGER IF EXISTS {mirror} ON {plain}; CREATE TRIGGER {mirror}"
+            f" AFTER INSERT OR UPDATE OR DELETE ON {plain} FOR EACH ROW EXECUTE FUNCTION"
+            f" {mirror}()"
+        )
+
+    def _locked(self, sql: str, then: Callable[[Any], None] | None = None) -> None:
+        """``sql`` in a transaction whose locks wait at most LOCK_TIMEOUT, tried again
+        (with a pause) until it gets them; ``then(cursor)`` in the same transaction."""
+        for attempt in range(1, 1000):
+            try:
+                with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+                    cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+                    cursor.execute(sql)
+                    if then is not None:
+                        then(cursor)
+                return
+            except DatabaseError as exc:
+                if "lock timeout" not in str(exc):
+                    raise
+                logger.warning("Conversion waits for a lock try=%s", attempt)
+                time.sleep(min(0.1 * attempt, 5.0))  # deliberate: let the writers through
+        raise PartitioningError("the conversion never got its lock on the jobs table")
+
+    def _backfill(self, batch_size: int, progress: Callable[[str], None]) -> int:
+        """Step 3: copy the rows with ids up to the highest at the start, a batch at a time."""
+        plain = self.qn(self.names["parent"])
+        with self.connection.cursor() as cursor:
+            cursor.execute(f"SELECT COALESCE(min(id), 1), COALESCE(max(id), 0) FROM {plain}")
+            low, high = cursor.fetchone()
+        copied = 0
+        start = low
+        while start <= high:
+            end = start + batch_size - 1
+            copied += self._copy_batch(start, end)
+            progress(f"copied ids up to {min(end, high)} of {high} ({copied} rows)")
+            start = end + 1
+        return copied
+
+    def _copy_batch(self, start: int, end: int) -> int:
+        plain, new = self.qn(self.names["parent"]), self.qn(NEW)
+        sql = (
+            f"WITH locked AS (SELECT * FROM {plain} WHERE id BETWEEN %s AND %s FOR SHARE)"
+            f" INSERT INTO {new} SELECT l.* FROM locked l"
+            f" WHERE NOT EXISTS (SELECT 1 FROM {new} n WHERE n.id = l.id)"
+        )
+        for attempt in range(1, BATCH_TRIES + 1):
+            try:
+                with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+                    cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                    cursor.execute(sql, [start, end])
+                    return int(cursor.rowcount)
+            except DatabaseError as exc:
+                if not _serialization_failure(exc):
+                    raise
+            time.sleep(min(0.01 * attempt, 0.5))  # deliberate: the writers of these rows
+        raise PartitioningError(
+            f"ids {start}-{end}: concurrent writes refused the copy {BATCH_TRIES} times; "
+            "run the conversion again (it goes on where it stopped) or with --batch-size lower"
+        )
+
+    def _swap(self, progress: Callable[[str], None]) -> None:
+        """Step 4."""
+        plain = self.qn(self.names["parent"])
+        progress("swapping the tables")
+        self._locked(f"LOCK TABLE {plain} IN ACCESS EXCLUSIVE MODE", self._swap_locked)
+
+    def _swap_locked(self, cursor: Any) -> None:
+        names = self.names
+        plain, new, backup = self.qn(names["parent"]), self.qn(NEW), self.qn(names["backup"])
+        cursor.execute(
+            f"SELECT (SELECT count(*) FROM {plain}), (SELECT count(*) FROM {new}),"
+            f" (SELECT count(*) FROM {plain} p WHERE NOT EXISTS"
+            f" (SELECT 1 FROM {new} n WHERE n.id = p.id AND n.state = p.state))"
+        )
+        in_plain, in_new, missing = cursor.fetchone()
+        if in_plain != in_new or missing:
+            raise PartitioningError(
+                f"the copy differs from the plain table (rows {in_plain} there, {in_new} in "
+                f"the copy, {missing} missing or stale): nothing was swapped"
+            )
+        cursor.execute(f"DROP TRIGGER {self.qn(MIRROR)} ON {plain}")
+        cursor.execute(f"DROP FUNCTION {self.qn(MIRROR)}()")
+        cursor.execute("SELECT pg_get_serial_sequence(%s, 'id')", [names["parent"]])
+        sequence = cursor.fetchone()[0]
+        cursor.execute(
+            "SELECT setval(%s::regclass, nextval(%s::regclass))", [NEW + "_id_seq", sequence]
+        )
+        old_indexes = self.index_definitions(names["parent"])
+        cursor.execute(f"ALTER TABLE {plain} RENAME TO {backup}")
+        for name, _, _, _ in old_indexes:
+            cursor.execute(f"ALTER INDEX {self.qn(name)} RENAME TO {self.qn(name[:57] + '_plain')}")
+        cursor.execute(f"ALTER TABLE {new} RENAME TO {plain}")
+        # The sequences' names follow their tables' (the kept plain table's first).
+        cursor.execute(
+            f"ALTER SEQUENCE {sequence} RENAME TO {self.qn(names['backup'] + '_id_seq')}"
+        )
+        cursor.execute(
+            f"ALTER SEQUENCE {self.qn(NEW + '_id_seq')} RENAME TO"
+            f" {self.qn(names['parent'] + '_id_seq')}"
+        )
+        for name, _, primary, unique in old_indexes:
+            if not primary:
+                temporary = self.qn(name + ("_a" if unique else "_n"))
+                cursor.execute(f"ALTER INDEX {temporary} RENAME TO {self.qn(name)}")
+
+    # -- back to a plain table ---------------------------------------------------------------
+
+    def revert(self) -> int:
+        """Copy the partitioned table into a plain one and swap them, in one transaction
+        that holds ACCESS EXCLUSIVE on the jobs table throughout (claims wait for it: a
+        second or so per 100,000 rows). Returns the rows copied."""
+        self.require_partitioned()
+        copied: list[int] = []
+        self._locked(
+            f"LOCK TABLE {self.qn(self.names['parent'])} IN ACCESS EXCLUSIVE MODE",
+            lambda cursor: copied.append(self._revert_locked(cursor)),
+        )
+        return copied[0]
+
+    def _revert_locked(self, cursor: Any) -> int:
+        names = self.names
+        parent, plain = self.qn(names["parent"]), self.qn(NEW)
+        indexes = [
+            (name, definition, False)
+            for name, definition, primary, _ in self.index_definitions(names["parent"])
+            if not primary
+        ] + [
+            (name, definition, True)
+            for name, definition, primary, unique in self.index_definitions(names["active"])
+            if unique and not primary
+        ]
+        cursor.execute(
+            f"CREATE TABLE {plain} (LIKE {parent} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"
+        )
+        cursor.execute(f"INSERT INTO {plain} SELECT * FROM {parent}")
+        copied = int(cursor.rowcount)
+        cursor.execute(
+            f"ALTER TABLE {plain} ADD CONSTRAINT {self.qn(NEW + '_pkey')} PRIMARY KEY (id)"
+        )
+        for name, definition, _ in indexes:
+            cursor.execute(self._on(definition, f"{name}_n", NEW))
+        cursor.execute("SELECT pg_get_serial_sequence(%s, 'id')", [names["parent"]])
+        sequence = cursor.fetchone()[0]
+        if sequence:
+            cursor.execute(f"ALTER SEQUENCE {sequence} OWNED BY NONE")
+        cursor.execute(f"DROP TABLE {parent}")
+        cursor.execute(f"ALTER TABLE {plain} RENAME TO {parent}")
+        cursor.execute(
+            f"ALTER INDEX {self.qn(NEW + '_pkey')} RENAME TO {self.qn(names['parent'] + '_pkey')}"
+        )
+        for name, _, _ in indexes:
+            cursor.execute(f"ALTER INDEX {self.qn(name + '_n')} RENAME TO {self.qn(name)}")
+        if sequence:
+            cursor.execute(f"ALTER SEQUENCE {sequence} OWNED BY {parent}.id")
+        return copied
+
+    def drop_backup(self) -> bool:
+        """Drop the plain table a conversion kept; False if there is none."""
+        self._require_postgresql()
+        if not self._exists(self.names["backup"]):
+            return False
+        self._locked(f"DROP TABLE {self.qn(self.names['backup'])}")
+        return True
+
+
+def _serialization_failure(exc: BaseException) -> bool:
+    """PostgreSQL refused a REPEATABLE READ transaction's lock on a row written since its
+    snapshot (SQLSTATE 40001)."""
+    cause = exc.__cause__ or exc
+    return getattr(cause, "sqlstate", None) == "40001"
