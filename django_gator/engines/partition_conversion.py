@@ -23,7 +23,6 @@ for longer than a catalogue change, except the last one's final check:
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -48,32 +47,10 @@ NEW = "django_gator_job_new"
 MIRROR = "django_gator_job_mirror"
 #: Tries of one batch that concurrent writes keep refusing before the conversion stops.
 BATCH_TRIES = 50
-_INDEX = re.compile(r"^CREATE (UNIQUE )?INDEX (\S+) ON (ONLY )?(\S+) ")
 
 
 class Conversion(Partitions):
     """Convert the jobs table of ``alias`` (see the module's docstring)."""
-
-    def index_definitions(self, table: str) -> list[tuple[str, str, bool, bool]]:
-        """(name, CREATE INDEX statement, primary, unique) of each index of ``table``
-        itself (a partitioned table's own, not its partitions')."""
-        with self.connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT c.relname, pg_get_indexdef(i.indexrelid), i.indisprimary,"
-                " i.indisunique FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
-                " WHERE i.indrelid = to_regclass(%s) ORDER BY c.relname",
-                [table],
-            )
-            return [(r[0], r[1], r[2], r[3]) for r in cursor.fetchall()]
-
-    def _on(self, definition: str, name: str, table: str) -> str:
-        """``definition`` (pg_get_indexdef) re-aimed: index ``name`` on ``table``."""
-        match = _INDEX.match(definition)
-        if match is None:
-            raise PartitioningError(f"cannot read the index definition {definition!r}")
-        unique = match.group(1) or ""
-        rest = definition[match.end() :]
-        return f"CREATE {unique}INDEX {self.qn(name)} ON {self.qn(table)} {rest}"
 
     # -- the plain table to the partitioned layout ------------------------------------------
 
@@ -123,23 +100,29 @@ class Conversion(Partitions):
                 f"ALTER TABLE {new} ALTER COLUMN id SET DEFAULT nextval(%s::regclass)",
                 [NEW + "_id_seq"],
             )
+            indexes = self.index_definitions(self.names["parent"])
+            for name, definition, primary, unique in indexes:
+                if not primary and not unique:
+                    cursor.execute(self._on(definition, f"{name}_n", NEW))
             for key, values in (("active", ACTIVE_LIST), ("dead", DEAD_LIST)):
+                self._leaf(cursor, self.names[key], key, NEW)
                 cursor.execute(
-                    f"CREATE TABLE {names[key]} PARTITION OF {new} FOR VALUES IN {values}"
+                    f"ALTER TABLE {new} ATTACH PARTITION {names[key]} FOR VALUES IN {values}"
                 )
-                cursor.execute(f"ALTER TABLE {names[key]} ADD PRIMARY KEY (id)")
+            for name, definition, primary, unique in indexes:
+                if unique and not primary:
+                    # A unique index would have to include the partition key: the unique
+                    # jobs' index goes on the active partition, where every active job is.
+                    cursor.execute(self._on(definition, f"{name}_a", self.names["active"]))
             cursor.execute(
                 f"CREATE TABLE {names['done']} PARTITION OF {new} FOR VALUES IN {DONE_LIST}"
                 " PARTITION BY RANGE (finished_at)"
             )
-            cursor.execute(f"CREATE TABLE {names['default']} PARTITION OF {names['done']} DEFAULT")
-            cursor.execute(f"ALTER TABLE {names['default']} ADD PRIMARY KEY (id)")
-            for name, definition, primary, unique in self.index_definitions(self.names["parent"]):
-                if not primary:
-                    # A unique index would have to include the partition key: the unique
-                    # jobs' index goes on the active partition, where every active job is.
-                    target = (self.names["active"], f"{name}_a") if unique else (NEW, f"{name}_n")
-                    cursor.execute(self._on(definition, target[1], target[0]))
+            self._leaf(cursor, self.names["default"], "default", NEW)
+            cursor.execute(
+                f"ALTER TABLE {names['done']} ATTACH PARTITION {names['default']} DEFAULT"
+            )
+            self._copy_options(cursor, self.names["parent"], [names["active"], names["dead"]])
             cursor.execute(
                 f"SELECT min(finished_at), statement_timestamp() FROM {plain}"
                 f" WHERE state IN {DONE_LIST} AND finished_at IS NOT NULL"
@@ -147,6 +130,15 @@ class Conversion(Partitions):
             oldest, now = cursor.fetchone()
         ahead = now + AHEAD[granularity] * GRANULARITIES[granularity]
         self.ensure_span(oldest or now, ahead, granularity)
+
+    def _copy_options(self, cursor: Any, source: str, targets: list[str]) -> None:
+        """The storage parameters of ``source`` (the autovacuum settings docs/deployment.md
+        recommends) set on ``targets`` too: a partitioned table has none of its own."""
+        cursor.execute("SELECT reloptions FROM pg_class WHERE oid = to_regclass(%s)", [source])
+        row = cursor.fetchone()
+        if row is not None and row[0]:
+            for target in targets:
+                cursor.execute(f"ALTER TABLE {target} SET ({', '.join(row[0])})")
 
     def _install_mirror(self) -> None:
         """Step 2: the trigger (CREATE TRIGGER waits for the writes under way, with a lock
@@ -295,6 +287,7 @@ class Conversion(Partitions):
         cursor.execute(
             f"CREATE TABLE {plain} (LIKE {parent} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"
         )
+        self._copy_options(cursor, names["active"], [plain])
         cursor.execute(f"INSERT INTO {plain} SELECT * FROM {parent}")
         copied = int(cursor.rowcount)
         cursor.execute(

@@ -48,7 +48,7 @@ DEAD_LIST = sql_list([JobState.DEAD])
 #: How long an upkeep DDL statement waits for its lock before it gives up until next time
 #: (a DROP or ATTACH must not queue the success marks behind a long transaction).
 LOCK_TIMEOUT = "2s"
-_NAME = re.compile(r"_done_(\d{8}_\d{4})$")
+_INDEX = re.compile(r"^CREATE (UNIQUE )?INDEX (\S+) ON (ONLY )?(\S+) ")
 FIX = "run `manage.py gator_partitions --create` (or start a worker with GATOR_PARTITIONING set)"
 
 
@@ -176,6 +176,42 @@ class Partitions:
             bounds = cursor.fetchone()
         return bounds[0], bounds[1]
 
+    def index_definitions(self, table: str) -> list[tuple[str, str, bool, bool]]:
+        """(name, CREATE INDEX statement, primary, unique) of each index of ``table``
+        itself (a partitioned table's own, not its partitions')."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT c.relname, pg_get_indexdef(i.indexrelid), i.indisprimary,"
+                " i.indisunique FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                " WHERE i.indrelid = to_regclass(%s) ORDER BY c.relname",
+                [table],
+            )
+            return [(r[0], r[1], r[2], r[3]) for r in cursor.fetchall()]
+
+    def _on(self, definition: str, name: str, table: str) -> str:
+        """``definition`` (pg_get_indexdef) re-aimed: index ``name`` on ``table``."""
+        match = _INDEX.match(definition)
+        if match is None:
+            raise PartitioningError(f"cannot read the index definition {definition!r}")
+        unique = match.group(1) or ""
+        rest = definition[match.end() :]
+        return f"CREATE {unique}INDEX {self.qn(name)} ON {self.qn(table)} {rest}"
+
+    def _leaf(self, cursor: Any, table: str, suffix: str, root: str) -> None:
+        """Create the leaf partition ``table`` (not attached yet) with the root's indexes,
+        each named after the root's with ``suffix`` (``gator_job_ready_active``), so that
+        ATTACH adopts them and the plans name them; and its primary key."""
+        quoted = self.qn(table)
+        cursor.execute(
+            f"CREATE TABLE {quoted} (LIKE {self.qn(root)} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"
+        )
+        building = root != self.names["parent"]  # a conversion's root: names end in _n
+        for name, definition, primary, unique in self.index_definitions(root):
+            if not primary and not unique:
+                base = name[:-2] if building and name.endswith("_n") else name
+                cursor.execute(self._on(definition, f"{base}_{suffix}"[:63], table))
+        cursor.execute(f"ALTER TABLE {quoted} ADD PRIMARY KEY (id)")
+
     def default_rows(self) -> int:
         """Finished jobs that no time partition took: they sit in the default partition
         until one is created for their time (see :meth:`ensure`)."""
@@ -249,15 +285,16 @@ class Partitions:
         with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
             cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
             cursor.execute(
-                f"CREATE TABLE {table} (LIKE {done} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"
+                "SELECT c.relname FROM pg_class c WHERE c.oid = pg_partition_root(%s::regclass)",
+                [self.names["done"]],
             )
+            self._leaf(cursor, name, name.rsplit("_done_", 1)[1], cursor.fetchone()[0])
             cursor.execute(
                 f"WITH moved AS (DELETE FROM {self.qn(default)} WHERE finished_at >= %s"
                 f" AND finished_at < %s RETURNING *) INSERT INTO {table} SELECT * FROM moved",
                 [start, end],
             )
             moved = cursor.rowcount
-            cursor.execute(f"ALTER TABLE {table} ADD PRIMARY KEY (id)")
             cursor.execute(
                 f"ALTER TABLE {done} ATTACH PARTITION {table} FOR VALUES FROM (%s) TO (%s)",
                 [start, end],

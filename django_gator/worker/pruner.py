@@ -31,6 +31,12 @@ and the claim would start one job too many (a soak run found one). A scope's row
 deleted only once it has been quiet for its window and the margin, so a claim would have
 to wait for its queue's lock longer than the margin to miss one.
 
+With partitioned storage (``GATOR_PARTITIONING``, PostgreSQL; engines/partitions.py) the
+lease holder creates the time partitions of finished jobs ahead and drops those whose end
+is past the longer of the two retentions, instead of deleting succeeded and cancelled jobs
+row by row; it logs an error when finished jobs went to the default partition. The creation
+goes on with ``GATOR_AUTO_PRUNE = False`` (only the drops stop).
+
 The pruner is a thread of its own, not a step of the heartbeat: a long pass must never
 delay a heartbeat (a late heartbeat gets a worker's jobs rescued). ``GATOR_AUTO_PRUNE =
 False`` turns it off; burst workers never prune.

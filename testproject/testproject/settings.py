@@ -8,6 +8,8 @@ Everything that differs between machines comes from the environment (django-envi
     SECRET_KEY     default: a development key (set a real one anywhere public)
     ALLOWED_HOSTS  comma-separated; default: localhost, 127.0.0.1, [::1]
     GATOR_LOG_LEVEL  level of the django_gator loggers on the console; default: INFO
+    GATOR_PARTITIONING  "day" or "hour": partitioned storage (PostgreSQL; gator_partitions
+                   --convert first); default: a plain jobs table
 """
 
 from __future__ import annotations
@@ -91,6 +93,9 @@ STATIC_URL = "static/"
 # Flow control: at most 2 exports run at once across every worker, at most 10 start a
 # second (the admin's dashboard can change them; see "Flow control" in the README).
 GATOR_QUEUES = {"exports": {"concurrency": 2, "rate_limit": "10/s"}}
+
+# Partitioned storage of the jobs table (PostgreSQL), for the benchmarks of docs/benchmarks.md.
+GATOR_PARTITIONING = env.str("GATOR_PARTITIONING", default=None)
 
 # Middleware wrapped around every job's handle() (see demo/jobs.py).
 GATOR_MIDDLEWARE = ["demo.jobs.log_duration"]

@@ -12,10 +12,11 @@ from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, connections
 from django.urls import reverse
 from django.utils import timezone
 
+from django_gator.attempts import Mark
 from django_gator.engines import get_engine
 from django_gator.engines.checks import check_partitioning
 from django_gator.engines.partition_conversion import Conversion
@@ -24,7 +25,7 @@ from django_gator.models import Job, JobState
 from django_gator.worker.pruner import Pruner
 from django_gator.worker.queues import parse_queue_specs
 from django_gator.worker.supervisor import WorkerProcess
-from tests.conftest import run_worker, start_worker_thread, wait_for
+from tests.conftest import run_worker, start_worker_thread, wait_for, waiting_on_locks
 from tests.testapp.jobs import Boom, Noop, Record, UniqueReport
 from tests.testapp.models import Execution
 
@@ -221,3 +222,40 @@ def test_the_check_says_when_the_setting_and_the_table_disagree(settings):
     assert message.id == "django_gator.W007"
     settings.GATOR_PARTITIONING = "day" if conversion.is_partitioned() else None
     assert check_partitioning("default", connection) == []
+
+
+def test_a_mark_that_waited_for_a_row_moved_meanwhile_runs_again_and_misses(partitioned):
+    """PostgreSQL refuses a statement whose row a concurrent transaction moved to another
+    partition (40001) where a plain table would re-check it: the engine runs the mark again,
+    which then finds the job no longer running, as on a plain table."""
+    engine = get_engine("default")
+    Noop.dispatch()
+    [claimed] = engine.claim("w1", "default", 1)
+    other = connections.create_connection("default")
+    other.set_autocommit(False)
+    result: list[object] = []
+
+    def mark() -> None:
+        try:
+            result.append(engine.mark_succeeded("w1", [Mark(claimed.id, claimed.attempts)]))
+        except Exception as exc:
+            result.append(exc)
+        finally:
+            connection.close()
+
+    try:
+        with other.cursor() as cursor:  # an operator's discard, say: running -> dead
+            cursor.execute(
+                "UPDATE django_gator_job SET state = 'dead', finished_at = now() WHERE id = %s",
+                [claimed.id],
+            )
+        marker = threading.Thread(target=mark)
+        marker.start()
+        wait_for(lambda: waiting_on_locks() > 0, interval=0.2)
+        other.commit()
+        marker.join(30)
+    finally:
+        other.close()
+    assert result == [[]]
+    assert Job.objects.get(pk=claimed.id).state == JobState.DEAD
+    assert partition_of(claimed.id) == "django_gator_job_dead"
