@@ -34,11 +34,14 @@ from django_gator.engines.partitions import (
     AHEAD,
     DEAD_LIST,
     DONE_LIST,
+    FINISHED_ONLY,
     GRANULARITIES,
     LOCK_TIMEOUT,
     PartitioningError,
     Partitions,
     check_granularity,
+    finished_only,
+    local_leaves,
 )
 
 logger = logging.getLogger("django_gator.engines")
@@ -100,20 +103,24 @@ class Conversion(Partitions):
                 f"ALTER TABLE {new} ALTER COLUMN id SET DEFAULT nextval(%s::regclass)",
                 [NEW + "_id_seq"],
             )
-            indexes = self.index_definitions(self.names["parent"])
-            for name, definition, primary, unique in indexes:
-                if not primary and not unique:
-                    cursor.execute(self._on(definition, f"{name}_n", NEW))
+            indexes = [
+                (name, definition, local_leaves(definition, unique))
+                for name, definition, primary, unique in self.index_definitions(
+                    self.names["parent"]
+                )
+                if not primary
+            ]
+            for name, definition, leaves in indexes:
+                if not leaves:
+                    cursor.execute(self._on(finished_only(definition), f"{name}_n", NEW))
             for key, values in (("active", ACTIVE_LIST), ("dead", DEAD_LIST)):
                 self._leaf(cursor, self.names[key], key, NEW)
                 cursor.execute(
                     f"ALTER TABLE {new} ATTACH PARTITION {names[key]} FOR VALUES IN {values}"
                 )
-            for name, definition, primary, unique in indexes:
-                if unique and not primary:
-                    # A unique index would have to include the partition key: the unique
-                    # jobs' index goes on the active partition, where every active job is.
-                    cursor.execute(self._on(definition, f"{name}_a", self.names["active"]))
+            for name, definition, leaves in indexes:
+                for leaf in leaves:  # named as they will be by _swap_locked
+                    cursor.execute(self._on(definition, f"{name}__{leaf}", self.names[leaf]))
             cursor.execute(
                 f"CREATE TABLE {names['done']} PARTITION OF {new} FOR VALUES IN {DONE_LIST}"
                 " PARTITION BY RANGE (finished_at)"
@@ -253,10 +260,30 @@ class Conversion(Partitions):
             f"ALTER SEQUENCE {self.qn(NEW + '_id_seq')} RENAME TO"
             f" {self.qn(names['parent'] + '_id_seq')}"
         )
-        for name, _, primary, unique in old_indexes:
-            if not primary:
-                temporary = self.qn(name + ("_a" if unique else "_n"))
-                cursor.execute(f"ALTER INDEX {temporary} RENAME TO {self.qn(name)}")
+        for name, _, primary, _ in old_indexes:
+            if not primary and self._exists(f"{name}_n"):
+                cursor.execute(f"ALTER INDEX {self.qn(name + '_n')} RENAME TO {self.qn(name)}")
+        self._name_local_indexes(cursor)
+        # The active partition's primary key is the one claims and marks use: the plain
+        # table's name, so that plans read the same.
+        cursor.execute(
+            f"ALTER INDEX {self.qn(names['active'] + '_pkey')} RENAME TO"
+            f" {self.qn(names['parent'] + '_pkey')}"
+        )
+
+    def _name_local_indexes(self, cursor: Any) -> None:
+        """The indexes of the active and dead partitions of their own (local_leaves()) get
+        the plain table's names: ``gator_job_ready`` on the active partition; on the dead
+        one too unless the active one has it (then ``gator_job_groups_dead``)."""
+        on_active = set()
+        for leaf in ("active", "dead"):
+            for name, _, _, _ in self.index_definitions(self.names[leaf], local=True):
+                if not name.endswith(f"__{leaf}"):
+                    continue
+                base = name[: -len(f"__{leaf}")]
+                final = f"{base}_dead" if leaf == "dead" and base in on_active else base
+                on_active.add(base)
+                cursor.execute(f"ALTER INDEX {self.qn(name)} RENAME TO {self.qn(final)}")
 
     # -- back to a plain table ---------------------------------------------------------------
 
@@ -275,15 +302,13 @@ class Conversion(Partitions):
     def _revert_locked(self, cursor: Any) -> int:
         names = self.names
         parent, plain = self.qn(names["parent"]), self.qn(NEW)
-        indexes = [
-            (name, definition, False)
-            for name, definition, primary, _ in self.index_definitions(names["parent"])
-            if not primary
-        ] + [
-            (name, definition, True)
-            for name, definition, primary, unique in self.index_definitions(names["active"])
-            if unique and not primary
-        ]
+        indexes: dict[str, tuple[str, str]] = {}  # by what they index: (name, definition)
+        for table in (names["parent"], names["active"], names["dead"]):
+            for name, definition, primary, _ in self.index_definitions(table, local=True):
+                definition = definition.replace(_as_read(FINISHED_ONLY), "")
+                body = definition.partition(" USING ")[2]
+                if not primary and body not in indexes:
+                    indexes[body] = (name, definition)
         cursor.execute(
             f"CREATE TABLE {plain} (LIKE {parent} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"
         )
@@ -293,7 +318,7 @@ class Conversion(Partitions):
         cursor.execute(
             f"ALTER TABLE {plain} ADD CONSTRAINT {self.qn(NEW + '_pkey')} PRIMARY KEY (id)"
         )
-        for name, definition, _ in indexes:
+        for name, definition in indexes.values():
             cursor.execute(self._on(definition, f"{name}_n", NEW))
         cursor.execute("SELECT pg_get_serial_sequence(%s, 'id')", [names["parent"]])
         sequence = cursor.fetchone()[0]
@@ -304,7 +329,7 @@ class Conversion(Partitions):
         cursor.execute(
             f"ALTER INDEX {self.qn(NEW + '_pkey')} RENAME TO {self.qn(names['parent'] + '_pkey')}"
         )
-        for name, _, _ in indexes:
+        for name, _ in indexes.values():
             cursor.execute(f"ALTER INDEX {self.qn(name + '_n')} RENAME TO {self.qn(name)}")
         if sequence:
             cursor.execute(f"ALTER SEQUENCE {sequence} OWNED BY {parent}.id")
@@ -324,3 +349,11 @@ def _serialization_failure(exc: BaseException) -> bool:
     snapshot (SQLSTATE 40001)."""
     cause = exc.__cause__ or exc
     return getattr(cause, "sqlstate", None) == "40001"
+
+
+def _as_read(condition: str) -> str:
+    """FINISHED_ONLY as pg_get_indexdef() writes it back."""
+    states = ", ".join(
+        f"{s}::character varying" for s in condition.split("IN (")[1][:-1].split(", ")
+    )
+    return f" WHERE ((state)::text = ANY ((ARRAY[{states}])::text[]))"

@@ -92,6 +92,44 @@ def check_granularity(granularity: str | None) -> str:
     return granularity
 
 
+def local_leaves(definition: str, unique: bool) -> list[str]:
+    """The list partitions (``active``, ``dead``) an index of the plain table goes on by
+    itself, or none: then it goes on the parent, so every partition has it. The unique
+    jobs' index goes on the active partition (see the module's docstring); so does each
+    partial index whose condition holds only for states of the active and dead partitions
+    (the claim's, the rescue's, the dead-job screen's): the finished jobs' partitions
+    would only carry them empty, and each success mark would open them."""
+    if unique:
+        return ["active"]
+    where = definition.partition(" WHERE ")[2].replace(" IS NOT NULL", " IS NULL")
+    if "(state)" not in where or "<>" in where or "NOT " in where.upper():
+        return []  # a condition that may hold for a finished job (or not read here)
+    named = set(re.findall(r"'([a-z]+)'", where)) & set(JobState.values)
+    if not named or named & {JobState.SUCCEEDED.value, JobState.CANCELLED.value}:
+        return []
+    leaves = ["active"] if named & {state.value for state in ACTIVE_STATES} else []
+    return leaves + (["dead"] if JobState.DEAD.value in named else [])
+
+
+#: The condition the conversion gives a full index that leads with ``state``.
+FINISHED_ONLY = (
+    f" WHERE state IN {sql_list([JobState.SUCCEEDED, JobState.CANCELLED, JobState.DEAD])}"
+)
+
+
+def finished_only(definition: str) -> str:
+    """A full index that leads with ``state`` (``gator_job_state_finished``) made partial:
+    the finished states only. In the active partition it would hold every job and take a
+    write at every claim and mark, and the planner would read it for the active states that
+    the marks name (to prune the partitions) instead of finding each row by its primary key.
+    The queries it serves (pruning, the finished jobs' counts and filters) ask for finished
+    states, which imply the condition."""
+    columns = definition.partition(" USING btree ")[2]
+    if " WHERE " in definition or not columns.startswith("(state"):
+        return definition
+    return definition + FINISHED_ONLY
+
+
 def partition_name(start: datetime) -> str:
     return f"{table_names()['done']}_{start.astimezone(UTC):%Y%m%d_%H%M}"
 
@@ -176,14 +214,22 @@ class Partitions:
             bounds = cursor.fetchone()
         return bounds[0], bounds[1]
 
-    def index_definitions(self, table: str) -> list[tuple[str, str, bool, bool]]:
+    def index_definitions(
+        self, table: str, *, local: bool = False
+    ) -> list[tuple[str, str, bool, bool]]:
         """(name, CREATE INDEX statement, primary, unique) of each index of ``table``
-        itself (a partitioned table's own, not its partitions')."""
+        itself (a partitioned table's own, not its partitions'); ``local``: only those that
+        are not a partition of a parent's index."""
+        inherited = (
+            " AND NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = i.indexrelid)"
+            if local
+            else ""
+        )
         with self.connection.cursor() as cursor:
             cursor.execute(
                 "SELECT c.relname, pg_get_indexdef(i.indexrelid), i.indisprimary,"
                 " i.indisunique FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
-                " WHERE i.indrelid = to_regclass(%s) ORDER BY c.relname",
+                f" WHERE i.indrelid = to_regclass(%s){inherited} ORDER BY c.relname",
                 [table],
             )
             return [(r[0], r[1], r[2], r[3]) for r in cursor.fetchall()]

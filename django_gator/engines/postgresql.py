@@ -13,7 +13,7 @@ import psycopg
 from django_gator import conf
 from django_gator.engines.postgresql_claims import PostgresClaims
 from django_gator.engines.postgresql_inserts import PostgresInserts
-from django_gator.states import RUNNING_SQL
+from django_gator.states import ACTIVE_SQL, RUNNING_SQL
 
 
 class PostgresEngine(PostgresInserts, PostgresClaims):
@@ -35,7 +35,8 @@ class PostgresEngine(PostgresInserts, PostgresClaims):
         # index's predicate, so the planner has only the primary key to find the row by.
         guard = f"CASE WHEN {condition} AND {RUNNING_SQL} AND reserved_by = %s THEN true END"
         if conf.partitioning() is not None:
-            # Partitioned storage: the state outside the CASE too, so that the planner
-            # looks in the active partition only (engines/partitions.py).
-            return f"{RUNNING_SQL} AND {guard}"
+            # Partitioned storage: the active states outside the CASE, so that the planner
+            # looks in the active partition only (engines/partitions.py). Not ``running``:
+            # that would prove the partial indexes of running jobs and be looked up there.
+            return f"{ACTIVE_SQL} AND {guard}"
         return guard

@@ -14,7 +14,7 @@ from django_gator.attempts import Mark, batches_of
 from django_gator.engines.base import JOB_COLUMNS, UNKEYED_SQL, ClaimedJob, Position
 from django_gator.engines.partitions import retrying_moves
 from django_gator.engines.postgresql_sessions import PostgresSessions
-from django_gator.states import READY_SQL, RUNNING_SQL, SQL_SUCCEEDED, claim_set_sql
+from django_gator.states import ACTIVE_SQL, READY_SQL, RUNNING_SQL, SQL_SUCCEEDED, claim_set_sql
 
 #: The range of the priority column (smallint): the ends of a keyset claim's gaps.
 SMALLINT_MIN, SMALLINT_MAX = -32768, 32767
@@ -111,11 +111,12 @@ class PostgresClaims(PostgresSessions):
 
     @cached_property
     def _claim_update_partitioned(self) -> str:
-        """The UPDATE of a claim on partitioned storage: the state named, so that the
-        planner joins the active partition only (the picked rows are locked: still ready)."""
+        """The UPDATE of a claim on partitioned storage: the active states named, so that
+        the planner joins the active partition only (the picked rows are locked: still
+        ready)."""
         return self._claim_update.replace(
             " FROM picked WHERE j.id = picked.id",
-            f" FROM picked WHERE j.id = picked.id AND j.{READY_SQL}",
+            f" FROM picked WHERE j.id = picked.id AND j.{ACTIVE_SQL}",
         )
 
     @cached_property
@@ -252,8 +253,9 @@ class PostgresClaims(PostgresSessions):
 
     @property
     def _running_first(self) -> str:
-        """Partitioned storage: the marks' state outside their CASE, for the planner."""
-        return f"j.{RUNNING_SQL} AND " if conf.partitioning() is not None else ""
+        """Partitioned storage: the active states outside the marks' CASE, for the planner
+        to look in the active partition only (see PostgresEngine._guard)."""
+        return f"j.{ACTIVE_SQL} AND " if conf.partitioning() is not None else ""
 
 
 def _dequeue_order(job: ClaimedJob) -> tuple[int, int]:
