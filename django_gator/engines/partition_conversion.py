@@ -29,19 +29,17 @@ from typing import Any
 
 from django.db import DatabaseError, transaction
 
+from django_gator.engines.partition_indexes import FINISHED_ONLY, finished_only, local_leaves
 from django_gator.engines.partitions import (
     ACTIVE_LIST,
     AHEAD,
     DEAD_LIST,
     DONE_LIST,
-    FINISHED_ONLY,
     GRANULARITIES,
     LOCK_TIMEOUT,
     PartitioningError,
     Partitions,
     check_granularity,
-    finished_only,
-    local_leaves,
 )
 
 logger = logging.getLogger("django_gator.engines")

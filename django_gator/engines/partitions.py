@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from django.db import DatabaseError, connections, transaction
 
@@ -47,7 +46,7 @@ DONE_LIST = sql_list([JobState.SUCCEEDED, JobState.CANCELLED])
 DEAD_LIST = sql_list([JobState.DEAD])
 #: How long an upkeep DDL statement waits for its lock before it gives up until next time
 #: (a DROP or ATTACH must not queue the success marks behind a long transaction).
-LOCK_TIMEOUT = "2s"
+LOCK_TIMEOUT = "500ms"
 _INDEX = re.compile(r"^CREATE (UNIQUE )?INDEX (\S+) ON (ONLY )?(\S+) ")
 FIX = "run `manage.py gator_partitions --create` (or start a worker with GATOR_PARTITIONING set)"
 
@@ -90,44 +89,6 @@ def check_granularity(granularity: str | None) -> str:
             f"GATOR_PARTITIONING must be 'day' or 'hour' for this, got {granularity!r}"
         )
     return granularity
-
-
-def local_leaves(definition: str, unique: bool) -> list[str]:
-    """The list partitions (``active``, ``dead``) an index of the plain table goes on by
-    itself, or none: then it goes on the parent, so every partition has it. The unique
-    jobs' index goes on the active partition (see the module's docstring); so does each
-    partial index whose condition holds only for states of the active and dead partitions
-    (the claim's, the rescue's, the dead-job screen's): the finished jobs' partitions
-    would only carry them empty, and each success mark would open them."""
-    if unique:
-        return ["active"]
-    where = definition.partition(" WHERE ")[2].replace(" IS NOT NULL", " IS NULL")
-    if "(state)" not in where or "<>" in where or "NOT " in where.upper():
-        return []  # a condition that may hold for a finished job (or not read here)
-    named = set(re.findall(r"'([a-z]+)'", where)) & set(JobState.values)
-    if not named or named & {JobState.SUCCEEDED.value, JobState.CANCELLED.value}:
-        return []
-    leaves = ["active"] if named & {state.value for state in ACTIVE_STATES} else []
-    return leaves + (["dead"] if JobState.DEAD.value in named else [])
-
-
-#: The condition the conversion gives a full index that leads with ``state``.
-FINISHED_ONLY = (
-    f" WHERE state IN {sql_list([JobState.SUCCEEDED, JobState.CANCELLED, JobState.DEAD])}"
-)
-
-
-def finished_only(definition: str) -> str:
-    """A full index that leads with ``state`` (``gator_job_state_finished``) made partial:
-    the finished states only. In the active partition it would hold every job and take a
-    write at every claim and mark, and the planner would read it for the active states that
-    the marks name (to prune the partitions) instead of finding each row by its primary key.
-    The queries it serves (pruning, the finished jobs' counts and filters) ask for finished
-    states, which imply the condition."""
-    columns = definition.partition(" USING btree ")[2]
-    if " WHERE " in definition or not columns.startswith("(state"):
-        return definition
-    return definition + FINISHED_ONLY
 
 
 def partition_name(start: datetime) -> str:
@@ -276,10 +237,16 @@ class Partitions:
         first = slot_start(now, granularity)
         wanted = [first + i * step for i in range(count + 1)]
         wanted += [slot_start(t, granularity) for t in self._stray_times()]
-        created = []
+        created: list[str] = []
         for start in sorted(set(wanted)):
             for free_start, free_end in self._free(start, start + step):
-                self._create(free_start, free_end)
+                try:
+                    self._create(free_start, free_end)
+                except DatabaseError as exc:
+                    if "lock timeout" not in str(exc):
+                        raise
+                    logger.warning("Partition creation postponed start=%s reason=lock", start)
+                    return created
                 created.append(partition_name(free_start))
         return created
 
@@ -365,7 +332,7 @@ class Partitions:
                 with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
                     cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
                     cursor.execute(f"DROP TABLE {self.qn(part.name)}")
-            except Exception as exc:
+            except DatabaseError as exc:
                 if "lock timeout" not in str(exc):
                     raise
                 logger.warning("Partition drop postponed partition=%s reason=lock", part.name)
@@ -397,32 +364,3 @@ class Partitions:
                 FIX,
             )
         return rows
-
-
-#: Tries of a hot statement that a concurrent move of one of its rows made PostgreSQL refuse.
-MOVE_TRIES = 5
-T = TypeVar("T")
-
-
-def moved(exc: BaseException) -> bool:
-    """PostgreSQL refused to lock or write a row because another transaction moved it to
-    another partition meanwhile (SQLSTATE 40001, even in READ COMMITTED: it cannot follow
-    the row there as it follows an update within a table)."""
-    cause = exc.__cause__ or exc
-    return getattr(cause, "sqlstate", None) == "40001" and "another partition" in str(cause)
-
-
-def retrying_moves(engine: Any, statement: Callable[[], T]) -> T:
-    """``statement()`` (one statement in a transaction of its own: a claim, success marks),
-    run again when :func:`moved`: its transaction was rolled back whole, and the next run
-    sees the row where it went (a finished job: no longer claimable, no longer running).
-    Inside the caller's transaction the error is raised."""
-    attempt = 1
-    while True:
-        try:
-            return statement()
-        except DatabaseError as exc:
-            if not moved(exc) or engine.connection.in_atomic_block or attempt >= MOVE_TRIES:
-                raise
-            logger.info("Row moved by a concurrent write, running again try=%s", attempt)
-            attempt += 1

@@ -12,7 +12,7 @@ from typing import Any
 from django_gator import conf
 from django_gator.attempts import Mark, batches_of
 from django_gator.engines.base import JOB_COLUMNS, UNKEYED_SQL, ClaimedJob, Position
-from django_gator.engines.partitions import retrying_moves
+from django_gator.engines.partition_moves import retrying_moves
 from django_gator.engines.postgresql_sessions import PostgresSessions
 from django_gator.states import ACTIVE_SQL, READY_SQL, RUNNING_SQL, SQL_SUCCEEDED, claim_set_sql
 

@@ -5,6 +5,7 @@ on it with GATOR_TEST_PARTITIONING=day (tests/conftest.py)."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections.abc import Iterator
@@ -259,3 +260,17 @@ def test_a_mark_that_waited_for_a_row_moved_meanwhile_runs_again_and_misses(part
     assert result == [[]]
     assert Job.objects.get(pk=claimed.id).state == JobState.DEAD
     assert partition_of(claimed.id) == "django_gator_job_dead"
+
+
+def test_hour_partitions_fill_what_the_day_partitions_leave_without_overlap(partitioned):
+    now = timezone.now()
+    days = partitioned.time_partitions()
+    created = partitioned.ensure(now + timedelta(days=4), "hour", ahead=30)
+    parts = partitioned.time_partitions()
+    assert len(parts) == len(days) + len(created)
+    assert all(p.end - p.start == timedelta(hours=1) for p in parts if p.name in created)
+    for before, after in itertools.pairwise(parts):
+        assert before.end <= after.start  # no overlap (PostgreSQL would refuse one anyway)
+    assert parts[-1].end == slot_start(now + timedelta(days=4), "hour") + timedelta(hours=31)
+    job = finished_job(-4.5)  # finished "in 4.5 days": in one of the hour partitions
+    assert partition_of(job.pk) in created
