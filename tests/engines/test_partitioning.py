@@ -274,3 +274,15 @@ def test_hour_partitions_fill_what_the_day_partitions_leave_without_overlap(part
     assert parts[-1].end == slot_start(now + timedelta(days=4), "hour") + timedelta(hours=31)
     job = finished_job(-4.5)  # finished "in 4.5 days": in one of the hour partitions
     assert partition_of(job.pk) in created
+
+
+def test_the_row_estimate_sums_the_partitions(partitioned):
+    from django_gator.stats import estimated_total
+
+    for days in (0, 1, 2):
+        finished_job(days)
+    finished_job(1, JobState.DEAD)
+    Noop.dispatch()
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE django_gator_job")
+    assert estimated_total() == (5, False)
