@@ -221,23 +221,35 @@ class Conversion(Partitions):
     def _swap(self, progress: Callable[[str], None]) -> None:
         """Step 4."""
         plain = self.qn(self.names["parent"])
+        progress("checking the copy")
+        self._verify()
         progress("swapping the tables")
+        started = time.monotonic()
         self._locked(f"LOCK TABLE {plain} IN ACCESS EXCLUSIVE MODE", self._swap_locked)
+        progress(f"swapped in {1000 * (time.monotonic() - started):.0f} ms (lock waits included)")
 
-    def _swap_locked(self, cursor: Any) -> None:
-        names = self.names
-        plain, new, backup = self.qn(names["parent"]), self.qn(NEW), self.qn(names["backup"])
-        cursor.execute(
-            f"SELECT (SELECT count(*) FROM {plain}), (SELECT count(*) FROM {new}),"
-            f" (SELECT count(*) FROM {plain} p WHERE NOT EXISTS"
-            f" (SELECT 1 FROM {new} n WHERE n.id = p.id AND n.state = p.state))"
-        )
-        in_plain, in_new, missing = cursor.fetchone()
+    def _verify(self) -> None:
+        """Both tables hold the same rows in the same states. One statement, so one
+        snapshot of both: the trigger writes the copy in the writer's transaction, so any
+        snapshot sees a write in both tables or in neither, and no lock is needed. (After
+        it, every write is mirrored the same way until the swap.)"""
+        plain, new = self.qn(self.names["parent"]), self.qn(NEW)
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT (SELECT count(*) FROM {plain}), (SELECT count(*) FROM {new}),"
+                f" (SELECT count(*) FROM {plain} p WHERE NOT EXISTS"
+                f" (SELECT 1 FROM {new} n WHERE n.id = p.id AND n.state = p.state))"
+            )
+            in_plain, in_new, missing = cursor.fetchone()
         if in_plain != in_new or missing:
             raise PartitioningError(
                 f"the copy differs from the plain table (rows {in_plain} there, {in_new} in "
                 f"the copy, {missing} missing or stale): nothing was swapped"
             )
+
+    def _swap_locked(self, cursor: Any) -> None:
+        names = self.names
+        plain, new, backup = self.qn(names["parent"]), self.qn(NEW), self.qn(names["backup"])
         cursor.execute(f"DROP TRIGGER {self.qn(MIRROR)} ON {plain}")
         cursor.execute(f"DROP FUNCTION {self.qn(MIRROR)}()")
         cursor.execute("SELECT pg_get_serial_sequence(%s, 'id')", [names["parent"]])

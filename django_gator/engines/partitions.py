@@ -142,38 +142,18 @@ class Partitions:
             )
 
     def time_partitions(self) -> list[TimePartition]:
-        """The time partitions of the finished jobs, oldest first (not the default)."""
+        """The time partitions of the finished jobs, oldest first (not the default), with
+        their bounds read from their bound expressions, in one statement."""
         with self.connection.cursor() as cursor:
             cursor.execute(
-                "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
-                " WHERE i.inhparent = to_regclass(%s)",
+                "SELECT name, b[1]::timestamptz, b[2]::timestamptz FROM (SELECT c.relname AS"
+                " name, regexp_match(pg_get_expr(c.relpartbound, c.oid),"
+                " 'FROM \\(''([^'']+)''\\) TO \\(''([^'']+)''\\)') AS b"
+                " FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+                " WHERE i.inhparent = to_regclass(%s)) AS p WHERE b IS NOT NULL ORDER BY 2",
                 [self.names["done"]],
             )
-            names = [row[0] for row in cursor.fetchall()]
-        found = []
-        for name in names:
-            bounds = self._bounds(name)
-            if bounds is not None:
-                found.append(TimePartition(name, *bounds))
-        return sorted(found, key=lambda p: p.start)
-
-    def _bounds(self, name: str) -> tuple[datetime, datetime] | None:
-        """(start, end) of a time partition, read from its bound expression (None: the
-        default partition)."""
-        with self.connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT (regexp_match(pg_get_expr(c.relpartbound, c.oid),"
-                " 'FROM \\(''([^'']+)''\\) TO \\(''([^'']+)''\\)'))"
-                " FROM pg_class c WHERE c.oid = to_regclass(%s)",
-                [name],
-            )
-            row = cursor.fetchone()
-            if row is None or row[0] is None:
-                return None
-            start, end = row[0]
-            cursor.execute("SELECT %s::timestamptz, %s::timestamptz", [start, end])
-            bounds = cursor.fetchone()
-        return bounds[0], bounds[1]
+            return [TimePartition(*row) for row in cursor.fetchall()]
 
     def index_definitions(
         self, table: str, *, local: bool = False
