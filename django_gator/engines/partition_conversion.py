@@ -2,22 +2,20 @@
 (``gator_partitions --convert``), and back to a plain table (``--revert``, offline).
 
 The online conversion, in four steps, none of which holds a lock that stops the claims
-for longer than a catalogue change, except the last one's final check:
+for longer than a catalogue change:
 
 1. Build the partitioned table beside the plain one (``django_gator_job_new``), with the
    time partitions the finished rows need and those ahead.
 2. Install a trigger on the plain table that mirrors every insert, update and delete into
    the new one (in the writer's transaction: the two never disagree about a row written
    from then on).
-3. Copy the rows that were there before, ``batch_size`` ids at a time, each batch in a
-   REPEATABLE READ transaction that locks its rows (FOR SHARE) and skips those the trigger
-   already copied. A row written by another transaction since the batch's snapshot makes
-   PostgreSQL refuse the lock (a serialization failure): the batch is tried again, so no
-   batch ever copies a stale version.
-4. Swap: lock the plain table (ACCESS EXCLUSIVE), check that both tables hold the same
-   rows, rename the plain table to ``django_gator_job_plain`` (kept, with its indexes
-   renamed, until ``--drop-backup``) and the new one to ``django_gator_job``, and move the
-   id sequence on. Claims wait for this transaction only.
+3. Copy the rows that were there before, ``batch_size`` ids at a time, each batch locking
+   its rows (FOR SHARE) before it copies those the trigger has not (see _copy_batch), so
+   no batch ever copies a stale version.
+4. Check the copy (one statement: one snapshot of both tables), then swap: lock the plain
+   table (ACCESS EXCLUSIVE), rename it to ``django_gator_job_plain`` (kept, with its
+   indexes renamed, until ``--drop-backup``) and the new one to ``django_gator_job``, and
+   move the id sequence on. Claims wait for this transaction only.
 """
 
 from __future__ import annotations
@@ -197,25 +195,35 @@ class Conversion(Partitions):
         return copied
 
     def _copy_batch(self, start: int, end: int) -> int:
+        """One batch, in two statements of one READ COMMITTED transaction: the first locks
+        the batch's rows (FOR SHARE, waiting for the writes under way on them), the second,
+        whose snapshot is taken once they are all locked, copies those the trigger has not
+        copied already. Every write to them committed before that snapshot (its trigger's
+        copy is seen and skipped), and none can come until the batch commits (then its
+        trigger replaces the batch's copy). A deadlock with a worker's write is tried again."""
         plain, new = self.qn(self.names["parent"]), self.qn(NEW)
-        sql = (
-            f"WITH locked AS (SELECT * FROM {plain} WHERE id BETWEEN %s AND %s FOR SHARE)"
-            f" INSERT INTO {new} SELECT l.* FROM locked l"
-            f" WHERE NOT EXISTS (SELECT 1 FROM {new} n WHERE n.id = l.id)"
-        )
         for attempt in range(1, BATCH_TRIES + 1):
             try:
                 with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
-                    cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                    cursor.execute(sql, [start, end])
+                    cursor.execute(
+                        f"SELECT count(*) FROM (SELECT id FROM {plain}"
+                        " WHERE id BETWEEN %s AND %s ORDER BY id FOR SHARE) AS locked",
+                        [start, end],
+                    )
+                    cursor.execute(
+                        f"INSERT INTO {new} SELECT p.* FROM {plain} p WHERE p.id BETWEEN %s"
+                        f" AND %s AND NOT EXISTS (SELECT 1 FROM {new} n WHERE n.id = p.id)",
+                        [start, end],
+                    )
                     return int(cursor.rowcount)
             except DatabaseError as exc:
-                if not _serialization_failure(exc):
+                if not _refused(exc):
                     raise
             time.sleep(min(0.01 * attempt, 0.5))  # deliberate: the writers of these rows
         raise PartitioningError(
-            f"ids {start}-{end}: concurrent writes refused the copy {BATCH_TRIES} times; "
-            "run the conversion again (it goes on where it stopped) or with --batch-size lower"
+            f"ids {start}-{end}: deadlocks with the workers' writes refused the copy "
+            f"{BATCH_TRIES} times; run the conversion again (it goes on where it stopped) "
+            "or with a lower --batch-size"
         )
 
     def _swap(self, progress: Callable[[str], None]) -> None:
@@ -354,11 +362,11 @@ class Conversion(Partitions):
         return True
 
 
-def _serialization_failure(exc: BaseException) -> bool:
-    """PostgreSQL refused a REPEATABLE READ transaction's lock on a row written since its
-    snapshot (SQLSTATE 40001)."""
+def _refused(exc: BaseException) -> bool:
+    """PostgreSQL ended the batch's transaction to break a deadlock (SQLSTATE 40P01) or
+    refused it as not serializable (40001)."""
     cause = exc.__cause__ or exc
-    return getattr(cause, "sqlstate", None) == "40001"
+    return getattr(cause, "sqlstate", None) in ("40001", "40P01")
 
 
 def _as_read(condition: str) -> str:
