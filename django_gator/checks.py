@@ -36,6 +36,10 @@ E008  GATOR_QUEUE_DATABASES is not a dict of queue names to database aliases, na
 E012  A job class has ``encrypted = True`` and its data cannot be encrypted: the
       ``cryptography`` package is missing or GATOR_ENCRYPTION_KEYS is empty; or a key of
       GATOR_ENCRYPTION_KEYS is not URL-safe base64 of 32 bytes (whether or not a class uses it).
+W008  GATOR_PARTITIONING and the jobs table disagree: set on MariaDB, MySQL or SQLite (they
+      keep DELETE pruning); set while the PostgreSQL table is plain (the fix: gator_partitions
+      --convert); unset while it is partitioned (no worker would create its partitions).
+      Looks at the database, as W001.
 """
 
 from __future__ import annotations

@@ -142,6 +142,34 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     os._exit(int(getattr(config, "_gator_exitstatus", 1)))
 
 
+#: The suite runs on partitioned storage (GATOR_TEST_PARTITIONING on PostgreSQL; see
+#: django_db_setup below): tests that migrate the plain jobs table back and forth skip.
+PARTITIONED_SUITE = bool(os.environ.get("GATOR_TEST_PARTITIONING")) and (
+    os.environ.get("DATABASE_URL", "").startswith("postgres")
+)
+plain_table_only = pytest.mark.skipif(
+    PARTITIONED_SUITE, reason="migrates the plain jobs table (GATOR_TEST_PARTITIONING is set)"
+)
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> None:
+    """With GATOR_PARTITIONING set (GATOR_TEST_PARTITIONING, tests/settings.py) on
+    PostgreSQL, the test database's jobs table is converted to partitioned storage once,
+    after the migrations: the whole suite then runs on it."""
+    from django.conf import settings
+
+    granularity = getattr(settings, "GATOR_PARTITIONING", None)
+    if granularity and connection.vendor == "postgresql":
+        from django_gator.engines.partition_conversion import Conversion
+
+        with django_db_blocker.unblock():
+            conversion = Conversion("default")
+            if not conversion.is_partitioned():
+                conversion.convert(granularity)
+            conversion.drop_backup()
+
+
 def database_url() -> str:
     """A DATABASE_URL for the test database, for worker subprocesses."""
     s = connection.settings_dict

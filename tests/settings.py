@@ -134,6 +134,10 @@ if os.environ.get("GATOR_TEST_JOB_DATABASES"):
 
     DATABASES.update(json.loads(os.environ["GATOR_TEST_JOB_DATABASES"]))
     GATOR_QUEUE_DATABASES = json.loads(os.environ["GATOR_TEST_QUEUE_DATABASES"])
+if os.environ.get("GATOR_TEST_PARTITIONING") and _db["ENGINE"].endswith("postgresql"):
+    # The suite on partitioned storage: tests/conftest.py converts the test database's jobs
+    # table after migrating it (GATOR_TEST_PARTITIONING=day or hour).
+    GATOR_PARTITIONING = os.environ["GATOR_TEST_PARTITIONING"]
 
 LOGGING = {
     "version": 1,

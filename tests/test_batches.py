@@ -15,7 +15,7 @@ from django_gator.exceptions import JobNotRegistered
 from django_gator.models import BatchError, Job, JobState
 from django_gator.rows import LostClaim
 from django_gator.testing import run_jobs
-from tests.conftest import run_worker
+from tests.conftest import plain_table_only, run_worker
 from tests.testapp.jobs import (
     BatchCompleted,
     BatchMemberDead,
@@ -313,6 +313,7 @@ def test_the_members_are_read_through_the_batch_index(sql):
     assert expected in plan, plan
 
 
+@plain_table_only
 def test_the_partial_batch_index_migrates_back_and_forth():
     from django.core.management import call_command
 

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from django.core import checks
 from django.db import connection, connections
 from django.db.utils import ConnectionHandler
 from django.test import override_settings
+from django.utils import timezone
 
 from django_gator import Cron, Queueable, conf
 from django_gator import checks as gator_checks
@@ -546,3 +548,23 @@ def test_a_unique_for_longer_than_the_pruning_retention_is_a_warning():
     assert "GATOR_PRUNE_CANCELLED_AFTER" in warning.hint
     with override_settings(GATOR_PRUNE_CANCELLED_AFTER=86400, GATOR_AUTO_PRUNE=False):
         assert _w007() == []
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor == "postgresql", reason="PostgreSQL partitions")
+def test_partitioning_on_mariadb_or_sqlite_is_a_warning_and_pruning_stays_delete(settings):
+    from django_gator.engines import get_engine
+    from django_gator.worker.pruner import Pruner
+
+    settings.GATOR_PARTITIONING = "day"
+    [message] = engine_checks.check_partitioning("default", connection)
+    assert message.id == "django_gator.W008"
+    assert connection.vendor in message.msg
+    settings.GATOR_PRUNE_SUCCEEDED_AFTER = 60
+    old = Job.objects.create(
+        name="x", state=JobState.SUCCEEDED, finished_at=timezone.now() - timedelta(hours=1)
+    )
+    assert Pruner(get_engine("default"), "pruner-1").prune_once() == 1
+    assert not Job.objects.filter(pk=old.pk).exists()
+    settings.GATOR_PARTITIONING = None
+    assert engine_checks.check_partitioning("default", connection) == []

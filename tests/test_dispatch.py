@@ -21,6 +21,7 @@ from django_gator import Queueable, job
 from django_gator.engines import get_engine
 from django_gator.exceptions import PayloadTooLarge
 from django_gator.models import Job, JobState
+from tests.conftest import PARTITIONED_SUITE
 from tests.factories import FACTORY_WORKER, JobFactory
 from tests.testapp.jobs import add, record_kw
 
@@ -813,6 +814,9 @@ def test_the_database_refuses_rows_that_break_a_named_constraint(fields, constra
     with pytest.raises(IntegrityError) as excinfo, transaction.atomic():
         Job.objects.create(**values)
 
+    if PARTITIONED_SUITE and constraint == "gator_job_state_valid":
+        # Partitioned storage: no partition takes an unknown state, before the check.
+        constraint = "no partition of relation"
     assert constraint in str(excinfo.value)
     assert not Job.objects.exists()
 

@@ -33,8 +33,10 @@ from django_gator.engines import get_engine
 from django_gator.expiry import settle_expired
 from django_gator.models import Job, JobState
 from tests.conftest import (
+    PARTITIONED_SUITE,
     ROOT,
     analyze,
+    plain_table_only,
     run_python,
     run_worker,
     stop_worker,
@@ -387,6 +389,11 @@ def test_each_part_of_the_queue_figures_statement_reads_an_index():
     analyze()
     sql = get_engine("default").queue_gauges_sql()
     plan = explain(sql)
+    if PARTITIONED_SUITE:
+        # Partitioned storage: the finished jobs are in partitions of their own, which no
+        # part reads; the active and dead partitions hold only the rows of their states.
+        assert "django_gator_job_done" not in plan, plan
+        return
     if connection.vendor == "postgresql":
         scans = _pg_job_scans(sql)  # none of them a Seq Scan
         # One index read per part. Which index serves the dead part (its own partial one,
@@ -409,6 +416,7 @@ def test_each_part_of_the_queue_figures_statement_reads_an_index():
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="CREATE INDEX CONCURRENTLY")
+@plain_table_only
 def test_the_dead_queue_index_migration_rebuilds_an_index_left_invalid():
     """A CONCURRENTLY build that failed half-way leaves an invalid index, which the
     planner never uses; running the migration's step again replaces it."""

@@ -384,3 +384,9 @@ def metrics_cache() -> str:
 
 def metrics_cache_seconds() -> float:
     return float(value("GATOR_METRICS_CACHE_SECONDS"))
+
+
+def partitioning() -> str | None:
+    """``"day"``, ``"hour"`` or None (a plain jobs table): GATOR_PARTITIONING."""
+    granularity = value("GATOR_PARTITIONING")
+    return None if granularity is None else str(granularity)

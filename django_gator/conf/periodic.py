@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from django_gator.conf.rules import (
     CallablePath,
+    Choice,
     Flag,
     Number,
     Setting,
@@ -96,6 +97,13 @@ PERIODIC: tuple[Setting, ...] = (
         0.1,
         Number(0, 60),
         "seconds an automatic pruning pass waits between two batches",
+    ),
+    Setting(
+        "GATOR_PARTITIONING",
+        None,
+        Choice(("day", "hour"), none="a plain table"),
+        "PostgreSQL: finished jobs kept in partitions of a day or an hour that retention "
+        "drops whole (see `gator_partitions`)",
     ),
     Setting(
         "GATOR_METRICS_PORT",

@@ -110,6 +110,24 @@ class LogLevel:
 
 
 @dataclass(frozen=True)
+class Choice:
+    """One of ``values`` (strings), or None, which means ``none``."""
+
+    values: tuple[str, ...]
+    none: str
+
+    def problem(self, value: Any, *, deep: bool = False) -> str | None:
+        if value is None or value in self.values:
+            return None
+        listed = ", ".join(repr(v) for v in self.values)
+        return f"must be None or one of {listed}, got {value!r}"
+
+    def allowed(self) -> str:
+        listed = " or ".join(f'`"{v}"`' for v in self.values)
+        return f"`None` ({self.none}), {listed}"
+
+
+@dataclass(frozen=True)
 class Names:
     """A list of non-empty strings, each ``what`` (``"key name"``). ``sets``: a set is
     accepted too (order does not matter). ``importable``: each names a callable that the

@@ -8,13 +8,63 @@ from typing import Any
 
 from django.core import checks
 
+from django_gator import conf
+from django_gator.models import Job
+
 
 def server_checks(alias: str, connection: Any) -> list[checks.CheckMessage]:
     """What is wrong with database ``alias`` (``connection``, Django's) for django-gator."""
     if connection.vendor == "sqlite":
         return check_sqlite(alias, connection)
     if connection.vendor == "mysql":
-        return check_mysql(alias, connection)
+        return check_mysql(alias, connection) + check_partitioning(alias, connection)
+    return check_partitioning(alias, connection)
+
+
+def check_partitioning(alias: str, connection: Any) -> list[checks.CheckMessage]:
+    """W008: GATOR_PARTITIONING and the jobs table disagree (set on a database other than
+    PostgreSQL; set while the table is plain; unset while it is partitioned)."""
+    granularity = conf.get("GATOR_PARTITIONING")
+    if connection.vendor != "postgresql":
+        if granularity is None:
+            return []
+        return [
+            checks.Warning(
+                f"GATOR_PARTITIONING is {granularity!r}, but database {alias!r} is "
+                f"{connection.vendor}: partitioned storage is PostgreSQL's only.",
+                hint="Remove the setting: this database keeps DELETE pruning (gator_prune).",
+                id="django_gator.W008",
+            )
+        ]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)", [Job._meta.db_table]
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return []  # not migrated yet: W003
+    partitioned = row[0] == "p"
+    if granularity is not None and not partitioned:
+        return [
+            checks.Warning(
+                f"GATOR_PARTITIONING is {granularity!r}, but the jobs table on {alias!r} is a "
+                "plain table.",
+                hint="Convert it (online): manage.py gator_partitions --convert. Until then "
+                "finished jobs are pruned by DELETE.",
+                id="django_gator.W008",
+            )
+        ]
+    if granularity is None and partitioned:
+        return [
+            checks.Warning(
+                f"The jobs table on {alias!r} is partitioned, but GATOR_PARTITIONING is None: "
+                "no worker creates its time partitions, and finished jobs will pile up in "
+                "its default partition.",
+                hint="Set GATOR_PARTITIONING to 'day' or 'hour', or go back to a plain table: "
+                "manage.py gator_partitions --revert.",
+                id="django_gator.W008",
+            )
+        ]
     return []
 
 

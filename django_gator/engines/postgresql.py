@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import psycopg
 
+from django_gator import conf
 from django_gator.engines.postgresql_claims import PostgresClaims
 from django_gator.engines.postgresql_inserts import PostgresInserts
-from django_gator.states import RUNNING_SQL
+from django_gator.states import ACTIVE_SQL, RUNNING_SQL
 
 
 class PostgresEngine(PostgresInserts, PostgresClaims):
@@ -32,4 +33,10 @@ class PostgresEngine(PostgresInserts, PostgresClaims):
     def _guard(self, condition: str) -> str:
         # Inside a CASE the conditions can neither drive an index scan nor prove a partial
         # index's predicate, so the planner has only the primary key to find the row by.
-        return f"CASE WHEN {condition} AND {RUNNING_SQL} AND reserved_by = %s THEN true END"
+        guard = f"CASE WHEN {condition} AND {RUNNING_SQL} AND reserved_by = %s THEN true END"
+        if conf.partitioning() is not None:
+            # Partitioned storage: the active states outside the CASE, so that the planner
+            # looks in the active partition only (engines/partitions.py). Not ``running``:
+            # that would prove the partial indexes of running jobs and be looked up there.
+            return f"{ACTIVE_SQL} AND {guard}"
+        return guard

@@ -9,10 +9,19 @@ from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
 
+from django_gator import conf
 from django_gator.attempts import Mark, batches_of
 from django_gator.engines.base import JOB_COLUMNS, UNKEYED_SQL, ClaimedJob, Position
+from django_gator.engines.partition_moves import retrying_moves
 from django_gator.engines.postgresql_sessions import PostgresSessions
-from django_gator.states import READY_SQL, RUNNING_SQL, SQL_SUCCEEDED, claim_set_sql, live_sql
+from django_gator.states import (
+    ACTIVE_SQL,
+    READY_SQL,
+    RUNNING_SQL,
+    SQL_SUCCEEDED,
+    claim_set_sql,
+    live_sql,
+)
 
 #: The range of the priority column (smallint): the ends of a keyset claim's gaps.
 SMALLINT_MIN, SMALLINT_MAX = -32768, 32767
@@ -26,8 +35,15 @@ class PostgresClaims(PostgresSessions):
     def claim(
         self, worker_id: str, queue: str, limit: int, after: Position | None = None
     ) -> list[ClaimedJob]:
+        if conf.partitioning() is not None:
+            return retrying_moves(self, lambda: self._claim_once(worker_id, queue, limit, after))
+        return self._claim_once(worker_id, queue, limit, after)
+
+    def _claim_once(
+        self, worker_id: str, queue: str, limit: int, after: Position | None
+    ) -> list[ClaimedJob]:
         picked, params = self._picked(queue, limit, after)
-        sql = f"WITH picked AS ({picked}) {self._claim_update}"
+        sql = f"WITH picked AS ({picked}) {self._claim_update_sql}"
         with self._prepared_cursor() as cursor:
             cursor.execute(sql, [*params, worker_id])
             rows = cursor.fetchall()
@@ -50,11 +66,25 @@ class PostgresClaims(PostgresSessions):
         settle their batches in the mark's transaction: those go the two-statement way."""
         if not succeeded or not limit or batches_of(succeeded):
             return super().claim_and_mark(worker_id, queue, limit, succeeded, after)
+        if conf.partitioning() is not None:
+            return retrying_moves(
+                self, lambda: self._claim_and_mark_once(worker_id, queue, limit, succeeded, after)
+            )
+        return self._claim_and_mark_once(worker_id, queue, limit, succeeded, after)
+
+    def _claim_and_mark_once(
+        self,
+        worker_id: str,
+        queue: str,
+        limit: int,
+        succeeded: Sequence[Mark],
+        after: Position | None,
+    ) -> tuple[list[ClaimedJob], list[int]]:
         picked, params = self._picked(queue, limit, after)
         marks, marks_params = self.marks_sql(worker_id, succeeded)
         sql = (
             f"WITH marked AS ({marks}), picked AS ({picked}),"
-            f" claimed AS ({self._claim_update})"
+            f" claimed AS ({self._claim_update_sql})"
             " SELECT m.ids, c.* FROM (SELECT array_agg(id) AS ids FROM marked) AS m"
             " LEFT JOIN claimed AS c ON true"
         )
@@ -79,6 +109,22 @@ class PostgresClaims(PostgresSessions):
             " LIMIT %s FOR UPDATE SKIP LOCKED"
         )
         return picked, [queue, queue, limit]
+
+    @property
+    def _claim_update_sql(self) -> str:
+        if conf.partitioning() is not None:
+            return self._claim_update_partitioned
+        return self._claim_update
+
+    @cached_property
+    def _claim_update_partitioned(self) -> str:
+        """The UPDATE of a claim on partitioned storage: the active states named, so that
+        the planner joins the active partition only (the picked rows are locked: still
+        ready)."""
+        return self._claim_update.replace(
+            " FROM picked WHERE j.id = picked.id",
+            f" FROM picked WHERE j.id = picked.id AND j.{ACTIVE_SQL}",
+        )
 
     @cached_property
     def _claim_update(self) -> str:
@@ -178,6 +224,11 @@ class PostgresClaims(PostgresSessions):
             return [row[0] for row in cursor.fetchall()]
 
     def mark_succeeded(self, worker_id: str, done: Sequence[Mark]) -> list[int]:
+        if conf.partitioning() is not None and not self.connection.in_atomic_block:
+            return retrying_moves(self, lambda: self._mark_succeeded_once(worker_id, done))
+        return self._mark_succeeded_once(worker_id, done)
+
+    def _mark_succeeded_once(self, worker_id: str, done: Sequence[Mark]) -> list[int]:
         if len(done) == 1:
             return super().mark_succeeded(worker_id, done)
         sql, params = self.marks_sql(worker_id, done)
@@ -196,7 +247,8 @@ class PostgresClaims(PostgresSessions):
             f"UPDATE {self.job_table} AS j SET state = {SQL_SUCCEEDED}, "
             f"finished_at = {self.now_sql}, result = u.r::jsonb "
             "FROM unnest(%s::bigint[], %s::int[], %s::text[]) AS u(id, attempts, r) "
-            f"WHERE j.id = u.id AND CASE WHEN j.attempts = u.attempts AND j.{RUNNING_SQL} "
+            f"WHERE j.id = u.id AND {self._running_first}CASE WHEN j.attempts = u.attempts "
+            f"AND j.{RUNNING_SQL} "
             "AND j.reserved_by = %s THEN true END RETURNING j.id"
         )
         params: list[Any] = [
@@ -206,6 +258,12 @@ class PostgresClaims(PostgresSessions):
             worker_id,
         ]
         return sql, params
+
+    @property
+    def _running_first(self) -> str:
+        """Partitioned storage: the active states outside the marks' CASE, for the planner
+        to look in the active partition only (see PostgresEngine._guard)."""
+        return f"j.{ACTIVE_SQL} AND " if conf.partitioning() is not None else ""
 
 
 def _dequeue_order(job: ClaimedJob) -> tuple[int, int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django_gator import conf
 from django_gator.engines.contract import JobEngine, behind
 
 
@@ -63,10 +64,17 @@ def row_estimate(job_engine: JobEngine, table: str) -> int | None:
     connection = behind(job_engine).connection
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            cursor.execute(
-                "SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)",
-                [connection.ops.quote_name(table)],
-            )
+            # Partitioned storage: the parent has no estimate of its own; its partitions'.
+            sql = "SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)"
+            params = [connection.ops.quote_name(table)]
+            if conf.partitioning() is not None:
+                sql = (
+                    "SELECT COALESCE((SELECT sum(GREATEST(c.reltuples, 0)) FROM"
+                    " pg_partition_tree(to_regclass(%s)) t JOIN pg_class c ON c.oid = t.relid"
+                    f" WHERE t.isleaf), ({sql}))"
+                )
+                params *= 2
+            cursor.execute(sql, params)
             row = cursor.fetchone()
             # -1 (PostgreSQL 14+) or 0 with no pages: never vacuumed nor analyzed.
             return int(row[0]) if row is not None and row[0] is not None and row[0] > 0 else None

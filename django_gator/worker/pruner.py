@@ -31,6 +31,12 @@ and the claim would start one job too many (a soak run found one). A scope's row
 deleted only once it has been quiet for its window and the margin, so a claim would have
 to wait for its queue's lock longer than the margin to miss one.
 
+With partitioned storage (``GATOR_PARTITIONING``, PostgreSQL; engines/partitions.py) the
+lease holder creates the time partitions of finished jobs ahead and drops those whose end
+is past the longer of the two retentions, instead of deleting succeeded and cancelled jobs
+row by row; it logs an error when finished jobs went to the default partition. The creation
+goes on with ``GATOR_AUTO_PRUNE = False`` (only the drops stop).
+
 The pruner is a thread of its own, not a step of the heartbeat: a long pass must never
 delay a heartbeat (a late heartbeat gets a worker's jobs rescued). ``GATOR_AUTO_PRUNE =
 False`` turns it off; burst workers never prune.
@@ -48,6 +54,7 @@ from django.db import close_old_connections, models
 from django_gator import conf
 from django_gator.engines import JobEngine
 from django_gator.engines.flow_ledger import key_scope, queue_scope
+from django_gator.engines.partitions import PartitioningError, Partitions
 from django_gator.limits import UNITS, parse_rate
 from django_gator.models import Batch, FlowStart, Job, JobState, Lease, Queue, WorkflowRun
 from django_gator.registry import registered_jobs
@@ -83,6 +90,9 @@ class Pruner:
         self.deleted_batches = 0
         self.deleted_workflows = 0
         self.ledger_deleted = 0  # rate-limit ledger rows they deleted
+        #: Time partitions of finished jobs created and dropped (GATOR_PARTITIONING).
+        self.partitions_created = 0
+        self.partitions_dropped = 0
 
     def lease_seconds(self) -> float:
         return max(MIN_LEASE_SECONDS, 2 * conf.prune_interval())
@@ -108,7 +118,12 @@ class Pruner:
         :attr:`deleted_workflows`). Stops early when ``stopped(pause)`` is true or the
         lease is lost."""
         close_old_connections()
-        if not conf.auto_prune() or not self.take_lease():
+        partitioned = conf.partitioning() is not None and Partitions.available(self.engine.alias)
+        if not (conf.auto_prune() or partitioned) or not self.take_lease():
+            return None
+        if partitioned:
+            partitioned = self.keep_partitions()
+        if not conf.auto_prune():
             return None
         alias = self.engine.alias
         batch_size = conf.prune_batch_size()
@@ -119,7 +134,7 @@ class Pruner:
             logger.info(
                 "Pruned rate-limit ledger rows deleted=%s worker=%s", ledger, self.worker_id
             )
-        for state, retention in RETENTIONS:
+        for state, retention in () if partitioned else RETENTIONS:
             while True:
                 try:
                     before = self.engine.db_now() - timedelta(seconds=retention())
@@ -136,6 +151,30 @@ class Pruner:
         self._done(deleted)
         self._prune_groups(stopped, batch_size)
         return deleted
+
+    def keep_partitions(self) -> bool:
+        """Partitioned storage (GATOR_PARTITIONING): create the time partitions ahead, drop
+        those whose every job is past its retention (the longer of the succeeded and
+        cancelled ones; with GATOR_AUTO_PRUNE only), and say loudly if finished jobs went
+        to the default partition. A plain table is an error in the log that names the
+        conversion; its rows are then pruned by DELETE as without partitioning."""
+        partitions = Partitions(self.engine.alias)
+        now = self.engine.db_now()
+        try:
+            created = partitions.ensure(now, conf.partitioning() or "day")
+        except PartitioningError as exc:
+            logger.error("Partitioned storage unavailable worker=%s: %s", self.worker_id, exc)
+            return False
+        self.partitions_created += len(created)
+        partitions.check_default()
+        if conf.auto_prune():
+            retention = max(conf.prune_succeeded_after(), conf.prune_cancelled_after())
+            try:
+                cutoff = now - timedelta(seconds=retention)
+            except OverflowError:
+                return True  # a retention longer than the calendar: nothing is old enough
+            self.partitions_dropped += len(partitions.drop_before(cutoff))
+        return True
 
     def _prune_groups(self, stopped: Callable[[float], bool], batch_size: int) -> None:
         """The batches and workflows left without a job, as the jobs are pruned."""

@@ -10,6 +10,8 @@ Everything that differs between machines comes from the environment (django-envi
     GATOR_LOG_LEVEL  level of the django_gator loggers on the console; default: INFO
     GATOR_ENCRYPTION_KEYS  comma-separated keys for encrypted jobs, newest first (each from
                    Fernet.generate_key()); default: a development key (never use it for real data)
+    GATOR_PARTITIONING  "day" or "hour": partitioned storage (PostgreSQL; gator_partitions
+                   --convert first); default: a plain jobs table
 """
 
 from __future__ import annotations
@@ -98,6 +100,8 @@ GATOR_QUEUES = {"exports": {"concurrency": 2, "rate_limit": "10/s"}}
 GATOR_ENCRYPTION_KEYS = env.list(
     "GATOR_ENCRYPTION_KEYS", default=["ZGVtby1vbmx5LWtleS1ub3QtZm9yLXJlYWwtZGF0YSE="]
 )
+# Partitioned storage of the jobs table (PostgreSQL), for the benchmarks of docs/benchmarks.md.
+GATOR_PARTITIONING = env.str("GATOR_PARTITIONING", default=None)
 
 # Middleware wrapped around every job's handle() (see demo/jobs.py).
 GATOR_MIDDLEWARE = ["demo.jobs.log_duration"]

@@ -9,7 +9,7 @@ from django.urls import reverse
 
 from django_gator.models import Job, JobState
 from tests.admin_helpers import dead_jobs, operator
-from tests.conftest import SECRET, run_worker
+from tests.conftest import SECRET, plain_table_only, run_worker
 from tests.testapp.jobs import Boom, FailsFirstTime
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -114,6 +114,7 @@ def test_a_bad_target_queue_is_refused_with_its_name():
     assert Job.objects.filter(state=JobState.DEAD).count() == 5
 
 
+@plain_table_only
 def test_the_dead_job_screens_index_holds_only_dead_and_failed_rows():
     from django.db import connection
 

@@ -31,7 +31,7 @@ from django_gator.testing import run_jobs
 from django_gator.worker.flow import class_limits
 from django_gator.worker.pruner import IDLE_MARGIN, Pruner
 from django_gator.worker.supervisor import WorkerProcess
-from tests.conftest import start_worker_thread, wait_for, waiting_on_locks
+from tests.conftest import plain_table_only, start_worker_thread, wait_for, waiting_on_locks
 from tests.factories import JobFactory
 from tests.testapp.jobs import BatchCompleted, BatchSucceeded, Noop, RatedSpan, Record
 
@@ -98,6 +98,7 @@ def finished(state: str, seconds_ago: float, count: int = 1) -> list[Job]:
     return JobFactory.create_batch(count, finished_at=when, **trait)
 
 
+@plain_table_only
 @pytest.mark.django_db(transaction=True)
 def test_a_pass_deletes_old_succeeded_and_cancelled_jobs_in_batches_and_nothing_else(settings):
     settings.GATOR_PRUNE_SUCCEEDED_AFTER = 3600
@@ -222,6 +223,7 @@ def test_a_pass_never_deletes_a_row_a_claim_waiting_for_its_queue_lock_still_cou
         )
 
 
+@plain_table_only
 @pytest.mark.django_db(transaction=True)
 def test_members_of_a_batch_that_has_not_completed_are_kept_until_it_completes(settings):
     # A cancelled member deleted before its batch completed let on_success run at the
@@ -259,6 +261,7 @@ def test_auto_prune_off_prunes_nothing(settings):
     assert Job.objects.count() == 3
 
 
+@plain_table_only
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_keeps_a_steady_trickle_of_jobs_at_a_bounded_row_count(settings):
     settings.GATOR_PRUNE_SUCCEEDED_AFTER = 0.5
@@ -332,6 +335,7 @@ def finished_groups() -> dict[str, object]:
     }
 
 
+@plain_table_only
 @pytest.mark.django_db(transaction=True)
 def test_a_pass_deletes_the_batches_and_workflows_left_without_jobs(settings):
     settings.GATOR_PRUNE_SUCCEEDED_AFTER = 3600
@@ -373,6 +377,7 @@ def test_a_batch_or_workflow_within_its_retention_is_kept(settings):
     assert rows["open"].pk in set(Batch.objects.values_list("pk", flat=True))
 
 
+@plain_table_only
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_keeps_a_trickle_of_batches_and_workflows_at_a_bounded_row_count(settings):
     """Workflows with a batch step and plain batches, dispatched steadily to a live worker
