@@ -145,6 +145,11 @@ class Job(models.Model):
         blank=True,
         help_text="The last checkpoint() written: the next attempt resumes from it.",
     )
+    awaited = models.BooleanField(
+        null=True,
+        editable=False,
+        help_text="Set by wait_result() on PostgreSQL: the job's end sends a NOTIFY.",
+    )
 
     objects = JobQuerySet.as_manager()
 
