@@ -22,7 +22,7 @@ from collections.abc import Callable
 from django_gator import conf
 from django_gator.engines import JobEngine, get_engine
 
-logger = logging.getLogger("django_gator.dispatch")
+logger = logging.getLogger("django_gator")
 
 #: Seconds the listener keeps its connection while no waiter is subscribed.
 IDLE_CLOSE = 10.0
