@@ -1,7 +1,10 @@
 """Awaitable results (issue 34, item 4): ``job.wait_result()`` / ``await_result()`` and
 ``run.wait_result()`` against real worker processes: the return value, the final error
 of a dead or cancelled job, a timeout naming what it waited for, a retried attempt that
-is not an end, a workflow's leaf results and its first failed step."""
+is not an end, a workflow's leaf results and its first failed step. On PostgreSQL: the
+waiter woken by the NOTIFY of its job's or workflow's end (with the fallback read pushed
+out of reach), an end committed while the flag waited for the row's lock, a lost LISTEN
+connection reopened, and no NOTIFY for jobs nobody waits for."""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from django_gator.engines.ends import ENDS_CHANNEL
 from django_gator.exceptions import GatorError, JobFailed, ResultTimeout, WorkflowFailed
 from django_gator.models import Job, JobState, WorkflowRun, WorkflowStep, awaiting
 from django_gator.states import FINAL_STATES
-from tests.conftest import wait_for
+from tests.conftest import wait_for, waiting_on_locks
 from tests.testapp.jobs import Boom, Echo, Gathers, Produces, Record, RecordFailsFirst
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -327,3 +330,31 @@ def test_on_postgresql_jobs_nobody_waits_for_end_without_a_notify(spawn_worker):
         assert not Job.objects.filter(awaited__isnull=False).exists()
     finally:
         raw.close()
+
+
+@postgres_only
+def test_on_postgresql_an_end_committing_while_the_flag_waits_for_its_lock_is_returned(
+    monkeypatch,
+):
+    """The end's UPDATE holds the row's lock, uncommitted, when the waiter flags: the
+    flag waits for that lock, then returns the end itself (the end's trigger saw no flag,
+    so no NOTIFY comes; a fallback read would take 600 s)."""
+    monkeypatch.setattr(awaiting, "FALLBACK_PAUSE", 600.0)
+    _listening()
+    job = Record.dispatch("raced", wait=timedelta(hours=1))
+    other = connection.get_new_connection(connection.get_connection_params())
+    try:
+        other.execute(
+            "UPDATE django_gator_job SET state = %s, result = %s::jsonb WHERE id = %s",
+            [JobState.SUCCEEDED.value, '{"ended": "first"}', job.pk],
+        )  # psycopg opens a transaction: not committed yet
+        outcome: dict[str, object] = {}
+        waiter = _waiting(lambda: job.wait_result(timeout=120), outcome)
+        wait_for(lambda: waiting_on_locks() == 1, interval=0.2)
+        other.commit()
+        waiter.join(timeout=150)
+    finally:
+        other.close()
+    assert outcome.get("value") == {"ended": "first"}, outcome
+    state_reads = 'SELECT "django_gator_job"."state" AS "state" FROM'
+    assert not [q for q in outcome["sql"] if q.startswith(state_reads)]  # the flag said it
