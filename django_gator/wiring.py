@@ -5,8 +5,8 @@ Lower layers call code that sits above them, without importing it (the layers of
 the engines bound the LISTEN connection they open themselves with the worker's network
 bounds; the job verbs of ``models/`` settle, re-open and probe batches with the engines'
 statements; an operator's cancel or discard settles the workflow steps it ended; a
-signal that makes a wait step's job due wakes the idle workers; and the metrics count the
-signals sent.
+signal that makes a wait step's job due wakes the idle workers; the metrics count the
+signals sent; and ``wait_result()`` listens for the ends it waits for (endwatch).
 :func:`install` puts each in place; the app's ``ready()`` calls it, and :func:`installed`
 says which are (a test holds every one to it).
 """
@@ -15,17 +15,18 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from django_gator import conf, immediate, wakeup
+from django_gator import conf, endwatch, immediate, wakeup
 from django_gator.engines import core as engines
 from django_gator.engines import get_engine
 from django_gator.metrics import workflows as workflow_metrics
-from django_gator.models import job_queries, membership, settling, workflows
+from django_gator.models import awaiting, job_queries, membership, settling, workflows
 from django_gator.worker import connections, inline
 
 
 def install() -> None:
     """Install every upward call (idempotent)."""
     immediate.set_inline_runner(inline.run_inline, inline.inline_worker_id)
+    awaiting.set_watcher(endwatch.watch)
     engines.set_connection_hook(connections.bound_connection)
     membership.install(
         settle=_settle_batches,
@@ -44,6 +45,7 @@ def installed() -> dict[str, bool]:
     """Each upward call, and whether it is in place."""
     return {
         "immediate.inline_runner": immediate.inline_runner_installed(),
+        "models.awaiting.watcher": awaiting.watcher_installed(),
         "engines.connection_hook": engines.connection_hook_installed(),
         "models.membership": membership.installed(),
         "models.job_queries.cancel_hooks": settling.settle_cancelled in job_queries.cancel_hooks,

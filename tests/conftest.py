@@ -197,6 +197,16 @@ def worker_env(**extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.fixture(autouse=True)
+def _close_end_listeners() -> Iterator[None]:
+    """After each test, close the LISTEN connections wait_result() opened on PostgreSQL:
+    a test database with a session on it cannot be dropped."""
+    yield
+    from django_gator import endwatch
+
+    endwatch.close_all()
+
+
 @pytest.fixture
 def spawn_worker(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     """Start ``manage.py gator_worker`` subprocesses on the test database; killed at the end.

@@ -1,7 +1,10 @@
 """Awaitable results (issue 34, item 4): ``job.wait_result()`` / ``await_result()`` and
 ``run.wait_result()`` against real worker processes: the return value, the final error
 of a dead or cancelled job, a timeout naming what it waited for, a retried attempt that
-is not an end, a workflow's leaf results and its first failed step."""
+is not an end, a workflow's leaf results and its first failed step. On PostgreSQL: the
+waiter woken by the NOTIFY of its job's or workflow's end (with the fallback read pushed
+out of reach), an end committed while the flag waited for the row's lock, a lost LISTEN
+connection reopened, and no NOTIFY for jobs nobody waits for."""
 
 from __future__ import annotations
 
@@ -10,14 +13,23 @@ from datetime import timedelta
 
 import pytest
 from asgiref.sync import async_to_sync
-from django.db import connections, transaction
+from django.db import connection, connections, transaction
+from django.db.models.functions import Now
+from django.test.utils import CaptureQueriesContext
 
-from django_gator import Workflow
+from django_gator import Workflow, endwatch
+from django_gator.engines.ends import ENDS_CHANNEL
 from django_gator.exceptions import GatorError, JobFailed, ResultTimeout, WorkflowFailed
-from django_gator.models import Job, JobState, WorkflowRun
+from django_gator.models import Job, JobState, WorkflowRun, WorkflowStep, awaiting
+from django_gator.states import FINAL_STATES
+from tests.conftest import wait_for, waiting_on_locks
 from tests.testapp.jobs import Boom, Echo, Gathers, Produces, Record, RecordFailsFirst
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+postgres_only = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="needs PostgreSQL (LISTEN/NOTIFY)"
+)
 
 
 def test_wait_result_returns_what_handle_returned_once_a_worker_has_run_it(spawn_worker):
@@ -175,3 +187,174 @@ def test_under_gator_immediate_the_result_is_there_at_once_even_in_a_testcase(se
     assert connections["default"].in_atomic_block
     assert Echo.dispatch(5).wait_result(timeout=0) == {"args": [5], "kwargs": {}, "queue": "echo"}
     assert async_to_sync(Echo.dispatch(6).await_result)(timeout=0)["args"] == [6]
+
+
+def test_a_job_that_ended_before_the_wait_is_returned_by_the_first_read():
+    """With ``timeout=0`` a wait that had to pause would raise: these return at once (on
+    PostgreSQL the flag's UPDATE ... RETURNING is that read)."""
+    done = Record.dispatch("done", wait=timedelta(hours=1))
+    Job.objects.filter(pk=done.pk).update(
+        state=JobState.SUCCEEDED, result={"ended": "before"}, finished_at=Now()
+    )
+    assert done.wait_result(timeout=0) == {"ended": "before"}
+    cancelled = Record.dispatch("cancelled", wait=timedelta(hours=1))
+    assert cancelled.cancel()
+    with pytest.raises(JobFailed, match="ended cancelled"):
+        cancelled.wait_result(timeout=0)
+    assert async_to_sync(done.await_result)(timeout=0) == {"ended": "before"}
+
+
+def _listening() -> endwatch.EndWatch:
+    """This process's watch of the test database, its LISTEN connection up."""
+    watch = endwatch.watch("default")
+    assert watch is not None
+
+    def hold() -> None:
+        """Keeps the listener open while the test sets up (nothing to wake)."""
+
+    watch.subscribe("test", hold)
+    wait_for(watch.listening.is_set)
+    return watch
+
+
+def _waiting(wait: object, outcome: dict[str, object]) -> threading.Thread:
+    """A thread that calls ``wait()`` and keeps its return value or error, and the SQL it
+    sent."""
+
+    def run() -> None:
+        try:
+            with CaptureQueriesContext(connections["default"]) as captured:
+                try:
+                    outcome["value"] = wait()  # type: ignore[operator]
+                except Exception as exc:
+                    outcome["error"] = exc
+            outcome["sql"] = [query["sql"] for query in captured.captured_queries]
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+@postgres_only
+def test_on_postgresql_the_waiter_is_woken_by_the_notify_of_its_jobs_end(spawn_worker, monkeypatch):
+    """No fallback read comes before the 120 s timeout: only the NOTIFY can end this
+    wait. It reads the state twice: the flag's UPDATE at the start, one SELECT after the
+    notification (then the result, once)."""
+    monkeypatch.setattr(awaiting, "FALLBACK_PAUSE", 600.0)
+    watch = _listening()
+    opened = watch.connections
+    job = Record.dispatch("woken", wait=timedelta(hours=1))
+    spawn_worker("--concurrency", "1")
+    outcome: dict[str, object] = {}
+    waiter = _waiting(lambda: job.wait_result(timeout=120), outcome)
+    wait_for(lambda: Job.objects.filter(pk=job.pk, awaited=True).exists())
+    Job.objects.filter(pk=job.pk).update(next_execution_at=Now())  # due: the worker runs it
+    waiter.join(timeout=150)
+
+    assert outcome.get("value") == {"label": "woken", "attempt": 1}, outcome.get("error")
+    sql = outcome["sql"]
+    assert len([q for q in sql if "SET awaited = true" in q]) == 1
+    state_reads = [
+        q for q in sql if q.startswith('SELECT "django_gator_job"."state" AS "state" FROM')
+    ]
+    assert len(state_reads) == 1, sql
+    assert watch.connections == opened  # one connection served it all
+
+
+@postgres_only
+def test_on_postgresql_a_workflows_waiter_is_woken_when_its_last_step_settles(
+    spawn_worker, monkeypatch
+):
+    monkeypatch.setattr(awaiting, "FALLBACK_PAUSE", 600.0)
+    _listening()
+    wf = Workflow(name="gate")
+    wf.add(Produces, "first", name="first")
+    wf.add_wait("go", timeout=timedelta(hours=1), name="gate")
+    run = wf.dispatch()
+    spawn_worker("--concurrency", "1")
+    outcome: dict[str, object] = {}
+    waiter = _waiting(lambda: run.wait_result(timeout=120), outcome)
+    wait_for(lambda: WorkflowStep.objects.filter(workflow=run, awaited=True).exists())
+    run.signal("go", {"by": "ana"})
+    waiter.join(timeout=150)
+
+    assert outcome.get("value") == {"first": "first", "gate": {"by": "ana"}}, outcome
+    assert not WorkflowStep.objects.filter(workflow=run, state__in=awaiting.OPEN).exists()
+
+
+@postgres_only
+def test_on_postgresql_a_lost_listen_connection_is_reopened_and_the_waiter_still_woken(
+    monkeypatch,
+):
+    monkeypatch.setattr(awaiting, "FALLBACK_PAUSE", 600.0)
+    watch = _listening()
+    opened = watch.connections
+    job = Record.dispatch("lost", wait=timedelta(hours=1))
+    outcome: dict[str, object] = {}
+    waiter = _waiting(lambda: job.wait_result(timeout=120), outcome)
+    wait_for(lambda: Job.objects.filter(pk=job.pk, awaited=True).exists())
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND query = %s",
+            [f"LISTEN {ENDS_CHANNEL}"],
+        )
+        assert cursor.fetchone() == (True,)
+    wait_for(lambda: watch.connections == opened + 1 and watch.listening.is_set())
+    assert waiter.is_alive()
+    assert job.cancel()
+    waiter.join(timeout=150)
+
+    error = outcome.get("error")
+    assert isinstance(error, JobFailed), outcome
+    assert error.state == JobState.CANCELLED
+
+
+@postgres_only
+def test_on_postgresql_jobs_nobody_waits_for_end_without_a_notify(spawn_worker):
+    raw = connection.get_new_connection(connection.get_connection_params())
+    try:
+        raw.autocommit = True
+        raw.execute(f"LISTEN {ENDS_CHANNEL}")
+        jobs = [Echo.dispatch(i) for i in range(5)] + [Boom.dispatch("unawaited")]
+        cancelled = Record.dispatch("cancelled", wait=timedelta(hours=1))
+        assert cancelled.cancel()
+        spawn_worker("--concurrency", "2")
+        ids = [job.pk for job in jobs]
+        wait_for(lambda: Job.objects.filter(pk__in=ids, state__in=FINAL_STATES).count() == 6)
+        assert Job.objects.get(pk=jobs[-1].pk).state == JobState.DEAD
+        # Every end has committed, so its NOTIFY (if any) is already here.
+        assert [n.payload for n in raw.notifies(timeout=0.2)] == []  # deliberate: none come
+        assert not Job.objects.filter(awaited__isnull=False).exists()
+    finally:
+        raw.close()
+
+
+@postgres_only
+def test_on_postgresql_an_end_committing_while_the_flag_waits_for_its_lock_is_returned(
+    monkeypatch,
+):
+    """The end's UPDATE holds the row's lock, uncommitted, when the waiter flags: the
+    flag waits for that lock, then returns the end itself (the end's trigger saw no flag,
+    so no NOTIFY comes; a fallback read would take 600 s)."""
+    monkeypatch.setattr(awaiting, "FALLBACK_PAUSE", 600.0)
+    _listening()
+    job = Record.dispatch("raced", wait=timedelta(hours=1))
+    other = connection.get_new_connection(connection.get_connection_params())
+    try:
+        other.execute(
+            "UPDATE django_gator_job SET state = %s, result = %s::jsonb WHERE id = %s",
+            [JobState.SUCCEEDED.value, '{"ended": "first"}', job.pk],
+        )  # psycopg opens a transaction: not committed yet
+        outcome: dict[str, object] = {}
+        waiter = _waiting(lambda: job.wait_result(timeout=120), outcome)
+        wait_for(lambda: waiting_on_locks() == 1, interval=0.2)
+        other.commit()
+        waiter.join(timeout=150)
+    finally:
+        other.close()
+    assert outcome.get("value") == {"ended": "first"}, outcome
+    state_reads = 'SELECT "django_gator_job"."state" AS "state" FROM'
+    assert not [q for q in outcome["sql"] if q.startswith(state_reads)]  # the flag said it

@@ -75,6 +75,17 @@ class Engine(
         raise NotImplementedError(f"{self.vendor} has no LISTEN; workers poll")
         yield  # pragma: no cover
 
+    @contextmanager
+    def listen_ends(self) -> Iterator[Listener]:
+        raise NotImplementedError(f"{self.vendor} has no LISTEN; waiters read")
+        yield  # pragma: no cover
+
+    def flag_awaited(self, job_id: int) -> str | None:
+        raise NotImplementedError(f"{self.vendor} has no LISTEN; waiters read")
+
+    def flag_awaited_run(self, run_id: Any) -> None:
+        raise NotImplementedError(f"{self.vendor} has no LISTEN; waiters read")
+
     # -- claim -----------------------------------------------------------------------------
     def claim(
         self, worker_id: str, queue: str, limit: int, after: Position | None = None

@@ -98,6 +98,20 @@ class JobEngine(Protocol):
         """A connection of its own, waiting for the wakeups that dispatch and :meth:`wake`
         send (engines with :attr:`can_listen`; the others raise NotImplementedError)."""
 
+    def listen_ends(self) -> AbstractContextManager[Listener]:
+        """A connection of its own, waiting for the ends of awaited jobs and workflows:
+        payloads ``j<job id>`` and ``r<workflow id>`` (engines with :attr:`can_listen`;
+        the others raise NotImplementedError)."""
+
+    def flag_awaited(self, job_id: int) -> str | None:
+        """Mark job ``job_id`` awaited, so its end NOTIFYs :meth:`listen_ends`; its state
+        then (None: no such job). In autocommit only: the flag holds the row's lock until
+        its transaction ends. Engines with :attr:`can_listen`."""
+
+    def flag_awaited_run(self, run_id: Any) -> None:
+        """Mark the open steps of workflow ``run_id`` awaited, so each one's settling
+        NOTIFYs :meth:`listen_ends`. In autocommit only. Engines with :attr:`can_listen`."""
+
     def wake(self, queues: Collection[str]) -> None:
         """Tell idle workers that ``queues`` may have claimable jobs: a NOTIFY per queue,
         delivered when the caller's transaction commits (PostgreSQL); nothing where workers

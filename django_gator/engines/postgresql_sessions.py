@@ -15,6 +15,10 @@ from psycopg.pq import Format
 
 from django_gator import conf
 from django_gator.engines.base import Engine, Listener
+from django_gator.engines.ends import ENDS_CHANNEL
+from django_gator.engines.partition_moves import retrying_moves
+from django_gator.models.workflows import WorkflowStep
+from django_gator.states import StepState
 
 if TYPE_CHECKING:
     from django_gator.worker.connections import NetworkBounds
@@ -62,6 +66,45 @@ class PostgresSessions(Engine):
             yield PostgresListener(raw)
         finally:
             raw.close()
+
+    @contextmanager
+    def listen_ends(self) -> Iterator[Listener]:
+        """A connection of its own, in autocommit, listening on ENDS_CHANNEL: the
+        payloads ``j<id>``/``r<id>`` of the flagged jobs and workflows that end
+        (engines/ends.py)."""
+        django_connection = self.connection
+        raw = django_connection.get_new_connection(django_connection.get_connection_params())
+        try:
+            raw.autocommit = True
+            raw.execute(f"LISTEN {ENDS_CHANNEL}")
+            yield PostgresListener(raw)
+        finally:
+            raw.close()
+
+    def flag_awaited(self, job_id: int) -> str | None:
+        """Flag job ``job_id`` as awaited; its state (None: no such job). The UPDATE locks
+        the row as the write of its end does, so either the end is returned here or that
+        write sees the flag and NOTIFYs. On partitioned storage an end that moved the row
+        to another partition while the flag waited makes PostgreSQL refuse the flag: it is
+        run again, and finds the row ended."""
+
+        def flag() -> Any:
+            with self.connection.cursor() as cursor:
+                cursor.execute(
+                    f"UPDATE {self.job_table} SET awaited = true WHERE id = %s RETURNING state",
+                    [job_id],
+                )
+                return cursor.fetchone()
+
+        row = retrying_moves(self, flag)
+        return None if row is None else row[0]
+
+    def flag_awaited_run(self, run_id: Any) -> None:
+        """Flag the open steps of workflow ``run_id`` as awaited: each one's settling
+        NOTIFYs (a step settled meanwhile is not matched, and the read after sees it)."""
+        open_steps = (StepState.BLOCKED, StepState.RELEASED)
+        steps = WorkflowStep.objects.using(self.alias).filter(workflow_id=run_id)
+        steps.filter(state__in=open_steps).update(awaited=True)
 
     def prepare_bookkeeping(self) -> None:
         """The session of the fetcher's and heartbeat's connections (never the executors',

@@ -166,6 +166,11 @@ class Job(models.Model):
         db_column="logs",
         help_text="Log records each attempt emitted (see GATOR_JOB_LOG_LEVEL), per attempt.",
     )
+    awaited = models.BooleanField(
+        null=True,
+        editable=False,
+        help_text="Set by wait_result() on PostgreSQL: the job's end sends a NOTIFY.",
+    )
 
     objects = JobQuerySet.as_manager()
 

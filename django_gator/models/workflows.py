@@ -224,6 +224,11 @@ class WorkflowStep(models.Model):
     batch_id = models.BigIntegerField(
         null=True, blank=True, db_index=True, help_text="A batch step: its batch, once released."
     )
+    awaited = models.BooleanField(
+        null=True,
+        editable=False,
+        help_text="Set by wait_result() on PostgreSQL: the step's end sends a NOTIFY.",
+    )
 
     class Meta:
         db_table = "django_gator_workflow_step"

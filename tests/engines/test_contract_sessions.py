@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from django_gator import pause_queue
+from django_gator import Workflow, pause_queue
 from django_gator.attempts import Claim, Failure
 from django_gator.engines import get_engine
-from django_gator.models import Job
+from django_gator.models import Job, JobState
 from django_gator.worker.connections import NetworkBounds
 from tests.engines.conformance import covers, statements
 from tests.testapp.jobs import Echo, Noop
@@ -121,6 +122,40 @@ def test_wakeups_reach_a_listener_where_the_engine_can_listen():
         assert received == {"echo", "other"}
         Echo.dispatch("notified")  # dispatch's INSERT notifies too
         assert "echo" in listener.wait(10)
+
+
+@covers("listen_ends", "flag_awaited", "flag_awaited_run")
+def test_the_end_of_an_awaited_job_or_step_reaches_a_listener_where_the_engine_can_listen():
+    engine = get_engine("default")
+    job = Echo.dispatch("awaited", wait=timedelta(hours=1))
+    if not engine.can_listen:
+        with pytest.raises(NotImplementedError), engine.listen_ends():
+            pass
+        with pytest.raises(NotImplementedError):
+            engine.flag_awaited(job.pk)
+        with pytest.raises(NotImplementedError):
+            engine.flag_awaited_run(uuid.uuid4())
+        return
+    other = Echo.dispatch("not awaited", wait=timedelta(hours=1))
+    with engine.listen_ends() as listener:
+        assert engine.flag_awaited(job.pk) == JobState.WAITING
+        assert engine.flag_awaited(job.pk + 1000) is None  # no such job
+        Job.objects.filter(pk=other.pk).update(state=JobState.CANCELLED)
+        Job.objects.filter(pk=job.pk).update(state=JobState.FAILED)  # not an end
+        assert listener.wait(0.2) == set()  # deliberate: nothing comes
+        with transaction.atomic():
+            Job.objects.filter(pk=job.pk).update(state=JobState.DEAD)
+            assert listener.wait(0.2) == set()  # deliberate: delivered on commit
+        assert listener.wait(10) == {f"j{job.pk}"}
+        assert engine.flag_awaited(job.pk) == JobState.DEAD  # ended: the flag says so
+
+        wf = Workflow(name="flagged")
+        wf.add_wait("go", timeout=timedelta(hours=1), name="gate")
+        run = wf.dispatch()
+        engine.flag_awaited_run(run.pk)
+        assert set(run.steps.values_list("awaited", flat=True)) == {True}
+        run.cancel(by="test")
+        assert listener.wait(10) == {f"r{run.pk}"}
 
 
 @covers("queue_gauges")

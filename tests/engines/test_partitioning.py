@@ -286,3 +286,42 @@ def test_the_row_estimate_sums_the_partitions(partitioned):
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE django_gator_job")
     assert estimated_total() == (5, False)
+
+
+def end_triggers() -> list[str]:
+    """The end triggers of awaited jobs (migration 0026) and their tables."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT tgname || ' ' || tgrelid::regclass::text FROM pg_trigger"
+            " WHERE tgname LIKE 'django_gator_job_%%' AND NOT tgisinternal"
+            " AND tgparentid = 0 ORDER BY 1"
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+PARTITIONED_TRIGGERS = [
+    "django_gator_job_arrived django_gator_job",
+    "django_gator_job_ended django_gator_job",
+]
+
+
+def test_a_conversion_and_its_revert_keep_the_end_trigger_on_the_jobs_table(partitioned):
+    # wait_result() is woken by a trigger on the jobs table: the conversion swaps tables,
+    # so it moves the trigger with them (else waiters fell back to a read a second); a
+    # job's end moves its row to another partition, which fires INSERT triggers only.
+    assert end_triggers() == PARTITIONED_TRIGGERS
+    job = Noop.dispatch(1)
+    Job.objects.filter(pk=job.pk).update(awaited=True)
+    with connection.cursor() as cursor:
+        cursor.execute("LISTEN django_gator_ends")
+    Job.objects.filter(pk=job.pk).update(state=JobState.SUCCEEDED, finished_at=timezone.now())
+    notices = [n.payload for n in connection.connection.notifies(timeout=5.0, stop_after=1)]
+    assert f"j{job.pk}" in notices
+    with connection.cursor() as cursor:
+        cursor.execute("UNLISTEN *")
+    Job.objects.all().delete()
+    partitioned.revert()
+    assert end_triggers() == ["django_gator_job_ended django_gator_job"]
+    partitioned.convert("day")
+    partitioned.drop_backup()
+    assert end_triggers() == PARTITIONED_TRIGGERS
