@@ -107,7 +107,8 @@ def run(calls: int, rounds: int, spin: float = 0.0) -> list[str]:
                 job.refresh_from_db()
                 assert job.state == JobState.SUCCEEDED, (job.state, job.last_error)
                 if report:
-                    assert job.progress and job.progress["done"] == calls, job.progress
+                    assert job.progress is not None
+                    assert job.progress["done"] == calls, job.progress
                     seconds = timings["report"]
                     per_call = (seconds - timings["bare"]) / calls * 1e6
                     lines.append(
