@@ -56,6 +56,8 @@ class LongRunning:
     isolation: ClassVar[str] = "thread"
     #: MiB of address space an isolated attempt may use (RLIMIT_AS); None: no limit.
     memory_limit: ClassVar[int | None] = None
+    #: Seconds of CPU time an isolated attempt may use (RLIMIT_CPU); None: no limit.
+    cpu_limit: ClassVar[int | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -66,13 +68,14 @@ class LongRunning:
             raise ValueError(
                 f'{name}.isolation must be "thread" or "process", not {cls.isolation!r}'
             )
-        limit = cls.memory_limit
-        if limit is not None and (
-            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
-        ):
-            raise ValueError(
-                f"{name}.memory_limit must be None or a whole number of MiB, not {limit!r}"
-            )
+        for attribute, unit in (("memory_limit", "MiB"), ("cpu_limit", "seconds")):
+            value = getattr(cls, attribute)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ValueError(
+                    f"{name}.{attribute} must be None or a whole number of {unit}, not {value!r}"
+                )
         if cls.isolation == "process" and getattr(cls, "atomic", False):
             raise ValueError(
                 f'{name}: an atomic job cannot have isolation = "process" (its success mark '

@@ -90,6 +90,10 @@ def child_main(conn: Connection, payload: dict[str, Any]) -> None:
     if limit is not None:
         resource.setrlimit(resource.RLIMIT_AS, (limit * MIB, limit * MIB))
         guard_memory(job, limit)
+    seconds = payload["cpu_limit"]
+    if seconds is not None:
+        # SIGXCPU at the soft limit (it ends the process), SIGKILL a second later.
+        resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 1))
     journal = child_journal(parent, job, payload)
     beat = threading.Thread(target=alive, args=(parent, journal), daemon=True)
     beat.start()

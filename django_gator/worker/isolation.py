@@ -120,6 +120,7 @@ def run_isolated(
         "databases": {c.alias: dict(c.settings_dict) for c in connections.all()},
         "interval": journal.interval,
         "memory_limit": job_class.memory_limit,
+        "cpu_limit": job_class.cpu_limit,
         "capture": None
         if capture is None
         else (capture.level, capture.max_lines, capture.max_bytes),
@@ -148,7 +149,9 @@ def run_isolated(
             ours.close()
     if outcome is not None:
         return outcome
-    died = IsolatedProcessDied(death_message(child.exitcode, job_class.memory_limit, talk.peak))
+    died = IsolatedProcessDied(
+        death_message(child.exitcode, job_class.memory_limit, talk.peak, job_class.cpu_limit)
+    )
     return failure_for(job, worker_id, died, time.monotonic() - started)
 
 
@@ -203,7 +206,12 @@ class Conversation:
         return True
 
 
-def death_message(code: int | None, memory_limit: int | None, peak_kib: int | None) -> str:
+def death_message(
+    code: int | None,
+    memory_limit: int | None,
+    peak_kib: int | None,
+    cpu_limit: int | None = None,
+) -> str:
     """What an isolated attempt's child died of, for its error entry."""
     cause = ""
     if code is None:
@@ -216,6 +224,10 @@ def death_message(code: int | None, memory_limit: int | None, peak_kib: int | No
         how = f"was killed by signal {-code} ({name})"
         if -code in (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGABRT):
             cause = "a crash in native code"
+        elif -code == signal.SIGXCPU:
+            cause = f"it used up its cpu_limit of {cpu_limit} s of CPU time"
+        elif -code == signal.SIGKILL and cpu_limit is not None:
+            cause = "its cpu_limit's hard limit, the out-of-memory killer, or a kill -9"
         elif -code == signal.SIGKILL:
             cause = "the kernel's out-of-memory killer, or a kill -9"
     else:

@@ -27,6 +27,7 @@ from tests.testapp.isolated_jobs import (
     Ordinary,
     RaisesOddError,
     Segfaults,
+    SpinsForever,
 )
 from tests.testapp.models import ItemDone
 
@@ -192,3 +193,25 @@ def test_bad_isolation_settings_are_refused_when_the_class_is_defined(attributes
     with pytest.raises(ValueError, match="Bad") as info:
         type("Bad", (Queueable,), {**attributes, "__module__": __name__, "handle": lambda s: 0})
     assert message in str(info.value)
+
+
+def test_a_cpu_limit_ends_an_isolated_attempt_that_spins_while_others_succeed():
+    spins = SpinsForever.dispatch()
+    ordinary = [Ordinary.dispatch(n) for n in range(10)]
+    run_worker("isolated", concurrency=2)
+
+    spins.refresh_from_db()
+    assert spins.state == JobState.DEAD  # no retry policy
+    assert spins.error_class == DIED
+    assert "SIGXCPU" in spins.last_error
+    assert "cpu_limit of 1 s" in spins.last_error
+    for job in ordinary:
+        job.refresh_from_db()
+        assert job.state == JobState.SUCCEEDED, job.last_error
+    assert Job.objects.filter(rescues__gt=0).count() == 0
+
+
+def test_limits_must_be_whole_numbers():
+    for attribute, bad in (("cpu_limit", 0.5), ("cpu_limit", True), ("memory_limit", -1)):
+        with pytest.raises(ValueError, match=rf"\.{attribute} must be None or a whole number"):
+            type("Bad", (Queueable,), {"handle": lambda self: None, attribute: bad})

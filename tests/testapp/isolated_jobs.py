@@ -148,3 +148,15 @@ class RaisesOddError(Queueable):
 
     def handle(self) -> None:
         raise OddError(1, 2)
+
+
+class SpinsForever(Queueable):
+    """Burns CPU for ever, isolated, with a cpu_limit of 1 s."""
+
+    queue = "isolated"
+    isolation = "process"
+    cpu_limit = 1
+
+    def handle(self) -> None:
+        while True:
+            pass
