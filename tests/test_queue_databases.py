@@ -127,9 +127,12 @@ def bulk(
             else _sqlite(os.path.join(folder, "bulk.sqlite3"))
         )
         configs = {BULK: config, EMPTY: _sqlite(os.path.join(folder, "empty.sqlite3"))}
+        # connections.settings is DATABASES itself: the patch alone adds the aliases, and
+        # takes them away at the end (assigning them first made the patch restore them, and
+        # the aliases outlived the module: Django 6.1's checks then opened them in every
+        # later test).
         with pytest.MonkeyPatch.context() as patch:
             for alias, entry in configs.items():
-                connections.settings[alias] = entry
                 patch.setitem(django_settings.DATABASES, alias, entry)
             _reset_caches()
             try:
@@ -140,8 +143,8 @@ def bulk(
                     connections[alias].close()
                     with contextlib.suppress(AttributeError):
                         del connections[alias]
-                    del connections.settings[alias]
-                _reset_caches()
+        assert not set(configs) & set(django_settings.DATABASES), "aliases left behind"
+        _reset_caches()
         if request.param == "postgresql":
             _drop_postgres_twin(config)
     shutil.rmtree(folder, ignore_errors=True)
