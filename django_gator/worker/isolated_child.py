@@ -85,7 +85,10 @@ def child_main(conn: Connection, payload: dict[str, Any]) -> None:
     parent = Parent(conn)
     job: ClaimedJob = payload["job"]
     for alias, settings_dict in payload["databases"].items():
-        connections[alias].settings_dict.update(settings_dict)
+        if alias in connections.settings:
+            connections[alias].settings_dict.update(settings_dict)
+        else:  # an alias the worker's process added after the fork server started
+            connections.settings[alias] = dict(settings_dict)
     limit = payload["memory_limit"]
     if limit is not None:
         resource.setrlimit(resource.RLIMIT_AS, (limit * MIB, limit * MIB))

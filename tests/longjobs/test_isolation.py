@@ -215,3 +215,24 @@ def test_limits_must_be_whole_numbers():
     for attribute, bad in (("cpu_limit", 0.5), ("cpu_limit", True), ("memory_limit", -1)):
         with pytest.raises(ValueError, match=rf"\.{attribute} must be None or a whole number"):
             type("Bad", (Queueable,), {"handle": lambda self: None, attribute: bad})
+
+
+def test_an_alias_the_worker_added_at_run_time_reaches_the_child(monkeypatch):
+    # The fork server set Django up from the settings as they were when it started; an
+    # alias added to DATABASES since (here as a test adds one) used to kill every child.
+    import copy
+
+    from django.conf import settings as django_settings
+    from django.db import connections
+
+    monkeypatch.setitem(
+        django_settings.DATABASES, "late_alias", copy.deepcopy(django_settings.DATABASES["default"])
+    )
+    try:
+        job = IsolatedWork.dispatch(2)
+        run_worker("isolated", concurrency=1)
+        job.refresh_from_db()
+        assert job.state == JobState.SUCCEEDED, job.last_error
+    finally:
+        connections["late_alias"].close()
+        del connections["late_alias"]

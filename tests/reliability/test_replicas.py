@@ -94,9 +94,10 @@ def servers(django_db_setup: None) -> Iterator[tuple[Any, Any]]:
                 PRIMARY: _config(primary.url("gator")),
                 REPLICA: _config(standby.url("gator"), MIRROR=PRIMARY),
             }
+            # connections.settings is DATABASES itself: the patch alone adds the aliases and
+            # takes them away (assigning them first made the patch restore them at its end).
             with pytest.MonkeyPatch.context() as patch:
                 for alias, config in configs.items():
-                    connections.settings[alias] = config
                     patch.setitem(django_settings.DATABASES, alias, config)
                 try:
                     yield primary, standby
@@ -105,7 +106,7 @@ def servers(django_db_setup: None) -> Iterator[tuple[Any, Any]]:
                         connections[alias].close()
                         with contextlib.suppress(AttributeError):
                             del connections[alias]
-                        del connections.settings[alias]
+            assert not set(configs) & set(django_settings.DATABASES), "aliases left behind"
 
 
 @pytest.fixture
