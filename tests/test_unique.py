@@ -21,7 +21,8 @@ from django.db import (
 from django_gator import Queueable, conf
 from django_gator.exceptions import DispatchDeadlock
 from django_gator.models import Job, JobState
-from tests.conftest import run_worker, start_worker_thread
+from tests.conftest import run_worker
+from tests.races import race
 from tests.testapp.jobs import Record, SyncUser, UniqueReport, refresh_feed
 from tests.testapp.models import Execution
 
@@ -218,49 +219,11 @@ def test_unique_dispatch_next_to_a_worker_marking_the_same_keys_never_deadlocks(
     # Under READ COMMITTED (Django's default) the lookup takes no lock now; under
     # REPEATABLE READ it still must, and its deadlocks (many more there: gap and AUTO-INC
     # locks of concurrent inserts) are retried by dispatch, whose transaction it is.
-    import random
-
-    from django_gator.worker.queues import parse_queue_specs
-    from django_gator.worker.supervisor import WorkerProcess
-
     monkeypatch.setitem(connections.settings["default"]["OPTIONS"], "isolation_level", isolation)
     connections["default"].close()  # the next one is opened with that isolation level
-    stop = threading.Event()
-    errors: list[BaseException] = []
-    calls: list[int] = []
-
-    def dispatcher(seed: int) -> None:
-        rng = random.Random(seed)
-        count = 0
-        try:
-            while not stop.is_set():
-                try:
-                    QuickUnique.dispatch(rng.randrange(8))
-                except Exception as exc:  # reported below
-                    errors.append(exc)
-                count += 1
-        finally:
-            calls.append(count)
-            connections.close_all()  # this thread's
-
-    worker = WorkerProcess(
-        parse_queue_specs(["unique-stress"]),
-        concurrency=4,
-        install_signal_handlers=False,
-        poll_interval=0.01,
-        scheduler=False,
-    )
-    worker_thread = start_worker_thread(worker)
-    threads = [threading.Thread(target=dispatcher, args=(i,), daemon=True) for i in range(4)]
-    for thread in threads:
-        thread.start()
-    time.sleep(8)  # deliberate: the stress runs for a fixed time
-    stop.set()
-    for thread in threads:
-        thread.join(timeout=60)
-    worker.request_stop()
-    worker_thread.join(timeout=60)
-    assert not worker_thread.is_alive()
+    seen = race(QuickUnique, keys=8, seconds=8)
+    errors, calls, worker = seen.errors, seen.calls, seen.worker
+    assert worker is not None
 
     assert not errors, f"{len(errors)} of {sum(calls)} dispatches failed, e.g. {errors[:3]}"
     assert sum(calls) > 500, calls

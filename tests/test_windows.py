@@ -18,6 +18,7 @@ from django_gator.dbtime import DbNow
 from django_gator.engines import get_engine
 from django_gator.models import Job, JobState
 from tests.conftest import run_worker
+from tests.races import race
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -283,49 +284,8 @@ def test_throttled_starts_are_spaced_while_dispatchers_and_a_worker_race():
     # Four threads dispatch three keys as fast as they can for four seconds while a worker
     # claims them: every key's jobs start at least the window apart (database time), and
     # no dispatch fails (a deadlock is retried in the dispatch's own transaction).
-    import random
-    import time
-
-    from django_gator.worker.queues import parse_queue_specs
-    from django_gator.worker.supervisor import WorkerProcess
-    from tests.conftest import start_worker_thread
-
-    stop = threading.Event()
-    errors: list[BaseException] = []
-    calls: list[int] = []
-
-    def dispatcher(seed: int) -> None:
-        rng = random.Random(seed)
-        count = 0
-        try:
-            while not stop.is_set():
-                try:
-                    QuickDigest.dispatch(rng.randrange(3))
-                except Exception as exc:  # reported below
-                    errors.append(exc)
-                count += 1
-        finally:
-            calls.append(count)
-            connections.close_all()  # this thread's
-
-    worker = WorkerProcess(
-        parse_queue_specs(["windows-stress"]),
-        concurrency=4,
-        install_signal_handlers=False,
-        poll_interval=0.01,
-        scheduler=False,
-    )
-    worker_thread = start_worker_thread(worker)
-    threads = [threading.Thread(target=dispatcher, args=(i,), daemon=True) for i in range(4)]
-    for thread in threads:
-        thread.start()
-    time.sleep(4)  # deliberate: the race runs for a fixed time
-    stop.set()
-    for thread in threads:
-        thread.join(timeout=60)
-    worker.request_stop()
-    worker_thread.join(timeout=60)
-    assert not worker_thread.is_alive()
+    seen = race(QuickDigest, keys=3, seconds=4)
+    errors, calls = seen.errors, seen.calls
 
     assert not errors, f"{len(errors)} of {sum(calls)} dispatches failed, e.g. {errors[:3]}"
     assert sum(calls) > 50, calls
