@@ -53,8 +53,8 @@ class JobEngine(Protocol):
 
     @property
     def can_listen(self) -> bool:
-        """Whether :meth:`listen` works: dispatch and :meth:`wake` push a wakeup that
-        workers can wait for (PostgreSQL's NOTIFY). Otherwise workers poll."""
+        """Whether :meth:`listen` works (PostgreSQL's NOTIFY): dispatch and :meth:`wake`
+        push a wakeup that workers wait for. Otherwise workers poll."""
 
     @property
     def supports_keyset(self) -> bool:
@@ -63,8 +63,8 @@ class JobEngine(Protocol):
 
     @property
     def workers_share_a_host(self) -> bool:
-        """Whether every worker of the database runs on this host (SQLite's WAL is shared
-        through memory), so a rescuer may ask the OS whether a lapsed worker lives."""
+        """Every worker of the database runs on this host (SQLite's WAL is shared through
+        memory): a rescuer may ask the OS whether a lapsed worker lives."""
 
     @property
     def pooled(self) -> bool:
@@ -76,8 +76,7 @@ class JobEngine(Protocol):
         """The database's clock, aware (UTC). One statement."""
 
     def to_dt(self, value: Any) -> datetime:
-        """A timestamp as this database's driver returns it, as an aware datetime (naive
-        values are UTC). No statement."""
+        """A driver's timestamp as an aware datetime (naive values are UTC). No statement."""
 
     def atomic_job(self) -> AbstractContextManager[Any]:
         """The transaction an atomic job's ``handle()`` and success mark share. SQLite:
@@ -113,9 +112,8 @@ class JobEngine(Protocol):
         NOTIFYs :meth:`listen_ends`. In autocommit only. Engines with :attr:`can_listen`."""
 
     def wake(self, queues: Collection[str]) -> None:
-        """Tell idle workers that ``queues`` may have claimable jobs: a NOTIFY per queue,
-        delivered when the caller's transaction commits (PostgreSQL); nothing where workers
-        poll."""
+        """Tell idle workers that ``queues`` may have claimable jobs: a NOTIFY per queue at
+        the caller's commit (PostgreSQL); nothing where workers poll."""
 
     # -- dispatch --------------------------------------------------------------------------
     def streams_rows(self, count: int) -> bool:
@@ -213,6 +211,10 @@ class JobEngine(Protocol):
         number of rows) of the ready index on PostgreSQL and MariaDB (SQLite plans it on
         the (state, finished_at) index). ``known`` (:attr:`supports_keyset`): queues
         the caller claims from anyway, neither read nor returned."""
+
+    def has_due_jobs(self, queues: Sequence[str] | None) -> bool:
+        """Whether a due, unexpired job the ordinary claim takes waits in an unpaused queue
+        of ``queues`` (None: any), row locks ignored (a burst worker then waits for it)."""
 
     def claim_by_id(self, worker_id: str, job_id: int) -> ClaimedJob | None:
         """Claim one ``waiting`` or ``failed`` job by primary key, due or not (run_jobs()

@@ -21,12 +21,13 @@ costs it nothing:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django_gator.engines.core import KEYED_SQL, EngineCore
-from django_gator.states import READY_SQL, RUNNING_SQL, JobState, sql_literal
+from django_gator.states import READY_SQL, RUNNING_SQL, JobState, live_sql, sql_literal
 
 #: The parts' first column: which figures a row of the statement carries.
 NOW, READY, RUNNING, DEAD, QUEUE = "now", "ready", "running", "dead", "queue"
@@ -54,6 +55,20 @@ class GaugeStatements(EngineCore):
 
     def ready_condition(self) -> str:
         raise NotImplementedError  # the claim's (Engine.ready_condition)
+
+    def has_due_jobs(self, queues: Sequence[str] | None) -> bool:
+        if queues is not None and not queues:
+            return False
+        where = [self.ready_condition(), f"next_execution_at <= {self.now_sql}"]
+        where += [live_sql(self.now_sql), self.unpaused_sql("queue")]
+        params: list[Any] = []
+        if queues is not None:
+            where.append("queue IN (" + ", ".join(["%s"] * len(queues)) + ")")
+            params += queues
+        sql = f"SELECT 1 FROM {self.job_table} WHERE {' AND '.join(where)} LIMIT 1"
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone() is not None
 
     def keyed_ready_condition(self) -> str:
         """The rows of the limited claim's ready index (jobs with a concurrency key)."""

@@ -237,8 +237,11 @@ class Claimer:
 
     def held_back(self) -> bool:
         """Whether a due job of this worker's queues waits for a limit that will let it
-        run (see FlowRouter.held_back): a burst worker waits for it instead of exiting."""
-        return self.flow.held_back([s.name for s in self.specs] if self.specs else None)
+        run (see FlowRouter.held_back), or is held by another transaction's row lock (its
+        claim skipped it, or it was just inserted and the claim missed it): a burst worker
+        waits for it instead of exiting."""
+        names = [s.name for s in self.specs] if self.specs else None
+        return self.flow.held_back(names) or self.engine.has_due_jobs(names)
 
     def _ordinary(
         self, name: str, want: int, marks: Sequence[Mark]

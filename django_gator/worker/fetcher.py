@@ -11,8 +11,9 @@ and backing off to ``GATOR_POLL_INTERVAL``.
 
 A burst worker exits after a round that claimed nothing with nothing running, unless due
 jobs of its queues are held back by a limit that will let them run (a concurrency slot held
-by a job running elsewhere, a rate window): then it polls on until they have run.
-Scheduled jobs not yet due, and the jobs of paused queues, are not waited for.
+by a job running elsewhere, a rate window) or by another transaction's row lock (the claim
+skips locked rows): then it polls on until they have run. Scheduled jobs not yet due,
+expired ones and the jobs of paused queues are not waited for.
 
 It also starts suspects alone (see :mod:`.slots`), and after a claim failed it gives back
 the jobs that claim may have taken without our knowing (:meth:`Fetcher.release_orphans`).

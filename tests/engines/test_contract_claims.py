@@ -323,6 +323,38 @@ def test_ready_queues_lists_the_queues_with_claimable_jobs_except_paused_ones():
         assert engine.ready_queues(["echo", "zeta"]) == ["later"]
 
 
+@covers("has_due_jobs")
+def test_has_due_jobs_sees_a_locked_due_job_and_not_what_no_claim_may_take():
+    engine = get_engine("default")
+    Echo.dispatch("later", wait=timedelta(hours=1))
+    Echo.dispatch("expired", expires_at=timezone.now() - timedelta(seconds=1))
+    Noop.dispatch(queue="paused")
+    pause_queue("paused")
+    assert not engine.has_due_jobs(None)
+    assert not engine.has_due_jobs([])
+    due = Noop.dispatch(queue="zeta")
+    with statements() as sent:
+        assert engine.has_due_jobs(["zeta", "echo"])
+    assert len(sent) == 1
+    assert engine.has_due_jobs(None)
+    assert not engine.has_due_jobs(["echo", "paused"])
+    if connection.vendor != "sqlite":  # a claim skips a row another transaction locked
+        with transaction.atomic():
+            Job.objects.select_for_update().get(pk=due.pk)
+            seen: list[bool] = []
+
+            def look() -> None:
+                try:
+                    seen.append(engine.has_due_jobs(["zeta"]))
+                finally:
+                    connections.close_all()
+
+            thread = threading.Thread(target=look)
+            thread.start()
+            thread.join(10)
+        assert seen == [True]
+
+
 @covers("claim_by_id")
 def test_claim_by_id_takes_a_ready_job_due_or_not_and_nothing_else():
     engine = get_engine("default")
