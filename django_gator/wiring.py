@@ -3,10 +3,12 @@
 Lower layers call code that sits above them, without importing it (the layers of
 ``.importlinter`` forbid that): GATOR_IMMEDIATE runs jobs with the worker's inline runner;
 the engines bound the LISTEN connection they open themselves with the worker's network
-bounds; the job verbs of ``models/`` settle, re-open and probe batches with the engines'
-statements; an operator's cancel or discard settles the workflow steps it ended; a
-signal that makes a wait step's job due wakes the idle workers; the metrics count the
-signals sent; and ``wait_result()`` listens for the ends it waits for (endwatch).
+bounds, and wake the idle workers of the queues they give jobs with wakeup datagrams
+where there is no LISTEN; the job verbs of ``models/`` settle, re-open and probe batches
+with the engines' statements; an operator's cancel or discard settles the workflow steps
+it ended; a signal that makes a wait step's job due wakes the idle workers; the metrics
+count the signals sent; and ``wait_result()`` listens for the ends it waits for
+(endwatch).
 :func:`install` puts each in place; the app's ``ready()`` calls it, and :func:`installed`
 says which are (a test holds every one to it).
 """
@@ -28,6 +30,7 @@ def install() -> None:
     immediate.set_inline_runner(inline.run_inline, inline.inline_worker_id)
     awaiting.set_watcher(endwatch.watch)
     engines.set_connection_hook(connections.bound_connection)
+    engines.set_wakeup_hook(wakeup.after_commit)
     membership.install(
         settle=_settle_batches,
         reopen=lambda alias, ids: get_engine(alias).reopen_batches(ids),
@@ -47,6 +50,7 @@ def installed() -> dict[str, bool]:
         "immediate.inline_runner": immediate.inline_runner_installed(),
         "models.awaiting.watcher": awaiting.watcher_installed(),
         "engines.connection_hook": engines.connection_hook_installed(),
+        "engines.wakeup_hook": engines.wakeup_hook_installed(),
         "models.membership": membership.installed(),
         "models.job_queries.cancel_hooks": settling.settle_cancelled in job_queries.cancel_hooks,
         "models.workflows.wake_hooks": _wake in workflows.wake_hooks,
@@ -57,7 +61,6 @@ def installed() -> dict[str, bool]:
 def _wake(alias: str, queues: Collection[str]) -> None:
     """A signal made a wait's job due: NOTIFY (PostgreSQL, at commit) or wakeup datagrams."""
     get_engine(alias).wake(queues)
-    wakeup.after_commit(alias, queues)
 
 
 def _settle_batches(alias: str, ids: Collection[int]) -> None:

@@ -189,7 +189,7 @@ def test_every_upward_call_is_installed_by_the_one_wiring_point():
     from django_gator.models import workflows as workflow_models
 
     state = wiring.installed()
-    assert len(state) == 7
+    assert len(state) == 8
     assert all(state.values()), state
     hooks = (job_models.cancel_hooks, workflow_models.wake_hooks, workflow_models.signal_hooks)
     before = [list(h) for h in hooks]

@@ -112,8 +112,8 @@ class JobEngine(Protocol):
         NOTIFYs :meth:`listen_ends`. In autocommit only. Engines with :attr:`can_listen`."""
 
     def wake(self, queues: Collection[str]) -> None:
-        """Tell idle workers that ``queues`` may have claimable jobs: a NOTIFY per queue at
-        the caller's commit (PostgreSQL); nothing where workers poll."""
+        """Tell idle workers that ``queues`` may have claimable jobs, at the caller's
+        commit: a NOTIFY per queue (PostgreSQL), else wakeup datagrams."""
 
     # -- dispatch --------------------------------------------------------------------------
     def streams_rows(self, count: int) -> bool:
@@ -133,8 +133,8 @@ class JobEngine(Protocol):
         engine's size limit, the parts in one transaction; PostgreSQL: ``unnest()``
         arrays, and from 1,000 rows COPY, its ids reserved in one statement before; MySQL
         8, which has no INSERT ... RETURNING: an INSERT and a read per row, in one
-        transaction). ``notify``: queues whose listening workers wake when it
-        commits. ``prepare(n)`` builds the returned objects of the first ``n`` rows (those
+        transaction). ``notify``: queues whose idle workers wake when it commits
+        (:meth:`wake`). ``prepare(n)`` builds the returned objects of the first ``n`` rows (those
         not built yet): it runs before ``meanwhile(answer)``, with every row at the latest
         (PostgreSQL's COPY: a chunk at a time, while the server reads the lines sent), and
         ``meanwhile`` once; an exception from either stores nothing."""

@@ -61,6 +61,25 @@ def connection_hook_installed() -> bool:
     return _connection_hook is not None
 
 
+#: Where an engine whose workers poll hands the queues of the jobs a transaction of its made
+#: due, once that transaction has committed: the wakeup datagrams (django_gator.wakeup,
+#: above the engines; installed by the app's ready()). See set_wakeup_hook().
+WakeupHook = Callable[[str, Collection[str]], None]
+_wakeup_hook: WakeupHook | None = None
+
+
+def set_wakeup_hook(hook: WakeupHook | None) -> None:
+    """Install what wakes the idle workers of queues given jobs on an engine without
+    LISTEN (``hook(alias, queues)``, called after the commit, or inside the caller's
+    transaction for it to defer to its commit)."""
+    global _wakeup_hook
+    _wakeup_hook = hook
+
+
+def wakeup_hook_installed() -> bool:
+    return _wakeup_hook is not None
+
+
 @dataclass(frozen=True, slots=True)
 class Position:
     """Where a keyset claim starts reading one queue (engines with ``supports_keyset``).
@@ -157,14 +176,19 @@ class EngineCore:
         with connection.cursor() as cursor:
             cursor.execute(begin, [])
             connection._gator_in_transaction = True
+            connection._gator_wake = None
             try:
                 yield cursor
             except BaseException:
                 connection._gator_in_transaction = False
+                connection._gator_wake = None
                 cursor.execute("ROLLBACK", [])
                 raise
             connection._gator_in_transaction = False
             cursor.execute("COMMIT", [])
+        woken, connection._gator_wake = getattr(connection, "_gator_wake", None), None
+        if woken:
+            self.wake(woken)
 
     @property
     def pooled(self) -> bool:
@@ -210,8 +234,18 @@ class EngineCore:
         )
 
     def wake(self, queues: Collection[str]) -> None:
-        """Tell idle workers that ``queues`` may have claimable jobs (after a resume).
-        Engines whose workers poll do nothing: the next poll finds them."""
+        """Tell idle workers that ``queues`` may have claimable jobs, once the current
+        transaction commits (at once in autocommit): engines whose workers poll send them
+        wakeup datagrams (the hook of set_wakeup_hook); inside a transaction of the
+        engine's own (_raw_transaction), after its COMMIT. PostgreSQL: NOTIFY instead."""
+        if not queues or _wakeup_hook is None:
+            return
+        connection = self.connection
+        if getattr(connection, "_gator_in_transaction", False):
+            pending = getattr(connection, "_gator_wake", None) or set()
+            connection._gator_wake = pending | set(queues)
+            return
+        _wakeup_hook(self.alias, queues)
 
     def db_now(self) -> datetime:
         with self.connection.cursor() as cursor:

@@ -55,15 +55,17 @@ class DispatchStatements(EngineCore):
     ) -> list[tuple[int, datetime, datetime]]:
         """Insert jobs; returns (id, created_at, next_execution_at) per row, in order.
 
-        ``notify``: queues whose idle workers should wake when the transaction commits
-        (engines that can push a wakeup do; the others' workers poll).
+        ``notify``: queues whose idle workers wake when the transaction commits (wakeup
+        datagrams here, see wake(); PostgreSQL's NOTIFY rides in the INSERT's transaction).
 
         The rows travel as one JSON document expanded by the database (``json_each`` on
         SQLite, ``JSON_TABLE`` on MariaDB), so a dispatch_many of any length is a single
         INSERT with a single parameter. Only a document over :attr:`insert_bytes` is split,
         and the parts share one transaction.
         """
-        return self._insert_documents(self._row_documents(rows))
+        inserted = self._insert_documents(self._row_documents(rows))
+        self.wake(notify or ())
+        return inserted
 
     def streams_rows(self, count: int) -> bool:
         """Whether :meth:`insert_rows` of ``count`` rows checks and encodes their arguments
@@ -93,7 +95,9 @@ class DispatchStatements(EngineCore):
             documents = self._row_documents(rows.rows())
         else:
             documents = self._column_documents(rows)
-        return answered(self._insert_documents(documents), meanwhile)
+        inserted = self._insert_documents(documents)
+        self.wake(notify or ())
+        return answered(inserted, meanwhile)
 
     def _insert_documents(self, documents: list[str]) -> list[tuple[int, datetime, datetime]]:
         out: list[tuple[int, datetime, datetime]] = []

@@ -196,6 +196,7 @@ class MySQLEngine(Engine):
                 )
                 created_at, next_at = cursor.fetchone()
                 out.append((job_id, self.to_dt(created_at), self.to_dt(next_at)))
+        self.wake(notify or ())
         return out
 
     def insert_sql(self) -> str:

@@ -14,8 +14,10 @@ members, a chain, a workflow) takes the same steps, in this order, so none can s
 4. **the engine's INSERT** (``insert_rows``, ``insert_unique`` with the deadlock retry of
    :mod:`django_gator.engines.deadlocks`, ``insert_workflow``): no other module of the
    package outside ``engines/`` calls these (tests/test_layers.py checks it);
-5. **the wakeup** of idle workers of the queues made due (a datagram on SQLite and
-   MariaDB/MySQL, :mod:`django_gator.wakeup`; NOTIFY rides in the INSERT on PostgreSQL);
+5. **the wakeup** of idle workers of the queues made due, by the engine's INSERT (its
+   ``notify``): NOTIFY in the INSERT's transaction on PostgreSQL, a datagram once it
+   commits on SQLite and MariaDB/MySQL (:mod:`django_gator.wakeup`), as for the rows an
+   outcome inserts;
 6. **``job_dispatched``**, the log line, and GATOR_IMMEDIATE's run.
 
 :func:`~django_gator.pipeline.core.submit` runs steps 2 to 6. Rows an outcome inserts in

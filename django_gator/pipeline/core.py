@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
-from django_gator import conf, tracing, wakeup
+from django_gator import conf, tracing
 from django_gator.engines import JobEngine, get_engine
 from django_gator.pipeline import deferred
 
@@ -55,11 +55,6 @@ class Insert(abc.ABC):
     def write(self, engine: JobEngine) -> list[Job]:
         """The engine's INSERT; returns the jobs it created (a unique job that existed
         already is not among them)."""
-        raise NotImplementedError
-
-    @abc.abstractmethod
-    def due_now(self) -> set[str]:
-        """The queues of the rows that are due at once: their idle workers are woken."""
         raise NotImplementedError
 
     @abc.abstractmethod
@@ -109,15 +104,12 @@ def insert_now(insert: Insert) -> None:
 
 
 def write(insert: Insert) -> list[Job]:
-    """The engine's INSERT in a dispatch span (see tracing), then the wakeup of the idle
-    workers of the queues it made due (a datagram on SQLite and MariaDB/MySQL, sent once
-    the transaction commits; PostgreSQL's NOTIFY rides in the INSERT itself)."""
+    """The engine's INSERT in a dispatch span (see tracing), which wakes the idle workers
+    of the queues it made due (``notify``: PostgreSQL's NOTIFY rides in the INSERT's
+    transaction; elsewhere a datagram is sent once the transaction commits)."""
     engine = get_engine(insert.alias)
-    created = list(
+    return list(
         tracing.traced_dispatch(
             insert.name, insert.queue, insert.alias, lambda: insert.write(engine)
         )
     )
-    if created:
-        wakeup.after_commit(insert.alias, insert.due_now())
-    return created

@@ -76,6 +76,8 @@ class JobsInsert(Insert):
             self.member_of.deferred_to(commit_alias)
 
     def due_now(self) -> set[str]:
+        """The queues of the rows that are due at once: the engine's INSERT wakes their
+        idle workers."""
         return {self.rows.queue} if self.rows.run_at is None else set()
 
     def write(self, engine: JobEngine) -> list[Job]:

@@ -134,13 +134,6 @@ class WorkflowInsert(core.Insert):
     def prepare(self) -> None:
         return None  # the first steps' jobs are built with the rows
 
-    def due_now(self) -> set[str]:
-        if self.run_at is not None:
-            return set()
-        return {row.queue for row in self.roots} | {
-            rows[0].queue for rows in self.members.values() if rows
-        }
-
     def write(self, engine: JobEngine) -> list[Job]:
         inserted = engine.insert_workflow(
             self.run, self.steps, self.roots, self.batches, self.members

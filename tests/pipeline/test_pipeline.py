@@ -109,3 +109,45 @@ def test_an_idle_worker_starts_workflows_and_chains_as_fast_as_a_plain_dispatch(
         wait_for(lambda: not Job.objects.exclude(state="succeeded").exists(), 30)
     finally:
         stop_worker(proc)
+
+
+@pytest.mark.skipif(
+    connection.vendor == "postgresql",
+    reason="PostgreSQL wakes workers with NOTIFY inside the outcome's transaction",
+)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("kind", ["chain", "workflow"])
+def test_jobs_an_outcome_inserts_wake_the_workers_of_their_queue(spawn_worker, kind):
+    """A chain's next step and a workflow's released step are inserted by the worker that
+    ran the step before, in its outcome's transaction; another worker serving their queue
+    is woken (it polls every LONG_POLL s): they once waited for its poll on SQLite and
+    MariaDB."""
+    from tests.testapp.jobs import Noop
+
+    wakeup.forget()
+    first = spawn_worker("--concurrency", "2", "-q", "default", "--poll-interval", str(LONG_POLL))
+    second = spawn_worker("--concurrency", "2", "-q", "echo", "--poll-interval", str(LONG_POLL))
+    try:
+        for proc in (first, second):
+            wait_for(lambda proc=proc: Worker.objects.filter(pid=proc.pid).exists(), timeout=60)
+        wakeup.refresh(connection.alias)
+        # The second worker is idle: its first claim found nothing.
+        time.sleep(1.0)
+        if kind == "chain":
+            Chain(Noop, Echo).dispatch()
+        else:
+            workflow = Workflow("woken by an outcome")
+            workflow.add(Echo, "after", after=[workflow.add(Noop)])
+            workflow.dispatch()
+        wait_for(lambda: Job.objects.filter(queue="default", state="succeeded").exists(), 30)
+        ended = time.monotonic()
+        wait_for(lambda: Job.objects.filter(queue="echo").exists(), 10)
+        [step] = Job.objects.filter(queue="echo")
+        try:
+            _started_within(step, WOKEN)
+        except AssertionError:
+            raise AssertionError(_not_woken(kind, step, second, {})) from None
+        assert time.monotonic() - ended < WOKEN
+    finally:
+        stop_worker(first)
+        stop_worker(second)
