@@ -12,6 +12,7 @@ import threading
 from datetime import timedelta
 
 import pytest
+from django.db import connections
 from django.utils import timezone
 
 from django_gator import get_job_class
@@ -240,7 +241,14 @@ def test_states_pending_started_failure_revoked():
     t.RELEASE.clear()
     t.STARTED.clear()
     blocked = t.blocks.delay()
-    runner = threading.Thread(target=run_worker, args=("default",), daemon=True)
+
+    def work() -> None:
+        try:
+            run_worker("default")
+        finally:
+            connections.close_all()  # this thread's
+
+    runner = threading.Thread(target=work, daemon=True)
     runner.start()
     assert t.STARTED.wait(20)
     assert blocked.state == "STARTED"

@@ -289,7 +289,7 @@ class Celery:
 def current_app() -> Celery:
     """The last Celery app created (a default one until then): the one ``shared_task``'s
     tasks read their routes and eager mode from."""
-    return task_module._current[0]
+    return task_module.get_current()
 
 
 def shared_task(*args: Any, **options: Any) -> Any:

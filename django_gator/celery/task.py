@@ -54,6 +54,10 @@ def set_current(app: Celery) -> None:
     _current[:] = [app]
 
 
+def get_current() -> Celery:
+    return _current[0]
+
+
 class CeleryJob(FunctionJob, abstract=True):
     """The job class of a Celery task: no retry policy of its own (a task retries only
     through ``self.retry()`` or ``autoretry_for``, as in Celery)."""
