@@ -6,10 +6,12 @@ on as Celery does."""
 from __future__ import annotations
 
 import pytest
+from django.db import transaction
 from django.test import override_settings
 
 from django_gator.celery import Celery, NotSupported, chain, chord, group, shared_task
 from django_gator.celery.task import set_current
+from django_gator.exceptions import GatorError
 from django_gator.models import Job
 from django_gator.testing import run_jobs
 from tests.conftest import run_worker
@@ -230,3 +232,28 @@ def test_canvas_refusals():
         group(chain(t.add.s(1, 1), t.add.s(2)))
     with pytest.raises(NotSupported, match="link="):
         group(t.add.s(1, 1)).apply_async(link=t.add.s(1))
+
+
+def test_autodiscover_tasks_imports_the_tasks_modules(app):
+    from django_gator.conf import imports
+
+    names, paths = list(imports._requested_names), list(imports._requested_paths)
+    try:
+        app.autodiscover_tasks(["tests.celery_sample"])
+        assert "tests.celery_sample.tasks" in imports.requested_imports()
+        app.autodiscover_tasks(related_name="celery_tasks")
+        from django_gator import conf
+
+        assert "celery_tasks" in conf.autodiscover_modules()
+    finally:
+        imports._requested_names[:], imports._requested_paths[:] = names, paths
+
+
+@override_settings(GATOR_DISPATCH_ON_COMMIT=True)
+def test_a_dispatch_deferred_to_the_commit_has_no_id_yet():
+    with transaction.atomic():
+        result = t.add.delay(1, 1)
+        assert result.id is None
+        with pytest.raises(GatorError, match=r"no id yet.*GATOR_DISPATCH_ON_COMMIT"):
+            result.get(timeout=1)
+    assert Job.objects.filter(name="tests.testapp.celery_tasks.add").count() == 1

@@ -45,9 +45,9 @@ class AsyncResult:
         refused = set(options) - {"task_name", "app", "backend"}
         if refused:
             raise TypeError(f"AsyncResult() got unexpected arguments: {', '.join(refused)}")
-        self.id = str(id)
+        self.id: str | None = None if id is None else str(id)
         self.task_id = self.id
-        if self.id.isdigit():
+        if self.id is None or self.id.isdigit():
             self._run_id: uuid.UUID | None = None
         else:
             try:
@@ -62,7 +62,7 @@ class AsyncResult:
         return f"<AsyncResult: {self.id}>"
 
     def __str__(self) -> str:
-        return self.id
+        return str(self.id)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, AsyncResult):
@@ -75,6 +75,12 @@ class AsyncResult:
     # Rows ---------------------------------------------------------------------------------
 
     def _job(self) -> Job | None:
+        if self.id is None:
+            raise GatorError(
+                "this task has no id yet: it was dispatched with on_commit "
+                "(GATOR_DISPATCH_ON_COMMIT), so its row is inserted when the transaction "
+                "commits; keep no AsyncResult of it, or dispatch with the setting off"
+            )
         for alias in job_databases():
             row = Job.objects.using(alias).filter(pk=int(self.id)).first()
             if row is not None:
