@@ -19,7 +19,7 @@ from django_gator import get_job_class
 from django_gator.celery import AsyncResult, NotSupported, TimeLimitExceeded, shared_task
 from django_gator.celery.options import backoff_countdown, gator_rate
 from django_gator.models import Job, JobState
-from django_gator.testing import TooManyJobs, run_jobs
+from django_gator.testing import TooManyJobs, assert_dispatched, run_jobs
 from tests.conftest import run_worker
 from tests.testapp import celery_tasks as t
 
@@ -45,6 +45,7 @@ def test_delay_dispatches_a_job_and_get_returns_its_result():
     assert (row.name, row.args, row.state) == ("tests.testapp.celery_tasks.add", [2, 3], "waiting")
     assert result.state == "PENDING"
     assert not result.ready()
+    assert_dispatched(t.add, 2, 3)  # the testing helpers take the task
     run_jobs()
     assert result.get(timeout=10) == 5
     assert (result.state, result.ready(), result.successful()) == ("SUCCESS", True, True)

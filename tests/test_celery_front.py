@@ -178,8 +178,10 @@ def test_app_task_and_its_options(app):
     result = of_the_app.delay(3)
     run_worker("app-queue")
     assert result.get(timeout=5) == [3, result.id]
-    with pytest.raises(NotSupported, match=r"Celery\('x', broker=\.\.\.\)"):
-        Celery("x", broker="redis://")
+    with pytest.raises(NotSupported, match=r"Celery\('x', task_cls=\.\.\.\)"):
+        Celery("x", task_cls="mine:Task")
+    made = Celery("x", broker="redis://", backend="redis://", include=["tests.celery_sample.tasks"])
+    assert made.main == "x"
 
 
 def test_eager_mode_runs_at_dispatch(app):

@@ -16,6 +16,7 @@ from django_gator.celery.exceptions import (
     MaxRetriesExceededError,
     NotSupported,
     Retry,
+    TaskRevokedError,
     TimeLimitExceeded,
     TimeoutError,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "Retry",
     "Signature",
     "Task",
+    "TaskRevokedError",
     "TimeLimitExceeded",
     "TimeoutError",
     "chain",
@@ -44,7 +46,6 @@ __all__ = [
 #: Names imported on first use: they import the models.
 _LAZY = {
     "AsyncResult": ("django_gator.celery.results", "AsyncResult"),
-    "TaskRevokedError": ("django_gator.celery.results", "TaskRevokedError"),
     "states": ("django_gator.celery.results", None),
 }
 

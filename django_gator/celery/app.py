@@ -173,7 +173,17 @@ class Celery:
     django-gator can honour is here: ``task``, ``conf``, ``config_from_object``,
     ``autodiscover_tasks``, ``AsyncResult``."""
 
-    def __init__(self, main: str | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        main: str | None = None,
+        broker: str | None = None,
+        backend: str | None = None,
+        include: list[str] | tuple[str, ...] = (),
+        **options: Any,
+    ) -> None:
+        """``broker`` and ``backend`` are accepted and unused (there is neither);
+        ``include``: modules imported when Django's apps are ready, as Celery's worker
+        imports them."""
         if options:
             key = next(iter(options))
             raise NotSupported(
@@ -184,7 +194,19 @@ class Celery:
         self.conf = Settings()
         self._eager_depth = 0
         self.tasks: dict[str, BaseTask] = {}
+        if include:
+            self._include(list(include))
         task_module.set_current(self)
+
+    def _include(self, modules: list[str]) -> None:
+        from django.apps import apps
+
+        from django_gator import conf
+
+        conf.request_imports(modules)
+        if apps.ready:
+            for module in modules:
+                import_module(module)
 
     def __repr__(self) -> str:
         return f"<Celery {self.main or '__main__'} on django-gator>"
@@ -223,10 +245,7 @@ class Celery:
         from django_gator import conf
 
         if packages is not None and not callable(packages):
-            conf.request_imports([f"{package}.{related_name}" for package in packages])
-            if apps.ready:
-                for package in packages:
-                    import_module(f"{package}.{related_name}")
+            self._include([f"{package}.{related_name}" for package in packages])
             return
         conf.request_autodiscover(related_name)
         if apps.ready:

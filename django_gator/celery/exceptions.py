@@ -12,6 +12,7 @@ __all__ = [
     "MaxRetriesExceededError",
     "NotSupported",
     "Retry",
+    "TaskRevokedError",
     "TimeLimitExceeded",
     "TimeoutError",
 ]
@@ -60,6 +61,10 @@ class Retry(GatorError):
 class MaxRetriesExceededError(GatorError):
     """``self.retry()`` was called once the task had used its ``max_retries`` (and no
     ``exc=`` was given to raise instead)."""
+
+
+class TaskRevokedError(GatorError):
+    """``get()`` of a task that was revoked (cancelled, or expired before it started)."""
 
 
 class TimeoutError(ResultTimeout):

@@ -14,7 +14,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from django_gator.celery.exceptions import TimeoutError
+from django_gator.celery.exceptions import TaskRevokedError, TimeoutError
 from django_gator.databases import job_databases
 from django_gator.exceptions import GatorError, JobFailed, ResultTimeout, WorkflowFailed
 from django_gator.models import Job, JobState, WorkflowRun, WorkflowStep
@@ -32,10 +32,6 @@ STATES = {
     JobState.CANCELLED: REVOKED,
 }
 READY_STATES = frozenset({SUCCESS, FAILURE, REVOKED})
-
-
-class TaskRevokedError(GatorError):
-    """``get()`` of a task that was revoked (cancelled, or expired before it started)."""
 
 
 class AsyncResult:
