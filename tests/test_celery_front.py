@@ -5,11 +5,23 @@ on as Celery does."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 from django.db import transaction
 from django.test import override_settings
 
-from django_gator.celery import Celery, NotSupported, chain, chord, group, shared_task
+from django_gator.celery import (
+    Celery,
+    NotSupported,
+    chain,
+    chord,
+    current_app,
+    group,
+    shared_task,
+)
 from django_gator.celery.task import set_current
 from django_gator.exceptions import GatorError
 from django_gator.models import Job
@@ -259,3 +271,39 @@ def test_a_dispatch_deferred_to_the_commit_has_no_id_yet():
         with pytest.raises(GatorError, match=r"no id yet.*GATOR_DISPATCH_ON_COMMIT"):
             result.get(timeout=1)
     assert Job.objects.filter(name="tests.testapp.celery_tasks.add").count() == 1
+
+
+def test_a_setting_without_an_equivalent_is_refused_when_a_task_is_defined(app):
+    with override_settings(CELERY_WORKER_PREFETCH_MULTIPLIER=1):
+        app.config_from_object("django.conf:settings", namespace="CELERY")
+        with pytest.raises(NotSupported, match="CELERY_WORKER_PREFETCH_MULTIPLIER=1"):
+
+            @app.task
+            def defined_under_a_bad_setting():
+                pass
+
+
+def test_current_app_stands_for_the_last_app_made(app):
+    current_app.conf.task_default_queue = "via-current-app"
+    assert app.conf.task_default_queue == "via-current-app"
+    assert Job.objects.get(pk=int(t.add.delay(1, 1).id)).queue == "via-current-app"
+
+
+def test_autodiscover_before_the_apps_are_ready_imports_at_setup():
+    """As in a Django project: proj/celery.py runs before django.setup()."""
+    script = (
+        "import sys, django\n"
+        "from django_gator.celery import Celery\n"
+        "app = Celery('proj')\n"
+        "app.autodiscover_tasks(related_name='celery_tasks')\n"
+        "assert 'tests.testapp.celery_tasks' not in sys.modules\n"
+        "django.setup()\n"
+        "from django_gator import get_job_class\n"
+        "print(get_job_class('tests.testapp.celery_tasks.add').name)\n"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "tests.testapp.celery_tasks.add"

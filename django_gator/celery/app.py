@@ -305,10 +305,19 @@ class Celery:
         return result
 
 
-def current_app() -> Celery:
-    """The last Celery app created (a default one until then): the one ``shared_task``'s
-    tasks read their routes and eager mode from."""
-    return task_module.get_current()
+class CurrentApp:
+    """``current_app``: stands for the last Celery app created (a default one until then),
+    the one ``shared_task``'s tasks read their routes and eager mode from, as Celery's
+    proxy does (``current_app.conf.task_always_eager = True``)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(task_module.get_current(), name)
+
+    def __repr__(self) -> str:
+        return repr(task_module.get_current())
+
+
+current_app = CurrentApp()
 
 
 def shared_task(*args: Any, **options: Any) -> Any:

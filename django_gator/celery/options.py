@@ -139,7 +139,7 @@ def _check_values(where: str, opts: dict[str, Any]) -> None:
         if not all(isinstance(c, type) and issubclass(c, BaseException) for c in classes):
             raise ValueError(f"{where}: {key} must be exception classes, got {classes!r}")
     backoff = opts["retry_backoff"]
-    if not isinstance(backoff, bool | int) or backoff < 0:
+    if not isinstance(backoff, bool | int | float) or not backoff >= 0:
         raise ValueError(f"{where}: retry_backoff must be a bool or a factor in seconds")
     extra = set(opts["retry_kwargs"]) - {"max_retries", "countdown"}
     if extra:

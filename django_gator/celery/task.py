@@ -139,6 +139,10 @@ class BaseTask:
         self.__name__, self.__doc__ = func.__name__, func.__doc__
         self.__module__, self.__qualname__ = func.__module__, func.__qualname__
         self.job_class = self._job_class(func)
+        from django.conf import settings
+
+        if settings.configured:
+            self.app.conf.check()  # a setting it cannot honour: refused at definition
 
     def _job_class(self, func: Callable[..., Any]) -> type[CeleryJob]:
         attrs: dict[str, Any] = {

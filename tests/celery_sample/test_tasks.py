@@ -1,5 +1,5 @@
-"""The project's tests, written for Celery (its eager mode, as Celery's docs advise for
-unit tests); only the imports changed."""
+"""The project's tests, written for Celery (in its eager mode, as many Celery projects
+test); only the imports changed."""
 
 import pytest
 
