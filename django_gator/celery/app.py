@@ -75,7 +75,10 @@ class Settings:
         self.check()
         if key in self._own:
             return self._own[key]
-        return self._from_source().get(key, MAPPED[key])
+        source = self._object()
+        if source is None:
+            return MAPPED[key]
+        return getattr(source, self._name(key), MAPPED[key])
 
     def __setitem__(self, key: str, value: Any) -> None:
         self.update({key: value})
@@ -90,39 +93,47 @@ class Settings:
         self._own.update(values)
 
     def load(self, source: Any, namespace: str | None) -> None:
+        """Read the settings from ``source`` (an object or its dotted path, resolved at
+        first use), each named ``NAMESPACE_KEY`` with a namespace, else ``key``."""
         self._source = (source, f"{namespace}_" if namespace else "")
         self._checked = False
 
-    def _from_source(self) -> dict[str, Any]:
+    def _object(self) -> Any:
         if self._source is None:
-            return {}
+            return None
         source, prefix = self._source
         if isinstance(source, str):
             source = import_string(source.replace(":", "."))
+            self._source = (source, prefix)
+        return source
+
+    def _name(self, key: str) -> str:
+        assert self._source is not None
+        prefix = self._source[1]
+        return f"{prefix}{key.upper()}" if prefix else key
+
+    def _all(self) -> dict[str, tuple[str, Any]]:
+        """Every setting of the configuration object: ``{key: (its name there, value)}``."""
+        source = self._object()
+        if source is None:
+            return {}
+        prefix = self._source[1] if self._source else ""
         found = {}
         for name in dir(source):
             if prefix and name.startswith(prefix) and name.isupper():
-                found[name[len(prefix) :].lower()] = (getattr(source, name), name)
+                found[name[len(prefix) :].lower()] = (name, getattr(source, name))
             elif not prefix and not name.startswith("_") and name.islower():
-                found[name] = (getattr(source, name), name)
-        return {key: value for key, (value, _) in found.items()} | {
-            "_names": {key: name for key, (_, name) in found.items()}
-        }
+                found[name] = (name, getattr(source, name))
+        return found
 
     def check(self) -> None:
         """Refuse, by its name, a setting of the configuration object this front cannot
         honour (once per loaded configuration)."""
         if self._checked:
             return
+        for key, (name, value) in self._all().items():
+            check_setting(key, value, name)
         self._checked = True
-        values = self._from_source()
-        names = values.pop("_names", {})
-        try:
-            for key, value in values.items():
-                check_setting(key, value, names.get(key, key))
-        except Exception:
-            self._checked = False
-            raise
 
 
 def check_setting(key: str, value: Any, shown: str) -> None:

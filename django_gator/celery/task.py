@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from django.conf import settings
 from django.utils import timezone
 
 from django_gator.celery import options as opts
@@ -138,11 +139,9 @@ class BaseTask:
         self.time_limit: float | None = checked["time_limit"]
         self.__name__, self.__doc__ = func.__name__, func.__doc__
         self.__module__, self.__qualname__ = func.__module__, func.__qualname__
-        self.job_class = self._job_class(func)
-        from django.conf import settings
-
         if settings.configured:
             self.app.conf.check()  # a setting it cannot honour: refused at definition
+        self.job_class = self._job_class(func)
 
     def _job_class(self, func: Callable[..., Any]) -> type[CeleryJob]:
         attrs: dict[str, Any] = {
