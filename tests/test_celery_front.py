@@ -307,3 +307,24 @@ def test_autodiscover_before_the_apps_are_ready_imports_at_setup():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "tests.testapp.celery_tasks.add"
+
+
+def test_conf_reads_like_celerys(app):
+    app.conf.broker_url = "redis://localhost"
+    assert app.conf.broker_url == app.conf["broker_url"] == "redis://localhost"
+    assert app.conf.task_serializer == "json"
+    assert app.conf.get("worker_concurrency", 4) == 4
+    assert not hasattr(app.conf, "worker_concurrency")
+    with pytest.raises(NotSupported, match="worker_concurrency=8"):
+        app.conf.worker_concurrency = 8
+
+
+def test_a_signature_alone():
+    partial = t.pair.s("late").set(queue="sig-queue")
+    result = partial.delay("early")  # Celery puts the new arguments first
+    assert Job.objects.get(pk=int(result.id)).queue == "sig-queue"
+    run_worker("sig-queue")
+    assert result.get(timeout=5) == ["early", "late"]
+    assert t.add.s(1, 2)() == 3  # called: runs here
+    with pytest.raises(NotSupported, match=r"countdown=.*queue= only"):
+        t.add.s(1).set(countdown=3)

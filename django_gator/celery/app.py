@@ -61,7 +61,10 @@ class Settings:
     def __getattr__(self, key: str) -> Any:
         if key.startswith("_"):
             raise AttributeError(key)
-        return self[key]
+        try:
+            return self[key]
+        except KeyError as exc:
+            raise AttributeError(exc.args[0]) from None
 
     def __setattr__(self, key: str, value: Any) -> None:
         if key.startswith("_"):
@@ -70,21 +73,31 @@ class Settings:
             self.update({key: value})
 
     def __getitem__(self, key: str) -> Any:
-        if key not in MAPPED:
+        """A mapped setting, or an accepted one (``broker_url``: as it was given)."""
+        if key in MAPPED:
+            default = MAPPED[key]
+        elif key in ONE_VALUE:
+            default = ONE_VALUE[key]
+        elif UNUSED.fullmatch(key):
+            default = None
+        else:
             raise KeyError(f"{key!r} is not a setting django-gator's Celery front reads")
         self.check()
         if key in self._own:
             return self._own[key]
         source = self._object()
         if source is None:
-            return MAPPED[key]
-        return getattr(source, self._name(key), MAPPED[key])
+            return default
+        return getattr(source, self._name(key), default)
 
     def __setitem__(self, key: str, value: Any) -> None:
         self.update({key: value})
 
     def get(self, key: str, default: Any = None) -> Any:
-        return self[key] if key in MAPPED else default
+        try:
+            return self[key]
+        except KeyError:
+            return default
 
     def update(self, values: dict[str, Any] | None = None, **more: Any) -> None:
         values = {**(values or {}), **more}
