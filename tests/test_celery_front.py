@@ -328,3 +328,10 @@ def test_a_signature_alone():
     assert t.add.s(1, 2)() == 3  # called: runs here
     with pytest.raises(NotSupported, match=r"countdown=.*queue= only"):
         t.add.s(1).set(countdown=3)
+
+
+def test_send_task_by_name(app):
+    result = app.send_task("celery-tests.renamed", countdown=10)
+    assert Job.objects.get(pk=int(result.id)).name == "celery-tests.renamed"
+    with pytest.raises(LookupError, match=r"celery-tests\.renamd"):
+        app.send_task("celery-tests.renamd")

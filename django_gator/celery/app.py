@@ -275,6 +275,26 @@ class Celery:
         if apps.ready:
             autodiscover_modules(related_name)
 
+    def send_task(
+        self,
+        name: str,
+        args: Any = None,
+        kwargs: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> results.AsyncResult:
+        """Dispatch the task registered as ``name`` (``apply_async()``'s options)."""
+        from django_gator.registry import get_job_class
+
+        job_class = get_job_class(name)  # JobNotRegistered names close names
+        task = getattr(job_class, "celery_task", None)
+        if task is None:
+            raise NotSupported(
+                f"send_task({name!r}): {name} is not a task of the Celery front; "
+                f"dispatch it with {name}.dispatch()"
+            )
+        result: results.AsyncResult = task.apply_async(args, kwargs, **options)
+        return result
+
     def AsyncResult(self, task_id: str | int) -> results.AsyncResult:
         """Celery's name: the result of the task (or canvas) of id ``task_id``."""
         from django_gator.celery.results import AsyncResult
