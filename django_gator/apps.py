@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from importlib import import_module
+
 from django.apps import AppConfig
 from django.utils.module_loading import autodiscover_modules
 
@@ -32,3 +34,5 @@ class GatorConfig(AppConfig):
 
                 tasks.connect_signals()
             autodiscover_modules(module)
+        for path in conf.requested_imports():
+            import_module(path)

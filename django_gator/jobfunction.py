@@ -117,8 +117,10 @@ def job(
 
 def resolve_job_class(target: type[Queueable] | JobFunction) -> type[Queueable]:
     """Accept a Queueable subclass or a ``@job`` function wherever a job is named."""
-    if isinstance(target, JobFunction):
-        return target.job_class
     if isinstance(target, type) and issubclass(target, Queueable) and hasattr(target, "name"):
         return target
+    # A @job function, or anything else built around a job class (a Celery-front task).
+    job_class = getattr(target, "job_class", None)
+    if isinstance(job_class, type) and issubclass(job_class, Queueable):
+        return job_class
     raise TypeError(f"expected a Queueable subclass or a @job function, got {target!r}")

@@ -23,6 +23,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.functional import empty
 from django.utils.module_loading import import_string
 
+from django_gator.conf import imports
+from django_gator.conf.imports import request_autodiscover as request_autodiscover
+from django_gator.conf.imports import request_imports as request_imports
+from django_gator.conf.imports import requested_imports as requested_imports
 from django_gator.conf.rules import Number, Setting, split_host_port
 from django_gator.conf.table import SETTINGS
 from django_gator.exceptions import GatorError
@@ -227,11 +231,11 @@ def unknown_job_window() -> float:
 
 def autodiscover_modules() -> list[str]:
     """The module names imported from each installed app to register its jobs."""
-    extra = value("GATOR_AUTODISCOVER")
+    extra = [*value("GATOR_AUTODISCOVER"), *imports.requested_names()]
     names = ["jobs"]
     if uses_tasks_backend():
         names.append("tasks")
-    return names + [name for name in extra if name not in names]
+    return names + [name for name in dict.fromkeys(extra) if name not in names]
 
 
 def shutdown_timeout() -> float:
