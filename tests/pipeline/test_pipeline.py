@@ -131,8 +131,10 @@ def test_jobs_an_outcome_inserts_wake_the_workers_of_their_queue(spawn_worker, k
         for proc in (first, second):
             wait_for(lambda proc=proc: Worker.objects.filter(pid=proc.pid).exists(), timeout=60)
         wakeup.refresh(connection.alias)
-        # The second worker is idle: its first claim found nothing.
-        time.sleep(1.0)
+        # The second worker runs a job, then is idle: its next claim found nothing and it
+        # waits LONG_POLL seconds unless a wakeup comes.
+        probe = Echo.dispatch("probe")
+        wait_for(lambda: Job.objects.filter(pk=probe.pk, state="succeeded").exists(), 30)
         if kind == "chain":
             Chain(Noop, Echo).dispatch()
         else:
@@ -141,8 +143,8 @@ def test_jobs_an_outcome_inserts_wake_the_workers_of_their_queue(spawn_worker, k
             workflow.dispatch()
         wait_for(lambda: Job.objects.filter(queue="default", state="succeeded").exists(), 30)
         ended = time.monotonic()
-        wait_for(lambda: Job.objects.filter(queue="echo").exists(), 10)
-        [step] = Job.objects.filter(queue="echo")
+        wait_for(lambda: Job.objects.filter(queue="echo").exclude(pk=probe.pk).exists(), 10)
+        [step] = Job.objects.filter(queue="echo").exclude(pk=probe.pk)
         try:
             _started_within(step, WOKEN)
         except AssertionError:
