@@ -152,6 +152,12 @@ class Queueable(Windows, LongRunning):
         exempts the job from the class's limits. Not overridden: the class is one key."""
         return ""
 
+    def fairness_key(self, *args: Any, **kwargs: Any) -> str | None:
+        """The tenant this job is counted under in a fair queue (``GATOR_FAIRNESS``), from
+        its arguments at dispatch (``f"tenant:{account_id}"``); None: the queue's keyless
+        tenant. See docs/fairness.md."""
+        return None
+
     def on_error(self, exc: BaseException) -> None:
         """Called in the worker after each failed attempt (``self.attempt`` tells which),
         before the failure is written. What it raises is logged and otherwise ignored."""

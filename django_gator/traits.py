@@ -31,7 +31,8 @@ class JobTraits:
     ``@job`` function's). ``is_async``: the handler is ``async def`` (a worker runs it on
     its event loop). ``is_unique``: ``unique = True`` or a ``unique_key()`` of its own.
     ``is_limited``: a ``concurrency_limit`` or ``rate_limit``, so its rows carry a
-    concurrency key. ``is_keyed``: a ``concurrency_key()`` of its own. ``accepts_anything``:
+    concurrency key. ``is_keyed``: a ``concurrency_key()`` of its own. ``is_fair``: a
+    ``fairness_key()`` of its own (see docs/fairness.md). ``accepts_anything``:
     the handler takes ``*args`` (and perhaps ``**kwargs``) and nothing else. ``window``:
     its ``unique_for``, ``debounce`` or ``throttle`` (see :mod:`django_gator.windows`).
     ``expires``: seconds after its dispatch a job of the class may still start.
@@ -44,6 +45,7 @@ class JobTraits:
     is_unique: bool = False
     is_limited: bool = False
     is_keyed: bool = False
+    is_fair: bool = False
     accepts_anything: bool = False
     window: Window | None = None
     expires: float | None = None
@@ -101,6 +103,7 @@ def read_traits(cls: type[Queueable], base: type[Queueable]) -> JobTraits:
         is_unique=is_unique,
         is_limited=is_limited,
         is_keyed=is_keyed,
+        is_fair=cls.fairness_key is not base.fairness_key,
         window=window,
         expires=expires,
         encrypted=cls.encrypted,

@@ -294,6 +294,12 @@ def queues() -> Mapping[str, Mapping[str, Any]]:
     return value("GATOR_QUEUES")
 
 
+def fairness() -> Mapping[str, Any]:
+    """``GATOR_FAIRNESS``: the fair queues and their weights (entries checked by E013)."""
+    table: Mapping[str, Any] = value("GATOR_FAIRNESS")
+    return table
+
+
 def schedules() -> Mapping[str, Any]:
     """GATOR_SCHEDULES as declared (its entries are validated by the schedules module)."""
     declared: Mapping[str, Any] = value("GATOR_SCHEDULES")

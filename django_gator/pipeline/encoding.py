@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django_gator import collector, conf, encryption, limits, payload, validation
+from django_gator import collector, conf, encryption, fairness, limits, payload, validation
 from django_gator.exceptions import EncryptionUnavailable
 from django_gator.registry import is_registered
 from django_gator.rows import JobRows
@@ -71,7 +71,8 @@ def job_rows(
             chain=chain_json,
             encode=encode,
         )
-        if job_class.traits.is_limited or job_class.traits.is_unique:
+        traits = job_class.traits
+        if traits.is_limited or traits.is_unique or traits.is_fair:
             _keys(job_class, queue, rows, args_col, kwargs_col, many)
         if job_class.traits.encrypted:
             _seal(job_class, rows)
@@ -206,15 +207,22 @@ def _keys(
     kwargs_col: list[dict[str, Any]],
     many: bool,
 ) -> None:
-    """The rows' unique keys and flow-control keys, from the class's methods."""
+    """The rows' unique keys, flow-control keys and fairness keys, from the class's
+    methods."""
+    traits = job_class.traits
     keyer = (
-        job_class(queue=queue) if job_class.traits.is_unique or job_class.traits.is_keyed else None
+        job_class(queue=queue) if traits.is_unique or traits.is_keyed or traits.is_fair else None
     )
     unique_keys: list[str | None] = []
     flow_keys: list[str | None] = []
+    fair_keys: list[str | None] = []
     for index, (args, kwargs) in enumerate(zip(args_col, kwargs_col, strict=True)):
         try:
             flow_keys.append(limits.flow_key(job_class, keyer, args, kwargs))
+            if keyer is not None and traits.is_fair:
+                fair_keys.append(
+                    fairness.validate_key(keyer.fairness_key(*args, **kwargs), job_class.name)
+                )
             if keyer is not None and job_class.traits.is_unique:
                 unique_keys.append(
                     validation.validate_unique_key(
@@ -228,6 +236,8 @@ def _keys(
         rows.concurrency_keys = flow_keys
     if unique_keys:
         rows.unique_keys = unique_keys
+    if fair_keys:
+        rows.fairness_keys = fair_keys
 
 
 def _name_item(exc: Exception, index: int, many: bool) -> None:

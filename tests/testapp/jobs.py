@@ -1332,3 +1332,15 @@ class SecretLimited(Queueable):
 
     def handle(self, account_id: int, email: str) -> str:
         return email
+
+
+class FairWork(Queueable):
+    """A tenant's job in the fair queue of tests/settings.py (GATOR_FAIRNESS)."""
+
+    queue = "fair"
+
+    def fairness_key(self, tenant: str, n: int = 0) -> str | None:
+        return tenant or None
+
+    def handle(self, tenant: str, n: int = 0) -> None:
+        return None
