@@ -11,11 +11,13 @@ from typing import Any
 
 import pytest
 from django.core import checks
-from django.db import close_old_connections, connections
+from django.db import close_old_connections, connection, connections
+from django.test.utils import CaptureQueriesContext
 from django.test import override_settings
 
 from django_gator import Queueable, conf
 from django_gator.engines import get_engine
+from django_gator.engines.contract import behind
 from django_gator.engines.fairness import fair_upkeep
 from django_gator.models import FairShare, Job, JobState
 from tests.testapp.jobs import FairWork
@@ -88,7 +90,11 @@ def test_fair_jobs_carry_their_key_and_stamps_a_step_of_one_over_the_weight_apar
 
 
 def test_jobs_of_other_queues_get_no_stamp_and_no_counter():
-    job = FairWork.dispatch("tenant:a", queue="plain")
+    with CaptureQueriesContext(connection) as queries:
+        job = FairWork.dispatch("tenant:a", queue="plain")
+        FairWork.dispatch_many([["tenant:a", n] for n in range(3)], queue="plain")
+    # Nothing more than the INSERTs: no counter, no stamp, no read of the fair index.
+    assert not [q for q in queries if "fair" in q["sql"]]
     row = Job.objects.get(pk=job.pk)
     assert (row.fairness_key, row.fair_order) == (None, None)
     assert not FairShare.objects.exists()
@@ -131,6 +137,20 @@ def test_priority_comes_first_and_fair_order_within_a_priority():
     taken = _claim(5)
     assert taken[0].id == urgent.pk
     assert _tenants(taken[1:]) == {"tenant:big": 4}
+
+
+def test_the_fair_claim_is_one_ordered_scan_of_its_own_index_on_postgresql():
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's plan (SQLite and MariaDB name their index in the claim)")
+    _backlog("tenant:big", 3000)
+    _backlog("tenant:a", 100)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE django_gator_job")
+        sql, params = behind(get_engine("default"))._picked("fair", 10, None)
+        cursor.execute("EXPLAIN " + sql, params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "gator_job_ready_fair" in plan, plan
+    assert "Sort" not in plan, plan  # read in the claim's order, stopping at the limit
 
 
 def test_a_retried_job_keeps_its_stamp():
