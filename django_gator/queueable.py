@@ -89,8 +89,9 @@ class Queueable(Windows, LongRunning):
     rate_limit: ClassVar[str | None] = None
     #: Argument keys (besides GATOR_REDACT) never shown in the admin or in log lines.
     redact: ClassVar[Sequence[str]] = ()
-    #: Arguments, result, checkpoint and error texts encrypted at rest (docs/encryption.md).
-    encrypted: ClassVar[bool] = False
+    #: Arguments, result, checkpoint and error texts encrypted at rest (docs/encryption.md);
+    #: a list of keyword argument names: only those arguments, with the rest as for True.
+    encrypted: ClassVar[bool | Sequence[str]] = False
     #: Seconds between two database reads of cancel_requested().
     cancel_check_interval: ClassVar[float] = 1.0
 

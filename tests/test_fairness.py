@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from django.core import checks
 from django.db import close_old_connections, connection, connections
-from django.test.utils import CaptureQueriesContext
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 
 from django_gator import Queueable, conf
 from django_gator.engines import get_engine

@@ -5,6 +5,7 @@ No database access: a bad dispatch raises here, before anything is written or de
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -91,12 +92,38 @@ def _seal(job_class: type[Queueable], rows: JobRows) -> None:
         ) from None
     seal = ring.seal
     dumps = encryption.envelope_json
-    rows.args = [dumps(seal(text)) for text in rows.args]
-    rows.kwargs = [dumps(seal(text)) for text in rows.kwargs]
+    listed = job_class.traits.sealed_kwargs
+    if listed is None:
+        rows.args = [dumps(seal(text)) for text in rows.args]
+        rows.kwargs = [dumps(seal(text)) for text in rows.kwargs]
+    else:
+        _refuse_positional(job_class, listed, rows.args)
+        rows.kwargs = [encryption.seal_fields(text, listed) for text in rows.kwargs]
     if rows.unique_keys is not None:
         rows.unique_keys = [
             None if key is None else encryption.digest(key) for key in rows.unique_keys
         ]
+
+
+def _refuse_positional(
+    job_class: type[Queueable], listed: tuple[str, ...], args: list[str]
+) -> None:
+    """TypeError when an argument that ``encrypted`` lists would be passed positionally
+    (positional arguments are stored in clear)."""
+    positions = [
+        index
+        for index, p in enumerate(job_class.traits.signature.parameters.values())
+        if p.name in listed and p.kind is p.POSITIONAL_OR_KEYWORD
+    ]
+    if not positions:
+        return
+    for text in args:
+        if text != "[]" and len(json.loads(text)) > min(positions):
+            name = list(job_class.traits.signature.parameters)[min(positions)]
+            raise TypeError(
+                f"{job_class.__qualname__}.encrypted lists {name!r}: pass it by keyword "
+                f"({name}=...), as arguments passed by position are stored in clear"
+            )
 
 
 def _streamed(
