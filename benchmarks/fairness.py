@@ -11,12 +11,14 @@ tenants waiting, each gets a tenth of the claims, so a small tenant's last job i
 claim ``10 * small`` (a FIFO queue would take it after the big backlog, ``big + 9 * small``).
 
 *Claim cost*: a fair queue and a plain queue of the same size (``--size`` jobs of ten
-tenants, dispatched by the same class), claimed ten at a time in alternating rounds of
-``--claims`` claims each (fair first in odd rounds, plain first in even ones): each round's
-median microseconds per claim (the claim's statement and commit alone), the median over the
-rounds, and their ratio. The claimed jobs are marked
-succeeded in the same round (one UPDATE per claim, as a worker's batched marks), so the
-queues stay as a worker leaves them.
+tenants, dispatched by the same class; ``--layout blocks``: each tenant's jobs in one run
+of ids, so the fair claim's ten rows lie in ten places of the table where the plain claim's
+are neighbours; ``interleaved``: one job of each tenant in turn), claimed ten at a time in
+alternating rounds of ``--claims`` claims each (fair first in odd rounds, plain first in
+even ones): each round's median microseconds per claim (the claim's statement and commit
+alone), the median over the rounds, and their ratio. The claimed jobs are marked succeeded
+in the same round (one UPDATE per claim, as a worker's batched marks), so the queues stay as
+a worker leaves them.
 
 Uses the demo project's settings (``testproject/testproject/settings.py``) on the database
 of ``DATABASE_URL``, migrated first; the fair queue is set with ``override_settings``. The
@@ -117,9 +119,21 @@ def served(engine: Any, big: int, small: int) -> None:
     clear()
 
 
-def claim_cost(engine: Any, size: int, claims: int, rounds: int) -> None:
+def fill_interleaved(queue: str, count: int) -> None:
+    """``count`` jobs of ten tenants, one of each in turn (ids in the fair order)."""
+    from django_gator.bench import BenchTenant
+
+    for start in range(0, count, 10_000):
+        items = [[f"tenant:{n % 10}", n] for n in range(start, min(count, start + 10_000))]
+        BenchTenant.dispatch_many(items, queue=queue)
+
+
+def claim_cost(engine: Any, size: int, claims: int, rounds: int, layout: str) -> None:
     clear()
     for queue in (FAIR, PLAIN):
+        if layout == "interleaved":
+            fill_interleaved(queue, size)
+            continue
         for i in range(10):
             fill(queue, f"tenant:{i}", size // 10)
     per: dict[str, list[float]] = {FAIR: [], PLAIN: []}
@@ -128,7 +142,9 @@ def claim_cost(engine: Any, size: int, claims: int, rounds: int) -> None:
         for queue in order:
             per[queue].append(claim_all(engine, queue, claims)[1] * 1e6)
     fair, plain = statistics.median(per[FAIR]), statistics.median(per[PLAIN])
-    print(f"claim cost: {size:,} jobs per queue, {rounds} rounds of {claims} claims of 10")
+    print(
+        f"claim cost: {size:,} jobs per queue ({layout}), {rounds} rounds of {claims} claims of 10"
+    )
     print(f"  fair  {fair:,.0f} us/claim  rounds {[round(v) for v in per[FAIR]]}")
     print(f"  plain {plain:,.0f} us/claim  rounds {[round(v) for v in per[PLAIN]]}")
     print(f"  fair / plain: {fair / plain:.3f}")
@@ -143,6 +159,13 @@ def main() -> None:
     parser.add_argument("--claims", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--only", choices=("served", "cost"))
+    parser.add_argument(
+        "--layout",
+        choices=("blocks", "interleaved"),
+        default="blocks",
+        help="the cost's queues: each tenant's jobs dispatched together (blocks of ids), or "
+        "one job of each tenant in turn (ids in the fair order)",
+    )
     options = parser.parse_args()
     setup()
     from django.db import connection
@@ -157,7 +180,7 @@ def main() -> None:
         if options.only in (None, "served"):
             served(engine, options.big, options.small)
         if options.only in (None, "cost"):
-            claim_cost(engine, options.size, options.claims, options.rounds)
+            claim_cost(engine, options.size, options.claims, options.rounds, options.layout)
 
 
 if __name__ == "__main__":

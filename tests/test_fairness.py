@@ -139,6 +139,18 @@ def test_priority_comes_first_and_fair_order_within_a_priority():
     assert _tenants(taken[1:]) == {"tenant:big": 4}
 
 
+def test_each_priority_has_its_own_virtual_time():
+    _backlog("tenant:a", 50)  # priority 0: stamps 1 to 50
+    FairWork.dispatch_many([["tenant:big", n] for n in range(300)], priority=5)
+    _claim(20)  # priority first: tenant:big's, far ahead in stamps
+    newcomer = _backlog("tenant:c", 10)  # priority 0 again, beside tenant:a's backlog
+    Job.objects.filter(queue="fair", priority=5).update(state=JobState.SUCCEEDED)
+    taken = _claim(22)
+    # It starts at priority 0's head (tenant:a's first stamp, 1), not at priority 5's:
+    # stamps 2 to 11, one for one with tenant:a's (21 claims), not after its 50 jobs.
+    assert {j.id for j in taken if j.args[0] == "tenant:c"} == {j.pk for j in newcomer}
+
+
 def test_the_fair_claim_is_one_ordered_scan_of_its_own_index_on_postgresql():
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL's plan (SQLite and MariaDB name their index in the claim)")

@@ -76,7 +76,7 @@ class FairInserts(Engine):
             return super().insert_rows(rows, notify, prepare, meanwhile)
         keys = rows.fairness_keys or [None] * len(rows)
         flow = rows.concurrency_keys or [None] * len(rows)
-        with self._stamping_keys(rows.queue, keys, flow) as stamp:
+        with self._stamping_keys(rows.queue, rows.priority, keys, flow) as stamp:
             if stamp is None:
                 return super().insert_rows(rows, notify, prepare, meanwhile)
             out = super().insert_rows(rows, notify, prepare, meanwhile)
@@ -125,21 +125,21 @@ class FairInserts(Engine):
                 return
 
             def stamp(ids: Sequence[int | None]) -> None:
-                queues: dict[str, tuple[list[int], list[str | None]]] = {}
+                groups: dict[tuple[str, int], tuple[list[int], list[str | None]]] = {}
                 for row, job_id in zip(rows, ids, strict=True):
                     if job_id is None or row.queue not in table or row.concurrency_key is not None:
                         continue
-                    got = queues.setdefault(row.queue, ([], []))
+                    got = groups.setdefault((row.queue, row.priority), ([], []))
                     got[0].append(job_id)
                     got[1].append(row.fairness_key)
-                for queue, (queue_ids, keys) in queues.items():
-                    self.stamp_jobs(queue, queue_ids, keys)
+                for (queue, priority), (group_ids, keys) in sorted(groups.items()):
+                    self.stamp_jobs(queue, priority, group_ids, keys)
 
             yield stamp
 
     @contextmanager
     def _stamping_keys(
-        self, queue: str, keys: list[str | None], flow: list[str | None]
+        self, queue: str, priority: int, keys: list[str | None], flow: list[str | None]
     ) -> Iterator[Callable[[Sequence[int]], None] | None]:
         with self._stamped_transaction() as outer:
             if outer:
@@ -148,7 +148,7 @@ class FairInserts(Engine):
 
             def stamp(ids: Sequence[int]) -> None:
                 chosen = [(i, k) for i, k, f in zip(ids, keys, flow, strict=True) if f is None]
-                self.stamp_jobs(queue, [i for i, _ in chosen], [k for _, k in chosen])
+                self.stamp_jobs(queue, priority, [i for i, _ in chosen], [k for _, k in chosen])
 
             yield stamp
 
@@ -168,9 +168,11 @@ class FairInserts(Engine):
             connection._gator_stamping = False
 
     # -- the stamps ------------------------------------------------------------------------
-    def stamp_jobs(self, queue: str, ids: Sequence[int], keys: Sequence[str | None]) -> None:
-        """Stamp the new jobs ``ids`` of the fair queue ``queue``, of the fairness keys
-        ``keys`` (None: the keyless tenant), in the caller's transaction."""
+    def stamp_jobs(
+        self, queue: str, priority: int, ids: Sequence[int], keys: Sequence[str | None]
+    ) -> None:
+        """Stamp the new jobs ``ids`` of the fair queue ``queue`` at ``priority``, of the
+        fairness keys ``keys`` (None: the keyless tenant), in the caller's transaction."""
         if not ids:
             return
         weights = fairness.weights_of(conf.fairness(), queue)
@@ -178,7 +180,7 @@ class FairInserts(Engine):
         for job_id, key in zip(ids, keys, strict=True):
             by_key.setdefault(key or fairness.DEFAULT_KEY, []).append(job_id)
         with self.connection.cursor() as cursor:
-            virtual = self.virtual_time(cursor, queue)
+            virtual = self.virtual_time(cursor, queue, priority)
             for key in sorted(by_key):
                 members = sorted(by_key[key])
                 weight = float(weights.get(key, 1))
@@ -187,10 +189,11 @@ class FairInserts(Engine):
                     cursor, key, members, fairness.stamps(last, len(members), weight)
                 )
 
-    def virtual_time(self, cursor: Any, queue: str) -> float:
-        """The queue's virtual time: the stamp the fair claim takes next, or, with no due
-        job waiting, the highest counter of the queue (all stamped work was served)."""
-        cursor.execute(self.fair_head_sql, [queue])
+    def virtual_time(self, cursor: Any, queue: str, priority: int) -> float:
+        """The virtual time of ``priority`` in the queue: the stamp the fair claim takes
+        next among that priority's due jobs, or, with none, the highest counter of the
+        queue (all stamped work was served, or waits in other priorities)."""
+        cursor.execute(self.fair_head_sql, [queue, priority])
         row = cursor.fetchone()
         if row is not None and row[0] is not None:
             return float(row[0])
@@ -200,11 +203,21 @@ class FairInserts(Engine):
 
     @property
     def fair_head_sql(self) -> str:
-        """The stamp at the head of a fair queue's claim order; one parameter, the queue."""
+        """The stamp at the head of one priority of a fair queue's claim order (one index
+        descent); parameters: the queue, the priority."""
         return (
             f"SELECT fair_order FROM {self.job_table} WHERE queue = %s AND {FAIR_SQL}"
-            f" AND next_execution_at <= {self.now_sql}"
+            f" AND priority = %s AND next_execution_at <= {self.now_sql}"
             " ORDER BY priority DESC, fair_order, id LIMIT 1"
+        )
+
+    @property
+    def fair_floor_sql(self) -> str:
+        """The lowest stamp of a fair queue's due jobs, over every priority (the upkeep's;
+        it reads the queue's entries of the fair index); one parameter, the queue."""
+        return (
+            f"SELECT MIN(fair_order) FROM {self.job_table} WHERE queue = %s AND {FAIR_SQL}"
+            f" AND next_execution_at <= {self.now_sql}"
         )
 
     def _advance(self, cursor: Any, queue: str, key: str, virtual: float, step: float) -> float:
@@ -263,22 +276,24 @@ class FairInserts(Engine):
         for queue in sorted(table):
             with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
                 cursor.execute(
-                    f"SELECT id, fairness_key FROM {self.job_table} WHERE queue = %s"
+                    f"SELECT id, fairness_key, priority FROM {self.job_table} WHERE queue = %s"
                     f" AND {self.ready_condition()} AND fair_order IS NULL ORDER BY id LIMIT %s"
                     + (" FOR UPDATE SKIP LOCKED" if self._row_lock_sql else ""),
                     [queue, limit],
                 )
                 strays = cursor.fetchall()
-                if strays:
-                    self.stamp_jobs(queue, [r[0] for r in strays], [r[1] for r in strays])
-                    stamped += len(strays)
+                for priority in sorted({r[2] for r in strays}):
+                    these = [r for r in strays if r[2] == priority]
+                    self.stamp_jobs(queue, priority, [r[0] for r in these], [r[1] for r in these])
+                stamped += len(strays)
                 self._prune_counters(cursor, queue)
         return stamped
 
     def _prune_counters(self, cursor: Any, queue: str) -> None:
-        """Delete the counters of ``queue`` below its head's stamp; with no stamped job
-        waiting at all (due or not), all but the highest, which keeps the virtual time."""
-        cursor.execute(self.fair_head_sql, [queue])
+        """Delete the counters of ``queue`` below the lowest stamp of its due jobs; with no
+        stamped job waiting at all (due or not), all but the highest, which keeps the
+        virtual time."""
+        cursor.execute(self.fair_floor_sql, [queue])
         row = cursor.fetchone()
         if row is not None and row[0] is not None:
             cursor.execute(

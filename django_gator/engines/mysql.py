@@ -232,8 +232,15 @@ class MySQLEngine(FairInserts):
     def fair_head_sql(self) -> str:
         return (
             f"SELECT fair_order FROM {self.job_table} FORCE INDEX ({FAIR_INDEX})"
+            " WHERE queue = %s AND fair_rank = -(%s)"
+            f" AND next_execution_at <= {self.now_sql} ORDER BY fair_rank, fair_order, id LIMIT 1"
+        )
+
+    @property
+    def fair_floor_sql(self) -> str:
+        return (
+            f"SELECT MIN(fair_order) FROM {self.job_table} FORCE INDEX ({FAIR_INDEX})"
             f" WHERE queue = %s AND fair_rank IS NOT NULL AND next_execution_at <= {self.now_sql}"
-            " ORDER BY fair_rank, fair_order, id LIMIT 1"
         )
 
     @property
