@@ -7,9 +7,10 @@ of chains and workflows): when rows go to a queue of ``GATOR_FAIRNESS`` it opens
 transaction, lets the engine insert, then stamps the new rows without a concurrency key.
 Rows of other queues take the engine's path untouched.
 
-The stamp of a key's jobs: the later of the key's counter and the queue's virtual time
-(the stamp at the head of the fair claim's order, or, with no due job waiting, the highest
-counter of the queue), plus ``1 / weight`` per job. The counter moves in one upsert, which
+The stamp of a key's jobs: the later of the key's counter and the virtual time of their
+priority in the queue (the stamp at the head of the fair claim's order among that
+priority's due jobs, or, with none, the highest counter of the queue), plus ``1 / weight``
+per job. The counter moves in one upsert, which
 takes the key's row lock: concurrent dispatches of one key take turns and never share a
 stamp; keys of one dispatch are moved in sorted order, so two dispatches never wait on each
 other crosswise.
