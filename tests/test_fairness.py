@@ -165,6 +165,17 @@ def test_the_fair_claim_is_one_ordered_scan_of_its_own_index_on_postgresql():
     assert "Sort" not in plan, plan  # read in the claim's order, stopping at the limit
 
 
+def test_django_tasks_in_a_fair_queue_are_stamped_as_the_keyless_tenant():
+    from tests.testapp import tasks
+
+    with override_settings(GATOR_FAIRNESS={"tasks": {}}):
+        result = tasks.render_report.enqueue(7, fmt="csv")
+        assert [j.id for j in _claim(1, queue="tasks")] == [int(result.id)]
+    row = Job.objects.get(pk=int(result.id))
+    assert (row.fairness_key, row.fair_order) == (None, 1.0)
+    assert FairShare.objects.get(queue="tasks").fairness_key == ""
+
+
 def test_a_retried_job_keeps_its_stamp():
     [job] = _backlog("tenant:a", 1)
     before = Job.objects.get(pk=job.pk).fair_order
