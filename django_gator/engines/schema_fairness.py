@@ -27,19 +27,22 @@ MYSQL_FAIR_BACKWARD = [
 
 
 def create_fair(apps: Any, schema_editor: Any) -> None:
-    if schema_editor.connection.vendor == "mysql":
-        for sql in MYSQL_FAIR_FORWARD:
-            schema_editor.execute(sql)
-        return
-    restore_fair_index(apps.get_model("django_gator", "Job"), schema_editor)
+    _step(apps, schema_editor, forward=True)
 
 
 def drop_fair(apps: Any, schema_editor: Any) -> None:
+    _step(apps, schema_editor, forward=False)
+
+
+def _step(apps: Any, schema_editor: Any, *, forward: bool) -> None:
+    """Migration 0027's index, built (``forward``) or dropped, as suits the database."""
     if schema_editor.connection.vendor == "mysql":
-        for sql in MYSQL_FAIR_BACKWARD:
+        for sql in MYSQL_FAIR_FORWARD if forward else MYSQL_FAIR_BACKWARD:
             schema_editor.execute(sql)
-        return
-    schema_editor.remove_index(apps.get_model("django_gator", "Job"), fair_index())
+    elif forward:
+        restore_fair_index(apps.get_model("django_gator", "Job"), schema_editor)
+    else:
+        schema_editor.remove_index(apps.get_model("django_gator", "Job"), fair_index())
 
 
 def restore_fair_index(job: Any, schema_editor: Any) -> None:
