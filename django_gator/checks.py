@@ -36,6 +36,10 @@ E008  GATOR_QUEUE_DATABASES is not a dict of queue names to database aliases, na
 E012  A job class has ``encrypted = True`` and its data cannot be encrypted: the
       ``cryptography`` package is missing or GATOR_ENCRYPTION_KEYS is empty; or a key of
       GATOR_ENCRYPTION_KEYS is not URL-safe base64 of 32 bytes (whether or not a class uses it).
+E013  GATOR_FAIRNESS is not a dict of queue names to options, has an unknown option, or a
+      weight that is not a number above 0 (see docs/fairness.md).
+W009  A job class defines fairness_key() and its queue is not in GATOR_FAIRNESS: the key is
+      not used there (a job dispatched to a fair queue with queue= still is).
 W008  GATOR_PARTITIONING and the jobs table disagree: set on MariaDB, MySQL or SQLite (they
       keep DELETE pruning); set while the PostgreSQL table is plain (the fix: gator_partitions
       --convert); unset while it is partitioned (no worker would create its partitions).
@@ -52,7 +56,7 @@ from django.conf import settings
 from django.core import checks
 from django.db import connections
 
-from django_gator import conf, encryption, schema
+from django_gator import conf, encryption, fairness, schema
 from django_gator.conf.checking import problems as settings_problems
 from django_gator.conf.checking import unknown_names
 from django_gator.engines.checks import server_checks
@@ -334,4 +338,29 @@ def check_encryption(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
             "dispatches of encrypted job classes are refused until then.",
             id="django_gator.E012",
         )
+    ]
+
+
+@checks.register()
+def check_fairness(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E013: GATOR_FAIRNESS's shape and weights; W009: a fairness key no fair queue uses."""
+    table = conf.get("GATOR_FAIRNESS")
+    problem = fairness.table_problem(table)
+    if problem is not None:
+        return [
+            checks.Error(
+                f"{problem}.",
+                hint='Use {"queue": {"weights": {"tenant:big": 3}}}; a key not listed weighs 1.',
+                id="django_gator.E013",
+            )
+        ]
+    return [
+        checks.Warning(
+            f"{name} defines fairness_key(), but its queue {cls.queue!r} is not in "
+            "GATOR_FAIRNESS: its jobs there are claimed in the ordinary order.",
+            hint=f"Add {cls.queue!r} to GATOR_FAIRNESS (weights are optional).",
+            id="django_gator.W009",
+        )
+        for name, cls in sorted(registered_jobs().items())
+        if cls.traits.is_fair and cls.queue not in table
     ]

@@ -146,6 +146,30 @@ def seal_value(value: Any) -> dict[str, str]:
     return seal_text(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
 
 
+def seal_fields(text: str, names: tuple[str, ...]) -> str:
+    """``text`` (the JSON of a kwargs dict) with the values under ``names`` sealed, each in
+    an envelope of its own (``encrypted = ["email", ...]``)."""
+    kwargs = json.loads(text)
+    for name in names:
+        if name in kwargs:
+            kwargs[name] = seal_value(kwargs[name])
+    return json.dumps(kwargs, separators=(",", ":"), ensure_ascii=False)
+
+
+def holds_sealed(value: Any) -> bool:
+    """Whether ``value`` is sealed, or a dict with a sealed value (listed kwargs)."""
+    return is_sealed(value) or (type(value) is dict and any(map(is_sealed, value.values())))
+
+
+def open_fields(value: Any, what: str) -> Any:
+    """:func:`open_value`, and a dict's sealed values opened one by one."""
+    if type(value) is dict and not is_sealed(value):
+        if any(map(is_sealed, value.values())):
+            return {k: open_value(v, f"{what} ({k!r})") for k, v in value.items()}
+        return value
+    return open_value(value, what)
+
+
 def open_value(value: Any, what: str) -> Any:
     """The value ``value`` holds: itself if it is not sealed, else what its envelope
     opens to. Undecryptable (naming ``what`` and the key id) when its key is not in
@@ -202,7 +226,9 @@ def open_payload(job_id: int, name: str, args: Any, kwargs: Any) -> tuple[Any, A
     """A job's (args, kwargs) opened (those not sealed as they are); Undecryptable naming
     the job and the key id."""
     what = f"job {job_id} ({name})"
-    return open_value(args, f"the arguments of {what}"), open_value(kwargs, f"the kwargs of {what}")
+    return open_value(args, f"the arguments of {what}"), open_fields(
+        kwargs, f"the kwargs of {what}"
+    )
 
 
 #: The fields of an error-history entry that may hold an encrypted job's data.

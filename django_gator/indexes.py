@@ -168,3 +168,20 @@ def dedupe_indexes() -> list[models.Index]:
             condition=ready & models.Q(expires_at__isnull=False),
         ),
     ]
+
+
+# -- weighted fair share (migration 0027) -----------------------------------------------------
+
+
+def fair_index() -> models.Index:
+    # The claim of a fair queue: WHERE state IN ready AND queue = %s AND fair_order IS NOT
+    # NULL ORDER BY priority DESC, fair_order, id. Only the jobs of fair queues have an
+    # entry: jobs of other queues never write it.
+    ready = models.Q(state__in=[state.value for state in READY_STATES])
+    return models.Index(
+        fields=["queue", "-priority", "fair_order", "id"],
+        name="gator_job_ready_fair",
+        condition=ready
+        & models.Q(concurrency_key__isnull=True)
+        & models.Q(fair_order__isnull=False),
+    )

@@ -89,8 +89,9 @@ class Queueable(Windows, LongRunning):
     rate_limit: ClassVar[str | None] = None
     #: Argument keys (besides GATOR_REDACT) never shown in the admin or in log lines.
     redact: ClassVar[Sequence[str]] = ()
-    #: Arguments, result, checkpoint and error texts encrypted at rest (docs/encryption.md).
-    encrypted: ClassVar[bool] = False
+    #: Arguments, result, checkpoint and error texts encrypted at rest (docs/encryption.md);
+    #: a list of keyword argument names: only those arguments, with the rest as for True.
+    encrypted: ClassVar[bool | Sequence[str]] = False
     #: Seconds between two database reads of cancel_requested().
     cancel_check_interval: ClassVar[float] = 1.0
 
@@ -151,6 +152,12 @@ class Queueable(Windows, LongRunning):
         computed at dispatch from the job's arguments (``f"account:{account_id}"``); None
         exempts the job from the class's limits. Not overridden: the class is one key."""
         return ""
+
+    def fairness_key(self, *args: Any, **kwargs: Any) -> str | None:
+        """The tenant this job is counted under in a fair queue (``GATOR_FAIRNESS``), from
+        its arguments at dispatch (``f"tenant:{account_id}"``); None: the queue's keyless
+        tenant. See docs/fairness.md."""
+        return None
 
     def on_error(self, exc: BaseException) -> None:
         """Called in the worker after each failed attempt (``self.attempt`` tells which),

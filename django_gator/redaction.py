@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from django_gator import conf
-from django_gator.encryption import SHOWN, is_sealed
+from django_gator.encryption import SHOWN, holds_sealed, is_sealed
 from django_gator.exceptions import JobNotRegistered
 from django_gator.registry import get_job_class
 
@@ -79,6 +79,8 @@ def redact_payload(job_name: str, args: Any, kwargs: Any) -> tuple[Any, Any]:
     """(args, kwargs) of a job as an operator may see them: ``[encrypted]`` if sealed."""
     if is_sealed(args) or is_sealed(kwargs):
         return SHOWN, SHOWN
+    if holds_sealed(kwargs):  # encrypted = [names]: those values are [encrypted]
+        kwargs = {k: SHOWN if is_sealed(v) else v for k, v in kwargs.items()}
     keys = keys_for(job_name)
     if not keys:
         return args, kwargs

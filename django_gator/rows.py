@@ -69,6 +69,8 @@ class InsertRow:
     batch_id: int | None = None
     #: Set for a class with concurrency_limit or rate_limit (see limits.flow_key).
     concurrency_key: str | None = None
+    #: What the class's fairness_key() returned (used in a queue of GATOR_FAIRNESS).
+    fairness_key: str | None = None
 
 
 @dataclass(slots=True)
@@ -93,6 +95,8 @@ class JobRows:
     #: One per row, or None for a class without limits (see limits.flow_key).
     concurrency_keys: list[str | None] | None = None
     batch_id: int | None = None
+    #: One per row (fairness_key()'s answers), or None for a class without fairness_key().
+    fairness_keys: list[str | None] | None = None
     #: Not started by then, the rows never run (``expires_at=``, or the class's ``expires``
     #: counted from the dispatch by database time: ``expires_in`` seconds). Set after the
     #: INSERT, in its transaction (see pipeline.jobs).
@@ -137,6 +141,7 @@ class JobRows:
         count = len(self.args)
         unique_keys = self.unique_keys or [None] * count
         concurrency_keys = self.concurrency_keys or [None] * count
+        fairness_keys = self.fairness_keys or [None] * count
         return [
             InsertRow(
                 self.name,
@@ -151,9 +156,10 @@ class JobRows:
                 unique_key,
                 self.batch_id,
                 concurrency_key,
+                fairness_key,
             )
-            for args, kwargs, unique_key, concurrency_key in zip(
-                self.args, self.kwargs, unique_keys, concurrency_keys, strict=True
+            for args, kwargs, unique_key, concurrency_key, fairness_key in zip(
+                self.args, self.kwargs, unique_keys, concurrency_keys, fairness_keys, strict=True
             )
         ]
 

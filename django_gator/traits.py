@@ -31,12 +31,14 @@ class JobTraits:
     ``@job`` function's). ``is_async``: the handler is ``async def`` (a worker runs it on
     its event loop). ``is_unique``: ``unique = True`` or a ``unique_key()`` of its own.
     ``is_limited``: a ``concurrency_limit`` or ``rate_limit``, so its rows carry a
-    concurrency key. ``is_keyed``: a ``concurrency_key()`` of its own. ``accepts_anything``:
+    concurrency key. ``is_keyed``: a ``concurrency_key()`` of its own. ``is_fair``: a
+    ``fairness_key()`` of its own (see docs/fairness.md). ``accepts_anything``:
     the handler takes ``*args`` (and perhaps ``**kwargs``) and nothing else. ``window``:
     its ``unique_for``, ``debounce`` or ``throttle`` (see :mod:`django_gator.windows`).
     ``expires``: seconds after its dispatch a job of the class may still start.
-    ``encrypted``: ``encrypted = True``, its data is sealed at rest (see
-    :mod:`django_gator.encryption`).
+    ``encrypted``: ``encrypted = True`` (or a list of argument names), its data is sealed
+    at rest (see :mod:`django_gator.encryption`). ``sealed_kwargs``: that list (only those
+    keyword arguments are sealed, the other arguments stay in clear); None: all of them.
     """
 
     signature: inspect.Signature
@@ -44,10 +46,12 @@ class JobTraits:
     is_unique: bool = False
     is_limited: bool = False
     is_keyed: bool = False
+    is_fair: bool = False
     accepts_anything: bool = False
     window: Window | None = None
     expires: float | None = None
     encrypted: bool = False
+    sealed_kwargs: tuple[str, ...] | None = None
 
 
 def _refuse_own_traits(cls: type[Queueable]) -> None:
@@ -101,9 +105,11 @@ def read_traits(cls: type[Queueable], base: type[Queueable]) -> JobTraits:
         is_unique=is_unique,
         is_limited=is_limited,
         is_keyed=is_keyed,
+        is_fair=cls.fairness_key is not base.fairness_key,
         window=window,
         expires=expires,
-        encrypted=cls.encrypted,
+        encrypted=bool(cls.encrypted),
+        sealed_kwargs=_sealed_kwargs(cls, signature),
         accepts_anything=kinds
         in (
             [inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD],
@@ -119,7 +125,7 @@ def _check_plain_attributes(cls: type[Queueable], base: type[Queueable]) -> None
         raise TypeError(f"{where}.retry must be a django_gator.Retry or None, got {cls.retry!r}")
     if cls.handle is base.handle:
         raise TypeError(f"{where} must define handle()")
-    for flag in ("unique", "atomic", "encrypted"):
+    for flag in ("unique", "atomic"):
         if not isinstance(getattr(cls, flag), bool):
             raise TypeError(f"{where}.{flag} must be True or False, got {getattr(cls, flag)!r}")
     if isinstance(cls.middleware, str | bytes) or not all(callable(m) for m in cls.middleware):
@@ -127,6 +133,36 @@ def _check_plain_attributes(cls: type[Queueable], base: type[Queueable]) -> None
             f"{where}.middleware must be a list of callables "
             f"(job, call_next), got {cls.middleware!r}"
         )
+
+
+def _sealed_kwargs(cls: type[Queueable], signature: inspect.Signature) -> tuple[str, ...] | None:
+    """``encrypted`` checked: True or False (None: all the data is sealed, or none), or a
+    list of the names of keyword arguments of the handler (those are sealed)."""
+    where, value = cls.__qualname__, cls.encrypted
+    if isinstance(value, bool):
+        return None
+    if not isinstance(value, list | tuple) or not value:
+        raise TypeError(
+            f"{where}.encrypted must be True, False or a non-empty list of keyword argument "
+            f"names, got {value!r}"
+        )
+    names = {
+        p.name
+        for p in signature.parameters.values()
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    }
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+    for name in value:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise TypeError(f"{where}.encrypted lists {name!r}, which is not an argument name")
+        if name not in names and not takes_any:
+            raise ValueError(
+                f"{where}.encrypted lists {name!r}, which is not an argument of its handler "
+                f"(it takes {', '.join(sorted(names)) or 'none'})"
+            )
+    if len(set(value)) != len(value):
+        raise ValueError(f"{where}.encrypted lists an argument twice: {value!r}")
+    return tuple(value)
 
 
 def _limits(cls: type[Queueable], base: type[Queueable]) -> tuple[bool, bool]:

@@ -154,4 +154,7 @@ def _sealed(job_class: type[Queueable], args_json: str, kwargs_json: str) -> tup
     """A step's arguments as its rows store them: sealed for an encrypted class."""
     if not job_class.traits.encrypted:
         return args_json, kwargs_json
+    listed = job_class.traits.sealed_kwargs
+    if listed is not None:  # encrypted = [names]: those keyword arguments only
+        return args_json, encryption.seal_fields(kwargs_json, listed)
     return encryption.seal_json(args_json), encryption.seal_json(kwargs_json)

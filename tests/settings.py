@@ -87,6 +87,9 @@ TEMPLATES = [
     }
 ]
 
+# The fair queue of tests/test_fairness.py (docs/fairness.md); other queues stay ordinary.
+GATOR_FAIRNESS = {"fair": {"weights": {"tenant:big": 3}}}
+
 # Fast heartbeats so crash tests finish in seconds; subprocess workers inherit these.
 GATOR_HEARTBEAT_INTERVAL = float(os.environ.get("GATOR_HEARTBEAT_INTERVAL", "0.5"))
 GATOR_HEARTBEAT_TIMEOUT = float(os.environ.get("GATOR_HEARTBEAT_TIMEOUT", "3"))

@@ -77,6 +77,7 @@ BAD: dict[str, list[tuple[Any, str]]] = {
         ({"exports": {"rate_limit": "0/s"}}, "'0/s'"),
         ({"exports": 5}, "5"),
     ],
+    "GATOR_FAIRNESS": [([], "[]")],
     "GATOR_SCHEDULES": [([], "[]")],
     "GATOR_SCHEDULER": [(0, "0")],
     "GATOR_SCHEDULER_INTERVAL": [(0, "0")],
@@ -144,6 +145,7 @@ ACCESSORS: dict[str, tuple[Callable[[], Any], Any]] = {
     "GATOR_MIDDLEWARE": (conf.middleware, []),
     "GATOR_IMMEDIATE": (conf.immediate, False),
     "GATOR_QUEUES": (conf.queues, {}),
+    "GATOR_FAIRNESS": (conf.fairness, {}),
     "GATOR_SCHEDULES": (conf.schedules, {}),
     "GATOR_SCHEDULER": (conf.scheduler_enabled, True),
     "GATOR_SCHEDULER_INTERVAL": (conf.scheduler_interval, 1.0),
@@ -188,6 +190,7 @@ def test_every_setting_is_declared_once_with_a_gator_name_and_a_one_line_meaning
             "django_gator.E005",
             "django_gator.E007",
             "django_gator.E008",
+            "django_gator.E013",
         )
 
 

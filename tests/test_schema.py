@@ -29,6 +29,7 @@ from tests.conftest import ROOT, worker_env
 EMPTY = "gator_unmigrated"
 ALL_TABLES = [
     "django_gator_batch",
+    "django_gator_fair_share",
     "django_gator_flow_start",
     "django_gator_job",
     "django_gator_lease",
@@ -153,6 +154,7 @@ def test_a_partly_migrated_database_names_the_missing_tables(unmigrated):
 
     assert missing == [
         "django_gator_batch",
+        "django_gator_fair_share",
         "django_gator_flow_start",
         "django_gator_lease",
         "django_gator_queue",
@@ -162,8 +164,8 @@ def test_a_partly_migrated_database_names_the_missing_tables(unmigrated):
         "django_gator_workflow_step",
     ]
     assert schema.missing_tables_message(EMPTY, missing).endswith(
-        f"(database {EMPTY!r}; missing: django_gator_batch, django_gator_flow_start, "
-        "django_gator_lease, django_gator_queue, django_gator_schedule, "
+        f"(database {EMPTY!r}; missing: django_gator_batch, django_gator_fair_share, "
+        "django_gator_flow_start, django_gator_lease, django_gator_queue, django_gator_schedule, "
         "django_gator_scheduledrun, django_gator_workflow, django_gator_workflow_step)"
     )
 

@@ -20,7 +20,7 @@ from django.utils.translation import gettext as _
 
 from django_gator import conf, redaction, validation
 from django_gator.admin.pages import RETRY_PERMISSION, AdminPage, username
-from django_gator.encryption import is_sealed
+from django_gator.encryption import holds_sealed, is_sealed
 from django_gator.exceptions import JobNotRegistered
 from django_gator.models import Job, JobState, record
 from django_gator.payload import encode_payload
@@ -198,7 +198,7 @@ class EditArgumentsView(AdminPage):
     def editable_job(request: HttpRequest, object_id: str) -> Job | HttpResponse:
         """The job, or a redirect to its page saying why it cannot be edited."""
         job = get_object_or_404(Job, pk=object_id)
-        if is_sealed(job.args) or is_sealed(job.kwargs):
+        if is_sealed(job.args) or holds_sealed(job.kwargs):
             messages.error(request, f"Job {job.pk}'s arguments are encrypted: not editable here.")
         elif job.state in EDITABLE_STATES:
             return job

@@ -90,7 +90,7 @@ class JobAdmin(JobListing, ProgressDisplay, WindowDisplay, AuditDisplay, JobActi
         (None, {"fields": ("id", "name", "state", "queue", "priority")}),
         ("Payload", {"fields": ("args_pretty", "kwargs_pretty", "result_pretty")}),
         ("Progress", {"fields": ("progress_html", "checkpoint_html")}),
-        ("Unique key and expiry", {"fields": ("key_window", "expiry")}),
+        ("Keys and expiry", {"fields": ("key_window", "fairness", "expiry")}),
         (
             "Timing",
             {
@@ -125,6 +125,7 @@ class JobAdmin(JobListing, ProgressDisplay, WindowDisplay, AuditDisplay, JobActi
         "progress_html",
         "checkpoint_html",
         "key_window",
+        "fairness",
         "expiry",
         "created",
         "next_execution",

@@ -152,10 +152,10 @@ class JobListing(admin.ModelAdmin):
     paginator = EstimatedCountPaginator
     # The id is matched by get_search_results() itself: Django's "=id" compares the id as
     # text (UPPER(id::text) = ...), which no index serves.
-    search_fields = ("name", "last_error")
+    search_fields = ("name", "last_error", "fairness_key")
     search_help_text = (
-        "Search by id, job name, error text or argument text. On a large list, text is "
-        f"searched in the newest {SEARCH_WINDOW:,} job ids (the page says so, with a link "
+        "Search by id, job name, error text, fairness key or argument text. On a large list, "
+        f"text is searched in the newest {SEARCH_WINDOW:,} job ids (the page says so, with a link "
         "that searches them all)."
     )
 

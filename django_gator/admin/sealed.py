@@ -13,7 +13,7 @@ from typing import Any
 from django.contrib import messages
 from django.http import HttpRequest
 
-from django_gator.encryption import ERROR_FIELDS, SHOWN, is_sealed, open_value
+from django_gator.encryption import ERROR_FIELDS, SHOWN, holds_sealed, is_sealed, open_value
 from django_gator.exceptions import Undecryptable
 from django_gator.models import Job
 
@@ -48,6 +48,9 @@ def open_for(request: HttpRequest, job: Job) -> None:
         value = getattr(job, column)
         if is_sealed(value):
             setattr(job, column, shown(value, f"the {column} of job {job.pk}"))
+        elif column == "kwargs" and holds_sealed(value):  # encrypted = [names]
+            what = f"the kwargs of job {job.pk}"
+            setattr(job, column, {k: shown(v, f"{what} ({k!r})") for k, v in value.items()})
     if isinstance(job.errors, list):
         job.errors = [
             {**e, **{f: shown(e.get(f), f"an error of job {job.pk}") for f in ERROR_FIELDS}}

@@ -1,6 +1,7 @@
 """The JobAdmin's key and expiry fields: which unique key a job holds, under which window
 (``unique_for``, ``debounce``, ``throttle``) and until when; when it expires, or that it
-expired (see :mod:`django_gator.windows` and :mod:`django_gator.expiry`)."""
+expired (see :mod:`django_gator.windows` and :mod:`django_gator.expiry`); the tenant a job
+of a fair queue is counted under, and its stamp (docs/fairness.md)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,20 @@ from django_gator.windows import Window
 
 
 class WindowDisplay(admin.ModelAdmin):
-    """Read-only fields of the job page: ``key_window`` and ``expiry``."""
+    """Read-only fields of the job page: ``key_window``, ``fairness`` and ``expiry``."""
+
+    @admin.display(description="fairness key")
+    def fairness(self, job: Job) -> SafeString | str:
+        if job.fair_order is None:
+            return "-"
+        key = job.fairness_key
+        shown = format_html("<code>{}</code>", key) if key else "the queue's keyless tenant"
+        return format_html(
+            "{} in the fair queue {} (stamp {}: claimed by priority, then stamp)",
+            shown,
+            job.queue,
+            f"{job.fair_order:.3f}",
+        )
 
     @admin.display(description="unique key")
     def key_window(self, job: Job) -> SafeString | str:

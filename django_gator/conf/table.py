@@ -16,6 +16,7 @@ from django_gator.conf.rules import (
     QueueRoutes,
     QueueTable,
     Setting,
+    Table,
     Text,
 )
 
@@ -308,6 +309,15 @@ _CORE: tuple[Setting, ...] = (
         QueueTable(),
         "limits per queue: running jobs at once across every worker, starts per second, "
         'minute or hour (see "Flow control"); seeds the queue\'s row, which the admin can edit',
+    ),
+    Setting(
+        "GATOR_FAIRNESS",
+        {},
+        Table('dict `{queue: {"weights": {fairness key: weight}}}`'),
+        "the fair queues: their jobs are claimed in weighted fair share between the "
+        "fairness keys (tenants) with waiting work; a key not weighted weighs 1 (see "
+        "docs/fairness.md)",
+        checked_by="django_gator.E013",
     ),
 )
 

@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import OperationalError
 
-from django_gator.engines.base import JOB_COLUMNS, ClaimedJob, Engine, InsertRow, Position
+from django_gator import conf
+from django_gator.engines.base import JOB_COLUMNS, ClaimedJob, InsertRow, Position
 from django_gator.engines.batching import DEAD
 from django_gator.engines.dispatching import answered
+from django_gator.engines.fairness import FairInserts
 from django_gator.models.membership import LOCKED
 from django_gator.rows import Inserted, JobRows
 from django_gator.states import (
@@ -34,9 +36,11 @@ if TYPE_CHECKING:
     from django_gator.worker.connections import NetworkBounds
 
 READY_INDEX = "gator_job_ready_my"
+#: The fair claim's index (engines/schema_fairness.py).
+FAIR_INDEX = "gator_job_fair_my"
 
 
-class MySQLEngine(Engine):
+class MySQLEngine(FairInserts):
     vendor = "mysql"
     now_sql = "UTC_TIMESTAMP(6)"
     later_sql = "TIMESTAMPADD(MICROSECOND, ROUND(%s * 1000000), UTC_TIMESTAMP(6))"
@@ -225,6 +229,42 @@ class MySQLEngine(Engine):
             "RETURNING id, created_at, next_execution_at"
         )
 
+    @property
+    def fair_head_sql(self) -> str:
+        return (
+            f"SELECT fair_order FROM {self.job_table} FORCE INDEX ({FAIR_INDEX})"
+            " WHERE queue = %s AND fair_rank = -(%s)"
+            f" AND next_execution_at <= {self.now_sql} ORDER BY fair_rank, fair_order, id LIMIT 1"
+        )
+
+    @property
+    def fair_floor_sql(self) -> str:
+        return (
+            f"SELECT MIN(fair_order) FROM {self.job_table} FORCE INDEX ({FAIR_INDEX})"
+            f" WHERE queue = %s AND fair_rank IS NOT NULL AND next_execution_at <= {self.now_sql}"
+        )
+
+    @property
+    def fair_waiting_sql(self) -> str:
+        return (
+            f"SELECT 1 FROM {self.job_table} FORCE INDEX ({FAIR_INDEX})"
+            " WHERE queue = %s AND fair_rank IS NOT NULL LIMIT 1"
+        )
+
+    def _advance(self, cursor: Any, queue: str, key: str, virtual: float, step: float) -> float:
+        # No RETURNING after ON DUPLICATE KEY UPDATE: the row is ours until the commit.
+        cursor.execute(
+            f"INSERT INTO {self.share_table} (queue, fairness_key, last_stamp, updated_at)"
+            f" VALUES (%s, %s, %s, {self.now_sql}) ON DUPLICATE KEY UPDATE"
+            f" last_stamp = GREATEST(last_stamp, %s) + %s, updated_at = {self.now_sql}",
+            [queue, key, virtual + step, virtual, step],
+        )
+        cursor.execute(
+            f"SELECT last_stamp FROM {self.share_table} WHERE queue = %s AND fairness_key = %s",
+            [queue, key],
+        )
+        return float(cursor.fetchone()[0])
+
     def claim(
         self, worker_id: str, queue: str, limit: int, after: Position | None = None
     ) -> list[ClaimedJob]:
@@ -232,12 +272,18 @@ class MySQLEngine(Engine):
             return self._claim(cursor, worker_id, queue, limit)
 
     def _claim(self, cursor: Any, worker_id: str, queue: str, limit: int) -> list[ClaimedJob]:
+        # A fair queue: by (priority, stamp, id), through its own index (docs/fairness.md).
+        index, rank, then = (
+            (FAIR_INDEX, "fair_rank", "fair_order")
+            if queue in conf.fairness()
+            else (READY_INDEX, "ready_rank", "next_execution_at")
+        )
         select = (
-            f"SELECT {JOB_COLUMNS} FROM {self.job_table} FORCE INDEX ({READY_INDEX})"
-            f" WHERE queue = %s AND ready_rank IS NOT NULL"
+            f"SELECT {JOB_COLUMNS} FROM {self.job_table} FORCE INDEX ({index})"
+            f" WHERE queue = %s AND {rank} IS NOT NULL"
             f" AND next_execution_at <= {self.now_sql} AND {live_sql(self.now_sql)}"
             f" AND {self.not_paused_sql}"
-            " ORDER BY ready_rank, next_execution_at, id LIMIT %s FOR UPDATE SKIP LOCKED"
+            f" ORDER BY {rank}, {then}, id LIMIT %s FOR UPDATE SKIP LOCKED"
         )
         cursor.execute(select, [queue, queue, limit])
         rows = cursor.fetchall()

@@ -11,12 +11,13 @@ from __future__ import annotations
 import psycopg
 
 from django_gator import conf
+from django_gator.engines.fairness import FairInserts
 from django_gator.engines.postgresql_claims import PostgresClaims
 from django_gator.engines.postgresql_inserts import PostgresInserts
 from django_gator.states import ACTIVE_SQL, RUNNING_SQL
 
 
-class PostgresEngine(PostgresInserts, PostgresClaims):
+class PostgresEngine(FairInserts, PostgresInserts, PostgresClaims):
     vendor = "postgresql"
     can_listen = True
     _json_param = "%s::jsonb"

@@ -23,6 +23,9 @@ from django_gator.states import (
     live_sql,
 )
 
+#: The order of a claim: ordinary, and in a fair queue (docs/fairness.md).
+PLAIN_ORDER = "priority DESC, next_execution_at, id"
+FAIR_ORDER = "priority DESC, fair_order, id"
 #: The range of the priority column (smallint): the ends of a keyset claim's gaps.
 SMALLINT_MIN, SMALLINT_MAX = -32768, 32767
 
@@ -97,17 +100,22 @@ class PostgresClaims(PostgresSessions):
         return jobs, written
 
     def _picked(self, queue: str, limit: int, after: Position | None) -> tuple[str, list[Any]]:
-        """The SELECT of the ids a claim takes, and its parameters."""
-        if after is not None:
+        """The SELECT of the ids a claim takes, and its parameters. A fair queue's claim
+        reads its own index by (priority, stamp, id), from the start (no keyset: a stamp
+        given after a position may sort before it)."""
+        fair = queue in conf.fairness()
+        if after is not None and not fair:
             return self._keyset_picked(queue, limit, after)
         picked = (
             f"SELECT id FROM {self.job_table}"
             f" WHERE queue = %s AND {READY_SQL} AND {UNKEYED_SQL}"
             f" AND next_execution_at <= {self.now_sql} AND {live_sql(self.now_sql)}"
             f" AND {self.not_paused_sql}"
-            " ORDER BY priority DESC, next_execution_at, id"
+            f" ORDER BY {FAIR_ORDER if fair else PLAIN_ORDER}"
             " LIMIT %s FOR UPDATE SKIP LOCKED"
         )
+        if fair:
+            picked = picked.replace(" ORDER BY", " AND fair_order IS NOT NULL ORDER BY")
         return picked, [queue, queue, limit]
 
     @property

@@ -221,6 +221,10 @@ def restore_after_rebuild(apps: Any, schema_editor: Any) -> None:
             from django_gator.engines.schema_dedupe import restore_dedupe_indexes  # its layer
 
             restore_dedupe_indexes(job, schema_editor)
+        if any(field.name == "fair_order" for field in job._meta.fields):
+            from django_gator.engines.schema_fairness import restore_fair_index
+
+            restore_fair_index(job, schema_editor)
 
 
 # -- the queue figures' dead counts (migration 0018) -----------------------------------------

@@ -16,7 +16,9 @@ from typing import Any
 
 from django.db import OperationalError, transaction
 
-from django_gator.engines.base import JOB_COLUMNS, UNKEYED_SQL, ClaimedJob, Engine, Position
+from django_gator import conf
+from django_gator.engines.base import JOB_COLUMNS, UNKEYED_SQL, ClaimedJob, Position
+from django_gator.engines.fairness import FairInserts
 from django_gator.engines.outages import is_busy
 from django_gator.states import READY_SQL, SQL_WAITING, claim_set_sql, live_sql
 
@@ -35,7 +37,7 @@ BEGIN_BACKOFF_MAX = 5.0
 logger = logging.getLogger("django_gator.worker")
 
 
-class SQLiteEngine(Engine):
+class SQLiteEngine(FairInserts):
     vendor = "sqlite"
     # The format Django stores (UTC, no zone); '%%' because Django's cursor uses %s params.
     now_sql = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
@@ -45,6 +47,7 @@ class SQLiteEngine(Engine):
     _mark_in_claim_transaction = True
     # Writers take turns (BEGIN IMMEDIATE): a batch row needs no lock of its own.
     _row_lock_sql = ""
+    greatest = "MAX"
 
     def __init__(self, alias: str) -> None:
         super().__init__(alias)
@@ -126,13 +129,19 @@ class SQLiteEngine(Engine):
             return self._claim(cursor, worker_id, queue, limit)
 
     def _claim(self, cursor: Any, worker_id: str, queue: str, limit: int) -> list[ClaimedJob]:
+        # A fair queue: by (priority, stamp, id), through its own index (docs/fairness.md).
+        order = (
+            "AND fair_order IS NOT NULL ORDER BY priority DESC, fair_order, id"
+            if queue in conf.fairness()
+            else "ORDER BY priority DESC, next_execution_at, id"
+        )
         sql = (
             f"UPDATE {self.job_table} SET {claim_set_sql(self.now_sql)}"
             f" WHERE id IN (SELECT id FROM {self.job_table}"
             f"  WHERE queue = %s AND {READY_SQL} AND {UNKEYED_SQL}"
             f"  AND next_execution_at <= {self.now_sql} AND {live_sql(self.now_sql)}"
             f"  AND {self.not_paused_sql}"
-            "  ORDER BY priority DESC, next_execution_at, id LIMIT %s)"
+            f"  {order} LIMIT %s)"
             f" RETURNING {JOB_COLUMNS}"
         )
         cursor.execute(sql, [worker_id, queue, queue, limit])

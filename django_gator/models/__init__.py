@@ -7,6 +7,7 @@ and the domain verbs used by the admin and the management commands.
 """
 
 from django_gator.models.batches import Batch, BatchError
+from django_gator.models.fairness import FairShare
 from django_gator.models.flow import FlowStart
 from django_gator.models.job_queries import (
     ERROR_CLASS_RE,
@@ -29,6 +30,7 @@ __all__ = [
     "READY_STATES",
     "Batch",
     "BatchError",
+    "FairShare",
     "FlowStart",
     "Job",
     "JobQuerySet",

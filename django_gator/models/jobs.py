@@ -119,6 +119,19 @@ class Job(models.Model):
         help_text="Set on jobs of a class with concurrency_limit or rate_limit: the key they "
         "are counted under (empty: the class as a whole).",
     )
+    fairness_key = models.CharField(  # noqa: DJ001 - NULL: not in a fair queue
+        max_length=KEY_MAX_LENGTH,
+        null=True,
+        blank=True,
+        help_text="Set on jobs of a fair queue (GATOR_FAIRNESS): the tenant their claims are "
+        "shared between (empty: the queue's keyless tenant).",
+    )
+    fair_order = models.FloatField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="A fair queue's stamp: its claims take jobs by priority, then this.",
+    )
     cancel_requested = models.BooleanField(
         default=False,
         db_default=False,

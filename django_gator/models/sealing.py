@@ -119,6 +119,11 @@ def _unchanged(row: dict[str, Any], changes: dict[str, Any]) -> Q:
         if column == "unique_key":
             same &= Q(unique_key=row["unique_key"])
             continue
+        if column != "errors" and not encryption.is_sealed(row[column]):
+            for name, field in row[column].items():  # listed kwargs: each its own token
+                if encryption.is_sealed(field):
+                    same &= Q(**{f"{column}__{name}__data": field["data"]})
+            continue
         if column != "errors":
             same &= Q(**{f"{column}__data": row[column]["data"]})
             continue
@@ -142,6 +147,12 @@ def _resealed(row: dict[str, Any], ring: encryption.Keyring) -> dict[str, Any]:
             new = encryption.reseal(value, ring, f"the {column} of {what}")
             if new is not value:
                 changes[column] = new
+        elif column == "kwargs" and encryption.holds_sealed(value):  # listed kwargs
+            fields = {
+                k: encryption.reseal(v, ring, f"the kwargs of {what}") for k, v in value.items()
+            }
+            if any(fields[k] is not value[k] for k in value):
+                changes[column] = fields
     digest = _new_digest(row, ring)
     if digest is not None:
         changes["unique_key"] = digest

@@ -5,11 +5,12 @@ No database access: a bad dispatch raises here, before anything is written or de
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django_gator import collector, conf, encryption, limits, payload, validation
+from django_gator import collector, conf, encryption, fairness, limits, payload, validation
 from django_gator.exceptions import EncryptionUnavailable
 from django_gator.registry import is_registered
 from django_gator.rows import JobRows
@@ -71,7 +72,8 @@ def job_rows(
             chain=chain_json,
             encode=encode,
         )
-        if job_class.traits.is_limited or job_class.traits.is_unique:
+        traits = job_class.traits
+        if traits.is_limited or traits.is_unique or traits.is_fair:
             _keys(job_class, queue, rows, args_col, kwargs_col, many)
         if job_class.traits.encrypted:
             _seal(job_class, rows)
@@ -90,12 +92,38 @@ def _seal(job_class: type[Queueable], rows: JobRows) -> None:
         ) from None
     seal = ring.seal
     dumps = encryption.envelope_json
-    rows.args = [dumps(seal(text)) for text in rows.args]
-    rows.kwargs = [dumps(seal(text)) for text in rows.kwargs]
+    listed = job_class.traits.sealed_kwargs
+    if listed is None:
+        rows.args = [dumps(seal(text)) for text in rows.args]
+        rows.kwargs = [dumps(seal(text)) for text in rows.kwargs]
+    else:
+        _refuse_positional(job_class, listed, rows.args)
+        rows.kwargs = [encryption.seal_fields(text, listed) for text in rows.kwargs]
     if rows.unique_keys is not None:
         rows.unique_keys = [
             None if key is None else encryption.digest(key) for key in rows.unique_keys
         ]
+
+
+def _refuse_positional(
+    job_class: type[Queueable], listed: tuple[str, ...], args: list[str]
+) -> None:
+    """TypeError when an argument that ``encrypted`` lists would be passed positionally
+    (positional arguments are stored in clear)."""
+    positions = [
+        index
+        for index, p in enumerate(job_class.traits.signature.parameters.values())
+        if p.name in listed and p.kind is p.POSITIONAL_OR_KEYWORD
+    ]
+    if not positions:
+        return
+    for text in args:
+        if text != "[]" and len(json.loads(text)) > min(positions):
+            name = list(job_class.traits.signature.parameters)[min(positions)]
+            raise TypeError(
+                f"{job_class.__qualname__}.encrypted lists {name!r}: pass it by keyword "
+                f"({name}=...), as arguments passed by position are stored in clear"
+            )
 
 
 def _streamed(
@@ -206,15 +234,22 @@ def _keys(
     kwargs_col: list[dict[str, Any]],
     many: bool,
 ) -> None:
-    """The rows' unique keys and flow-control keys, from the class's methods."""
+    """The rows' unique keys, flow-control keys and fairness keys, from the class's
+    methods."""
+    traits = job_class.traits
     keyer = (
-        job_class(queue=queue) if job_class.traits.is_unique or job_class.traits.is_keyed else None
+        job_class(queue=queue) if traits.is_unique or traits.is_keyed or traits.is_fair else None
     )
     unique_keys: list[str | None] = []
     flow_keys: list[str | None] = []
+    fair_keys: list[str | None] = []
     for index, (args, kwargs) in enumerate(zip(args_col, kwargs_col, strict=True)):
         try:
             flow_keys.append(limits.flow_key(job_class, keyer, args, kwargs))
+            if keyer is not None and traits.is_fair:
+                fair_keys.append(
+                    fairness.validate_key(keyer.fairness_key(*args, **kwargs), job_class.name)
+                )
             if keyer is not None and job_class.traits.is_unique:
                 unique_keys.append(
                     validation.validate_unique_key(
@@ -228,6 +263,8 @@ def _keys(
         rows.concurrency_keys = flow_keys
     if unique_keys:
         rows.unique_keys = unique_keys
+    if fair_keys:
+        rows.fairness_keys = fair_keys
 
 
 def _name_item(exc: Exception, index: int, many: bool) -> None:

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from django_gator import conf
 from django_gator.databases import for_queue
-from django_gator.encryption import SHOWN, is_sealed
+from django_gator.encryption import SHOWN, holds_sealed, is_sealed
 from django_gator.engines import get_engine, reads
 from django_gator.engines.base import loads
 from django_gator.models import JobState
@@ -82,7 +82,7 @@ def from_job(task: Any, backend: str, job: Any) -> Any:
     ``[encrypted]`` (it is decrypted only in the worker, see docs/encryption.md)."""
     history = list(job.errors or [])
     args, kwargs = job.args, job.kwargs
-    if is_sealed(args) or is_sealed(kwargs):
+    if is_sealed(args) or holds_sealed(kwargs):
         args, kwargs = [SHOWN], {}
     return build(
         task,

@@ -25,6 +25,7 @@ from django.db import close_old_connections
 
 from django_gator import conf, health
 from django_gator.engines import JobEngine
+from django_gator.engines.fairness import fair_upkeep
 from django_gator.exceptions import WorkerLost
 from django_gator.expiry import settle_expired
 from django_gator.logutil import safe
@@ -40,6 +41,8 @@ logger = logging.getLogger("django_gator.worker")
 #: Seconds between two rescue passes that also look for running jobs whose owner has no
 #: worker row at all (a scan of every running entry; the other passes look by owner).
 ORPHAN_SWEEP_EVERY = 60.0
+#: Seconds between two rounds of the fair queues' upkeep (engines/fairness.py).
+FAIR_UPKEEP_EVERY = 60.0
 
 
 class Lifeline:
@@ -62,6 +65,7 @@ class Lifeline:
         self._judge_after = 0.0  # no rescues before this time.monotonic() (see may_rescue)
         self._last_sweep = -ORPHAN_SWEEP_EVERY  # the first rescue pass sweeps
         self._spared: set[str] = set()  # lapsed workers found alive on this host (logged)
+        self._last_fair_upkeep = -FAIR_UPKEEP_EVERY
 
     def run(self, stopped: Callable[[float], bool]) -> None:
         """Beat until ``stopped(interval)`` (which waits up to ``interval``) is true."""
@@ -100,6 +104,21 @@ class Lifeline:
         if judging or self.engine.workers_share_a_host:
             self.rescue(judging=judging)
         self.expire()
+        self.fair_upkeep()
+
+    def fair_upkeep(self) -> None:
+        """At most once a minute, and only with fair queues: stamp their unstamped ready
+        rows and prune their counters (see engines/fairness.py). A failure is logged and
+        tried again at a later beat, as the expiry sweep's."""
+        now = time.monotonic()
+        if not conf.fairness() or now - self._last_fair_upkeep < FAIR_UPKEEP_EVERY:
+            return
+        self._last_fair_upkeep = now
+        try:
+            fair_upkeep(self.engine)
+        except Exception:
+            logger.exception("Fair queues' upkeep failed worker=%s", self.worker_id)
+            drop_connection(self.engine.alias)
 
     def expire(self) -> None:
         """Settle a bounded batch of jobs past their expiry (no claim takes them anyway:

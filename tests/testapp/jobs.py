@@ -1332,3 +1332,29 @@ class SecretLimited(Queueable):
 
     def handle(self, account_id: int, email: str) -> str:
         return email
+
+
+class FairWork(Queueable):
+    """A tenant's job in the fair queue of tests/settings.py (GATOR_FAIRNESS)."""
+
+    queue = "fair"
+
+    def fairness_key(self, tenant: str, n: int = 0) -> str | None:
+        return tenant or None
+
+    def handle(self, tenant: str, n: int = 0) -> None:
+        return None
+
+
+class SecretFields(Queueable):
+    """``encrypted`` as a list: only ``email`` is sealed; the account id and note stay in
+    clear. Writes the email it was given to the ledger and returns it."""
+
+    encrypted = ["email"]
+    queue = "secrets"
+
+    def handle(self, account_id: int, email: str = "", note: str = "") -> dict[str, Any]:
+        Execution.objects.create(
+            job_id=self.job_id, attempt=self.attempt, pid=os.getpid(), label=email
+        )
+        return {"sent_to": email}
