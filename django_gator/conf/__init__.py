@@ -35,7 +35,7 @@ from django_gator.conf.access import (  # noqa: F401 (re-exported: conf is their
 from django_gator.conf.imports import request_autodiscover as request_autodiscover
 from django_gator.conf.imports import request_imports as request_imports
 from django_gator.conf.imports import requested_imports as requested_imports
-from django_gator.conf.rules import split_host_port
+from django_gator.conf.rules import Number, Setting, split_host_port  # noqa: F401 (Number, Setting: re-exported)
 from django_gator.conf.table import SETTINGS as SETTINGS
 
 # -- accessors ---------------------------------------------------------------------------------
