@@ -13,7 +13,8 @@ bounded rate. Every step carries what the watch saw (observe.py)
 and a verdict naming the resource that ran out, by these rules, first match:
 
 1. dispatcher: it sent less than 97 % of the rate;
-2. CPU: the machine's CPUs were at least 90 % busy (the roles using them, largest first);
+2. CPU: the machine's CPUs were at least 90 % busy (this benchmark's processes against the
+   rest: on a shared machine other programs' load shows here; the roles, largest first);
 3. locks: at least 30 % of the active sessions' samples waited on a lock (Lock:*, LWLock:*);
 4. WAL / fsync I/O: at least 30 % of them waited on I/O (IO:*), or a disk was busy 80 %;
 5. otherwise nothing above saturated: the workers' threads (round trips, the GIL).
@@ -21,6 +22,7 @@ and a verdict naming the resource that ran out, by these rules, first match:
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from datetime import UTC, datetime
@@ -156,7 +158,13 @@ def verdict(step: dict[str, Any], rate: float) -> str:
         top = ", ".join(
             f"{name} {used:.2f}" for name, used in list(step["cores_by_group"].items())[:4]
         )
-        return f"CPU: the machine {seen['host_busy_share']:.0%} busy (cores: {top})"
+        busy = seen["host_busy_share"] * (os.cpu_count() or 1)
+        ours = sum(seen["cores_by_role"].values())
+        return (
+            f"CPU: the machine {seen['host_busy_share']:.0%} busy, {busy:.2f} cores, of which "
+            f"this benchmark's processes {ours:.2f} and other programs {busy - ours:.2f} "
+            f"(cores: {top})"
+        )
     waits = seen["wait_shares"]
     locks = sum(share for name, share in waits.items() if name.startswith(("Lock:", "LWLock:")))
     if locks >= 0.3:

@@ -201,6 +201,7 @@ class Watch:
             "seconds": round(seconds, 1),
             "samples": self.samples,
             "cores_by_role": cores,
+            "load_average": [round(value, 2) for value in os.getloadavg()],
             "host_busy_share": round(1 - (host[1] - self.host0[1]) / total, 3),
             "host_iowait_share": round((host[2] - self.host0[2]) / total, 3),
             "wait_shares": {k: round(v / active, 3) for k, v in self.waits.most_common(12)},

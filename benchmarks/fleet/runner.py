@@ -7,6 +7,7 @@ which runs in a ``finally`` and at exit (Ctrl-C, SIGTERM and failures included).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -273,9 +274,10 @@ def claim_latency(directory: Path, start: float, end: float) -> dict[str, Any]:
 
 
 def cleanup() -> list[str]:
-    """Remove what a failed or killed run left: namespaces and links, a pgbouncer, and
-    throwaway clusters (stopped at once, their directories deleted)."""
-    removed = netns.cleanup() + bouncer.cleanup()
+    """Remove what a failed or killed run left: its worker and dispatcher processes, the
+    namespaces and links, a pgbouncer, and throwaway clusters (stopped, their directories
+    deleted)."""
+    removed = leftover_processes() + netns.cleanup() + bouncer.cleanup()
     for directory in Path(tempfile.gettempdir()).glob(f"{CLUSTER_PREFIX}*"):
         data = directory / "data"
         if (data / "postmaster.pid").exists():
@@ -285,3 +287,22 @@ def cleanup() -> list[str]:
             removed.append(f"cluster {directory}")
         shutil.rmtree(directory, ignore_errors=True)
     return removed
+
+
+def leftover_processes() -> list[str]:
+    """Kill the worker and dispatcher processes of a run whose harness died: those whose
+    environment names a fleet role (GATOR_FLEET_ROLE, set by :meth:`Bench.env` only)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        role = next((v[17:].decode() for v in environ if v.startswith(b"GATOR_FLEET_ROLE=")), "")
+        if role == "dispatcher" or (role.startswith("w") and "@" in role):
+            with contextlib.suppress(OSError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                found.append(f"process {entry.name} ({role})")
+    return found

@@ -45,7 +45,8 @@ def run(bench: Bench, options: Any, pooled: bool) -> dict[str, Any]:
                 f"  {label} {count:>2} processes: {step['throughput']:,.0f} jobs/s, claim p50 "
                 f"{step['claim']['p50_ms']} p99 {step['claim']['p99_ms']} ms, server sessions "
                 f"per process {step['connections']['server_per_process']}, machine "
-                f"{step['watch']['host_busy_share']:.0%} busy",
+                f"{step['watch']['host_busy_share']:.0%} busy (this benchmark "
+                f"{sum(step['cores_by_group'].values()):.2f} cores)",
                 flush=True,
             )
     finally:
