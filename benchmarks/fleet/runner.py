@@ -169,6 +169,7 @@ class Bench:
 
     def roles(self) -> dict[int, str]:
         found = {pid: role for pid, (role, _) in self.procs.items()}
+        found[os.getpid()] = "harness"
         if self.pgbouncer is not None and self.pgbouncer.process is not None:
             found[self.pgbouncer.process.pid] = "pgbouncer"
         return found
