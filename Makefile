@@ -7,6 +7,8 @@
 #                      smaller runs on MariaDB and SQLite
 #   make test-browser  the admin screens in headless Chromium (Playwright), on SQLite
 #   make soak          hours of steady load on PostgreSQL, a report per minute (not in make test)
+#   make bench-fleet   the ceiling of one PostgreSQL, and workers on three network hosts
+#                      (namespaces), directly and through PgBouncer; as root (not in make test)
 #   make bench-peers   django-gator beside Celery, procrastinate, django-q2, django-tasks-db
 #   make browser-deps  what test-browser needs: Chromium (apt-get, as root) and playwright
 #   make lint          ruff check, ruff format --check, mypy, lint-imports (the layers)
@@ -17,7 +19,7 @@
 #   make clean         caches, build files, demo databases;  make distclean also removes venvs
 #
 # Variables, set on the command line: make test PYTHON=python3.12 VENV=.venv-dj6 DJANGO='Django>=6.1,<6.2'
-#   PYTHON VENV DEMO_VENV DJANGO PG_URL MYSQL_URL PYTEST_ARGS TEST_DB_SUFFIX DEMO_ADDR SOAK_* (see below).
+#   PYTHON VENV DEMO_VENV DJANGO PG_URL MYSQL_URL PYTEST_ARGS TEST_DB_SUFFIX DEMO_ADDR SOAK_* FLEET_* (see below).
 #   Without CI=true,
 #   make test skips (loudly) a database server that does not answer; with CI=true it fails.
 
@@ -57,11 +59,12 @@ DEMO_STAMP  := $(DEMO_VENV)/.gator-installed
 DEMO_CONFIG := $(DEMO_VENV)/.gator-config
 
 .PHONY: help install demo-install sysdeps test-deps test test-sqlite test-postgres test-mysql \
-        test-chaos check-dbs lint browser-deps test-browser bench-deps soak bench-peers demo demo-check \
+        test-chaos check-dbs lint browser-deps test-browser bench-deps soak bench-fleet bench-peers \
+        demo demo-check \
         package-check clean distclean FORCE
 
 help:
-	@sed -n '3,22s/^# \{0,1\}//p' $(MAKEFILE_LIST)
+	@sed -n '3,24s/^# \{0,1\}//p' $(MAKEFILE_LIST)
 
 # ---------------------------------------------------------------------------------------------
 # Installing
@@ -328,6 +331,26 @@ soak: install bench-deps
 	  --port $(SOAK_PORT) --workers $(SOAK_WORKERS) --concurrency $(SOAK_CONCURRENCY) \
 	  $(if $(SOAK_DURATION),--duration $(SOAK_DURATION)) $(if $(SOAK_RATE),--rate $(SOAK_RATE)) \
 	  $(SOAK_ARGS)
+
+# ---------------------------------------------------------------------------------------------
+# The ceiling and a fleet (benchmarks/fleet, issue 32 item 3), on a throwaway PostgreSQL 15
+# cluster (port FLEET_PORT), as root: the ceiling steps the dispatch rate up (FLEET_HOLD
+# seconds per rate, 600 in the published run) until the backlog is no longer bounded and
+# names what saturated; the fleet runs 1, 2, 4, 8 and 12 worker processes over three network
+# hosts (Linux network namespaces with veth links to this host, made and removed by the
+# benchmark; iproute2), directly and through PgBouncer in transaction mode (the Debian
+# pgbouncer package), FLEET_STEP seconds per step. JSON in benchmarks/results/fleet.json, the
+# chart in docs/fleet.png; exits 1 if the throughput fell by more than 10 % as processes were
+# added, or a claim p99 passed its bound. After an interrupted run: FLEET_ARGS=--cleanup.
+#   FLEET_ARGS='--part fleet --processes 1,2,4 --step 30'   a short run
+FLEET_PORT ?= 5498
+FLEET_HOLD ?= 600
+FLEET_STEP ?= 120
+FLEET_ARGS ?=
+
+bench-fleet: install bench-deps
+	$(VENV_PY) -m benchmarks.fleet --port $(FLEET_PORT) --hold $(FLEET_HOLD) --step $(FLEET_STEP) \
+	  --check $(FLEET_ARGS)
 
 # ---------------------------------------------------------------------------------------------
 # Side by side (benchmarks/peers, issue 20): django-gator, Celery (Redis broker; threads and

@@ -113,6 +113,16 @@ class Cluster:
         text = "".join(f"{name} = {value}\n" for name, value in settings.items())
         _run(["sh", "-c", f"cat >> {shlex.quote(str(self.data / 'postgresql.conf'))}"], input=text)
 
+    def allow(self, network: str) -> None:
+        """Let clients from ``network`` (CIDR) in without a password (pg_hba.conf; applies
+        at once: the server reloads it)."""
+        _run(
+            ["sh", "-c", f"cat >> {shlex.quote(str(self.data / 'pg_hba.conf'))}"],
+            input=f"host all all {network} trust\n",
+        )
+        if self.running:
+            self.execute("SELECT pg_reload_conf()")
+
     def start(self) -> None:
         self._pg_ctl("-w", "-t", "60", "start")
         self.running = True

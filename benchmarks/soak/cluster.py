@@ -45,8 +45,13 @@ class ThrowawayCluster:
         port: int = 5499,
         bindir: str = "/usr/lib/postgresql/15/bin",
         settings: dict[str, str] | None = None,
+        prefix: str = "gator-soak-pg-",
+        hba: list[str] | None = None,
     ) -> None:
+        """``hba``: lines added to pg_hba.conf (initdb's allows 127.0.0.1 and ::1 only)."""
         self.port = port
+        self.prefix = prefix
+        self.hba = hba or []
         self.bindir = Path(bindir)
         self.settings = {**CLUSTER_SETTINGS, **(settings or {})}
         self.directory: Path | None = None
@@ -66,7 +71,7 @@ class ThrowawayCluster:
         with socket.socket() as probe:
             if probe.connect_ex(("127.0.0.1", self.port)) == 0:
                 raise RuntimeError(f"port {self.port} is in use; choose another with --port")
-        self.directory = Path(tempfile.mkdtemp(prefix="gator-soak-pg-"))
+        self.directory = Path(tempfile.mkdtemp(prefix=self.prefix))
         if os.geteuid() == 0:
             user = pwd.getpwnam("postgres")
             os.chown(self.directory, user.pw_uid, user.pw_gid)
@@ -89,6 +94,13 @@ class ThrowawayCluster:
             check=True,
             timeout=30,
         )
+        if self.hba:
+            subprocess.run(
+                as_postgres(["sh", "-c", f"cat >> {self.data / 'pg_hba.conf'}"]),
+                input="".join(f"{line}\n" for line in self.hba).encode(),
+                check=True,
+                timeout=30,
+            )
         pg_ctl = [str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.log)]
         subprocess.run(
             as_postgres([*pg_ctl, "-w", "-t", "60", "start"]),

@@ -29,6 +29,8 @@ _path: Path | None = None
 @functools.lru_cache(maxsize=512)
 def kind_of(sql: str) -> str | None:
     """The kind of a worker statement, from the SQL the engine builds (None: not timed)."""
+    if sql.startswith("WITH marked AS") and "picked AS" in sql:
+        return "claim_mark"  # PostgreSQL: success marks and the next claim in one statement
     if sql.startswith("WITH picked AS"):
         return "claim_keyset" if "(next_execution_at, id) >" in sql else "claim"
     if sql.startswith("SELECT") and "ready_rank IS NOT NULL" in sql and "SKIP LOCKED" in sql:

@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.fleet.main import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""The fleet benchmark's jobs and the table they write (see benchmarks/fleet)."""
