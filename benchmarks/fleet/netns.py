@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass, field
 
 PREFIX = "gator-fleet-"
@@ -175,6 +176,11 @@ def cleanup() -> list[str]:
     for name in namespaces():
         ip("netns", "del", name, check=False)
         removed.append(f"namespace {name}")
+    # A deleted namespace takes its veth pairs with it, but the kernel removes them a moment
+    # later: wait for that, then delete the links no namespace took (a half-made host).
+    deadline = time.monotonic() + 5.0
+    while removed and links() and time.monotonic() < deadline:
+        time.sleep(0.05)
     for name in links():
         ip("link", "del", name, check=False)
         removed.append(f"link {name}")
