@@ -2,7 +2,8 @@
 django_gator/conf/table.py), the management commands' options (from their argparse parsers)
 and the admin's permissions (from the models' Meta).
 
-The site's pages hold a marker, ``<!-- gator:settings -->`` or ``<!-- gator:commands -->``,
+The site's pages hold a marker, ``<!-- gator:settings -->``, ``<!-- gator:checks -->`` (the
+system checks, from django_gator/checks.py's docstring) or ``<!-- gator:commands -->``,
 that scripts/mkdocs_hooks.py replaces with what this module writes, so the reference cannot
 fall behind the code; tests/test_docs_site.py checks that the sources have the help text these
 pages are made of, and that the hand-written permissions page names every permission.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import pkgutil
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -73,6 +75,39 @@ def settings_markdown() -> str:
     return "\n".join([SETTINGS_HEADER, "|---|---|---|---|", *rows])
 
 
+# -- system checks ------------------------------------------------------------------------
+
+CHECK_LINE = re.compile(r"^([EW]\d{3})  (.*)$")
+
+
+def system_checks() -> list[tuple[str, str]]:
+    """(id, meaning) of every system check that django_gator/checks.py's docstring lists:
+    a line starting with the id, and the indented lines under it."""
+    setup_django()
+    from django_gator import checks
+
+    found: list[tuple[str, str]] = []
+    for line in (checks.__doc__ or "").splitlines():
+        match = CHECK_LINE.match(line)
+        if match:
+            found.append((match.group(1), match.group(2).strip()))
+        elif found and line.startswith("      ") and line.strip():
+            check_id, text = found[-1]
+            found[-1] = (check_id, f"{text} {line.strip()}")
+    return found
+
+
+def checks_markdown() -> str:
+    order = sorted(system_checks(), key=lambda item: (item[0][0] == "W", item[0]))
+    rows = [f"| `django_gator.{check_id}` | {_cell(text)} |" for check_id, text in order]
+    return "\n".join(["| check | what it reports |", "|---|---|", *rows])
+
+
+def _cell(text: str) -> str:
+    """Text for a Markdown table cell: its pipes escaped, double backquotes made single."""
+    return text.replace("|", "\\|").replace("``", "`")
+
+
 # -- management commands --------------------------------------------------------------------
 
 
@@ -119,7 +154,7 @@ def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
         return ""
     formatter = parser._get_formatter()
     text = formatter._expand_help(action)  # %(default)s and the like
-    return " ".join(text.split()).replace("|", "\\|")
+    return _cell(" ".join(text.split()))
 
 
 def _document(name: str, parser: argparse.ArgumentParser) -> CommandDoc:

@@ -1,6 +1,7 @@
 """MkDocs hooks (mkdocs.yml ``hooks:``): fill the reference pages' generated parts.
 
 ``<!-- gator:settings -->`` becomes the settings table of django_gator/conf/table.py and
+``<!-- gator:checks -->`` the system checks listed in django_gator/checks.py's docstring,
 ``<!-- gator:commands -->`` every management command's usage and options, read from its
 argparse parser (scripts/docs_reference.py). The markers ``<!-- runnable -->`` and
 ``<!-- fragment -->`` before code blocks are for tests/test_docs_examples.py and vanish in
@@ -22,6 +23,7 @@ from scripts import docs_reference  # noqa: E402
 
 MARKERS = {
     "<!-- gator:settings -->": docs_reference.settings_markdown,
+    "<!-- gator:checks -->": docs_reference.checks_markdown,
     "<!-- gator:commands -->": docs_reference.commands_markdown,
 }
 

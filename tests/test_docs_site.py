@@ -154,3 +154,23 @@ def test_the_readme_shows_screenshots_that_exist_and_links_into_the_site():
     assert any(link.startswith("docs/reference/settings.md") for link in links)
     assert any(link.startswith("docs/tutorial/") for link in links)
     assert len(README.read_text().splitlines()) <= 260
+
+
+# -- system checks ----------------------------------------------------------------------------
+
+
+def test_every_system_check_the_package_raises_is_on_the_settings_page():
+    raised = {
+        match.group(1)
+        for path in (ROOT / "django_gator").rglob("*.py")
+        for match in re.finditer(r"\bid=f?\"django_gator\.([EW]\d{3})\"", path.read_text())
+    }
+    documented = [check_id for check_id, _ in docs_reference.system_checks()]
+    assert len(raised) >= 15
+    assert len(documented) == len(set(documented)), "a check listed twice"
+    assert sorted(raised - set(documented)) == [], (
+        "checks raised but not listed in django_gator/checks.py's docstring (the settings "
+        "page's table is made from it)"
+    )
+    text = rendered(SETTINGS_PAGE)
+    assert all(f"`django_gator.{check_id}`" in text for check_id in raised)
