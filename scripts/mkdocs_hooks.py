@@ -10,6 +10,7 @@ the HTML, as every HTML comment does.
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 from pathlib import Path
@@ -26,6 +27,12 @@ MARKERS = {
     "<!-- gator:checks -->": docs_reference.checks_markdown,
     "<!-- gator:commands -->": docs_reference.commands_markdown,
 }
+
+#: Markdown that reached the HTML unrendered (a broken link or emphasis, a fence, a marker
+#: left unfilled), looked for outside code; each is a warning, which fails a strict build.
+UNRENDERED = re.compile(r"\]\(|\*\*|```|<!-- gator:")
+CODE = re.compile(r"<(pre|code|script)\b.*?</\1>", re.DOTALL)
+log = logging.getLogger("mkdocs.plugins.gator")
 
 #: A Sphinx role in a docstring (``:class:`~django_gator.x.Y```), as mkdocstrings leaves it.
 SPHINX_ROLE = re.compile(r":(?:class|func|mod|meth|data|attr|exc):<code>~?([\w.]+)</code>")
@@ -44,5 +51,15 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
 
 
 def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
-    """Show a docstring's Sphinx cross-reference as the code name it refers to."""
-    return SPHINX_ROLE.sub(lambda m: f"<code>{m.group(1)}</code>", html)
+    """Show a docstring's Sphinx cross-reference as the code name it refers to, and warn
+    about Markdown left unrendered."""
+    html = SPHINX_ROLE.sub(lambda m: f"<code>{m.group(1)}</code>", html)
+    for problem in unrendered(html):
+        log.warning("Doc file '%s' has unrendered Markdown: %s", page.file.src_path, problem)
+    return html
+
+
+def unrendered(html: str) -> list[str]:
+    """The Markdown syntax, with some context, that the HTML shows outside code."""
+    text = CODE.sub("", html)
+    return [repr(text[max(0, m.start() - 40) : m.end() + 40]) for m in UNRENDERED.finditer(text)]

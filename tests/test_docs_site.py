@@ -174,3 +174,12 @@ def test_every_system_check_the_package_raises_is_on_the_settings_page():
     )
     text = rendered(SETTINGS_PAGE)
     assert all(f"`django_gator.{check_id}`" in text for check_id in raised)
+
+
+def test_unrendered_markdown_is_found_outside_code_only():
+    from scripts.mkdocs_hooks import unrendered
+
+    assert unrendered("<p>a <strong>b</strong> <a href='x'>c</a></p>") == []
+    assert unrendered("<p>see <code>**kwargs</code></p><pre>x](y)</pre>") == []
+    assert len(unrendered("<p>a **b and [c](d.md</p>")) == 2
+    assert len(unrendered("<p><!-- gator:settings --></p>")) == 1
