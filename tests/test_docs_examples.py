@@ -1,4 +1,5 @@
-"""The documentation's code examples run: every ```python block of the site (docs/) is marked
+"""The documentation's code examples run: every ```python block of the site (docs/) and of the
+README is marked
 ``<!-- runnable -->`` or ``<!-- fragment -->`` on the line before it, and each runnable one
 is executed here, in the test project, the blocks of a page one after another in one
 namespace (as a reader would paste them), with the database of the test."""
@@ -29,7 +30,7 @@ def python_blocks(text: str) -> list[tuple[int, str, str]]:
 
 
 def pages() -> list[Path]:
-    return sorted(DOCS.rglob("*.md"))
+    return [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
 
 
 def runnable_pages() -> list[Path]:
@@ -59,10 +60,10 @@ def test_the_block_finder_sees_markers_and_blocks():
     assert len(runnable_pages()) >= 3
 
 
-@pytest.mark.parametrize("page", runnable_pages(), ids=lambda p: str(p.relative_to(DOCS)))
+@pytest.mark.parametrize("page", runnable_pages(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_the_runnable_examples_of_a_page_run(page, db, settings):
     settings.GATOR_IMMEDIATE = False
-    module = "docs_examples." + re.sub(r"\W", "_", str(page.relative_to(DOCS))[:-3])
+    module = "docs_examples." + re.sub(r"\W", "_", str(page.relative_to(ROOT))[:-3])
     namespace: dict[str, object] = {"__name__": module}
     before = set(registry.registered_jobs())
     try:
