@@ -150,13 +150,13 @@ $(STAMP): pyproject.toml $(VENV_CONFIG)
 # driver, so nothing to compile and no system package (MariaDB headers) or root needed.
 demo-install: $(DEMO_STAMP)
 
-# $(call extra_venv,DIR,EXTRA): the recipe of a virtualenv DIR holding the package with one
-# extra (and DJANGO), for the demo's and the docs' virtualenvs.
+# $(call extra_venv,DIR,EXTRA[,PIP OPTIONS]): the recipe of a virtualenv DIR holding the
+# package with one extra (and DJANGO), for the demo's and the docs' virtualenvs.
 define extra_venv
 $(call ensure_venv,$(1)); \
 echo "==> installing django-gator[$(2)]$(if $(DJANGO), and $(DJANGO)) into $(1)"; \
 $(1)/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip && \
-$(1)/bin/python -m pip install --quiet --disable-pip-version-check \
+$(1)/bin/python -m pip install --quiet --disable-pip-version-check $(3) \
   -e '.[$(2)]' $(if $(DJANGO),'$(DJANGO)')
 endef
 
@@ -401,7 +401,8 @@ package-check:
 # Documentation site (mkdocs.yml): built strictly, so a broken link or anchor, a missing page
 # or API reference fails it. Its own virtualenv with the docs extra: Python and PyPI are all
 # it needs (no database driver to compile, no root). Its code examples run in the test suite
-# (tests/test_docs_examples.py).
+# (tests/test_docs_examples.py). CI makes it fresh each run, so pip skips byte-compiling
+# (Python writes what the build imports).
 
 DOCS_STAMP  := $(DOCS_VENV)/.gator-installed
 DOCS_CONFIG := $(DOCS_VENV)/.gator-config
@@ -411,7 +412,7 @@ $(DOCS_CONFIG): FORCE
 	@echo '$(INSTALL_CONFIG)' | cmp -s - $@ || echo '$(INSTALL_CONFIG)' > $@
 
 $(DOCS_STAMP): pyproject.toml $(DOCS_CONFIG)
-	@$(call extra_venv,$(DOCS_VENV),docs)
+	@$(call extra_venv,$(DOCS_VENV),docs,--no-compile)
 	@touch $@
 
 docs-install: $(DOCS_STAMP)
