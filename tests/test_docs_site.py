@@ -183,3 +183,14 @@ def test_unrendered_markdown_is_found_outside_code_only():
     assert unrendered("<p>see <code>**kwargs</code></p><pre>x](y)</pre>") == []
     assert len(unrendered("<p>a **b and [c](d.md</p>")) == 2
     assert len(unrendered("<p><!-- gator:settings --></p>")) == 1
+
+
+def test_the_signals_page_names_every_signal_of_the_package():
+    from django.dispatch import Signal
+
+    from django_gator import signals
+
+    names = [name for name, value in vars(signals).items() if isinstance(value, Signal)]
+    text = (DOCS / "reference" / "signals.md").read_text()
+    assert len(names) >= 4
+    assert [name for name in names if f"| `{name}` |" not in text] == []
