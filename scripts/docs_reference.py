@@ -33,6 +33,12 @@ DJANGO_OPTIONS = frozenset(
     }
 )
 
+#: Django's options in a usage line: ``[-h]``, ``[--settings SETTINGS]``, ``[-v {0,1,2,3}]``.
+DJANGO_USAGE = re.compile(
+    r"\[(?:-h|--version|-v \{0,1,2,3\}|--settings SETTINGS|--pythonpath PYTHONPATH"
+    r"|--traceback|--no-color|--force-color|--skip-checks)\]"
+)
+
 SETTINGS_HEADER = "| setting | default | allowed | meaning |"
 
 
@@ -173,8 +179,8 @@ def _document(name: str, parser: argparse.ArgumentParser) -> CommandDoc:
                 )
             continue
         options.append(Option(_flags(action), _help(parser, action)))
-    usage = " ".join(parser.format_usage().split())
-    usage = usage.removeprefix("usage: ")
+    usage = " ".join(parser.format_usage().split()).removeprefix("usage: ")
+    usage = " ".join(DJANGO_USAGE.sub("", usage).split())
     return CommandDoc(
         name,
         " ".join((parser.description or "").split()),
