@@ -16,6 +16,7 @@
 #                      (in .venv-demo, with only what SQLite needs: Python is all it requires)
 #   make demo-check    the demo project, non-interactive, checked (for CI)
 #   make package-check build the sdist and wheel, twine check them, run a job from the wheel
+#   make docs          the documentation site (MkDocs, strict) into site/, in .venv-docs
 #   make clean         caches, build files, demo databases;  make distclean also removes venvs
 #
 # Variables, set on the command line: make test PYTHON=python3.12 VENV=.venv-dj6 DJANGO='Django>=6.1,<6.2'
@@ -29,6 +30,8 @@ VENV        ?= .venv
 DEMO_VENV   ?= .venv-demo
 # build and twine, for package-check.
 PKG_VENV    ?= .venv-pkg
+# MkDocs, Material and mkdocstrings (the docs extra), for make docs: no database driver.
+DOCS_VENV   ?= .venv-docs
 # An extra pip requirement pinning the Django line, e.g. DJANGO='Django>=6.1,<6.2'.
 DJANGO      ?=
 PG_URL      ?= postgres://postgres@127.0.0.1:5432/test
@@ -60,11 +63,10 @@ DEMO_CONFIG := $(DEMO_VENV)/.gator-config
 
 .PHONY: help install demo-install sysdeps test-deps test test-sqlite test-postgres test-mysql \
         test-chaos check-dbs lint browser-deps test-browser bench-deps soak bench-fleet bench-peers \
-        demo demo-check \
-        package-check clean distclean FORCE
+        demo demo-check package-check docs docs-install clean distclean FORCE
 
 help:
-	@sed -n '3,24s/^# \{0,1\}//p' $(MAKEFILE_LIST)
+	@sed -n '3,25s/^# \{0,1\}//p' $(MAKEFILE_LIST)
 
 # ---------------------------------------------------------------------------------------------
 # Installing
@@ -150,16 +152,22 @@ $(STAMP): pyproject.toml $(VENV_CONFIG)
 # driver, so nothing to compile and no system package (MariaDB headers) or root needed.
 demo-install: $(DEMO_STAMP)
 
+# $(call extra_venv,DIR,EXTRA[,PIP OPTIONS]): the recipe of a virtualenv DIR holding the
+# package with one extra (and DJANGO), for the demo's and the docs' virtualenvs.
+define extra_venv
+$(call ensure_venv,$(1)); \
+echo "==> installing django-gator[$(2)]$(if $(DJANGO), and $(DJANGO)) into $(1)"; \
+$(1)/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip && \
+$(1)/bin/python -m pip install --quiet --disable-pip-version-check $(3) \
+  -e '.[$(2)]' $(if $(DJANGO),'$(DJANGO)')
+endef
+
 $(DEMO_CONFIG): FORCE
 	@mkdir -p $(DEMO_VENV)
 	@echo '$(INSTALL_CONFIG)' | cmp -s - $@ || echo '$(INSTALL_CONFIG)' > $@
 
 $(DEMO_STAMP): pyproject.toml $(DEMO_CONFIG)
-	@$(call ensure_venv,$(DEMO_VENV))
-	@echo "==> installing django-gator[demo]$(if $(DJANGO), and $(DJANGO)) into $(DEMO_VENV)"
-	$(DEMO_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(DEMO_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
-	  -e '.[demo]' $(if $(DJANGO),'$(DJANGO)')
+	@$(call extra_venv,$(DEMO_VENV),demo)
 	@touch $@
 
 FORCE:
@@ -412,12 +420,35 @@ package-check:
 	@PYTHON='$(PYTHON)' DJANGO='$(DJANGO)' PKG_VENV='$(PKG_VENV)' bash scripts/package-check.sh
 
 # ---------------------------------------------------------------------------------------------
+# Documentation site (mkdocs.yml): built strictly, so a broken link or anchor, a missing page
+# or API reference fails it. Its own virtualenv with the docs extra: Python and PyPI are all
+# it needs (no database driver to compile, no root). Its code examples run in the test suite
+# (tests/test_docs_examples.py). CI makes it fresh each run, so pip skips byte-compiling
+# (Python writes what the build imports).
+
+DOCS_STAMP  := $(DOCS_VENV)/.gator-installed
+DOCS_CONFIG := $(DOCS_VENV)/.gator-config
+
+$(DOCS_CONFIG): FORCE
+	@mkdir -p $(DOCS_VENV)
+	@echo '$(INSTALL_CONFIG)' | cmp -s - $@ || echo '$(INSTALL_CONFIG)' > $@
+
+$(DOCS_STAMP): pyproject.toml $(DOCS_CONFIG)
+	@$(call extra_venv,$(DOCS_VENV),docs,--no-compile)
+	@touch $@
+
+docs-install: $(DOCS_STAMP)
+
+docs: docs-install
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict --site-dir site
+
+# ---------------------------------------------------------------------------------------------
 
 clean:
-	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf build dist site *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
 	rm -f testproject/db.sqlite3 testproject/db.sqlite3-wal testproject/db.sqlite3-shm \
 	  testproject/db.sqlite3-gator.lock
 	find . -path './.venv*' -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV) $(DEMO_VENV) $(PKG_VENV) .venv .venv-dj6 .venv-demo .venv-pkg
+	rm -rf $(VENV) $(DEMO_VENV) $(PKG_VENV) $(DOCS_VENV) .venv .venv-dj6 .venv-demo .venv-pkg .venv-docs

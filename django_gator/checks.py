@@ -30,6 +30,9 @@ W006  GATOR_READ_DATABASE is the job database itself: GATOR_DATABASE's alias, or
       every read is still right (it is the primary's), only nothing is taken off the
       primary, and a staging or development setup that points the replica's URL at the
       primary should keep running.
+W007  A job class's ``unique_for`` is longer than automatic pruning keeps finished jobs
+      (GATOR_PRUNE_SUCCEEDED_AFTER, GATOR_PRUNE_CANCELLED_AFTER): a job pruned before its
+      window ends frees its key early.
 E008  GATOR_QUEUE_DATABASES is not a dict of queue names to database aliases, names an
       alias that is not a key of DATABASES, or a queue name that is not valid. (W003 and
       E004 look at every job database a database check is run for.)

@@ -39,8 +39,8 @@ __all__ = ["ISOLATIONS", "Journal", "LongRunning"]
 
 
 class LongRunning:
-    """What a job calls while it runs long (mixed into Queueable): see the README's
-    "Long-running jobs".
+    """What a job calls while it runs long (mixed into Queueable): see
+    docs/guides/long-running.md.
 
     ``stall_timeout``: seconds the job may go without calling :meth:`progress`,
     :meth:`checkpoint` or :meth:`heartbeat` before its attempt fails with

@@ -47,7 +47,20 @@ def unregister(name: str) -> None:
 
 
 def get_job_class(name: str) -> type[Queueable]:
-    """The class registered under ``name``; :class:`JobNotRegistered` if there is none."""
+    """The job class registered under ``name`` (a job's ``name``: ``module.QualName``
+    unless the class sets ``name``), as the worker finds the code for a row.
+
+    Use it to reach a class from a name you have, a row's ``Job.name`` or a setting's
+    string, without importing a dotted path: only classes that registered themselves
+    (every :class:`~django_gator.Queueable` subclass and ``@job`` function, when its
+    module is imported) can be returned. ``get_job_class(job.name).dispatch(...)``
+    dispatches another job of a row's class.
+
+    Raises :class:`~django_gator.exceptions.JobNotRegistered` when there is none; its
+    message suggests up to three registered names close to ``name`` (a typo). A class
+    whose module was never imported (not a ``jobs`` module, nor in ``GATOR_AUTODISCOVER``)
+    is not registered.
+    """
     try:
         return _registry[name]
     except (KeyError, TypeError):

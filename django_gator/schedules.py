@@ -47,7 +47,8 @@ class Cron:
     (a plain string means ``Cron(string)``).
 
     ``args``/``kwargs``: the arguments of every run. ``queue``/``priority``: None for the
-    class's. ``misfire``: ``"skip"``, ``"once"`` (default) or ``"catch_up"`` (see the README).
+    class's. ``misfire``: ``"skip"``, ``"once"`` (default) or ``"catch_up"``
+    (see docs/guides/cron.md).
     ``catch_up_limit``: most occurrences run by ``catch_up`` after a downtime.
     ``overlap``: False skips an occurrence while the previous run is still waiting, retrying or
     running. ``name``: the schedule's name (default: the job name, plus ``#2`` ... when a class

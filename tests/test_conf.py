@@ -1,5 +1,5 @@
 """django_gator.conf: the declared table of settings, the values derived from it (defaults,
-ranges, the README's settings table) and the accessors.
+ranges, the settings reference page) and the accessors.
 
 The system checks that validate every setting are tested in tests/test_checks.py, with the
 bad values of :data:`BAD` below.
@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,8 +17,6 @@ from django.core.exceptions import ImproperlyConfigured
 
 from django_gator import conf, databases, replicas
 from django_gator.conf import InvalidSetting
-
-README = Path(__file__).resolve().parent.parent / "README.md"
 
 #: For every declared setting, values its declaration refuses, with the text that the error
 #: must show for the value. A setting added to conf.SETTINGS without an entry here fails
@@ -289,62 +286,4 @@ def test_the_scheduler_clock_may_be_a_callable_or_its_path(settings):
     assert conf.scheduler_clock() is file_clock
 
 
-# -- the README's settings table ----------------------------------------------------------------
-
-HEADER = "| setting | default | allowed | meaning |"
-
-
-def readme_rows(text: str) -> list[tuple[str, ...]]:
-    """The rows of the table under "## Settings": (setting, default, allowed, meaning)."""
-    section = text.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
-    lines = section.splitlines()
-    start = lines.index(HEADER)
-    assert lines[start + 1] == "|---|---|---|---|"
-    rows = []
-    for line in lines[start + 2 :]:
-        if not line.startswith("|"):
-            break
-        cells = tuple(cell.strip() for cell in line.strip().strip("|").split(" | "))
-        assert len(cells) == 4, line
-        rows.append(cells)
-    return rows
-
-
-def declared_rows() -> list[tuple[str, ...]]:
-    return [
-        (
-            f"`{s.name}`",
-            s.shown_default() if s.shown else f"`{s.shown_default()}`",
-            s.rule.allowed(),
-            s.meaning,
-        )
-        for s in conf.SETTINGS
-    ]
-
-
-def declared_table() -> str:
-    rows = ["| " + " | ".join(row) + " |" for row in declared_rows()]
-    return "\n".join([HEADER, "|---|---|---|---|", *rows])
-
-
-def test_the_readme_lists_exactly_the_declared_settings_with_their_defaults():
-    rows = readme_rows(README.read_text())
-
-    assert [r[0] for r in rows] == [f"`{s.name}`" for s in conf.SETTINGS]
-    assert rows == declared_rows(), (
-        "README.md's settings table differs from conf.SETTINGS; the table should be:\n\n"
-        + declared_table()
-    )
-
-
-def test_the_readme_check_notices_a_changed_default_or_a_missing_row():
-    text = README.read_text()
-    assert readme_rows(text) == declared_rows()
-
-    changed = text.replace("| `GATOR_CONCURRENCY` | `4` |", "| `GATOR_CONCURRENCY` | `8` |")
-    missing = re.sub(r"\n\| `GATOR_IMMEDIATE` \|[^\n]*", "", text)
-
-    assert changed != text
-    assert readme_rows(changed) != declared_rows()
-    assert missing != text
-    assert len(readme_rows(missing)) == len(declared_rows()) - 1
+# The settings reference page (generated from conf.SETTINGS) is checked in tests/test_docs_site.py.

@@ -1,6 +1,6 @@
 """The kinds of value a ``GATOR_*`` setting may take, and :class:`Setting`, one declared
 setting. Each kind says why a value is not allowed (the words of the system check and of
-the accessors' errors) and, for the README, what it allows."""
+the accessors' errors) and, for the settings reference page, what it allows."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class Rule(Protocol):
         called on hot paths, do not)."""
 
     def allowed(self) -> str:
-        """The allowed values in a few words, for the README."""
+        """The allowed values in a few words, for the settings reference page."""
 
 
 def _number_text(value: float) -> str:
@@ -310,9 +310,10 @@ def _import_problem(path: str) -> str | None:
 
 @dataclass(frozen=True)
 class Setting:
-    """One ``GATOR_*`` setting. ``shown``: the default as the README writes it, when it is
-    too long for the table; ``checked_by``: the system check that validates the value when
-    it is not E003 (which still refuses a value of the wrong shape in the accessor)."""
+    """One ``GATOR_*`` setting. ``shown``: the default as the settings reference page writes
+    it, when it is too long for the table; ``checked_by``: the system check that validates
+    the value when it is not E003 (which still refuses a value of the wrong shape in the
+    accessor)."""
 
     name: str
     default: Any

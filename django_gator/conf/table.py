@@ -1,7 +1,8 @@
 """The declared table of the ``GATOR_*`` settings: name, default, allowed values, meaning.
 
-The README's settings table is this table (tests/test_conf.py compares them); a new setting
-is added here, with bad values in tests/test_conf.py's BAD and a row in the README."""
+The settings reference page (docs/reference/settings.md) is generated from this table when
+the site is built (scripts/docs_reference.py); a new setting is added here, with its meaning
+(tests/test_docs_site.py requires one) and bad values in tests/test_conf.py's BAD."""
 
 from __future__ import annotations
 
@@ -321,5 +322,6 @@ _CORE: tuple[Setting, ...] = (
     ),
 )
 
-#: Every setting, in the README's order: the core ones above, then cron, pruning and metrics.
+#: Every setting, in the reference page's order: the core ones above, then cron, pruning
+#: and metrics.
 SETTINGS: tuple[Setting, ...] = _CORE + PERIODIC

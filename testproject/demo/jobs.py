@@ -37,7 +37,7 @@ class SendWelcomeEmail(Queueable):
 
     queue = "emails"  # workers can be told which queues to serve: gator_worker -q emails
     priority = 10  # higher runs first within a queue (-100 to 100, default 0)
-    timeout = 30  # seconds a run may take, None = no limit (see "Timeouts" in the README)
+    timeout = 30  # seconds a run may take, None = no limit (docs/explanation/worker.md)
 
     def handle(self, email: str, name: str = "there", template: str = "welcome") -> dict[str, Any]:
         # self.job_id, self.attempt (1 on the first run) and self.queue describe this run.

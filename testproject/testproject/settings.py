@@ -93,7 +93,7 @@ USE_TZ = True
 STATIC_URL = "static/"
 
 # Flow control: at most 2 exports run at once across every worker, at most 10 start a
-# second (the admin's dashboard can change them; see "Flow control" in the README).
+# second (the admin's dashboard can change them; see docs/guides/flow-control.md).
 GATOR_QUEUES = {"exports": {"concurrency": 2, "rate_limit": "10/s"}}
 
 # Keys of encrypted jobs (demo.jobs.SendStatement), newest first: see docs/encryption.md.

@@ -29,7 +29,9 @@ class Command(BaseCommand):
         )
         parser.add_argument("--batch", type=POSITIVE, default=10_000, help="dispatch_many size")
         parser.add_argument("--drain", type=POSITIVE, default=20_000, help="jobs to drain")
-        parser.add_argument("--concurrency", type=POSITIVE, default=8)
+        parser.add_argument(
+            "--concurrency", type=POSITIVE, default=8, help="executor threads of the drain's worker"
+        )
         parser.add_argument("--latency", type=POSITIVE, default=200, help="latency samples")
         parser.add_argument(
             "--rounds", type=POSITIVE, default=7, help="alternate rounds of --only batch"

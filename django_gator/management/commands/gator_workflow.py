@@ -34,7 +34,11 @@ class Command(BaseCommand):
         from django_gator.management.arguments import add_database_option  # see handle()
 
         add_database_option(parser, "acts on")
-        parser.add_argument("action", choices=["signal", "retry", "cancel"])
+        parser.add_argument(
+            "action",
+            choices=["signal", "retry", "cancel"],
+            help="signal a wait step, retry the failed steps, or cancel the workflow.",
+        )
         parser.add_argument("run_id", help="The workflow's id (a UUID).")
         parser.add_argument("name", nargs="?", help="signal: the signal's name.")
         parser.add_argument("--payload", default="null", help="The payload, as JSON.")
