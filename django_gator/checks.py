@@ -36,6 +36,9 @@ E008  GATOR_QUEUE_DATABASES is not a dict of queue names to database aliases, na
 E012  A job class has ``encrypted = True`` and its data cannot be encrypted: the
       ``cryptography`` package is missing or GATOR_ENCRYPTION_KEYS is empty; or a key of
       GATOR_ENCRYPTION_KEYS is not URL-safe base64 of 32 bytes (whether or not a class uses it).
+W010  The job database has the django_gator tables but not every django_gator migration is
+      applied (the package was upgraded and ``migrate`` not run again): names the first
+      missing ones and the command. Looks at the database, as W003.
 W008  GATOR_PARTITIONING and the jobs table disagree: set on MariaDB, MySQL or SQLite (they
       keep DELETE pruning); set while the PostgreSQL table is plain (the fix: gator_partitions
       --convert); unset while it is partitioned (no worker would create its partitions).
@@ -50,7 +53,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core import checks
-from django.db import connections
+from django.db import DEFAULT_DB_ALIAS, connections
 
 from django_gator import conf, encryption, schema
 from django_gator.conf.checking import problems as settings_problems
@@ -197,12 +200,32 @@ def _check_tables(alias: str) -> list[checks.CheckMessage]:
         return []
     missing = schema.missing_tables(alias)
     if not missing:
-        return []
+        return _check_migrations(alias)
     return [
         checks.Warning(
             schema.missing_tables_message(alias, missing) + ".",
             hint="Workers and gator_status cannot run until they exist.",
             id="django_gator.W003",
+        )
+    ]
+
+
+def _check_migrations(alias: str) -> list[checks.CheckMessage]:
+    """W010: the tables exist, but migrations of django_gator are not applied (the package
+    was upgraded, ``migrate`` not run): commands and workers would meet "no such column"."""
+    unapplied = schema.unapplied_migrations(alias)
+    if not unapplied:
+        return []
+    command = "manage.py migrate" + ("" if alias == DEFAULT_DB_ALIAS else f" --database {alias}")
+    shown = ", ".join(unapplied[:3]) + (
+        f" and {len(unapplied) - 3} more" if len(unapplied) > 3 else ""
+    )
+    return [
+        checks.Warning(
+            f"database {alias!r} lacks django_gator migrations: {shown}: run `{command}`.",
+            hint="Workers and the gator_* commands need the tables as the installed version "
+            "of django-gator has them.",
+            id="django_gator.W010",
         )
     ]
 

@@ -9,11 +9,11 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
-from django_gator import health, replicas, schema, stats, wording
+from django_gator import health, replicas, stats, wording
 from django_gator.databases import job_databases
 from django_gator.engines import get_engine
 from django_gator.logutil import safe
-from django_gator.management.arguments import Seconds, WholeNumber
+from django_gator.management.arguments import Seconds, WholeNumber, require_tables
 from django_gator.models import Job, JobState
 from django_gator.progress_figures import progress_parts, progress_text
 from django_gator.replicas import ReadSource
@@ -140,9 +140,7 @@ class Command(BaseCommand):
         aliases = job_databases()
         sources = [replicas.read_source()] + [ReadSource(a, a) for a in aliases[1:]]
         for source in sources:
-            missing = schema.missing_tables(source.alias)
-            if missing:
-                raise CommandError(schema.missing_tables_message(source.alias, missing))
+            require_tables(source.alias)
         if as_json:
             documents = [self._document(source, exact) for source in sources]
             if len(documents) > 1:  # every job database, GATOR_DATABASE's at the top too
