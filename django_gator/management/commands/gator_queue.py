@@ -98,6 +98,7 @@ class Command(BaseCommand):
                 "paused_by",
                 "concurrency",
                 "rate_limit",
+                "job_limits",
             )
             listed = [
                 {key: q.as_dict()[key] for key in keys} | ({"database": a} if labelled else {})
@@ -118,7 +119,7 @@ class Command(BaseCommand):
                 "paused" if q.paused else "active",
                 q.paused_at.isoformat(timespec="seconds") if q.paused_at else "-",
                 safe(q.paused_by, 150) if q.paused else "-",
-                q.limit_text or "-",
+                q.limits_text or "-",
             ]
             for a, q in queues
         ]

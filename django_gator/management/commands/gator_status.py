@@ -346,7 +346,7 @@ def _queue_row(q: stats.QueueStats, exact: bool) -> list[str]:
         str(q.succeeded_last_hour),
         str(q.dead_last_hour),
         "yes" if q.paused else "",
-        q.limit_text,
+        q.limits_text,
     ]
     if exact:
         row += [str(q.succeeded), str(q.cancelled)]
