@@ -62,7 +62,9 @@ class Command(BaseCommand):
         "succeeded_last_hour, "
         "dead_last_hour, succeeded and cancelled (null unless --exact), paused (true or "
         "false), paused_at (ISO 8601 or null), paused_by, concurrency (null: no limit), "
-        'rate_limit ("": none) and limits_by), workers (a list of '
+        'rate_limit ("": none), limits_by, and job_limits: the limits job classes of the '
+        "queue declare, each with job, concurrency_limit, rate_limit and per_key), "
+        "workers (a list of "
         "objects with id, hostname, pid, queues, concurrency, started_at, heartbeat_at, "
         "heartbeat_age (seconds), stale (true when the heartbeat is older than half of "
         "GATOR_HEARTBEAT_TIMEOUT), running, running_job_ids, supervisor: the id of the "
