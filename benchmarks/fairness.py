@@ -60,7 +60,7 @@ def clear() -> None:
 
 
 def fill(queue: str, tenant: str, count: int) -> None:
-    from django_gator.bench import BenchTenant
+    from benchmarks.fairness_jobs import BenchTenant
 
     for start in range(0, count, 10_000):
         items = [[tenant, n] for n in range(start, min(count, start + 10_000))]
@@ -121,7 +121,7 @@ def served(engine: Any, big: int, small: int) -> None:
 
 def fill_interleaved(queue: str, count: int) -> None:
     """``count`` jobs of ten tenants, one of each in turn (ids in the fair order)."""
-    from django_gator.bench import BenchTenant
+    from benchmarks.fairness_jobs import BenchTenant
 
     for start in range(0, count, 10_000):
         items = [[f"tenant:{n % 10}", n] for n in range(start, min(count, start + 10_000))]

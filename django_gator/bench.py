@@ -58,19 +58,6 @@ class BenchKeyed(Queueable):
         return None
 
 
-class BenchTenant(Queueable):
-    """A no-op of a tenant (benchmarks/fairness.py: a fair queue beside a plain one)."""
-
-    name = "django_gator.bench.tenant"
-    queue = QUEUE
-
-    def fairness_key(self, tenant: str, n: int = 0) -> str:
-        return tenant
-
-    def handle(self, *args: Any) -> None:
-        return None
-
-
 #: ``--flow keys``: the keys the jobs spread over; ``--flow queue``: the queue's limit.
 FLOW_KEYS = 1000
 FLOW_QUEUE_LIMIT = 1000

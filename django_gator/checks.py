@@ -43,6 +43,9 @@ E013  GATOR_FAIRNESS is not a dict of queue names to options, has an unknown opt
       weight that is not a number above 0 (see docs/fairness.md).
 W009  A job class defines fairness_key() and its queue is not in GATOR_FAIRNESS: the key is
       not used there (a job dispatched to a fair queue with queue= still is).
+W010  The job database has the django_gator tables but not every django_gator migration is
+      applied (the package was upgraded and ``migrate`` not run again): names the first
+      missing ones and the command. Looks at the database, as W003.
 W008  GATOR_PARTITIONING and the jobs table disagree: set on MariaDB, MySQL or SQLite (they
       keep DELETE pruning); set while the PostgreSQL table is plain (the fix: gator_partitions
       --convert); unset while it is partitioned (no worker would create its partitions).
@@ -57,7 +60,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core import checks
-from django.db import connections
+from django.db import DEFAULT_DB_ALIAS, connections
 
 from django_gator import conf, encryption, fairness, schema
 from django_gator.conf.checking import problems as settings_problems
@@ -204,12 +207,32 @@ def _check_tables(alias: str) -> list[checks.CheckMessage]:
         return []
     missing = schema.missing_tables(alias)
     if not missing:
-        return []
+        return _check_migrations(alias)
     return [
         checks.Warning(
             schema.missing_tables_message(alias, missing) + ".",
             hint="Workers and gator_status cannot run until they exist.",
             id="django_gator.W003",
+        )
+    ]
+
+
+def _check_migrations(alias: str) -> list[checks.CheckMessage]:
+    """W010: the tables exist, but migrations of django_gator are not applied (the package
+    was upgraded, ``migrate`` not run): commands and workers would meet "no such column"."""
+    unapplied = schema.unapplied_migrations(alias)
+    if not unapplied:
+        return []
+    command = "manage.py migrate" + ("" if alias == DEFAULT_DB_ALIAS else f" --database {alias}")
+    shown = ", ".join(unapplied[:3]) + (
+        f" and {len(unapplied) - 3} more" if len(unapplied) > 3 else ""
+    )
+    return [
+        checks.Warning(
+            f"database {alias!r} lacks django_gator migrations: {shown}: run `{command}`.",
+            hint="Workers and the gator_* commands need the tables as the installed version "
+            "of django-gator has them.",
+            id="django_gator.W010",
         )
     ]
 

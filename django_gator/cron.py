@@ -13,11 +13,13 @@ computed in the schedule's wall-clock time with croniter, then turned into UTC i
 
 from __future__ import annotations
 
+import re
 import zoneinfo
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, tzinfo
+from typing import NamedTuple
 
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 
 from django_gator import wording
 
@@ -37,9 +39,65 @@ def validate_cron(expression: object) -> str:
             f"{expression!r} has {wording.count(len(fields), 'field')}; use 5: minute hour "
             "day-of-month month day-of-week (e.g. '*/5 * * * *')"
         )
+    if not expression.startswith("@"):
+        for field, text in zip(FIELDS, fields, strict=True):
+            _check_field(expression, field, text)
     if not croniter.is_valid(expression):
         raise ValueError(f"{expression!r} is not a valid cron expression")
+    try:
+        croniter(expression, datetime(2000, 1, 1)).get_next(datetime)
+    except CroniterBadDateError:
+        raise ValueError(
+            f"{expression!r} never fires: no month it names has the day of the month it names "
+            "(February has at most 29 days; April, June, September and November 30)"
+        ) from None
     return expression
+
+
+class Field(NamedTuple):
+    """One of the five fields of a cron expression: its name and its values' range."""
+
+    name: str
+    low: int
+    high: int
+
+
+FIELDS = (
+    Field("minute", 0, 59),
+    Field("hour", 0, 23),
+    Field("day-of-month", 1, 31),
+    Field("month", 1, 12),
+    Field("day-of-week", 0, 7),
+)
+
+#: One item of a field with a step: ``*/15``, ``10-40/5``, ``5/20``.
+_STEPPED = re.compile(r"^(?:(?P<all>\*)|(?P<low>\d+)(?:-(?P<high>\d+))?)/(?P<step>\d+)$")
+
+
+def _check_field(expression: str, field: Field, text: str) -> None:
+    """Refuse a field croniter refuses, naming it, and a step that leaves only the first
+    value of its range (``*/61`` in the minutes runs once an hour, not every 61 minutes)."""
+    alone = ["*"] * len(FIELDS)
+    alone[FIELDS.index(field)] = text
+    if not croniter.is_valid(" ".join(alone)):
+        raise ValueError(
+            f"{expression!r} is not a valid cron expression: its {field.name} field "
+            f"{text!r} is not valid (values {field.low}-{field.high}, lists a,b, ranges a-b, "
+            "steps */n)"
+        )
+    for item in text.split(","):
+        stepped = _STEPPED.match(item)
+        if stepped is None:
+            continue
+        low = field.low if stepped["all"] else int(stepped["low"])
+        high = field.high if stepped["all"] or not stepped["high"] else int(stepped["high"])
+        step = int(stepped["step"])
+        if step > high - low:
+            raise ValueError(
+                f"{expression!r} does not mean what it says: in its {field.name} field, "
+                f"{item!r} steps by {step} over {low}-{high}, so it matches {low} alone; "
+                f"write {str(low)!r} if that is meant, or a step of at most {high - low}"
+            )
 
 
 def validate_timezone(name: object) -> str:

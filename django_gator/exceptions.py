@@ -37,6 +37,12 @@ class ResultTooLarge(GatorError, ValueError):
     (nothing is cut short silently)."""
 
 
+class ResultNotJSON(GatorError, TypeError):
+    """What a job returned does not round-trip through JSON (a datetime, a model instance,
+    a set...): its attempt fails, as with :class:`ResultTooLarge`, rather than storing
+    NULL as if it had returned None."""
+
+
 class WorkflowError(GatorError, ValueError):
     """A signal that no wait step of the workflow can take: an unknown workflow, no wait
     for a signal of that name, or a wait that has ended."""

@@ -6,18 +6,15 @@ jobs' at once, a column at a time (:func:`encode_columns`). Both check the value
 from __future__ import annotations
 
 import itertools
-import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from django_gator import conf
-from django_gator.exceptions import PayloadTooLarge, ResultTooLarge
+from django_gator.exceptions import PayloadTooLarge, ResultNotJSON, ResultTooLarge
 from django_gator.logutil import safe
 from django_gator.rows import ClaimedJob
 from django_gator.validation import ENCODER, check_json, dumps
-
-logger = logging.getLogger("django_gator.worker")
 
 
 def encode_payload(
@@ -58,18 +55,21 @@ def encode_result(result: Any, what: str) -> str:
 
 
 def result_json(job: ClaimedJob, result: Any) -> str | None:
-    """What handle() returned, as the JSON stored in the row's ``result``; None for None
-    or a value JSON cannot hold (logged); ResultTooLarge (the attempt fails) past
-    ``GATOR_MAX_RESULT_BYTES``."""
+    """What handle() returned, as the JSON stored in the row's ``result``; None for None.
+    The attempt fails (the exception is raised from the handler's attempt) with
+    ResultNotJSON for a value JSON cannot hold, ResultTooLarge past
+    ``GATOR_MAX_RESULT_BYTES``: a stored NULL would read as a returned None."""
     if result is None:
         return None
     try:
         check_json(result, "result")
     except TypeError as exc:
-        logger.warning(
-            "Job result not stored id=%s name=%s reason=%s", job.id, safe(job.name), safe(exc)
-        )
-        return None
+        what = str(exc).split("; pass ", 1)[0]  # check_json's advice is for arguments
+        raise ResultNotJSON(
+            f"job {job.id} ({safe(job.name)}) returned a value JSON cannot hold, so its "
+            f"result cannot be stored: {what}; return JSON (a dict with str keys, list, "
+            "str, int, float, bool or None), e.g. an id or an ISO 8601 string"
+        ) from None
     return encode_result(result, f"job {job.id} ({job.name})")
 
 

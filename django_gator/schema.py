@@ -45,3 +45,19 @@ def missing_tables_message(alias: str, missing: list[str]) -> str:
     if 0 < len(missing) < len(tables()):
         message += f"; missing: {', '.join(missing)}"
     return message + ")"
+
+
+def unapplied_migrations(alias: str) -> list[str]:
+    """The names of django_gator's migrations not applied to database ``alias``, in the
+    order ``migrate`` would apply them (empty when it is up to date)."""
+    from django.db.migrations.loader import MigrationLoader
+
+    loader = MigrationLoader(connections[alias], ignore_no_migrations=True)
+    plan: list[tuple[str, str]] = []
+    for leaf in loader.graph.leaf_nodes("django_gator"):
+        plan += loader.graph.forwards_plan(leaf)
+    return [
+        name
+        for app, name in dict.fromkeys(plan)
+        if app == "django_gator" and (app, name) not in loader.applied_migrations
+    ]

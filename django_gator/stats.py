@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from django.db.models import Count
 
 from django_gator import conf
+from django_gator.declared_limits import JobLimit, job_limits
 from django_gator.engines import get_engine, reads
 from django_gator.models import Job, JobState, Queue, Worker
 
@@ -76,16 +77,29 @@ class QueueStats:
     concurrency: int | None = None
     rate_limit: str = ""
     limits_by: str = ""
+    #: The limits of the job classes whose queue this is (``concurrency_limit`` and
+    #: ``rate_limit``, often per key), in job name order.
+    job_limits: list[JobLimit] = field(default_factory=list)
 
     @property
     def limit_text(self) -> str:
-        """``running/limit`` and the rate, for the dashboard and the commands ("" if none)."""
+        """The queue's own limits: ``running/limit`` and the rate ("" if none)."""
         parts = []
         if self.concurrency is not None:
             parts.append(f"{self.running}/{self.concurrency}")
         if self.rate_limit:
             parts.append(self.rate_limit)
         return ", ".join(parts)
+
+    @property
+    def job_limit_text(self) -> str:
+        """Its job classes' limits: ``SyncAccount 1 at once per key, 100/m per key``."""
+        return "; ".join(limit.text for limit in self.job_limits)
+
+    @property
+    def limits_text(self) -> str:
+        """Every limit on the queue's jobs, the queue's own first (for the commands)."""
+        return "; ".join(text for text in (self.limit_text, self.job_limit_text) if text)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: datetimes as ISO 8601 strings."""
@@ -181,6 +195,9 @@ def queue_stats(
         setattr(entry(recent["queue"]), f"{recent['state']}_last_hour", recent["count"])
     for queue in Queue.objects.using(alias):
         _apply_queue_row(entry(queue.name), queue)
+    for queue_name, limits in job_limits().items():
+        if queue_name in by_queue:  # a limited class's idle queue is not listed for it
+            by_queue[queue_name].job_limits = limits
     if exact:
         final_rows = (
             jobs.filter(state__in=(JobState.SUCCEEDED, JobState.CANCELLED))

@@ -327,12 +327,23 @@ def restore_registry() -> Iterator[None]:
     [
         ("61 * * * *", "cron", "61 * * * *"),
         ("* * * *", "cron", "has 4 fields"),
+        ("* * 31 2 *", "cron", "'* * 31 2 *' never fires"),
+        ("*/61 * * * *", "cron", "in its minute field, '*/61' steps by 61"),
         (Cron("0 3 * * *", timezone="Mars/Olympus"), "timezone", "Mars/Olympus"),
         (Cron("0 3 * * *", queue="no spaces"), "queue", "no spaces"),
         (Cron("0 3 * * *", kwargs={"nope": 1}), "args", "nope"),
         (42, "schedule", "42"),
     ],
-    ids=["cron-range", "cron-fields", "timezone", "queue", "arguments", "not-a-cron"],
+    ids=[
+        "cron-range",
+        "cron-fields",
+        "never",
+        "step",
+        "timezone",
+        "queue",
+        "arguments",
+        "not-a-cron",
+    ],
 )
 @pytest.mark.usefixtures("restore_registry")
 def test_a_bad_schedule_on_a_job_class_is_a_check_error_naming_schedule_and_field(

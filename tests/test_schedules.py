@@ -109,7 +109,16 @@ def test_to_utc_of_ordinary_times():
 @pytest.mark.parametrize(
     ("expression", "message"),
     [
-        ("61 * * * *", "not a valid cron expression"),
+        ("61 * * * *", "not a valid cron expression: its minute field '61' is not valid"),
+        ("0 25 * * *", "its hour field '25' is not valid \\(values 0-23"),
+        ("0 0 * 13 *", "its month field '13' is not valid"),
+        ("0 0 * * 8", "its day-of-week field '8' is not valid"),
+        ("* * 31 2 *", "never fires: no month it names has the day"),
+        ("0 0 30,31 2 *", "never fires"),
+        ("0 0 31 4,6,9,11 *", "never fires"),
+        ("*/61 * * * *", "minute field, '\\*/61' steps by 61 over 0-59, so it matches 0 alone"),
+        ("0 */24 * * *", "hour field, '\\*/24' steps by 24 over 0-23"),
+        ("0 10-12/5 * * *", "'10-12/5' steps by 5 over 10-12, so it matches 10 alone"),
         ("* * * *", "has 4 fields; use 5"),
         ("* * * * * *", "has 6 fields; use 5"),
         ("", "non-empty str"),
@@ -119,6 +128,14 @@ def test_to_utc_of_ordinary_times():
 def test_bad_cron_expressions_are_refused_with_the_value(expression, message):
     with pytest.raises(ValueError, match=message):
         validate_cron(expression)
+
+
+@pytest.mark.parametrize(
+    "expression",
+    ["0 0 29 2 *", "0 0 31 2 1", "*/59 * * * *", "5/20 * * * *", "0 0 L * *", "0 9 * * 1#2"],
+)
+def test_rare_but_real_cron_expressions_are_accepted(expression):
+    assert validate_cron(expression) == expression
 
 
 # -- the scheduler, with an injected clock ----------------------------------------------------

@@ -5,8 +5,6 @@ file, or a database created next to the test database on PostgreSQL and MariaDB.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from io import StringIO
 from pathlib import Path
@@ -24,7 +22,7 @@ from django.test import override_settings
 
 from django_gator import checks as gator_checks
 from django_gator import schema
-from tests.conftest import ROOT, worker_env
+from tests.management.commandline import manage
 
 EMPTY = "gator_unmigrated"
 ALL_TABLES = [
@@ -132,14 +130,7 @@ def test_migrate_is_not_stopped_by_the_check_and_silences_it(unmigrated):
 def test_manage_py_migrate_does_not_tell_to_run_migrate(unmigrated):
     # `migrate` runs the database checks before it migrates (call_command() skips them):
     # the first migrate of a new project must neither stop at W003 nor show it.
-    proc = subprocess.run(
-        [sys.executable, "-m", "django", "migrate", "django_gator"],
-        cwd=ROOT,
-        env=worker_env(DATABASE_URL=unmigrated),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = manage("migrate", "django_gator", DATABASE_URL=unmigrated)
 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Applying django_gator.0001_initial... OK" in proc.stdout
@@ -185,21 +176,41 @@ def test_gator_status_names_the_missing_tables_instead_of_a_database_error(unmig
     [
         (["gator_status"], 1, "stderr"),
         (["gator_status", "--json"], 1, "stderr"),
+        # Each of the others says it in one line too, instead of a 60-line traceback.
+        (["gator_retry", "--all"], 1, "stderr"),
+        (["gator_prune"], 1, "stderr"),
+        (["gator_workflow", "retry", "6f1c4b1e-2b4e-4c55-9f51-3c1de2e6c0aa"], 1, "stderr"),
+        (["gator_rotate_keys", "--job", "billing.jobs.Statement"], 1, "stderr"),
+        (["gator_queue", "list"], 1, "stderr"),
         (["check", "--database", "default"], 0, "stderr"),
     ],
 )
 def test_from_the_command_line_on_an_unmigrated_database(unmigrated, args, returncode, stream):
-    proc = subprocess.run(
-        [sys.executable, "-m", "django", *args],
-        cwd=ROOT,
-        env=worker_env(DATABASE_URL=unmigrated),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = manage(*args, DATABASE_URL=unmigrated)
 
     output = getattr(proc, stream)
     assert proc.returncode == returncode, proc.stdout + proc.stderr
+    if returncode:
+        assert proc.stderr.count("\n") == 1, proc.stderr
     assert "the django_gator tables do not exist: run `manage.py migrate`" in output
     for raw in ("no such table", "does not exist\nLINE", "doesn't exist", "Traceback"):
         assert raw not in proc.stdout + proc.stderr
+
+
+def test_a_database_whose_migrations_lag_the_code_is_named_by_w010(unmigrated):
+    """The tables exist (an older version migrated them) but the newest migrations are not
+    applied: W010 names them and the command, where W003 has nothing to say."""
+    call_command("migrate", "django_gator", "0024", database=EMPTY, verbosity=0)
+
+    found = [
+        m for m in gator_checks.check_database(databases=[EMPTY]) if m.id.endswith(("W003", "W010"))
+    ]
+
+    assert [m.id for m in found] == ["django_gator.W010"]
+    assert found[0].msg == (
+        f"database {EMPTY!r} lacks django_gator migrations: 0025_encryption, 0026_awaited: "
+        f"run `manage.py migrate --database {EMPTY}`."
+    )
+    call_command("migrate", "django_gator", database=EMPTY, verbosity=0)
+    assert schema.unapplied_migrations(EMPTY) == []
+    assert not [m for m in gator_checks.check_database(databases=[EMPTY]) if m.id.endswith("W010")]

@@ -21,7 +21,7 @@ from typing import Generic, TypeVar
 
 from django.core.management.base import CommandError
 
-from django_gator import conf
+from django_gator import conf, schema
 from django_gator.databases import job_databases
 from django_gator.models import exception_class_name
 from django_gator.validation import short_repr, validate_name, validate_queue
@@ -196,9 +196,21 @@ def add_database_option(parser: argparse.ArgumentParser, what: str) -> None:
 
 
 def chosen_database(options: dict[str, object]) -> str:
-    """The job database ``--database`` names (checked), or GATOR_DATABASE."""
+    """The job database ``--database`` names (checked), or GATOR_DATABASE; refused with
+    the one-line "run migrate" when it lacks django-gator's tables (see require_tables)."""
     value = options.get("database")
-    return conf.database() if value is None else JOB_DATABASE.convert(value, "--database")
+    alias = conf.database() if value is None else JOB_DATABASE.convert(value, "--database")
+    require_tables(alias)
+    return alias
+
+
+def require_tables(alias: str) -> None:
+    """A CommandError saying to run ``manage.py migrate`` (for ``alias``) when database
+    ``alias`` lacks django-gator's tables: a command's whole output then, not the
+    traceback of a "no such table" in its first query."""
+    missing = schema.missing_tables(alias)
+    if missing:
+        raise CommandError(schema.missing_tables_message(alias, missing))
 
 
 class SettingValue(ArgumentType[float]):

@@ -38,7 +38,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 
 from django_gator import conf
@@ -87,6 +89,21 @@ _saved: dict[str, tuple[Any, Any]] = {}  # alias -> CONN_MAX_AGE and OPTIONS bef
 _bounds: NetworkBounds | None = None
 
 
+def warn_about_debug() -> None:
+    """With ``DEBUG = True`` Django keeps each connection's last queries (up to 9,000 of
+    them: ``connection.queries``). A worker clears its executor threads' logs after each
+    job, but its claiming, heartbeat and other threads' logs fill up: say so at start, as
+    Celery does."""
+    if settings.DEBUG:
+        logger.warning(
+            "DEBUG is True: Django keeps the last %s queries of every database connection "
+            "in memory (connection.queries), so this worker's memory grows (by about 16 MiB "
+            "in the first tens of thousands of jobs). Never run workers with DEBUG = True "
+            "in production.",
+            BaseDatabaseWrapper.queries_limit,
+        )
+
+
 def prepare() -> Callable[[], None]:
     """Set up the connections of a worker process; returns a function that undoes it.
 
@@ -105,6 +122,7 @@ def prepare() -> Callable[[], None]:
         if _users > 1:
             return _undo
         _bounds = NetworkBounds.for_timeout(seconds) if seconds > 0 else None
+        warn_about_debug()
         for alias in connections:
             settings_dict = connections.settings[alias]
             _saved[alias] = (settings_dict.get("CONN_MAX_AGE", 0), settings_dict.get("OPTIONS"))

@@ -21,6 +21,7 @@ from django_gator.engines import ClaimedJob, JobEngine
 from django_gator.logutil import safe
 from django_gator.redaction import mask_text, secret_values
 from django_gator.states import JobState
+from django_gator.worker.errors import LAST_ERROR_CHARS
 from django_gator.worker.execution import unstorable_failure
 
 logger = logging.getLogger("django_gator.worker")
@@ -176,12 +177,26 @@ class OutcomeWrites:
             safe(job.name),
             result,
             safe(job.queue),
-            job.attempts,
+            # As the row holds it: an attempt given back is not counted.
+            job.attempts - 1 if outcome.uncharged else job.attempts,
             elapsed_ms,
-            f" outage={job.outages + 1} retry_in_s={outcome.retry_in:g}" if outcome.outage else "",
-            safe(mask_text(outcome.last_error, secret_values(job.name, job.args, job.kwargs))),
+            failure_detail(job, outcome),
+            # Whole (last_error is cut to LAST_ERROR_CHARS already): its end may be the fix.
+            safe(
+                mask_text(outcome.last_error, secret_values(job.name, job.args, job.kwargs)),
+                LAST_ERROR_CHARS,
+            ),
         )
         return result
+
+
+def failure_detail(job: ClaimedJob, outcome: Failure) -> str:
+    """The log line's words on a failure's attempt that was given back (not charged)."""
+    if outcome.outage:
+        return f" outage={job.outages + 1} retry_in_s={outcome.retry_in:g}"
+    if outcome.uncharged:
+        return f" charged=no retry_in_s={outcome.retry_in:g}"
+    return ""
 
 
 def step_ids(job: ClaimedJob) -> list[int]:

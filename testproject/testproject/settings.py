@@ -103,6 +103,9 @@ GATOR_ENCRYPTION_KEYS = env.list(
 # Partitioned storage of the jobs table (PostgreSQL), for the benchmarks of docs/benchmarks.md.
 GATOR_PARTITIONING = env.str("GATOR_PARTITIONING", default=None)
 
+# Workers import each app's `tour` module too, besides `jobs` (demo/tour.py).
+GATOR_AUTODISCOVER = ["tour"]
+
 # Middleware wrapped around every job's handle() (see demo/jobs.py).
 GATOR_MIDDLEWARE = ["demo.jobs.log_duration"]
 

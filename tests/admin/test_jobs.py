@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from django.db import connection
-from django.test import Client
+from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
@@ -243,7 +243,8 @@ def test_a_search_within_a_small_filtered_list_reads_all_of_it(admin_client: Cli
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_queue_filter_lists_the_queues_with_live_or_dead_jobs_and_paused_ones(
+@override_settings(GATOR_QUEUES={"q-configured": {"concurrency": 2}})
+def test_the_queue_filter_lists_live_dead_paused_finished_and_declared_queues(
     admin_client: Client,
 ):
     JobFactory(queue="q-wait")
@@ -252,13 +253,17 @@ def test_the_queue_filter_lists_the_queues_with_live_or_dead_jobs_and_paused_one
     pause_queue("q-empty")
     JobFactory(queue="q-run", running=True)
     JobFactory(queue="q-dead", dead=True)
-    JobFactory(queue="q-done", succeeded=True)
+    JobFactory(queue="q-done", succeeded=True)  # every job of its queue finished
+    JobFactory(queue="q-cancelled", cancelled=True)
     response = admin_client.get(reverse(CHANGELIST))
     [spec] = [f for f in response.context["cl"].filter_specs if f.title == "queue"]
-    assert [value for value, _ in spec.lookup_choices] == [
-        "q-dead",
-        "q-empty",
-        "q-paused",
-        "q-run",
-        "q-wait",
-    ]
+    choices = [value for value, _ in spec.lookup_choices]
+    assert choices == sorted(choices)
+    assert {"q-dead", "q-empty", "q-paused", "q-run", "q-wait", "q-done", "q-cancelled"} <= set(
+        choices
+    )
+    assert "q-configured" in choices  # GATOR_QUEUES
+    assert "keyed" in choices  # a job class's queue (tests.testapp.jobs.KeyedSpan)
+    chosen = admin_client.get(reverse(CHANGELIST), {"queue": "q-nothing-yet"})
+    [spec] = [f for f in chosen.context["cl"].filter_specs if f.title == "queue"]
+    assert "q-nothing-yet" in [value for value, _ in spec.lookup_choices]

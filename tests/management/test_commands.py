@@ -175,7 +175,9 @@ def test_status_prints_queues_workers_and_table_size():
     # queue ready scheduled running failed dead age done/h dead/h
     assert default[:6] == ["default", "3", "2", "2", "2", "2"]
     assert default[6].endswith("s")
-    assert default[7:] == ["2", "1"]
+    assert default[7:9] == ["2", "1"]
+    # The limit column: the limits of the job classes whose queue it is.
+    assert "SecretLimited 1 at once per key" in " ".join(default[9:])
     assert any(line.split()[:1] == ["(all)"] for line in lines)
     assert "Workers (1 live)" in out
     assert worker.id in out
@@ -248,6 +250,7 @@ def test_status_json_has_stable_keys():
         "concurrency",
         "rate_limit",
         "limits_by",
+        "job_limits",
     }
     assert default["queue"] == "default"
     assert (default["paused"], default["paused_at"], default["paused_by"]) == (False, None, "")

@@ -187,6 +187,23 @@ def test_max_jobs_recycles_workers_and_runs_every_job_exactly_once(spawn_worker)
     assert Worker.objects.count() == 0
 
 
+def test_one_supervised_process_is_recycled_not_ended(spawn_worker):
+    """--processes 1 with a recycling option: one worker process at a time, replaced each
+    time it recycles (without --processes, the worker exits: see the next test)."""
+    jobs = RecordOnce.dispatch_many([[f"one{i}"] for i in range(12)])
+
+    proc = spawn_worker(
+        "--processes", "1", "--concurrency", "2", "--max-jobs", "5", "--burst",
+        env={"GATOR_LOG_LEVEL": "INFO"},
+    )  # fmt: skip
+
+    assert proc.wait(timeout=120) == 0, worker_output(proc)
+    assert Job.objects.filter(state=JobState.SUCCEEDED).count() == len(jobs)
+    assert Execution.objects.count() == len(jobs)
+    assert len(set(Execution.objects.values_list("pid", flat=True))) >= 3
+    assert "processes=1" in worker_output(proc)  # "Supervisor started ... processes=1"
+
+
 def test_a_worker_on_its_own_exits_after_max_jobs(spawn_worker):
     jobs = RecordOnce.dispatch_many([[f"s{i}"] for i in range(12)])
 

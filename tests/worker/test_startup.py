@@ -14,7 +14,7 @@ import pytest
 from django.db import connection
 
 from django_gator.worker.supervisor import WorkerProcess
-from tests.conftest import database_url, wait_for, worker_output
+from tests.conftest import database_url, run_worker, wait_for, worker_output
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -90,3 +90,19 @@ def test_the_signal_handler_takes_no_lock():
     worker._take_signals()
     assert worker.slots.stopping
     assert worker.slots.forced
+
+
+@pytest.mark.parametrize("debug", [True, False])
+def test_a_worker_warns_at_start_that_debug_grows_its_memory(settings, caplog, debug):
+    settings.DEBUG = debug
+    caplog.set_level("WARNING", logger="django_gator.worker")
+
+    run_worker()
+
+    said = [r.getMessage() for r in caplog.records if "DEBUG is True" in r.getMessage()]
+    if not debug:
+        assert said == []
+        return
+    [line] = said
+    assert "keeps the last 9000 queries of every database connection" in line
+    assert "Never run workers with DEBUG = True in production" in line

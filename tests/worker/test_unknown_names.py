@@ -39,6 +39,12 @@ def test_an_unknown_name_waits_uncharged_then_runs_on_a_worker_that_knows_it(cap
     assert "`jobs`" in row.last_error
     [line] = [r.getMessage() for r in caplog.records if f"id={row.pk} " in r.getMessage()]
     assert "result=failed" in line
+    # The line and the row agree: the attempt was given back, and the message is whole,
+    # down to the fix it suggests and the wait.
+    assert f" attempt={row.attempts} " in line
+    assert " charged=no retry_in_s=" in line
+    assert line.endswith(row.last_error)
+    assert "GATOR_AUTODISCOVER" in line
     assert "runs older code than the dispatcher, or the job's module is not imported" in line
 
     class SendInvoiceV2(Queueable):  # "new code" deployed: the name is registered now

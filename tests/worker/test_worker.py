@@ -161,14 +161,24 @@ def test_sys_exit_in_a_job_fails_the_job_not_the_worker():
     assert Job.objects.get(pk=after.pk).state == JobState.SUCCEEDED
 
 
-def test_a_non_json_return_value_is_not_stored_but_the_job_succeeds():
+def test_a_non_json_return_value_fails_the_attempt_naming_it():
+    """Not a NULL result that reads as a returned None: the attempt fails, as for a result
+    over GATOR_MAX_RESULT_BYTES, and the error says what was returned."""
     job = ReturnsObject.dispatch()
 
     run_worker()
 
     job.refresh_from_db()
-    assert job.state == JobState.SUCCEEDED
+    assert job.state == JobState.DEAD  # ReturnsObject has no retry policy
     assert job.result is None
+    assert job.error_class == "django_gator.exceptions.ResultNotJSON"
+    assert job.last_error.startswith(
+        f"django_gator.exceptions.ResultNotJSON: job {job.pk} ({ReturnsObject.name}) returned "
+        "a value JSON cannot hold, so its result cannot be stored: "
+    )
+    assert "object" in job.last_error
+    with pytest.raises(Exception, match="returned a value JSON cannot hold"):
+        job.wait_result(timeout=1)
 
 
 def test_higher_priority_runs_first_within_a_queue():

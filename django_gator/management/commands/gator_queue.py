@@ -9,11 +9,11 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_gator import pausing, schema, stats
+from django_gator import pausing, stats
 from django_gator.databases import for_queue, job_databases
 from django_gator.engines import get_engine
 from django_gator.logutil import safe
-from django_gator.management.arguments import QUEUE_NAME
+from django_gator.management.arguments import QUEUE_NAME, require_tables
 
 ACTIONS = ("pause", "resume", "list")
 
@@ -60,9 +60,7 @@ class Command(BaseCommand):
         # list: every job database's queues; pause and resume: the queue's database.
         aliases = job_databases() if name is None else [for_queue(name)]
         for alias in aliases:
-            missing = schema.missing_tables(alias)
-            if missing:
-                raise CommandError(schema.missing_tables_message(alias, missing))
+            require_tables(alias)
         if action == "list":
             self._list(aliases, as_json)
             return
@@ -100,6 +98,7 @@ class Command(BaseCommand):
                 "paused_by",
                 "concurrency",
                 "rate_limit",
+                "job_limits",
             )
             listed = [
                 {key: q.as_dict()[key] for key in keys} | ({"database": a} if labelled else {})
@@ -120,7 +119,7 @@ class Command(BaseCommand):
                 "paused" if q.paused else "active",
                 q.paused_at.isoformat(timespec="seconds") if q.paused_at else "-",
                 safe(q.paused_by, 150) if q.paused else "-",
-                q.limit_text or "-",
+                q.limits_text or "-",
             ]
             for a, q in queues
         ]

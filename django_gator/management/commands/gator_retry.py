@@ -10,6 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_gator import wording
+from django_gator.exceptions import JobNotRegistered
 from django_gator.management.arguments import (
     EXCEPTION_CLASS,
     JOB_NAME,
@@ -19,6 +20,7 @@ from django_gator.management.arguments import (
     chosen_database,
 )
 from django_gator.models import Job, JobState
+from django_gator.registry import get_job_class
 
 #: Jobs retried per call of JobQuerySet.retry() (well under SQLite's 999 parameters per
 #: statement).
@@ -42,7 +44,8 @@ class Command(BaseCommand):
             action="append",
             default=[],
             metavar="NAME",
-            help="Jobs with this registered job name; repeat for more.",
+            help="Jobs with this job name (registered, or held by a job in the database; "
+            "any other is refused, with the close names suggested); repeat for more.",
         )
         parser.add_argument(
             "--error",
@@ -103,6 +106,7 @@ class Command(BaseCommand):
         _check_selection(every, names, errors, job_ids)
 
         alias = chosen_database(options)
+        _check_names(alias, names)
         states = [JobState.DEAD.value] + ([JobState.FAILED.value] if failed else [])
         chosen = _chosen(alias, states, names, errors, job_ids)
         what = " or ".join(states)
@@ -155,6 +159,26 @@ def _check_selection(
         raise CommandError(
             f"choose the jobs to retry with {SELECTORS} (nothing was retried)", returncode=2
         )
+
+
+def _check_names(alias: str, names: Sequence[str]) -> None:
+    """Refuse a ``--name`` that no job has: neither registered nor on any row of the
+    database (a dead job may outlive its class), suggesting close names as
+    :func:`~django_gator.registry.get_job_class` does."""
+    for name in dict.fromkeys(names):
+        try:
+            get_job_class(name)
+        except JobNotRegistered as exc:
+            if Job.objects.using(alias).filter(name=name).exists():
+                continue
+            hint = ""
+            if exc.suggestions:
+                hint = "; did you mean " + " or ".join(map(repr, exc.suggestions)) + "?"
+            raise CommandError(
+                f"--name {name!r}: no job has this name (it is not registered, and no job "
+                f"in database {alias!r} has it){hint} (nothing was retried)",
+                returncode=2,
+            ) from None
 
 
 def _chosen(

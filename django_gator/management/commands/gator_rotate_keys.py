@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_gator import conf
 from django_gator.exceptions import EncryptionUnavailable
 from django_gator.logutil import safe
-from django_gator.management.arguments import WholeNumber
+from django_gator.management.arguments import WholeNumber, require_tables
 from django_gator.models.sealing import encrypted_names, rotate
 
 DEFAULT_BATCH_SIZE = 500
@@ -56,6 +56,7 @@ class Command(BaseCommand):
             if verbosity >= 1:
                 self.stdout.write("No job class has encrypted = True; nothing to rotate.")
             return
+        require_tables(conf.database())
         try:
             report = rotate(conf.database(), batch_size=size, names=wanted)
         except EncryptionUnavailable as exc:

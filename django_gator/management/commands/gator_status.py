@@ -9,11 +9,11 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
-from django_gator import health, replicas, schema, stats, wording
+from django_gator import health, replicas, stats, wording
 from django_gator.databases import job_databases
 from django_gator.engines import get_engine
 from django_gator.logutil import safe
-from django_gator.management.arguments import Seconds, WholeNumber
+from django_gator.management.arguments import Seconds, WholeNumber, require_tables
 from django_gator.models import Job, JobState
 from django_gator.progress_figures import progress_parts, progress_text
 from django_gator.replicas import ReadSource
@@ -62,7 +62,9 @@ class Command(BaseCommand):
         "succeeded_last_hour, "
         "dead_last_hour, succeeded and cancelled (null unless --exact), paused (true or "
         "false), paused_at (ISO 8601 or null), paused_by, concurrency (null: no limit), "
-        'rate_limit ("": none) and limits_by), workers (a list of '
+        'rate_limit ("": none), limits_by, and job_limits: the limits job classes of the '
+        "queue declare, each with job, concurrency_limit, rate_limit and per_key), "
+        "workers (a list of "
         "objects with id, hostname, pid, queues, concurrency, started_at, heartbeat_at, "
         "heartbeat_age (seconds), stale (true when the heartbeat is older than half of "
         "GATOR_HEARTBEAT_TIMEOUT), running, running_job_ids, supervisor: the id of the "
@@ -140,9 +142,7 @@ class Command(BaseCommand):
         aliases = job_databases()
         sources = [replicas.read_source()] + [ReadSource(a, a) for a in aliases[1:]]
         for source in sources:
-            missing = schema.missing_tables(source.alias)
-            if missing:
-                raise CommandError(schema.missing_tables_message(source.alias, missing))
+            require_tables(source.alias)
         if as_json:
             documents = [self._document(source, exact) for source in sources]
             if len(documents) > 1:  # every job database, GATOR_DATABASE's at the top too
@@ -348,7 +348,7 @@ def _queue_row(q: stats.QueueStats, exact: bool) -> list[str]:
         str(q.succeeded_last_hour),
         str(q.dead_last_hour),
         "yes" if q.paused else "",
-        q.limit_text,
+        q.limits_text,
     ]
     if exact:
         row += [str(q.succeeded), str(q.cancelled)]

@@ -147,9 +147,9 @@ class Command(BaseCommand):
             "--processes",
             type=SettingValue("GATOR_PROCESSES", int),
             default=None,
-            help="Worker processes, each with --concurrency threads; more than 1 starts a "
-            "supervisor that starts them, restarts any that dies and passes signals on "
-            "(default GATOR_PROCESSES, 1).",
+            help="Worker processes (each with --concurrency threads) kept by a supervisor "
+            "that restarts any that dies or recycles, --processes 1 included (without it: "
+            "GATOR_PROCESSES, 1, run in this process, which exits when it recycles).",
         )
         parser.add_argument(
             "--max-jobs",
@@ -198,7 +198,7 @@ class Command(BaseCommand):
         aliases = _served(databases)
         _configure_logging(verbosity)
         count = 1 if supervisor else processes or conf.processes()
-        if count > 1 or len(aliases) > 1:
+        if not supervisor and (processes is not None or count > 1 or len(aliases) > 1):
             self._supervise(count, burst, metrics_port, health_file, aliases)
             return
         try:

@@ -43,6 +43,18 @@ from demo.jobs import (
 )
 from demo.management.commands.demo_superuser import PASSWORD, USERNAME
 from demo.models import LoyaltyEntry
+from demo.tour import (
+    CallWebhook,
+    FetchSource,
+    ImportCatalogue,
+    MergeSources,
+    NotifyOwner,
+    PublishAlbum,
+    ReindexDocument,
+    SendDigest,
+    make_thumbnail,
+    ping,
+)
 from django_gator import encryption
 from django_gator.models import Job, JobState
 
@@ -70,6 +82,18 @@ EXPECTED_COUNTS = {
     # Flow control: one sync per account at a time, at most 2 exports at once.
     SyncAccount.name: 6,
     export_report.name: 6,
+    # demo/tour.py: debounced and throttled (one row each), async, long-running, a batch
+    # of three with its two callbacks, a workflow of three steps.
+    ReindexDocument.name: 1,
+    SendDigest.name: 1,
+    CallWebhook.name: 1,
+    ping.name: 1,
+    ImportCatalogue.name: 1,
+    make_thumbnail.name: 3,
+    PublishAlbum.name: 1,
+    NotifyOwner.name: 1,
+    FetchSource.name: 2,
+    MergeSources.name: 1,
 }
 
 
@@ -144,6 +168,7 @@ class Command(BaseCommand):
 
         problems += self.check_dispatch_options(jobs)
         problems += self.check_features(jobs)
+        problems += check_tour(jobs)
         return problems
 
     def check_features(self, jobs: list[Job]) -> list[str]:
@@ -151,7 +176,8 @@ class Command(BaseCommand):
         results = {job.name: job.result for job in jobs if job.state == JobState.SUCCEEDED}
         if results.get(SendInvoice.name) != "invoice for order 1003 rendered in de":
             problems.append(f"SendInvoice result {results.get(SendInvoice.name)!r}: middleware?")
-        chain = [job for job in jobs if job.chain_id is not None]
+        steps = (ReserveStock.name, CapturePayment.name, SendReceipt.name)
+        chain = [job for job in jobs if job.name in steps]
         if (
             sorted(job.chain_position or 0 for job in chain) != [0, 1, 2]
             or len({job.chain_id for job in chain}) != 1
@@ -243,3 +269,32 @@ class Command(BaseCommand):
                 problems.append(f"GET {url} as {USERNAME}: HTTP {response.status_code}")
         self.stdout.write(f"  admin: logged in as {USERNAME!r}, {len(urls)} page(s) load")
         return problems
+
+
+def check_tour(jobs: list[Job]) -> list[str]:
+    """The jobs of demo/tour.py ended as their features say."""
+    by_name = {job.name: job for job in jobs}
+    expected = {
+        # Debounce: the last of three dispatches' arguments won.
+        ReindexDocument.name: "document 5 indexed at revision 3",
+        SendDigest.name: "digest sent to user 7",
+        CallWebhook.name: {"hook": 12, "status": 200},
+        ping.name: "pong from https://example.com/health",
+        ImportCatalogue.name: 20,
+        PublishAlbum.name: {"succeeded": 3, "dead": 0, "cancelled": 0, "total": 3},
+        # A workflow's merge reads its parents' results (3 + 4 lines); wait_result()
+        # returns a finished job's value at once (or waits for it, or raises its error).
+        MergeSources.name: {"order": 1003, "lines": 7},
+    }
+    problems = []
+    for name, value in expected.items():
+        job = by_name.get(name)
+        got = job.wait_result(timeout=5) if job is not None else None
+        if isinstance(value, dict) and isinstance(got, dict):
+            got = {key: got.get(key) for key in value}
+        if got != value:
+            problems.append(f"{name}: result {got!r}, expected {value!r}")
+    progress = by_name[ImportCatalogue.name].progress if ImportCatalogue.name in by_name else None
+    if not progress or (progress.get("done"), progress.get("total")) != (20, 20):
+        problems.append(f"{ImportCatalogue.name}: progress {progress!r}, expected 20 of 20")
+    return problems

@@ -30,7 +30,19 @@ from demo.jobs import (
     export_report,
     resize_image,
 )
-from django_gator import Chain
+from demo.tour import (
+    CallWebhook,
+    FetchSource,
+    ImportCatalogue,
+    MergeSources,
+    NotifyOwner,
+    PublishAlbum,
+    ReindexDocument,
+    SendDigest,
+    make_thumbnail,
+    ping,
+)
+from django_gator import Batch, Chain, Workflow
 from django_gator.models import Job
 
 
@@ -147,6 +159,8 @@ class Command(BaseCommand):
         statement = SendStatement.dispatch("ada@example.com", iban="DE02120300000000202051")
         jobs.append(("encrypted arguments", statement))
 
+        jobs += tour()
+
         for what, row in jobs:
             self.stdout.write(
                 f"  #{row.pk:<5} {row.name:<36} queue={row.queue:<9} "
@@ -154,3 +168,34 @@ class Command(BaseCommand):
             )
         hint = "" if worker_started else " Run `python manage.py gator_worker` to process them."
         self.stdout.write(self.style.SUCCESS(f"Dispatched {len(jobs)} demo jobs.") + hint)
+
+
+def tour() -> list[tuple[str, Job]]:
+    """The jobs of demo/tour.py: debounce, throttle, async, progress, a batch, a workflow."""
+    jobs: list[tuple[str, Job]] = []
+    # Debounce: three edits of document 5 within the second leave one job, with the last
+    # revision, starting a second after the last edit. Throttle: one digest per window.
+    for revision in (1, 2, 3):
+        edited = ReindexDocument.dispatch(5, revision)
+    jobs.append(("debounce (dispatched 3 times)", edited))
+    digest = SendDigest.dispatch(7)
+    assert SendDigest.dispatch(7).pk == digest.pk
+    jobs.append(("throttle (dispatched twice)", digest))
+    # Async jobs run on the worker's event loop.
+    jobs.append(("async def handle()", CallWebhook.dispatch(12)))
+    jobs.append(("async @job function", ping.dispatch("https://example.com/health")))
+    # A long-running job: progress and a checkpoint per row (see its page in the admin).
+    jobs.append(("progress + checkpoints", ImportCatalogue.dispatch(20)))
+    # A batch: PublishAlbum runs once all three thumbnails succeeded, NotifyOwner once they
+    # have all ended.
+    with Batch(on_success=PublishAlbum, on_complete=NotifyOwner, description="album 7"):
+        rows = make_thumbnail.dispatch_many([[1], [2], [3]])
+    jobs += [("batch member", row) for row in rows]
+    # A workflow: two fetches run in parallel; the merge runs after both, with their results.
+    wf = Workflow(name="order 1003")
+    erp = wf.add(FetchSource, "erp", 1003, name="fetch_erp")
+    shop = wf.add(FetchSource, "shop", 1003, name="fetch_shop")
+    wf.add(MergeSources, 1003, after=[erp, shop], name="merge")
+    run = wf.dispatch()
+    jobs += [("workflow step", row) for row in Job.objects.filter(chain_id=run.pk)]
+    return jobs
