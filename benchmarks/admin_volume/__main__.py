@@ -146,7 +146,7 @@ def measure_storage(url: str, storage: str, args: argparse.Namespace) -> dict[st
     connections.close_all()
     recreate_database(url)
     partitioning = args.partitioning if storage == "partitioned" else ""
-    os.environ["GATOR_VOLUME_PARTITIONING"] = partitioning
+    os.environ["GATOR_SOAK_PARTITIONING"] = partitioning
     from django.conf import settings
     from django.core.management import call_command
     from django.db import connection
@@ -271,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         url = args.database_url
     os.environ["DATABASE_URL"] = url
     os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.admin_volume.settings"
+    os.environ["GATOR_SOAK_ROLE"] = "admin-volume"
     import django
 
     django.setup()

@@ -265,27 +265,24 @@ def check_growth(
         f"minutes {first[0]['minute']}-{first[-1]['minute']} vs "
         f"{last[0]['minute']}-{last[-1]['minute']}"
     )
-    checks = []
-    a, b = claim_p99
-    ratio = round(b / a, 2) if a and b is not None else None
-    checks.append(
-        Check(
-            f"claim p99 last window <= x{limit:g} the first after retention",
-            ratio is not None and ratio <= limit,
-            f"{window}: {a} -> {b} ms (x{ratio})",
-        )
-    )
     s0 = _median([m["storage"][size_key] for m in first])
     s1 = _median([m["storage"][size_key] for m in last])
-    ratio = round(s1 / s0, 2) if s0 and s1 is not None else None
-    checks.append(
-        Check(
-            f"jobs table {size_key} last window <= x{limit:g} the first after retention",
-            ratio is not None and ratio <= limit,
-            f"{window}: {s0} -> {s1} MiB (x{ratio})",
-        )
+    return [
+        _growth(f"claim p99 last window <= x{limit:g}", window, claim_p99, "ms", limit),
+        _growth(f"jobs table {size_key} last window <= x{limit:g}", window, (s0, s1), "MiB", limit),
+    ]
+
+
+def _growth(
+    name: str, window: str, values: tuple[float | None, float | None], unit: str, limit: float
+) -> Check:
+    a, b = values
+    ratio = round(b / a, 2) if a and b is not None else None
+    return Check(
+        f"{name} the first after retention",
+        ratio is not None and ratio <= limit,
+        f"{window}: {a} -> {b} {unit} (x{ratio})",
     )
-    return checks
 
 
 def check_offered(offered: int, rate: float, seconds: float, share: float = 0.95) -> Check:

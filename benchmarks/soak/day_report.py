@@ -14,6 +14,7 @@ from typing import Any
 #: (column, unit, value of a minute record) of the table and the chart's panels.
 SERIES: list[tuple[str, str, Any]] = [
     ("jobs/s done", "jobs/s", lambda m: m.get("jobs_per_s")),
+    ("offered/s", "jobs/s", lambda m: round((m["dispatched"] + m.get("web_dispatched", 0)) / 60)),
     ("dispatch p50", "ms", lambda m: (m.get("dispatch") or {}).get("p50")),
     ("dispatch p99", "ms", lambda m: (m.get("dispatch") or {}).get("p99")),
     ("claim p50", "ms", lambda m: m["claim"]["p50"]),
@@ -28,7 +29,12 @@ SERIES: list[tuple[str, str, Any]] = [
 ]
 #: Panels of the chart: (title, unit, columns of SERIES, log scale).
 PANELS = [
-    ("Jobs done per second", "jobs/s", ["jobs/s done"], False),
+    (
+        "Jobs done (finished) and offered (dispatched) per second",
+        "jobs/s",
+        ["jobs/s done", "offered/s"],
+        False,
+    ),
     ("Dispatch latency (web processes)", "ms", ["dispatch p50", "dispatch p99"], True),
     ("Claim latency (worker-side)", "ms", ["claim p50", "claim p99"], True),
     ("Jobs table + indexes (all partitions; hot part)", "MiB", ["size MiB", "hot MiB"], False),

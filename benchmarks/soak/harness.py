@@ -731,7 +731,7 @@ class Soak:
             f"ms, web dispatched {record.get('web_dispatched', 0)}, dispatch p50/p99 "
             f"{record['dispatch']['p50']}/{record['dispatch']['p99']} ms, "
             f"backlog {record['backlog']['due_last']}, dead tuples "
-            f"{table.get('n_dead_tup')}, RSS "
+            f"{record.get('storage', table).get('n_dead_tup')}, RSS "
             + "/".join(f"{w['rss_mb']:.0f}" for w in record["workers"])
             + f" MiB, worker DB CPU {record['worker_db_cpu_us_per_job']} us/job",
             flush=True,
