@@ -207,12 +207,14 @@ def sample_partitions(soak: Soak, cursor: Any) -> dict[str, Any]:
 
 def day_checks(soak: Soak, summary: dict[str, Any]) -> list[Check]:
     """The checks that fail a day run (see day.py), after its summary's figures."""
+    from benchmarks.soak.harness import CLAIM_KINDS
+
     retention = soak.prune_after or 0.0
     warmup = retention + 1.5 * soak.args.prune_interval
     first, last = day.judged_windows(soak.minutes, warmup)
     pooled = (
-        measure.pooled(soak.reader, [m["minute"] - 1 for m in first], ("claim", "claim_keyset")),
-        measure.pooled(soak.reader, [m["minute"] - 1 for m in last], ("claim", "claim_keyset")),
+        measure.pooled(soak.reader, [m["minute"] - 1 for m in first], CLAIM_KINDS),
+        measure.pooled(soak.reader, [m["minute"] - 1 for m in last], CLAIM_KINDS),
     )
     summary["day"] = {
         "warmup_s": warmup,

@@ -75,7 +75,10 @@ DEFAULT_MIX = (
 )
 #: Seconds between two dispatches of the jobs due by the rate.
 TICK = 0.05
-CLAIM_KINDS = ("claim", "claim_keyset")
+#: The worker statements that claim (app/timing.py kind_of). "claim_mark" marks jobs
+#: succeeded and claims the next ones in one statement (a worker that sends them apart has
+#: none).
+CLAIM_KINDS = ("claim", "claim_keyset", "claim_mark")
 #: The EXPLAIN probes (see Soak.probe).
 PROBES = ("claim", "mark", "mark1", "queues")
 
