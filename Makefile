@@ -9,6 +9,10 @@
 #   make soak          hours of steady load on PostgreSQL, a report per minute (not in make test)
 #   make bench-fleet   the ceiling of one PostgreSQL, and workers on three network hosts
 #                      (namespaces), directly and through PgBouncer; as root (not in make test)
+#   make soak-day      a day's load (100M jobs/day) in an hour on a throwaway PostgreSQL 15:
+#                      1,200 jobs/s, web-like dispatchers, SOAK_DAY_PARTITIONING=hour|day|none
+#   make soak-day-both the hour on partitioned storage, then with DELETE pruning, side by side
+#   make bench-admin-volume  the admin's pages and /metrics timed on 20M jobs (VOLUME_ROWS)
 #   make bench-peers   django-gator beside Celery, procrastinate, django-q2, django-tasks-db
 #   make browser-deps  what test-browser needs: Chromium (apt-get, as root) and playwright
 #   make lint          ruff check, ruff format --check, mypy, lint-imports (the layers)
@@ -20,7 +24,8 @@
 #   make clean         caches, build files, demo databases;  make distclean also removes venvs
 #
 # Variables, set on the command line: make test PYTHON=python3.12 VENV=.venv-dj6 DJANGO='Django>=6.1,<6.2'
-#   PYTHON VENV DEMO_VENV DJANGO PG_URL MYSQL_URL PYTEST_ARGS TEST_DB_SUFFIX DEMO_ADDR SOAK_* FLEET_* (see below).
+#   PYTHON VENV DEMO_VENV DJANGO PG_URL MYSQL_URL PYTEST_ARGS TEST_DB_SUFFIX DEMO_ADDR SOAK_* FLEET_* VOLUME_*
+#   (see below).
 #   Without CI=true,
 #   make test skips (loudly) a database server that does not answer; with CI=true it fails.
 
@@ -62,11 +67,12 @@ DEMO_STAMP  := $(DEMO_VENV)/.gator-installed
 DEMO_CONFIG := $(DEMO_VENV)/.gator-config
 
 .PHONY: help install demo-install sysdeps test-deps test test-sqlite test-postgres test-mysql \
-        test-chaos check-dbs lint browser-deps test-browser bench-deps soak bench-fleet bench-peers \
-        demo demo-check package-check docs docs-install clean distclean FORCE
+        test-chaos check-dbs lint browser-deps test-browser bench-deps soak soak-day soak-day-both \
+        soak-day-report bench-admin-volume bench-fleet bench-peers demo demo-check \
+        package-check docs docs-install clean distclean FORCE
 
 help:
-	@sed -n '3,25s/^# \{0,1\}//p' $(MAKEFILE_LIST)
+	@sed -n '3,30s/^# \{0,1\}//p' $(MAKEFILE_LIST)
 
 # ---------------------------------------------------------------------------------------------
 # Installing
@@ -339,6 +345,53 @@ soak: install bench-deps
 	  --port $(SOAK_PORT) --workers $(SOAK_WORKERS) --concurrency $(SOAK_CONCURRENCY) \
 	  $(if $(SOAK_DURATION),--duration $(SOAK_DURATION)) $(if $(SOAK_RATE),--rate $(SOAK_RATE)) \
 	  $(SOAK_ARGS)
+
+# A day's load in an hour (issue 32; docs/benchmarks.md "A day's load in an hour"): on a
+# throwaway PostgreSQL 15 cluster configured like production (autovacuum on, shared_buffers
+# a quarter of RAM up to 4GB: benchmarks/soak/dayrun.py), SOAK_DAY_WEB web-like processes
+# (single dispatches, some in transaction.atomic() and with on_commit, dispatch_many bursts,
+# delayed jobs, failures that retry, rollbacks) beside the harness's mix (limits, batches,
+# workflows, async, snoozes), 5 minutes' retention (pruning every minute; on partitioned
+# storage, hour partitions dropped once past it). Writes benchmarks/results/soak-day-<storage>.json
+# and its chart beside it; exits 1 if a check fails. soak-day-both runs partitioned storage,
+# then DELETE pruning, then soak-day-report prints them side by side and draws docs/soak-day.png.
+SOAK_DAY_RATE        ?= 1200
+SOAK_DAY_DURATION    ?= 60m
+SOAK_DAY_PARTITIONING ?= hour
+SOAK_DAY_WEB         ?= 4
+SOAK_DAY_WORKERS     ?= 3
+SOAK_DAY_CONCURRENCY ?= 16
+SOAK_DAY_PORT        ?= 5498
+SOAK_DAY_ARGS        ?=
+SOAK_DAY_RESULTS     := benchmarks/results/soak-day
+soak-day: install bench-deps
+	$(VENV_PY) -m benchmarks.soak --cluster throwaway --port $(SOAK_DAY_PORT) \
+	  --database-url postgres://postgres@127.0.0.1:$(SOAK_DAY_PORT)/gator_soak \
+	  --rate $(SOAK_DAY_RATE) --duration $(SOAK_DAY_DURATION) --workers $(SOAK_DAY_WORKERS) \
+	  --concurrency $(SOAK_DAY_CONCURRENCY) --web $(SOAK_DAY_WEB) \
+	  --partitioning $(SOAK_DAY_PARTITIONING) --prune-after 5m --prune-interval 60s \
+	  --out $(SOAK_DAY_RESULTS)-$(SOAK_DAY_PARTITIONING).json \
+	  --chart docs/soak-day-$(SOAK_DAY_PARTITIONING).png $(SOAK_DAY_ARGS)
+
+soak-day-both: install bench-deps
+	@failed=""; \
+	$(MAKE) --no-print-directory soak-day SOAK_DAY_PARTITIONING=hour || failed="$$failed hour"; \
+	$(MAKE) --no-print-directory soak-day SOAK_DAY_PARTITIONING=none || failed="$$failed none"; \
+	$(MAKE) --no-print-directory soak-day-report; \
+	if [ -n "$$failed" ]; then echo "==> soak-day FAILED on:$$failed" >&2; exit 1; fi
+
+soak-day-report: bench-deps
+	$(VENV_PY) -m benchmarks.soak.day_report $(SOAK_DAY_RESULTS)-hour.json \
+	  $(SOAK_DAY_RESULTS)-none.json --chart docs/soak-day.png
+
+# The admin and /metrics at volume (issue 32, item 4): VOLUME_ROWS jobs bulk-loaded into a
+# throwaway cluster, on the plain table and on partitioned storage, every admin page and a
+# /metrics scrape timed (benchmarks/admin_volume). 20M rows need ~20 GiB free in $$TMPDIR:
+# the benchmark checks with df first.
+VOLUME_ROWS ?= 20000000
+VOLUME_ARGS ?=
+bench-admin-volume: install
+	$(VENV_PY) -m benchmarks.admin_volume --rows $(VOLUME_ROWS) $(VOLUME_ARGS)
 
 # ---------------------------------------------------------------------------------------------
 # The ceiling and a fleet (benchmarks/fleet, issue 32 item 3), on a throwaway PostgreSQL 15

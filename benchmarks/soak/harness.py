@@ -59,7 +59,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.soak import features, measure
+from benchmarks.soak import day, dayrun, features, measure
 from benchmarks.soak.cluster import (
     TABLE_AUTOVACUUM,
     ThrowawayCluster,
@@ -75,7 +75,10 @@ DEFAULT_MIX = (
 )
 #: Seconds between two dispatches of the jobs due by the rate.
 TICK = 0.05
-CLAIM_KINDS = ("claim", "claim_keyset")
+#: The worker statements that claim (app/timing.py kind_of). "claim_mark" marks jobs
+#: succeeded and claims the next ones in one statement (a worker that sends them apart has
+#: none).
+CLAIM_KINDS = ("claim", "claim_keyset", "claim_mark")
 #: The EXPLAIN probes (see Soak.probe).
 PROBES = ("claim", "mark", "mark1", "queues")
 
@@ -213,6 +216,7 @@ def parser() -> argparse.ArgumentParser:
         help="after the dispatching stops, how long every job has to end (300s)",
     )
     p.add_argument("--seed", type=int, default=15)
+    dayrun.arguments(p)
     return p
 
 
@@ -251,6 +255,10 @@ class Soak:
         self.metrics_ports: list[int] = []
         self.mixer = features.Mixer(random.Random(args.seed), accounts=args.accounts)
         self.checks: list[features.Check] = []
+        self.web = dayrun.WebFleet(self, args)
+        self.vacuums = day.VacuumCounts()
+        self.partition_ledger = day.PartitionLedger()
+        self.postmaster = day.postmaster_pid(cluster.data) if cluster is not None else None
 
     # -- processes -------------------------------------------------------------------------
     def worker_env(self) -> dict[str, str]:
@@ -268,13 +276,16 @@ class Soak:
             "GATOR_SOAK_PRUNE_INTERVAL": f"{self.args.prune_interval:g}",
             "GATOR_SOAK_CENSUS": f"{self.args.census:g}" if self.args.census else "",
             "GATOR_SOAK_CENSUS_TRACE": "1" if self.args.census_trace else "",
+            "GATOR_SOAK_PARTITIONING": (
+                "" if self.args.partitioning == "none" else self.args.partitioning
+            ),
         }
 
     def spawn(self, index: int) -> subprocess.Popen[bytes]:
         command = [sys.executable, "-m", "django", "gator_worker"]
         command += ["--concurrency", str(self.args.concurrency)]
         if not self.args.no_metrics:
-            port = _free_port()
+            port = free_port()
             self.metrics_ports.append(port)
             command += ["--metrics-port", str(port)]
         with (self.log_dir / f"worker-{index}.log").open("wb") as out:
@@ -335,13 +346,16 @@ class Soak:
                 held = self.hold_transaction()
             self.started = time.time()
             self.reader.started = self.started
+            self.web.start()
             sampler = threading.Thread(target=self.sample_loop, name="soak-sampler")
             sampler.start()
             try:
                 self.dispatch_loop()
+                self.web.wait()
             finally:
                 self.stop.set()
                 sampler.join()
+                self.web.kill()
             if self.sampler_error is not None:
                 raise self.sampler_error
             drain_s = self.wait_drained(timeout=self.args.drain_timeout)
@@ -362,7 +376,9 @@ class Soak:
             )
             final_states = dict(cursor.fetchall())
             counts = features.outcome_counts(cursor)
-        self.checks = features.check_outcomes(self.mixer.expected, counts)
+        day.add_dropped(counts, self.partition_ledger.dropped_counts())
+        self.checks = self.web.checks(self.reader)
+        self.checks += features.check_outcomes(self.mixer.expected, counts)
         if self.metrics_ports:
             self.checks += features.check_metrics(final_metrics, counts, self.minutes)
         if self.mixer.batches:
@@ -415,6 +431,10 @@ class Soak:
                 else None
             ),
             "prefill": self.args.prefill,
+            "partitioning": self.args.partitioning,
+            "web_processes": self.web.count,
+            "web_share": self.web.share,
+            "web_ways": self.args.web_ways,
             "prune_after_s": self.prune_after,
             "prune_interval_s": self.args.prune_interval,
             "accounts": self.args.accounts,
@@ -456,7 +476,7 @@ class Soak:
             now = time.monotonic()
             if now >= end:
                 break
-            due = int(self.rate * (now - start)) - units
+            due = int(self.rate * (1 - self.web.share) * (now - start)) - units
             if due > 0:
                 self.mixer.add(rng.choices(names, weights, k=due))
                 units += due
@@ -535,6 +555,8 @@ class Soak:
                 if now >= next_probe:
                     next_probe = now + self.args.probe_interval
                     self.probe(cursor, state)
+                    if self.args.partitioning != "none":
+                        dayrun.sample_partitions(self, cursor)
                 if self.long_tx:
                     self.check_window(cursor)
             if now >= self.started + 60 * (minute + 1):
@@ -551,8 +573,10 @@ class Soak:
 
     def _minute_state(self) -> dict[str, Any]:
         return {
+            "cluster_cpu": day.cluster_cpu(self.postmaster) if self.postmaster else None,
             "workers": defaultdict(list),
             "backlog": [],
+            "free_backlog": [],
             "horizon": [],
             "probes": defaultdict(list),
             "dispatched": self.dispatched,
@@ -565,6 +589,8 @@ class Soak:
 
         due, age = measure.backlog(cursor)
         state["backlog"].append((due, age))
+        if connection.vendor == "postgresql":
+            state["free_backlog"].append(day.free_backlog(cursor))
         state["horizon"].append(measure.horizon(cursor))
         if connection.vendor != "postgresql":
             return  # EXPLAIN (ANALYZE, BUFFERS) is PostgreSQL's
@@ -695,6 +721,8 @@ class Soak:
                 "loadavg": measure.loadavg(),
             },
         }
+        with connection.cursor() as cursor:
+            record.update(dayrun.minute_extras(self, cursor, record, bucket, state, end))
         self.pgss = pgss
         self.minutes.append(record)
         self.write(partial=True)
@@ -703,8 +731,10 @@ class Soak:
             f"  minute {record['minute']:>3}{' (partial)' if partial else ''}: dispatched "
             f"{record['dispatched']}, finished {jobs}, "
             f"claim p50/p99 {claim['p50']}/{claim['p99']} ms, mark {mark['p50']}/{mark['p99']} "
-            f"ms, backlog {record['backlog']['due_last']}, dead tuples "
-            f"{table.get('n_dead_tup')}, RSS "
+            f"ms, web dispatched {record.get('web_dispatched', 0)}, dispatch p50/p99 "
+            f"{record['dispatch']['p50']}/{record['dispatch']['p99']} ms, "
+            f"backlog {record['backlog']['due_last']}, dead tuples "
+            f"{record.get('storage', table).get('n_dead_tup')}, RSS "
             + "/".join(f"{w['rss_mb']:.0f}" for w in record["workers"])
             + f" MiB, worker DB CPU {record['worker_db_cpu_us_per_job']} us/job",
             flush=True,
@@ -737,7 +767,8 @@ class Soak:
         """Most rows (not dead) the jobs table should hold with pruning on."""
         if self.prune_after is None:
             return None
-        return self.rate * (self.prune_after + 1.5 * self.args.prune_interval + 120)
+        span = day.PARTITION_SECONDS[self.args.partitioning]
+        return self.rate * (self.prune_after + span + 1.5 * self.args.prune_interval + 120)
 
     # -- the report ------------------------------------------------------------------------
     def report(
@@ -823,6 +854,8 @@ class Soak:
         )
         if not self.long_tx:
             self.checks += features.check_minutes(self.minutes, summary, self.row_bound())
+            if self.web.count or self.args.partitioning != "none":
+                self.checks += dayrun.day_checks(self, summary)
         if self.args.census:
             from benchmarks.soak.app.census import growth
 
@@ -854,7 +887,7 @@ class Soak:
         tmp.replace(path)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     """A TCP port free now on 127.0.0.1 (for a worker's /metrics)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -874,6 +907,8 @@ def _timing_fields(bucket: dict[str, list[tuple[float, int]]]) -> dict[str, Any]
         ("queues", "queues"),
         ("heartbeat", "heartbeat"),
         ("flow_lock", "flow_lock"),
+        ("dispatch", "dispatch"),
+        ("dispatch_many", "dispatch_many"),
     ):
         fields[name] = measure.summarize(bucket.get(kind, []))
     fields["rescues"] = len(bucket.get("rescue", []))
@@ -983,7 +1018,11 @@ def main(argv: list[str] | None = None) -> int:
         draw(document, target)
         print(f"chart: {target}")
         return 0
-    cluster = ThrowawayCluster(args.port, args.pg_bindir) if args.cluster == "throwaway" else None
+    cluster = (
+        ThrowawayCluster(args.port, args.pg_bindir, dayrun.cluster_settings(args))
+        if args.cluster == "throwaway"
+        else None
+    )
     try:
         if cluster is not None:
             url = cluster.start(urlsplit_name(args.database_url))
@@ -994,6 +1033,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["DATABASE_URL"] = url
         os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.soak.settings"
         os.environ["GATOR_SOAK_ROLE"] = "harness"
+        os.environ["GATOR_SOAK_PARTITIONING"] = (
+            "" if args.partitioning == "none" else args.partitioning
+        )
         import django
 
         django.setup()
@@ -1010,6 +1052,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.prefill:
                 print(f"soak: prefilling {args.prefill:,} succeeded jobs", flush=True)
                 prefill(cursor, args.prefill)
+        dayrun.prepare_storage(args.partitioning)
         soak = Soak(args, url, cluster)
         print(
             f"soak: {soak.rate:g} jobs/s for up to {soak.duration:g} s on {args.cluster} "
@@ -1027,7 +1070,14 @@ def main(argv: list[str] | None = None) -> int:
 
         suffix = "-long-transaction" if soak.long_tx else ""
         target = args.chart or ROOT / "docs" / f"soak-{args.cluster}{suffix}.png"
-        draw(json.loads(soak.out_path().read_text()), target)
+        document = json.loads(soak.out_path().read_text())
+        if args.web or args.partitioning != "none":
+            from benchmarks.soak import day_report
+
+            target = args.chart or soak.out_path().with_suffix(".png")
+            day_report.draw([document], target)
+        else:
+            draw(document, target)
         print(f"chart: {target}")
     failed = [c["name"] for c in summary.get("checks", []) if not c["ok"]]
     if failed:

@@ -5,7 +5,8 @@ The database comes from ``DATABASE_URL``. The GATOR_* settings are the package d
 as it is deployed, not the test suite's fast heartbeats. Except: the queue ``soak-limited``
 has a concurrency limit, and the harness sets the automatic pruner's retention and
 interval (``--prune-after``, ``--prune-interval``) through ``GATOR_SOAK_PRUNE_AFTER`` and
-``GATOR_SOAK_PRUNE_INTERVAL`` (``off``: no automatic pruning).
+``GATOR_SOAK_PRUNE_INTERVAL`` (``off``: no automatic pruning), and partitioned storage
+(``--partitioning``) through ``GATOR_SOAK_PARTITIONING``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ if GATOR_AUTO_PRUNE:
     GATOR_PRUNE_SUCCEEDED_AFTER = float(_prune_after)
     GATOR_PRUNE_CANCELLED_AFTER = float(_prune_after)
     GATOR_PRUNE_INTERVAL = float(os.environ.get("GATOR_SOAK_PRUNE_INTERVAL", "300"))
+
+GATOR_PARTITIONING = os.environ.get("GATOR_SOAK_PARTITIONING") or None
 
 LOGGING = {
     "version": 1,

@@ -197,6 +197,26 @@ class SoakStep(Queueable):
         )
 
 
+class SoakWeb(Queueable):
+    """A job a web-like process dispatched (benchmarks/soak/web.py): ``token`` names it in
+    the files ledger (app/ledger.py), which gets a line per run; it fails its first
+    ``fails`` attempts, then succeeds (retried 2 s later)."""
+
+    name = "soak.web"
+    queue = QUEUE
+    retry = Retry(interval=2, max_retries=3)
+
+    def handle(self, token: str, fails: int = 0, ms: float = 0.0) -> None:
+        from benchmarks.soak.app import ledger
+
+        if ms:
+            time.sleep(ms / 1000)
+        failing = self.attempt <= fails
+        ledger.write("runs", f"{token} {self.attempt} {'fail' if failing else 'ok'}")
+        if failing:
+            raise RuntimeError(f"soak: attempt {self.attempt} of {fails} failing attempts")
+
+
 #: Mix names (``--mix ok=95,retry=3,...``) and the job class of each. "batch" and
 #: "workflow" are dispatched as batches of SoakMember and workflows of SoakStep (see
 #: harness.Soak.dispatch_loop); their weight is in jobs, as every other kind's.

@@ -79,6 +79,13 @@ def timer(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
                 _lines.append(line)
 
 
+def record(kind: str, seconds: float, rows: int = 1) -> None:
+    """A timing measured by the caller (the web-like dispatchers' dispatch calls)."""
+    line = f"{time.time():.3f} {kind} {seconds * 1e6:.0f} {rows}\n"
+    with _lock:
+        _lines.append(line)
+
+
 def flush() -> None:
     global _lines
     with _lock:

@@ -1,0 +1,123 @@
+"""The admin-at-volume benchmark's table: ``rows`` jobs in the mix a day's soak leaves, bulk
+loaded with INSERT ... SELECT over generate_series (500,000 rows a statement), plus the
+batches, workflows and the superuser the pages need."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+#: Shares of the rows by state, per mille (the rest of the 1,000: running).
+SHARES = (
+    ("succeeded", 930),
+    ("cancelled", 10),
+    ("dead", 10),
+    ("failed", 5),
+    ("due", 20),
+    ("scheduled", 20),
+)
+NAMES = (
+    "soak.ok",
+    "soak.web",
+    "soak.keyed",
+    "soak.member",
+    "soak.retry",
+    "soak.async",
+    "soak.snooze",
+    "soak.step",
+    "soak.slow",
+    "soak.limited",
+    "soak.dead",
+    "soak.timeout",
+)
+BATCHES = 20
+WORKFLOWS = 10
+STEP = 500_000
+
+
+def _state_sql() -> str:
+    """CASE expressions of row ``i``'s state, its due time, its finish (``t``) and error."""
+    bounds = []
+    total = 0
+    for name, share in SHARES:
+        total += share
+        bounds.append((name, total))
+    cases = " ".join(f"WHEN i %% 1000 < {b} THEN '{n}'" for n, b in bounds)
+    return f"CASE {cases} ELSE 'running' END"
+
+
+def fill(cursor: Any, rows: int, spread_s: float) -> float:
+    """Insert ``rows`` jobs whose finish times spread over the last ``spread_s`` seconds
+    (the newest ids the newest); returns the seconds it took."""
+    started = time.monotonic()
+    names = "ARRAY[" + ", ".join(f"'{n}'" for n in NAMES) + "]"
+    kind = _state_sql()
+    for first in range(1, rows + 1, STEP):
+        last = min(first + STEP - 1, rows)
+        cursor.execute(
+            "INSERT INTO django_gator_job (name, args, kwargs, queue, priority, "
+            "next_execution_at, state, attempts, rescues, created_at, started_at, "
+            "finished_at, locked_at, last_error, errors, error_class, reserved_by, batch_id) "
+            "SELECT name, '[]', jsonb_build_object('ms', i %% 5, 'token', 'v' || i), "
+            "CASE WHEN name = 'soak.limited' THEN 'soak-limited' WHEN i %% 50 = 0 THEN "
+            "'default' ELSE 'soak' END, 0, "
+            "CASE kind WHEN 'due' THEN now() - (i %% 30) * interval '1 second' "
+            "WHEN 'scheduled' THEN now() + (i %% 3600) * interval '1 second' "
+            "WHEN 'failed' THEN now() + (i %% 60) * interval '1 second' ELSE t END, "
+            "CASE kind WHEN 'due' THEN 'waiting' WHEN 'scheduled' THEN 'waiting' ELSE kind END, "
+            "CASE WHEN kind IN ('due', 'scheduled') THEN 0 ELSE 1 END, 0, "
+            "t - interval '1 second', CASE WHEN kind IN ('due', 'scheduled') THEN NULL "
+            "ELSE t END, CASE WHEN kind IN ('succeeded', 'cancelled', 'dead') THEN t END, "
+            "CASE WHEN kind = 'running' THEN now() END, "
+            "CASE kind WHEN 'dead' THEN 'ValueError: soak: this job always fails' "
+            "WHEN 'failed' THEN 'RuntimeError: soak: attempt 1 of 2 failing attempts' "
+            "ELSE '' END, "
+            "CASE WHEN kind IN ('dead', 'failed') THEN jsonb_build_array(jsonb_build_object("
+            "'class', CASE kind WHEN 'dead' THEN 'ValueError' ELSE 'RuntimeError' END, "
+            "'message', 'soak', 'at', t)) ELSE '[]'::jsonb END, "
+            "CASE kind WHEN 'dead' THEN 'ValueError' WHEN 'failed' THEN 'RuntimeError' END, "
+            "CASE WHEN kind IN ('due', 'scheduled') THEN NULL ELSE 'volume-worker' END, "
+            f"CASE WHEN i %% 100 = 0 THEN 1 + (i / 100) %% {BATCHES} END "
+            f"FROM (SELECT i, ({names})[1 + i %% {len(NAMES)}] AS name, {kind} AS kind, "
+            "now() - (%s - i) * %s * interval '1 second' AS t "
+            "FROM generate_series(%s::bigint, %s::bigint) AS i) AS s",
+            [rows, spread_s / rows, first, last],
+        )
+        print(f"  {last:,} rows", flush=True)
+    return time.monotonic() - started
+
+
+def seed_oldest(cursor: Any, spread_s: float) -> None:
+    """One succeeded job older than the spread: a conversion then makes time partitions
+    from its day or hour on, so the fill lands in them rather than the default partition."""
+    cursor.execute(
+        "INSERT INTO django_gator_job (name, args, kwargs, queue, priority, next_execution_at, "
+        "state, attempts, rescues, created_at, started_at, finished_at, last_error, errors) "
+        "SELECT 'soak.ok', '[]', '{}', 'soak', 0, t, 'succeeded', 1, 0, t, t, t, '', '[]' "
+        "FROM (SELECT now() - %s * interval '1 second' AS t) AS s",
+        [spread_s + 600],
+    )
+
+
+def companions() -> dict[str, Any]:
+    """The batches the filled rows belong to, a few workflows (dispatched through the API,
+    so their first steps are waiting jobs), and the superuser."""
+    from django.contrib.auth import get_user_model
+
+    from benchmarks.soak.app.jobs import SoakStep
+    from django_gator import Workflow
+    from django_gator.models import Batch
+
+    batches = [
+        Batch.objects.create(description=f"volume batch {n}", closed=True, size=1)
+        for n in range(1, BATCHES + 1)
+    ]
+    workflows = []
+    for n in range(WORKFLOWS):
+        wf = Workflow(name=f"volume workflow {n}")
+        a = wf.add(SoakStep, f"wf-{n}", "a")
+        b = wf.add(SoakStep, f"wf-{n}", "b", after=[a])
+        wf.add(SoakStep, f"wf-{n}", "c", after=[b])
+        workflows.append(wf.dispatch())
+    user = get_user_model().objects.create_superuser("volume", "volume@example.com", "volume")
+    return {"batches": [b.id for b in batches], "workflows": workflows, "user": user}

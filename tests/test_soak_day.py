@@ -1,0 +1,158 @@
+"""The day-in-an-hour soak's checks (benchmarks/soak/day.py) fail on doctored reports: a lost
+job, a job run twice, a rolled-back job that ran, a backlog that grew, claim p99 or size
+grown by more than 1.3x, a partition left past its retention. No database: the checks are
+functions of the per-minute records and the files ledger."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+from benchmarks.soak import day
+
+
+def _minutes(count: int, *, late_from: int | None = None, **late: float) -> list:
+    """``count`` full minute records, steady (claim p99 5 ms, 100 MiB, 3 jobs due, the oldest
+    due for 0.5 s); from minute ``late_from`` on, the values in ``late`` (claim_p99, size,
+    due, oldest) replace the steady ones."""
+    steady = {"claim_p99": 5.0, "size": 100.0, "due": 3, "oldest": 0.5}
+    records = []
+    for minute in range(1, count + 1):
+        v = {**steady, **late} if late_from is not None and minute >= late_from else steady
+        records.append(
+            {
+                "minute": minute,
+                "partial": False,
+                "claim": {"p50": 1.0, "p99": v["claim_p99"]},
+                "storage": {"total_mb": v["size"], "hot_mb": 10.0},
+                "backlog": {"due_max": int(v["due"]), "oldest_s_max": v["oldest"]},
+            }
+        )
+    return records
+
+
+def _runs(*tokens: str) -> list[list[str]]:
+    return [[token, "1", "ok"] for token in tokens]
+
+
+def test_ledger_passes_when_each_committed_job_ran_once():
+    runs = [*_runs("w0-1", "w0-2"), ["w0-3", "1", "fail"], ["w0-3", "2", "ok"]]
+    check = day.check_ledger(["w0-1", "w0-2", "w0-3"], ["w0-4"], runs, rescues=0)
+    assert check.ok, check.detail
+
+
+def test_ledger_fails_on_a_lost_job():
+    check = day.check_ledger(["w0-1", "w0-2"], [], _runs("w0-1"), rescues=0)
+    assert not check.ok
+    assert "lost 1" in check.detail
+    assert "w0-2" in check.detail
+
+
+def test_ledger_fails_on_a_job_run_twice_unless_a_rescue_explains_it():
+    runs = _runs("w0-1", "w0-1", "w0-2")
+    assert not day.check_ledger(["w0-1", "w0-2"], [], runs, rescues=0).ok
+    assert day.check_ledger(["w0-1", "w0-2"], [], runs, rescues=1).ok
+    # The same attempt run twice counts too, even if only one run succeeded.
+    again = [["w0-1", "1", "fail"], ["w0-1", "1", "ok"]]
+    assert not day.check_ledger(["w0-1"], [], again, rescues=0).ok
+
+
+def test_ledger_fails_when_a_rolled_back_job_ran():
+    check = day.check_ledger(["w0-1"], ["w0-2"], _runs("w0-1", "w0-2"), rescues=0)
+    assert not check.ok
+    assert "of them rolled back: 1" in check.detail
+
+
+def test_growth_checks_pass_on_a_flat_run_and_judge_after_the_warmup():
+    minutes = _minutes(30)
+    # A big first window (minutes 1-3, inside the warmup) is not judged.
+    for m in minutes[:3]:
+        m["storage"]["total_mb"] = 10.0
+    checks = day.check_growth(minutes, 180, (5.0, 6.0), "total_mb")
+    assert [c.ok for c in checks] == [True, True], [c.detail for c in checks]
+    assert "minutes 4-13 vs 21-30" in checks[0].detail
+
+
+def test_growth_checks_fail_on_claim_p99_or_size_grown_past_the_limit():
+    claim, size = day.check_growth(
+        _minutes(60, late_from=51, size=140.0), 360, (5.0, 6.6), "total_mb"
+    )
+    assert not claim.ok
+    assert "x1.32" in claim.detail
+    assert not size.ok
+    assert "100.0 -> 140.0 MiB (x1.4)" in size.detail
+    claim, size = day.check_growth(
+        _minutes(60, late_from=51, size=125.0), 360, (5.0, 6.4), "total_mb"
+    )
+    assert claim.ok
+    assert size.ok
+    # The hot part is judged on partitioned storage: there the total may grow until a drop.
+    (_, hot) = day.check_growth(_minutes(60, late_from=51, size=500.0), 360, (5.0, 5.0), "hot_mb")
+    assert hot.ok  # fmt: skip
+
+
+def test_growth_check_fails_a_run_too_short_to_judge():
+    (check,) = day.check_growth(_minutes(5), 300, (5.0, 5.0), "total_mb")
+    assert not check.ok
+    assert "too short" in check.detail
+
+
+def test_backlog_check_fails_on_a_job_due_too_long_or_too_many_due():
+    assert day.check_backlog(_minutes(10), rate=100).ok
+    late = day.check_backlog(_minutes(10, late_from=8, oldest=75.0), rate=100)
+    assert not late.ok
+    assert "minutes over: [8, 9, 10]" in late.detail
+    assert not day.check_backlog(_minutes(10, late_from=9, due=6001), rate=100).ok
+
+
+def _ledger(end: datetime, *, present: bool, counted: bool = True) -> day.PartitionLedger:
+    name = f"django_gator_job_done_{end - timedelta(hours=1):%Y%m%d_%H%M}"
+    ledger = day.PartitionLedger()
+    if counted:
+        ledger.counted[name] = {
+            "start": (end - timedelta(hours=1)).isoformat(),
+            "end": end.isoformat(),
+            "counts": {"soak.web|succeeded": 7, "soak.ok|succeeded": 3},
+        }
+    if present:
+        ledger.present = {name}
+    else:
+        ledger.drops.append({"partition": name, "noticed": "", "rows": 10, "counted": counted})
+    return ledger
+
+
+def test_drop_check_fails_on_a_partition_left_past_its_retention():
+    end = datetime(2026, 11, 28, 2, tzinfo=UTC)
+    at = end + timedelta(seconds=300 + 2 * 60 + 61)
+    assert not day.check_drops(_ledger(end, present=True), 300, 60, at).ok
+    assert day.check_drops(_ledger(end, present=True), 300, 60, at - timedelta(seconds=2)).ok
+    dropped = _ledger(end, present=False)
+    assert day.check_drops(dropped, 300, 60, at).ok
+    assert not day.check_drops(_ledger(end, present=False, counted=False), 300, 60, at).ok
+
+
+def test_rows_of_dropped_partitions_count_as_deleted():
+    ledger = _ledger(datetime(2026, 11, 28, 2, tzinfo=UTC), present=False)
+    counts = {"soak.web": {"live": {"succeeded": 2}, "deleted": {"succeeded": 1}}}
+    day.add_dropped(counts, ledger.dropped_counts())
+    assert counts["soak.web"]["deleted"] == {"succeeded": 8}
+    assert counts["soak.ok"] == {"live": {}, "deleted": {"succeeded": 3}}
+    assert ledger.dropped_counts() == Counter(
+        {("soak.web", "succeeded"): 7, ("soak.ok", "succeeded"): 3}
+    )
+
+
+def test_offered_rate_check_fails_when_the_dispatchers_fell_behind():
+    assert day.check_offered(7000, rate=20, seconds=360).ok
+    slow = day.check_offered(5000, rate=20, seconds=360)
+    assert not slow.ok
+    assert "69.4%" in slow.detail
+
+
+def test_backlog_check_leaves_out_jobs_a_flow_limit_holds():
+    minutes = _minutes(10, late_from=6, oldest=178.0)
+    for m in minutes:
+        m["free_backlog"] = {"due_max": 3, "oldest_s_max": 0.5}
+    assert day.check_backlog(minutes, rate=100).ok
+    minutes[7]["free_backlog"]["oldest_s_max"] = 61.0
+    assert not day.check_backlog(minutes, rate=100).ok
