@@ -100,7 +100,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         errors.append(
             checks.Warning(
                 f"{name} is not a django-gator setting; it has no effect.",
-                hint=f"Did you mean {close}?" if close else "See the settings in the README.",
+                hint=f"Did you mean {close}?"
+                if close
+                else "See the settings reference (docs/reference/settings.md).",
                 id="django_gator.W004",
             )
         )

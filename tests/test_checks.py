@@ -488,7 +488,7 @@ def test_an_undeclared_gator_setting_is_a_warning_with_the_closest_name():
     assert len(found) == 2
     assert isinstance(typo, checks.Warning)
     assert typo.hint == "Did you mean GATOR_CONCURRENCY?"
-    assert other.hint == "See the settings in the README."
+    assert other.hint == "See the settings reference (docs/reference/settings.md)."
 
 
 # -- at start-up ------------------------------------------------------------------------------
