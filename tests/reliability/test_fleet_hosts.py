@@ -98,11 +98,14 @@ def test_hosts_are_made_and_removed_whole():
 
 
 def test_leftovers_of_an_interrupted_run_are_cleaned_up():
-    netns.Network(1).create()  # and never removed, as if the run had been killed
-    assert netns.namespaces() == ["gator-fleet-1"]
-    assert netns.cleanup() == ["namespace gator-fleet-1"]
-    assert netns.namespaces() == []
-    assert netns.links() == []
+    try:
+        netns.Network(1).create()  # and never removed, as if the run had been killed
+        assert netns.namespaces() == ["gator-fleet-1"]
+        assert netns.cleanup() == ["namespace gator-fleet-1"]
+        assert netns.namespaces() == []
+        assert netns.links() == []
+    finally:
+        netns.cleanup()  # a failed assertion above leaves nothing behind either
 
 
 def test_a_worker_in_a_namespace_runs_jobs_against_the_cluster():
