@@ -375,7 +375,9 @@ def explain(connection: Any, action: Callable[[], object], text: bool = False) -
     EXPLAIN (ANALYZE, BUFFERS) of that statement, in a transaction that is rolled back;
     returns the plan's execution time, buffers and the indexes it scanned (and, with
     ``text``, the plan as EXPLAIN prints it)."""
-    from django.db import transaction
+    from django.db import DatabaseError, transaction
+
+    from django_gator.engines.partition_moves import MOVE_TRIES, moved
 
     captured: dict[str, Any] = {}
 
@@ -388,11 +390,18 @@ def explain(connection: Any, action: Callable[[], object], text: bool = False) -
             captured["text"] = "\n".join(row[0] for row in cursor.fetchall())
         raise _Explained
 
-    try:
-        with transaction.atomic(), connection.execute_wrapper(wrapper):
-            action()
-    except _Explained:
-        pass
+    for attempt in range(1, MOVE_TRIES + 1):
+        try:
+            with transaction.atomic(), connection.execute_wrapper(wrapper):
+                action()
+        except _Explained:
+            break
+        except DatabaseError as exc:
+            # On partitioned storage, EXPLAIN ANALYZE of a locking claim refuses a row that
+            # a worker moved to another partition meanwhile, as the claim itself does (the
+            # engine runs the claim again: engines/partition_moves.py); so does the probe.
+            if not moved(exc) or attempt == MOVE_TRIES:
+                raise
     [document] = captured["plan"]
     plan = document["Plan"]
     result = {
