@@ -20,6 +20,7 @@ is missing from both, and a row deleted before it ended would be counted in its 
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import time
@@ -51,6 +52,10 @@ ACTIVE_STATES = ("waiting", "failed", "running")
 FINISHED_STATES = ("succeeded", "dead", "cancelled")
 #: Kinds gathered before they are dispatched (see the module's docstring).
 GATHERED = ("keyed", "batch", "workflow")
+#: The share of their limits the flow-limited kinds are offered (see :func:`flow_sizing`).
+FLOW_HEADROOM = 0.7
+#: A limited job's run time in ms (uniform), where its queue's limit allows it.
+LIMITED_MS = (100.0, 500.0)
 DIAMOND = (("a", ()), ("b", ("a",)), ("c", ("a",)), ("d", ("b", "c")))
 
 
@@ -60,6 +65,7 @@ class Mixer:
 
     rng: random.Random
     accounts: int = 50
+    limited_ms: tuple[float, float] = LIMITED_MS
     started: float = field(default_factory=time.monotonic)
     #: job name -> jobs that will exist for what the harness dispatched
     expected: Counter[str] = field(default_factory=Counter)
@@ -78,6 +84,8 @@ class Mixer:
         for kind in kinds:
             if kind in GATHERED:
                 self.pending[kind] += 1
+            elif kind == "limited":
+                groups[kind].append({"ms": round(self.rng.uniform(*self.limited_ms))})
             else:
                 groups[kind].append(arguments(kind, self.rng))
         for kind, items in groups.items():
@@ -155,6 +163,29 @@ class Mixer:
             self.pending["workflow"] -= len(DIAMOND)
 
 
+def flow_sizing(
+    rate: float, mix: dict[str, float], accounts: int | None, limits: tuple[int, float]
+) -> tuple[int, tuple[float, float]]:
+    """The active accounts and the limited jobs' run times (ms) for the harness's ``rate``
+    (jobs/s) and ``mix``, so that the flow-limited kinds are offered FLOW_HEADROOM of what
+    their limits let through: a queue offered more than its limit allows grows for ever
+    by design (in the soak as in production), which says nothing about the system.
+    ``limits``: the limited queue's concurrency and one account's starts per second.
+    ``accounts`` given: kept, unless fewer than the rate needs."""
+    total = sum(mix.values())
+    concurrency, per_account = limits
+    keyed = rate * mix.get("keyed", 0.0) / total
+    needed = math.ceil(keyed / (per_account * FLOW_HEADROOM)) if keyed else 0
+    chosen = max(accounts or 50, needed)
+    limited = rate * mix.get("limited", 0.0) / total
+    ms = LIMITED_MS
+    if limited:
+        mean_ms = FLOW_HEADROOM * concurrency / limited * 1000
+        if mean_ms < sum(LIMITED_MS) / 2:
+            ms = (round(mean_ms / 3, 1), round(mean_ms * 5 / 3, 1))
+    return chosen, ms
+
+
 def arguments(kind: str, rng: random.Random) -> Any:
     """One job's arguments for a kind dispatched as it comes due."""
     if kind == "ok":
@@ -165,8 +196,6 @@ def arguments(kind: str, rng: random.Random) -> Any:
         return {"seconds": 5.0}
     if kind == "slow":
         return {"ms": round(rng.uniform(500, 2000))}
-    if kind == "limited":
-        return {"ms": round(rng.uniform(100, 500))}
     if kind == "async":
         return {"ms": round(rng.uniform(10, 200))}
     return []

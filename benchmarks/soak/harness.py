@@ -192,7 +192,11 @@ def parser() -> argparse.ArgumentParser:
         "--prune-interval", type=duration, default=60.0, help="between pruning passes (60s)"
     )
     p.add_argument(
-        "--accounts", type=int, default=50, help="accounts active at a time (keyed jobs)"
+        "--accounts",
+        type=int,
+        default=None,
+        help="accounts active at a time (keyed jobs; default 50, or more where the rate "
+        "would offer them more than 70 %% of their rate limit)",
     )
     p.add_argument("--no-metrics", action="store_true", help="workers without --metrics-port")
     p.add_argument(
@@ -253,9 +257,14 @@ class Soak:
         else:
             self.prune_after = None if self.long_tx else 300.0
         self.metrics_ports: list[int] = []
-        self.mixer = features.Mixer(random.Random(args.seed), accounts=args.accounts)
-        self.checks: list[features.Check] = []
         self.web = dayrun.WebFleet(self, args)
+        accounts, limited_ms = features.flow_sizing(
+            self.rate * (1 - self.web.share), self.mix, args.accounts, _flow_limits()
+        )
+        self.mixer = features.Mixer(
+            random.Random(args.seed), accounts=accounts, limited_ms=limited_ms
+        )
+        self.checks: list[features.Check] = []
         self.vacuums = day.VacuumCounts()
         self.partition_ledger = day.PartitionLedger()
         self.postmaster = day.postmaster_pid(cluster.data) if cluster is not None else None
@@ -437,7 +446,8 @@ class Soak:
             "web_ways": self.args.web_ways,
             "prune_after_s": self.prune_after,
             "prune_interval_s": self.args.prune_interval,
-            "accounts": self.args.accounts,
+            "accounts": self.mixer.accounts,
+            "limited_ms": list(self.mixer.limited_ms),
             "metrics_ports": self.metrics_ports,
             "latency_source": (
                 "worker-side: each claim and success-mark statement timed in the worker "
@@ -1091,3 +1101,13 @@ def urlsplit_name(url: str) -> str:
     from urllib.parse import urlsplit
 
     return urlsplit(url).path.lstrip("/") or "gator_soak"
+
+
+def _flow_limits() -> tuple[int, float]:
+    """The limited queue's concurrency and one account's starts per second (app/jobs.py)."""
+    from benchmarks.soak.app import jobs
+    from django_gator.limits import parse_rate
+
+    rate = parse_rate(jobs.KEY_RATE)
+    assert rate is not None
+    return jobs.LIMITED_CONCURRENCY, rate.starts / rate.seconds
