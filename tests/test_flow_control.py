@@ -683,14 +683,39 @@ def test_the_ordinary_claim_of_a_queue_busy_with_limited_jobs_rests():
     claimer = Claimer(get_engine("default"), "w1", [QueueSpec("keyed")], clock=lambda: now[0])
     keyed = KeyedSpan.dispatch_many([["/dev/null", str(i), 0] for i in range(4)])
     assert sorted(j.id for j in claimer.claim(2)[0]) == [j.pk for j in keyed[:2]]
+    # The ordinary claim's turn to go first: it finds nothing, and rests.
+    assert [j.id for j in claimer.claim(1)[0]] == [keyed[2].pk]
     plain = Noop.dispatch(queue="keyed")
-    assert sorted(j.id for j in claimer.claim(1)[0]) == [keyed[2].pk]  # resting
+    assert [j.id for j in claimer.claim(1)[0]] == [keyed[3].pk]  # resting
     now[0] += PLAIN_REST
+    late = Noop.dispatch(queue="keyed")
+    # The limited claim finds nothing (and rests), the ordinary one takes the plain job.
     assert [j.id for j in claimer.claim(1)[0]] == [plain.pk]
-    assert [j.id for j in claimer.claim(1)[0]] == [keyed[3].pk]  # resting again
-    # A round whose limited claim finds nothing makes the resting ordinary claim too.
+    assert [j.id for j in claimer.claim(1)[0]] == [late.pk]
+
+
+def test_a_resting_ordinary_claim_is_made_in_a_round_that_found_nothing_else():
+    now = [0.0]
+    claimer = Claimer(get_engine("default"), "w1", [QueueSpec("keyed")], clock=lambda: now[0])
+    keyed = KeyedSpan.dispatch_many([["/dev/null", str(i), 0] for i in range(3)])
+    assert sorted(j.id for j in claimer.claim(2)[0]) == [j.pk for j in keyed[:2]]
+    assert [j.id for j in claimer.claim(1)[0]] == [keyed[2].pk]  # the ordinary claim rests
     late = Noop.dispatch(queue="keyed")
     assert [j.id for j in claimer.claim(1)[0]] == [late.pk]
+
+
+def test_limited_jobs_behind_a_backlog_of_others_in_their_queue_get_their_turn():
+    """The ordinary and the limited claim of a queue served by both take turns at going
+    first: jobs of limited classes dispatched behind a backlog of jobs without limits are
+    not left until that backlog is gone (with the ordinary claim always first, a queue busy
+    with plain jobs starved its limited ones), nor do they take every slot in their turn."""
+    claimer = Claimer(get_engine("default"), "w1", [QueueSpec("keyed")])
+    plain = [Noop.dispatch(queue="keyed") for _ in range(6)]
+    keyed = KeyedSpan.dispatch_many([["/dev/null", str(i), 0] for i in range(6)])
+    first = [j.id for j in claimer.claim(2)[0]]
+    second = [j.id for j in claimer.claim(2)[0]]
+    assert first == [j.pk for j in keyed[:2]]
+    assert second == [j.pk for j in plain[:2]]
 
 
 def test_keyset_reads_find_higher_priorities_and_back_dated_jobs(monkeypatch):
