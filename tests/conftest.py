@@ -45,15 +45,73 @@ PROCESS_MODULES = {
 }
 
 
+#: Modules whose tests that pytest-django keeps away from the database (no ``django_db``
+#: mark, no database fixture) run the same code whatever DATABASE_URL says: they read no
+#: vendor, make no database of their own and start nothing that reads DATABASE_URL. CI
+#: runs those tests (marked ``databaseless``) on SQLite only, once per Django line. A
+#: module that branches on the database belongs elsewhere: not in this list.
+DATABASE_FREE_MODULES = {
+    "tests/admin/test_chart.py",
+    "tests/engines/test_contract_members.py",
+    "tests/management/test_arguments.py",
+    "tests/test_attempts.py",
+    "tests/test_conf.py",
+    "tests/test_demo.py",
+    "tests/test_docs.py",
+    "tests/test_docs_examples.py",
+    "tests/test_docs_site.py",
+    "tests/test_fleet_judging.py",
+    "tests/test_layers.py",
+    "tests/test_packaging.py",
+    "tests/test_peers_report.py",
+    "tests/test_redaction.py",
+    "tests/test_registry.py",
+    "tests/test_retry.py",
+    "tests/test_soak_day.py",
+    "tests/test_style.py",
+    "tests/test_validation.py",
+    "tests/test_wording.py",
+    "tests/worker/test_ahead.py",
+    "tests/worker/test_queues.py",
+    "tests/worker/test_slots.py",
+}
+#: Fixtures that open the database to a test (directly or through the fixtures they use).
+DATABASE_FIXTURES = {
+    "db",
+    "transactional_db",
+    "django_db_reset_sequences",
+    "django_db_serialized_rollback",
+    "live_server",
+    "admin_user",
+    "admin_client",
+}
+
+
+def databaseless(item: pytest.Item, path: str) -> bool:
+    """A test of DATABASE_FREE_MODULES that cannot reach the database and is not skipped
+    by a condition (which may name a vendor)."""
+    return (
+        path in DATABASE_FREE_MODULES
+        and item.get_closest_marker("django_db") is None
+        and not DATABASE_FIXTURES & set(getattr(item, "fixturenames", ()))
+        and item.get_closest_marker("skipif") is None
+        and item.get_closest_marker("skip") is None
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark ``processes`` the tests that start real worker processes (the ``spawn_worker``
     fixture, directly or through another fixture, or a module of PROCESS_MODULES). They
     run the same worker code under every Django line, so CI's Django 6.1 line leaves them
-    to the Django 5.2 line (``-m "not processes"``); ``make test`` runs them all."""
+    to the Django 5.2 line (``-m "not processes"``); ``make test`` runs them all.
+    Mark ``databaseless`` the tests :func:`databaseless` finds: CI runs them on SQLite
+    only (``-m "not databaseless"`` on the servers)."""
     for item in items:
         path = Path(str(item.fspath)).relative_to(ROOT).as_posix()
         if "spawn_worker" in getattr(item, "fixturenames", ()) or path in PROCESS_MODULES:
             item.add_marker(pytest.mark.processes)
+        if databaseless(item, path):
+            item.add_marker(pytest.mark.databaseless)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
