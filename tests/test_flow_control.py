@@ -705,10 +705,11 @@ def test_a_resting_ordinary_claim_is_made_in_a_round_that_found_nothing_else():
 
 
 def test_limited_jobs_behind_a_backlog_of_others_in_their_queue_get_their_turn():
-    """The ordinary and the limited claim of a queue served by both take turns at going
-    first: jobs of limited classes dispatched behind a backlog of jobs without limits are
-    not left until that backlog is gone (with the ordinary claim always first, a queue busy
-    with plain jobs starved its limited ones), nor do they take every slot in their turn."""
+    """In a queue served by both claims the limited one goes first once every
+    LIMITED_TURN seconds: jobs of limited classes dispatched behind a backlog of jobs
+    without limits are not left until that backlog is gone (with the ordinary claim always
+    first, a queue busy with plain jobs starved its limited ones), and the next round is
+    the ordinary claim's."""
     claimer = Claimer(get_engine("default"), "w1", [QueueSpec("keyed")])
     plain = [Noop.dispatch(queue="keyed") for _ in range(6)]
     keyed = KeyedSpan.dispatch_many([["/dev/null", str(i), 0] for i in range(6)])

@@ -35,12 +35,12 @@ claims while full claims take more than KEYSET_MARGIN times as long, and goes on
 full claims at least every FULL_CLAIM_EVERY seconds (the full claims that bound the delay
 of back-dated jobs).
 
-A queue that holds jobs of limited classes is served by both claims (worker/flow.py), which
-take turns at going first, each claiming what the other left; the limited one writes the
-round's success marks (on PostgreSQL in its single round trip). While such a queue is busy
-with limited jobs only, its ordinary claim would find nothing every round: after one that
-did, it rests
-PLAIN_REST seconds (a round that finds nothing else still makes it).
+A queue that holds jobs of limited classes is served by both claims (worker/flow.py), each
+claiming what the other left: the ordinary claim first, and the limited one first once every
+LIMITED_TURN seconds; the limited one writes the round's success marks (on PostgreSQL in its
+single round trip). While such a queue is busy with limited jobs only, its ordinary claim
+would find nothing every round: after one that did, it rests PLAIN_REST seconds (a round
+that finds nothing else still makes it).
 
 In the all-queues mode the queues the worker has claimed from are claimed from every round
 (a keyset claim of an empty queue is one index descent per priority), and the search for
@@ -84,6 +84,9 @@ COST_WEIGHT = 0.3
 #: without limits dispatched there meanwhile waits at most this long (or until a round
 #: finds nothing else).
 PLAIN_REST = 0.05
+#: Seconds between two rounds in which the limited claim of a queue served by both claims
+#: goes first (the ordinary claim goes first in the others; see Claimer._limited_turn).
+LIMITED_TURN = 0.1
 
 
 @dataclass
@@ -137,8 +140,8 @@ class Claimer:
         self.flow = FlowRouter(engine, worker_id, clock)
         #: Per queue served by both claims: until when (clock()) its ordinary claim rests.
         self._plain_rest: dict[str, float] = {}
-        #: Queues served by both claims whose limited claim went first last time.
-        self._limited_last: set[str] = set()
+        #: Per queue served by both claims: when (clock()) its limited claim next goes first.
+        self._limited_turns: dict[str, float] = {}
         #: Queues whose last claim took as many jobs as it asked for: they may have more.
         self._full: set[str] = set()
 
@@ -189,8 +192,8 @@ class Claimer:
 
     def _claim_queue(self, round_: _Round, name: str) -> None:
         """Claim what the round still wants from queue ``name``: the ordinary claim (unless
-        it rests) and the limited one for what the other left, taking turns at going first
-        in a queue served by both; note the claims resting."""
+        it rests) and the limited one, each for what the other left (in a queue served by
+        both, the limited one first every LIMITED_TURN seconds); note the claims resting."""
         want = round_.want()
         ordinary, limited = self.flow.route(name)
         if not limited and self.flow.resting(name):
@@ -225,17 +228,18 @@ class Claimer:
 
     def _limited_turn(self, name: str) -> bool:
         """Whether the limited claim goes first this round in ``name``, a queue served by
-        both claims: every other round. With the ordinary claim always first, a queue busy
-        with jobs without limits filled every round before the limited claim was made, and
-        its limited jobs ran far below their limits (at 1,200 jobs/s in the soak, 15 a
-        second of the 38 offered, which their limits allowed); with the limited one always first,
-        jobs of limited classes with room would take every slot in their turn."""
-        first = name not in self._limited_last
-        if first:
-            self._limited_last.add(name)
-        else:
-            self._limited_last.discard(name)
-        return first
+        both claims: once every LIMITED_TURN seconds. With the ordinary claim always
+        first, a queue busy with jobs without limits filled every round before the limited
+        claim was made, and its limited jobs ran far below their limits (at 1,200 jobs/s
+        in the soak, 15 a second of the 38 offered, which their limits allowed). With the
+        two taking turns round by round, every other round paid a limited claim (a
+        transaction under the queue row's lock, serializing the fetchers) and the soak
+        finished a fifth fewer jobs."""
+        now = self.clock()
+        if now < self._limited_turns.get(name, 0.0):
+            return False
+        self._limited_turns[name] = now + LIMITED_TURN
+        return True
 
     def _limited(self, round_: _Round, name: str, want: int) -> list[ClaimedJob]:
         """The limited claim of ``name`` for ``want`` jobs, with the round's marks."""
