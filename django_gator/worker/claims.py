@@ -37,8 +37,9 @@ of back-dated jobs).
 
 A queue that holds jobs of limited classes is served by both claims (worker/flow.py), each
 claiming what the other left: the ordinary claim first, and the limited one first once every
-LIMITED_TURN seconds; the limited one writes the round's success marks (on PostgreSQL in its
-single round trip). While such a queue is busy with limited jobs only, its ordinary claim
+LIMITED_TURN seconds. The round's success marks go with the ordinary claim when it is made
+(on PostgreSQL in its statement), else with the limited one (in its single round trip):
+marks sent with a limited claim wait for the queue row's lock it takes. While such a queue is busy with limited jobs only, its ordinary claim
 would find nothing every round: after one that did, it rests PLAIN_REST seconds (a round
 that finds nothing else still makes it).
 
@@ -204,15 +205,13 @@ class Claimer:
         jobs: list[ClaimedJob] = []
         limited_first = ordinary and limited and self._limited_turn(name)
         if limited_first:
-            jobs = self._limited(round_, name, want)
+            # Not with the marks, which would wait for the queue row's lock: the ordinary
+            # claim writes them, or the round's end.
+            jobs = self._limited(round_, name, want, with_marks=False)
         if ordinary and len(jobs) < want:
-            # When the limited claim follows, the marks go with it (on PostgreSQL in
-            # its round trip, where the ordinary claim would spend one of its own).
-            marks = [] if limited and not limited_first else round_.pending
-            more, marked = self._ordinary(name, want - len(jobs), marks)
+            more, marked = self._ordinary(name, want - len(jobs), round_.pending)
             round_.written += marked
-            if marks:
-                round_.pending = []
+            round_.pending = []
             if limited and not more:
                 self._plain_rest[name] = self.clock() + PLAIN_REST
             else:
@@ -241,11 +240,15 @@ class Claimer:
         self._limited_turns[name] = now + LIMITED_TURN
         return True
 
-    def _limited(self, round_: _Round, name: str, want: int) -> list[ClaimedJob]:
-        """The limited claim of ``name`` for ``want`` jobs, with the round's marks."""
-        jobs, marked = self.flow.claim(name, want, round_.pending)
+    def _limited(
+        self, round_: _Round, name: str, want: int, *, with_marks: bool = True
+    ) -> list[ClaimedJob]:
+        """The limited claim of ``name`` for ``want`` jobs, with the round's marks not
+        written yet (on PostgreSQL in its round trip), unless not ``with_marks``."""
+        jobs, marked = self.flow.claim(name, want, round_.pending if with_marks else [])
         round_.written += marked
-        round_.pending = []
+        if with_marks:
+            round_.pending = []
         return jobs
 
     def _claim_resting(self, round_: _Round) -> None:
