@@ -710,13 +710,21 @@ def test_limited_jobs_behind_a_backlog_of_others_in_their_queue_get_their_turn()
     without limits are not left until that backlog is gone (with the ordinary claim always
     first, a queue busy with plain jobs starved its limited ones), and the next round is
     the ordinary claim's."""
-    claimer = Claimer(get_engine("default"), "w1", [QueueSpec("keyed")])
+    from django_gator.worker.claims import LIMITED_TURN
+
+    now = [0.0]
+    claimer = Claimer(get_engine("default"), "w1", [QueueSpec("keyed")], clock=lambda: now[0])
     plain = [Noop.dispatch(queue="keyed") for _ in range(6)]
     keyed = KeyedSpan.dispatch_many([["/dev/null", str(i), 0] for i in range(6)])
-    first = [j.id for j in claimer.claim(2)[0]]
-    second = [j.id for j in claimer.claim(2)[0]]
-    assert first == [j.pk for j in keyed[:2]]
-    assert second == [j.pk for j in plain[:2]]
+
+    def claim() -> list[int]:
+        return [j.id for j in claimer.claim(2)[0]]
+
+    assert claim() == [j.pk for j in keyed[:2]]
+    assert claim() == [j.pk for j in plain[:2]]
+    assert claim() == [j.pk for j in plain[2:4]]  # the limited claim's turn has not come
+    now[0] += LIMITED_TURN
+    assert claim() == [j.pk for j in keyed[2:4]]
 
 
 def test_keyset_reads_find_higher_priorities_and_back_dated_jobs(monkeypatch):
