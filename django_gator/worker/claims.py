@@ -36,10 +36,11 @@ full claims at least every FULL_CLAIM_EVERY seconds (the full claims that bound 
 of back-dated jobs).
 
 A queue that holds jobs of limited classes is served by both claims (worker/flow.py), each
-claiming what the other left: the ordinary claim first, and the limited one first once every
-LIMITED_TURN seconds. The round's success marks go with the ordinary claim when it is made
-(on PostgreSQL in its statement), else with the limited one (in its single round trip):
-marks sent with a limited claim wait for the queue row's lock it takes. While such a queue is busy with limited jobs only, its ordinary claim
+claiming what the other left: the ordinary claim first, and the limited one first when none
+of its limited claims was made in the last LIMITED_TURN seconds. The round's success marks
+go with the ordinary claim when it is made (on PostgreSQL in its statement), else with the
+limited one (in its single round trip): marks sent with a limited claim wait for the queue
+row's lock it takes. While such a queue is busy with limited jobs only, its ordinary claim
 would find nothing every round: after one that did, it rests PLAIN_REST seconds (a round
 that finds nothing else still makes it).
 
@@ -227,24 +228,23 @@ class Claimer:
 
     def _limited_turn(self, name: str) -> bool:
         """Whether the limited claim goes first this round in ``name``, a queue served by
-        both claims: once every LIMITED_TURN seconds. With the ordinary claim always
-        first, a queue busy with jobs without limits filled every round before the limited
+        both claims: when none of its limited claims was made in the last LIMITED_TURN
+        seconds (one made after a short ordinary claim counts too, so a queue whose
+        ordinary claims come back short pays no more of them). With the ordinary claim
+        always first, a queue busy with jobs without limits filled every round before the limited
         claim was made, and its limited jobs ran far below their limits (at 1,200 jobs/s
         in the soak, 15 a second of the 38 offered, which their limits allowed). With the
         two taking turns round by round, every other round paid a limited claim (a
         transaction under the queue row's lock, serializing the fetchers) and the soak
         finished a fifth fewer jobs."""
-        now = self.clock()
-        if now < self._limited_turns.get(name, 0.0):
-            return False
-        self._limited_turns[name] = now + LIMITED_TURN
-        return True
+        return self.clock() >= self._limited_turns.get(name, 0.0)
 
     def _limited(
         self, round_: _Round, name: str, want: int, *, with_marks: bool = True
     ) -> list[ClaimedJob]:
         """The limited claim of ``name`` for ``want`` jobs, with the round's marks not
         written yet (on PostgreSQL in its round trip), unless not ``with_marks``."""
+        self._limited_turns[name] = self.clock() + LIMITED_TURN
         jobs, marked = self.flow.claim(name, want, round_.pending if with_marks else [])
         round_.written += marked
         if with_marks:
