@@ -727,6 +727,26 @@ def test_limited_jobs_behind_a_backlog_of_others_in_their_queue_get_their_turn()
     assert claim() == [j.pk for j in keyed[2:4]]
 
 
+def test_a_queue_served_by_both_claims_pays_one_limited_claim_per_turn():
+    """After a short ordinary claim the limited one is made only when its turn is due
+    (every LIMITED_TURN seconds per queue and worker): each takes the queue row's lock,
+    which serializes every worker's limited claims of the queue."""
+    from django_gator.worker.claims import LIMITED_TURN
+
+    now = [0.0]
+    claimer = Claimer(get_engine("default"), "w1", [QueueSpec("keyed")], clock=lambda: now[0])
+    keyed = KeyedSpan.dispatch_many([["/dev/null", str(i), 0] for i in range(6)])
+    plain = [Noop.dispatch(queue="keyed") for _ in range(2)]
+
+    def claim() -> list[int]:
+        return sorted(j.id for j in claimer.claim(4)[0])
+
+    assert claim() == [j.pk for j in keyed[:4]]
+    assert claim() == [j.pk for j in plain]  # short, and no limited claim until its turn
+    now[0] += LIMITED_TURN
+    assert claim() == [j.pk for j in keyed[4:]]
+
+
 def test_keyset_reads_find_higher_priorities_and_back_dated_jobs(monkeypatch):
     from django_gator.engines import flow_keyset
 

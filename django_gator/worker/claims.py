@@ -37,7 +37,10 @@ of back-dated jobs).
 
 A queue that holds jobs of limited classes is served by both claims (worker/flow.py), each
 claiming what the other left: the ordinary claim first, and the limited one first when none
-of its limited claims was made in the last LIMITED_TURN seconds. The round's success marks
+of its limited claims was made in the last LIMITED_TURN seconds; after the ordinary claim,
+the limited one is made only then too (or in a round that found nothing else): at most one
+limited claim per LIMITED_TURN seconds per queue and worker, each under the queue row's
+lock that serializes every worker's limited claims of the queue. The round's success marks
 go with the ordinary claim when it is made (on PostgreSQL in its statement), else with the
 limited one (in its single round trip): marks sent with a limited claim wait for the queue
 row's lock it takes. While such a queue is busy with limited jobs only, its ordinary claim
@@ -101,6 +104,7 @@ class _Round:
     written: list[int] = field(default_factory=list)  # ids whose mark was written
     rested: list[str] = field(default_factory=list)  # limited claims resting
     plain_rested: list[str] = field(default_factory=list)  # ordinary claims resting
+    turn_waiting: list[str] = field(default_factory=list)  # limited claims not yet due
 
     def want(self) -> int:
         return self.limit - len(self.claimed)
@@ -219,7 +223,10 @@ class Claimer:
                 self._plain_rest.pop(name, None)
             jobs = jobs + more
         if limited and not limited_first and len(jobs) < want:
-            jobs = jobs + self._limited(round_, name, want - len(jobs))
+            if not ordinary or self._limited_turn(name):
+                jobs = jobs + self._limited(round_, name, want - len(jobs))
+            else:
+                round_.turn_waiting.append(name)
         round_.claimed += jobs
         if len(jobs) < want:
             self._full.discard(name)
@@ -261,7 +268,7 @@ class Claimer:
                 round_.written += marked
                 round_.pending = []
                 round_.claimed += jobs
-        for name in round_.rested:
+        for name in round_.rested + round_.turn_waiting:
             if round_.want() > 0:
                 round_.claimed += self._limited(round_, name, round_.want())
 
