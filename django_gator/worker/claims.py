@@ -89,8 +89,9 @@ COST_WEIGHT = 0.3
 #: without limits dispatched there meanwhile waits at most this long (or until a round
 #: finds nothing else).
 PLAIN_REST = 0.05
-#: Seconds between two rounds in which the limited claim of a queue served by both claims
-#: goes first (the ordinary claim goes first in the others; see Claimer._limited_turn).
+#: In a queue served by both claims, the least time between two of a worker's limited
+#: claims, except in a round that found nothing else: each takes the queue row's lock. When
+#: it has passed, the limited claim goes first (see Claimer._limited_turn).
 LIMITED_TURN = 0.1
 
 
