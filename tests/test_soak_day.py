@@ -156,3 +156,22 @@ def test_backlog_check_leaves_out_jobs_a_flow_limit_holds():
     assert day.check_backlog(minutes, rate=100).ok
     minutes[7]["free_backlog"]["oldest_s_max"] = 61.0
     assert not day.check_backlog(minutes, rate=100).ok
+
+
+def test_flow_limited_kinds_are_offered_within_their_limits_at_any_rate():
+    """features.flow_sizing: enough accounts and short enough limited jobs that the
+    flow-limited kinds are offered 70 % of what their limits let through."""
+    from benchmarks.soak import features
+    from benchmarks.soak.harness import DEFAULT_MIX, mix
+
+    weights = mix(DEFAULT_MIX)
+    limits = (3, 0.5)  # the limited queue's concurrency; 30 starts a minute per account
+    assert features.flow_sizing(150, weights, None, limits) == (50, features.LIMITED_MS)
+    accounts, (low, high) = features.flow_sizing(480, weights, None, limits)
+    share = sum(weights.values())
+    keyed = 480 * weights["keyed"] / share
+    limited = 480 * weights["limited"] / share
+    assert keyed / (accounts * 0.5) <= features.FLOW_HEADROOM
+    assert keyed / ((accounts - 1) * 0.5) > features.FLOW_HEADROOM  # no more than needed
+    assert limited * (low + high) / 2 / 1000 / 3 <= features.FLOW_HEADROOM + 0.01
+    assert features.flow_sizing(480, weights, 200, limits)[0] == 200  # more is kept

@@ -73,3 +73,11 @@ def helper():
 
 def test_the_sleep_check_sees_bare_sleeps_only():
     assert _bare_sleeps(SAMPLE) == [(3, "test_sample")]
+
+
+def test_the_database_free_modules_exist():
+    """tests/conftest.py marks the database-free tests of the modules it lists: a module
+    renamed away from the list would silently run on every database again."""
+    from tests.conftest import DATABASE_FREE_MODULES
+
+    assert [m for m in sorted(DATABASE_FREE_MODULES) if not (ROOT / m).is_file()] == []
