@@ -27,6 +27,7 @@ from django.db import transaction
 from django_gator import conf, fairness
 from django_gator.engines.base import UNKEYED_SQL, Engine
 from django_gator.engines.contract import JobEngine, behind
+from django_gator.engines.deadlocks import retrying_deadlocks
 from django_gator.models import FairShare
 from django_gator.states import ACTIVE_SQL, READY_SQL
 
@@ -59,6 +60,15 @@ class FairInserts(Engine):
     def insert_jobs(
         self, rows: Sequence[InsertRow], notify: set[str] | None = None
     ) -> list[tuple[int, datetime, datetime]]:
+        if not self._any_fair(rows):
+            return super().insert_jobs(rows, notify)
+        return retrying_deadlocks(
+            self, lambda: self._insert_jobs_stamped(rows, notify), "a fair queue's INSERT"
+        )
+
+    def _insert_jobs_stamped(
+        self, rows: Sequence[InsertRow], notify: set[str] | None
+    ) -> list[tuple[int, datetime, datetime]]:
         with self._stamping(rows) as stamp:
             if stamp is None:
                 return super().insert_jobs(rows, notify)
@@ -75,6 +85,22 @@ class FairInserts(Engine):
     ) -> Inserted:
         if not self._fair_queue(rows.queue):
             return super().insert_rows(rows, notify, prepare, meanwhile)
+        # Concurrent dispatches move the same counters: InnoDB may end one of two such
+        # transactions to break a deadlock (its upsert takes gap locks), so a transaction
+        # of ours is run again (prepare() and meanwhile() may run twice: both idempotent).
+        return retrying_deadlocks(
+            self,
+            lambda: self._insert_rows_stamped(rows, notify, prepare, meanwhile),
+            "a fair queue's INSERT",
+        )
+
+    def _insert_rows_stamped(
+        self,
+        rows: JobRows,
+        notify: set[str] | None,
+        prepare: Callable[[int], None] | None,
+        meanwhile: Callable[[Inserted], None] | None,
+    ) -> Inserted:
         keys = rows.fairness_keys or [None] * len(rows)
         flow = rows.concurrency_keys or [None] * len(rows)
         with self._stamping_keys(rows.queue, rows.priority, keys, flow) as stamp:
@@ -104,6 +130,10 @@ class FairInserts(Engine):
             # A debounced row that replaced a waiting one keeps that one's stamp.
             stamp([row[0] if row[3] else None for row in out])
             return out
+
+    def _any_fair(self, rows: Sequence[InsertRow]) -> bool:
+        table = conf.fairness()
+        return bool(table) and any(row.queue in table for row in rows)
 
     def _fair_queue(self, queue: str) -> bool:
         table = conf.fairness()
