@@ -9,8 +9,9 @@ rows, most of them finished:
   which reads partial indexes only (waiting and failed rows; running rows by queue; dead
   rows by queue) on PostgreSQL and SQLite, index-only scans when the table is vacuumed;
   finished rows never enter them (engines/gauges.py).
-- *failed* and the last-hour counts walk the ``(state, finished_at)`` index (or the
-  failed and dead rows' own) to the rows of those states.
+- *failed* walks the failed rows' index; the last-hour counts add up the workers'
+  tallies of the last hour (django_gator.tallies: rows per minute and queue, however many
+  jobs ended in that hour).
 - Succeeded and cancelled jobs are not counted per queue unless asked for
   (``exact=True``): that would read every finished row. :func:`estimated_total` gives the
   size of the whole table from the database's statistics instead.
@@ -28,6 +29,7 @@ from django_gator import conf
 from django_gator.declared_limits import JobLimit, job_limits
 from django_gator.engines import get_engine, reads
 from django_gator.models import Job, JobState, Queue, Worker
+from django_gator.tallies import finished_since
 
 if TYPE_CHECKING:
     from django_gator.engines.gauges import QueueGauge
@@ -47,8 +49,9 @@ class QueueStats:
     jobs and its age in seconds (how long the queue's head has waited); None when nothing is
     ready. ``oldest_running_at`` / ``oldest_running_age``: the start of the oldest running
     job's claim (``locked_at``) and how long it has run, in seconds; None when none runs.
-    ``succeeded_last_hour`` / ``dead_last_hour``: jobs that ended in that state within
-    the last hour, by ``finished_at``. ``succeeded`` / ``cancelled``: totals, only with
+    ``succeeded_last_hour`` / ``dead_last_hour``: attempts the workers wrote as succeeded
+    or dead within the last hour (their tallies, by the minute: see
+    :mod:`django_gator.tallies`). ``succeeded`` / ``cancelled``: totals, only with
     ``queue_stats(exact=True)``, else None. ``paused``: no worker claims from the queue
     (see :func:`django_gator.pause_queue`); ``paused_at`` and ``paused_by`` say since when
     and who paused it (None and "" when it is not paused). ``concurrency`` and
@@ -160,8 +163,8 @@ def queue_stats(
 
     Four queries whatever the number of queues (five with ``exact``): the queue gauges'
     one statement (ready/scheduled/oldest, running, dead and the database's now, from
-    partial indexes; see engines/gauges.py), the failed jobs, the ``(state, finished_at)``
-    index over the last hour for the recent outcomes, and the queue table. ``exact=True``
+    partial indexes; see engines/gauges.py), the failed jobs, the tallies of the last hour
+    for the recent outcomes, and the queue table. ``exact=True``
     also counts every succeeded and cancelled row, which reads all of them: keep it for
     small tables. ``now`` (default: the database's clock) dates the oldest due job's age.
     """
@@ -186,13 +189,10 @@ def queue_stats(
     for failed in failed_rows:
         entry(failed["queue"]).failed = failed["count"]
     since = now - timedelta(seconds=LAST_HOUR)
-    recent_rows = (
-        jobs.filter(state__in=(JobState.SUCCEEDED, JobState.DEAD), finished_at__gte=since)
-        .values("queue", "state")
-        .annotate(count=Count("id"))
-    )
-    for recent in recent_rows:
-        setattr(entry(recent["queue"]), f"{recent['state']}_last_hour", recent["count"])
+    for _minute, name, succeeded, dead in finished_since(alias, since):
+        recent = entry(name)
+        recent.succeeded_last_hour += succeeded
+        recent.dead_last_hour += dead
     for queue in Queue.objects.using(alias):
         _apply_queue_row(entry(queue.name), queue)
     for queue_name, limits in job_limits().items():

@@ -28,6 +28,7 @@ EMPTY = "gator_unmigrated"
 ALL_TABLES = [
     "django_gator_batch",
     "django_gator_fair_share",
+    "django_gator_finished_tally",
     "django_gator_flow_start",
     "django_gator_job",
     "django_gator_lease",
@@ -146,6 +147,7 @@ def test_a_partly_migrated_database_names_the_missing_tables(unmigrated):
     assert missing == [
         "django_gator_batch",
         "django_gator_fair_share",
+        "django_gator_finished_tally",
         "django_gator_flow_start",
         "django_gator_lease",
         "django_gator_queue",
@@ -156,8 +158,9 @@ def test_a_partly_migrated_database_names_the_missing_tables(unmigrated):
     ]
     assert schema.missing_tables_message(EMPTY, missing).endswith(
         f"(database {EMPTY!r}; missing: django_gator_batch, django_gator_fair_share, "
-        "django_gator_flow_start, django_gator_lease, django_gator_queue, django_gator_schedule, "
-        "django_gator_scheduledrun, django_gator_workflow, django_gator_workflow_step)"
+        "django_gator_finished_tally, django_gator_flow_start, django_gator_lease, "
+        "django_gator_queue, django_gator_schedule, django_gator_scheduledrun, "
+        "django_gator_workflow, django_gator_workflow_step)"
     )
 
 

@@ -1,5 +1,5 @@
 """django-gator's tables: jobs, batches, workers, queues, cron schedules and their runs,
-workflows and their steps, leases.
+workflows and their steps, leases, and the finished jobs counted per minute.
 
 Hot paths (dispatch, claim, outcome writes, rescue) are SQL in :mod:`django_gator.engines`,
 one module per database; the models declare the schema, the indexes the claim query needs,
@@ -20,6 +20,7 @@ from django_gator.models.jobs import Job
 from django_gator.models.leases import Lease, LeaseQuerySet
 from django_gator.models.queues import Queue, QueueQuerySet
 from django_gator.models.schedules import MisfirePolicy, Schedule, ScheduledRun, ScheduleSource
+from django_gator.models.tallies import FinishedTally
 from django_gator.models.workers import Worker
 from django_gator.models.workflows import WorkflowRun, WorkflowStep
 from django_gator.states import FINAL_STATES, READY_STATES, JobState
@@ -31,6 +32,7 @@ __all__ = [
     "Batch",
     "BatchError",
     "FairShare",
+    "FinishedTally",
     "FlowStart",
     "Job",
     "JobQuerySet",

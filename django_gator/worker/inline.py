@@ -49,6 +49,7 @@ def run_inline(alias: str, job_id: int, worker_id: str) -> InlineRun | None:
     outcome = run_claimed(job, worker_id, functools.partial(outcomes.commit, job), journal=journal)
     elapsed_ms = (time.perf_counter() - started) * 1000
     state = outcomes.record(job, outcome, elapsed_ms, batch=False)
+    outcomes.tally.flush(alias)  # no heartbeat here: counted for the dashboard at once
     if state is None:  # the row changed while the job ran (the outcome says how)
         current = engine.claim_state(job.id)
         state = current[0] if current else "deleted"

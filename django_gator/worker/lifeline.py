@@ -31,6 +31,7 @@ from django_gator.expiry import settle_expired
 from django_gator.logutil import safe
 from django_gator.rows import LostClaim
 from django_gator.states import JobState
+from django_gator.tallies import Tally
 from django_gator.worker.beacon import BUSY, BYE, FAILED, OK, Beacon
 from django_gator.worker.errors import error_entry
 from django_gator.worker.liveness import Liveness, local_worker
@@ -55,8 +56,12 @@ class Lifeline:
         worker_id: str,
         register: Callable[[], object] = lambda: None,
         beacon: Beacon | None = None,
+        *,
+        tally: Tally | None = None,
     ) -> None:
         self.engine = engine
+        #: The worker's outcomes counted per minute, written at each beat (see flush_tally).
+        self.tally = tally
         self.worker_id = worker_id
         self.register = register  # writes this worker's row again
         # Each round's begin and end, to the --processes supervisor (see .beacon).
@@ -75,6 +80,7 @@ class Lifeline:
         self.last_beat = time.monotonic()
         while not stopped(interval):
             self._round(self.beat, "Heartbeat failed")
+        self.flush_tally()  # what the last jobs counted (the executors have stopped)
         self.beacon.send(BYE)
 
     def _round(self, work: Callable[[], object], failure: str) -> None:
@@ -105,6 +111,19 @@ class Lifeline:
             self.rescue(judging=judging)
         self.expire()
         self.fair_upkeep()
+        self.flush_tally()
+
+    def flush_tally(self) -> None:
+        """Write the outcomes counted since the last beat (django_gator.tallies). A
+        failure is logged and the counts kept for the next beat; it never counts as a
+        failed heartbeat."""
+        if self.tally is None:
+            return
+        try:
+            self.tally.flush(self.engine.alias)
+        except Exception:
+            logger.exception("Writing the finished jobs' tally failed worker=%s", self.worker_id)
+            drop_connection(self.engine.alias)
 
     def fair_upkeep(self) -> None:
         """At most once a minute, and only with fair queues: stamp their unstamped ready

@@ -53,9 +53,17 @@ class Outcomes(OutcomeWrites):
     ) -> str | None:
         """Write the outcome of ``job``'s attempt; the state its row now has, DEFERRED for a
         plain success left to the batched mark (``batch``), or None if nothing was
-        written (the claim was lost, or the worker gave up on an unreachable database)."""
+        written (the claim was lost, or the worker gave up on an unreachable database).
+        A success or a death is counted in the tally (see django_gator.tallies)."""
         if metrics.enabled:
             metrics.job_finished(job, outcome, elapsed_ms)
+        state = self._record(job, outcome, elapsed_ms, batch=batch)
+        self.tally.add(job.queue, state)
+        return state
+
+    def _record(
+        self, job: ClaimedJob, outcome: Outcome, elapsed_ms: float, *, batch: bool
+    ) -> str | None:
         if isinstance(outcome, Failure):
             return self._failure(job, outcome, elapsed_ms)
         if isinstance(outcome, Snoozed):

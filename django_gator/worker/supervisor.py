@@ -157,8 +157,8 @@ class WorkerProcess:
             on_drained=self._drained,
             start_async=self.aio.submit if self.aio else lambda jobs: None,
         )
-        register = self.registration.register
-        self.lifeline = Lifeline(self.engine, self.worker_id, register, self.beacon)
+        args = (self.engine, self.worker_id, self.registration.register, self.beacon)
+        self.lifeline = Lifeline(*args, tally=self.outcomes.tally)
         self.pruner = Pruner(self.engine, self.worker_id, rng) if not burst else None
 
     @property

@@ -21,6 +21,7 @@ from django_gator.engines import ClaimedJob, JobEngine
 from django_gator.logutil import safe
 from django_gator.redaction import mask_text, secret_values
 from django_gator.states import JobState
+from django_gator.tallies import Tally
 from django_gator.worker.errors import LAST_ERROR_CHARS
 from django_gator.worker.execution import unstorable_failure
 
@@ -57,6 +58,8 @@ class OutcomeWrites:
         #: Where the ids of the rows an outcome inserted (workflow steps it released, an
         #: on_error handler) are collected, if the caller wants them.
         self.follow_ups = follow_ups
+        #: The outcomes written, counted per minute and queue (django_gator.tallies).
+        self.tally = Tally()
 
     def landed(self, job: ClaimedJob, expected: str, *, given_back: bool = False) -> bool:
         """After a compare-and-set changed no row: did an earlier try of this very write

@@ -68,7 +68,15 @@ def states() -> dict[int, str]:
 
 
 def populate() -> dict[str, Job]:
-    """Jobs in every state on two queues; the oldest ready job is 2 minutes late."""
+    """Jobs in every state on two queues; the oldest ready job is 2 minutes late. With the
+    workers' tallies of their ends (django_gator.tallies), which the last-hour counts read:
+    two successes and a death in the last hour."""
+    from django_gator.models import FinishedTally
+
+    FinishedTally.objects.create(minute=ago(seconds=0), queue="default", succeeded=1)
+    FinishedTally.objects.create(minute=ago(minutes=59), queue="default", succeeded=1, dead=1)
+    FinishedTally.objects.create(minute=ago(hours=2), queue="default", succeeded=1, dead=1)
+    FinishedTally.objects.create(minute=ago(days=2), queue="emails", succeeded=1)
     return {
         "late": JobFactory(next_execution_at=ago(minutes=2)),
         "due": JobFactory(),
