@@ -7,7 +7,9 @@ throwaway PostgreSQL 15 cluster by default, cluster.py; its name must contain ``
 migrates, converts the still-empty table for partitioned storage (``--partitioning``
 granularity, hour by default), bulk-loads the rows (fill.py: 93 % succeeded, 1 % each
 cancelled and dead, 0.5 % failed, 2 % due, 2 % scheduled, 0.5 % running, finished over the
-time a day's rate takes to make them), VACUUM ANALYZE (what autovacuum would have done),
+time a day's rate takes to make them; and the rows of the finished jobs' tallies a fleet of
+12 workers would have written for them, fill.fill_tallies), VACUUM ANALYZE (what autovacuum
+would have done),
 then requests each page ``--repeat`` times after one untimed request (the cold one, timed
 apart): the admin's through Django's test Client logged in as a superuser (the whole view,
 templates included; no network), /metrics over real HTTP (Django's WSGI handler behind
@@ -163,8 +165,10 @@ def measure_storage(url: str, storage: str, args: argparse.Namespace) -> dict[st
     print(f"{storage}: loading {args.rows:,} rows", flush=True)
     with connection.cursor() as cursor:
         load_s = fill.fill(cursor, args.rows, spread)
+        fill.fill_tallies(cursor, spread)
         started = time.monotonic()
         cursor.execute("VACUUM ANALYZE django_gator_job")
+        cursor.execute("VACUUM ANALYZE django_gator_finished_tally")
         vacuum_s = time.monotonic() - started
         cursor.execute("SELECT min(id), max(id), count(*) FROM django_gator_job")
         context["oldest"], context["newest"], count = cursor.fetchone()

@@ -87,6 +87,37 @@ def fill(cursor: Any, rows: int, spread_s: float) -> float:
     return time.monotonic() - started
 
 
+#: The fleet whose tallies fill_tallies() writes: worker processes, and heartbeats a minute
+#: (GATOR_HEARTBEAT_INTERVAL of 5 s), each writing a row per queue it ran jobs of.
+TALLY_WORKERS = 12
+TALLY_FLUSHES = 12
+TALLY_QUEUES = ("soak", "soak-limited", "default")
+
+
+def fill_tallies(cursor: Any, spread_s: float) -> int:
+    """The rows of ``django_gator_finished_tally`` the workers would have written for the
+    fill's finished jobs (django_gator.tallies: one per worker, heartbeat and queue, kept two
+    hours): for each minute of the spread, at most the last 120, TALLY_WORKERS x
+    TALLY_FLUSHES rows per queue of TALLY_QUEUES, the day's rate split between them (about
+    1 % dead). Returns the rows written."""
+    minutes = max(1, min(120, int(spread_s // 60) + 1))
+    per_row = 1157 * 60 / (TALLY_WORKERS * TALLY_FLUSHES * len(TALLY_QUEUES))
+    queues = "ARRAY[" + ", ".join(f"'{q}'" for q in TALLY_QUEUES) + "]"
+    cursor.execute(
+        "INSERT INTO django_gator_finished_tally (minute, queue, succeeded, dead) "
+        "SELECT date_trunc('minute', now()) - m * interval '1 minute', q, %s, %s "
+        f"FROM generate_series(0, %s) AS m, unnest({queues}) AS q, "
+        "generate_series(1, %s) AS f",
+        [
+            round(per_row * 0.99),
+            max(1, round(per_row * 0.01)),
+            minutes - 1,
+            TALLY_WORKERS * TALLY_FLUSHES,
+        ],
+    )
+    return int(cursor.rowcount)
+
+
 def seed_oldest(cursor: Any, spread_s: float) -> None:
     """One succeeded job older than the spread: a conversion then makes time partitions
     from its day or hour on, so the fill lands in them rather than the default partition."""
