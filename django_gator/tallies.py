@@ -78,8 +78,13 @@ class Tally:
         return taken
 
     def _put_back(self, taken: Counts) -> None:
+        """Count again what a failed flush took, but what is older than KEPT_SECONDS (a
+        worker whose writes keep failing keeps a bounded tally)."""
+        oldest = int(self._clock() // 60) - KEPT_SECONDS // 60
         with self._lock:
             for key, (succeeded, dead) in taken.items():
+                if key[0] < oldest:
+                    continue
                 counts = self._counts.setdefault(key, [0, 0])
                 counts[0] += succeeded
                 counts[1] += dead

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import DatabaseError, connections
+from django.utils.connection import ConnectionDoesNotExist
 
 from django_gator import stats, tallies
 from django_gator.admin.dashboard import throughput
@@ -92,6 +93,41 @@ def test_a_flush_that_fails_keeps_its_counts_for_the_next_one():
             editor.create_model(FinishedTally)
     assert tally.flush("default") == 1
     assert sums() == {"default": (1, 1)}
+
+
+def test_counts_older_than_two_hours_are_not_kept_when_writes_keep_failing():
+    clock = Clock(T0)
+    tally = Tally(clock)
+    tally.add("default", "succeeded")
+    clock.now += tallies.KEPT_SECONDS + 60
+    tally.add("default", "dead")
+    with pytest.raises(ConnectionDoesNotExist):
+        tally.flush("no-such-alias")
+    assert tally.pending() == {(int(clock.now // 60), "default"): [0, 1]}
+
+
+def test_a_heartbeat_whose_tally_write_fails_logs_it_once_a_minute_and_keeps_beating(caplog):
+    from django_gator.engines import get_engine
+    from django_gator.worker.lifeline import Lifeline
+
+    tally = Tally()
+    lifeline = Lifeline(get_engine("default"), "w-tally", tally=tally)
+    tally.add("default", "succeeded")
+    with connections["default"].cursor() as cursor:
+        cursor.execute("DROP TABLE django_gator_finished_tally")
+    try:
+        with caplog.at_level("ERROR", logger="django_gator.worker"):
+            lifeline.flush_tally()
+            lifeline.flush_tally()
+    finally:
+        from django.db import connection
+
+        with connection.schema_editor() as editor:
+            editor.create_model(FinishedTally)
+    failures = [r for r in caplog.records if "tally failed" in r.getMessage()]
+    assert len(failures) == 1, caplog.text
+    lifeline.flush_tally()
+    assert sums() == {"default": (1, 0)}
 
 
 def test_rows_older_than_two_hours_are_deleted_as_the_workers_write_theirs(monkeypatch):

@@ -44,6 +44,8 @@ logger = logging.getLogger("django_gator.worker")
 ORPHAN_SWEEP_EVERY = 60.0
 #: Seconds between two rounds of the fair queues' upkeep (engines/fairness.py).
 FAIR_UPKEEP_EVERY = 60.0
+#: Seconds between two log records of failed writes of the finished jobs' tally.
+TALLY_LOG_EVERY = 60.0
 
 
 class Lifeline:
@@ -71,6 +73,7 @@ class Lifeline:
         self._last_sweep = -ORPHAN_SWEEP_EVERY  # the first rescue pass sweeps
         self._spared: set[str] = set()  # lapsed workers found alive on this host (logged)
         self._last_fair_upkeep = -FAIR_UPKEEP_EVERY
+        self._tally_logged = -TALLY_LOG_EVERY
 
     def run(self, stopped: Callable[[float], bool]) -> None:
         """Beat until ``stopped(interval)`` (which waits up to ``interval``) is true."""
@@ -115,14 +118,17 @@ class Lifeline:
 
     def flush_tally(self) -> None:
         """Write the outcomes counted since the last beat (django_gator.tallies). A
-        failure is logged and the counts kept for the next beat; it never counts as a
-        failed heartbeat."""
+        failure is logged (at most once a minute) and the counts kept for the next beat;
+        it never counts as a failed heartbeat."""
         if self.tally is None:
             return
         try:
             self.tally.flush(self.engine.alias)
         except Exception:
-            logger.exception("Writing the finished jobs' tally failed worker=%s", self.worker_id)
+            now = time.monotonic()
+            if now - self._tally_logged >= TALLY_LOG_EVERY:  # e.g. migration 0028 not run
+                self._tally_logged = now
+                logger.exception("Writing the jobs' tally failed worker=%s", self.worker_id)
             drop_connection(self.engine.alias)
 
     def fair_upkeep(self) -> None:
