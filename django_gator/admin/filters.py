@@ -16,6 +16,7 @@ from django_gator.databases import job_databases
 from django_gator.engines import get_engine
 from django_gator.models import Job, JobState
 from django_gator.queueable import registered_jobs
+from django_gator.tallies import finished_since
 
 
 class JobNameFilter(admin.SimpleListFilter):
@@ -36,7 +37,9 @@ class QueueFilter(admin.SimpleListFilter):
     """Every queue a job list may be filtered by, without a DISTINCT over every row
     (Django's default filter): those with unfinished or dead jobs or a row of their own
     (paused, limited), by the queue gauges' one statement over partial indexes; those
-    whose jobs finished within the last hour, by the ``(state, finished_at)`` index; the
+    whose jobs succeeded or died within the last hour, by the workers' tallies
+    (django_gator.tallies: reading the finished rows of the last hour took 0.9-1.3 s at
+    20,000,000 rows), or were cancelled within it, by the ``(state, finished_at)`` index; the
     queues the code and settings declare (the job classes', GATOR_QUEUES); and the one
     chosen."""
 
@@ -44,14 +47,15 @@ class QueueFilter(admin.SimpleListFilter):
     parameter_name = "queue"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        engine = get_engine(reading.alias(request))
-        now, gauges = engine.queue_gauges()
+        alias = reading.alias(request)
+        now, gauges = get_engine(alias).queue_gauges()
         names = {gauge.queue for gauge in gauges}
-        finished = reading.using(request, Job.objects.all()).filter(
-            state__in=(JobState.SUCCEEDED, JobState.CANCELLED, JobState.DEAD),
-            finished_at__gte=now - timedelta(hours=1),
-        )
-        names.update(finished.order_by().values_list("queue", flat=True).distinct())
+        since = now - timedelta(hours=1)
+        names.update(row[1] for row in finished_since(alias, since))
+        # Cancellations are not tallied: the (state, finished_at) index's cancelled rows.
+        jobs = Job.objects.using(alias)
+        cancelled = jobs.filter(state=JobState.CANCELLED, finished_at__gte=since)
+        names.update(cancelled.order_by().values_list("queue", flat=True).distinct())
         names.update(job_class.queue for job_class in registered_jobs().values())
         names.update(conf.queues())
         if self.value():

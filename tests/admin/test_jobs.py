@@ -12,10 +12,11 @@ from django.db import connection
 from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 
 from django_gator import pause_queue
 from django_gator.admin import listing
-from django_gator.models import Job, JobState
+from django_gator.models import FinishedTally, Job, JobState
 from tests.admin_helpers import dead_job, dead_jobs, operator
 from tests.conftest import SECRET, analyze, run_worker
 from tests.factories import JobFactory
@@ -254,6 +255,8 @@ def test_the_queue_filter_lists_live_dead_paused_finished_and_declared_queues(
     JobFactory(queue="q-run", running=True)
     JobFactory(queue="q-dead", dead=True)
     JobFactory(queue="q-done", succeeded=True)  # every job of its queue finished
+    # ... as its worker counted it (the filter reads the tallies: django_gator.tallies)
+    FinishedTally.objects.create(minute=timezone.now(), queue="q-done", succeeded=1)
     JobFactory(queue="q-cancelled", cancelled=True)
     response = admin_client.get(reverse(CHANGELIST))
     [spec] = [f for f in response.context["cl"].filter_specs if f.title == "queue"]
