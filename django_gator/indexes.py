@@ -17,11 +17,13 @@ from __future__ import annotations
 from django.db import models
 
 from django_gator import states
-from django_gator.states import READY_STATES, JobState, sql_list
+from django_gator.states import READY_STATES, SLEEP_JOB, WAIT_JOB, JobState, sql_list
 
 READY_STATES_SQL = sql_list(READY_STATES)
 #: States in which a unique job blocks a second dispatch with the same key.
 ACTIVE_STATES = [state.value for state in states.ACTIVE_STATES]
+#: The job names of workflow steps that stay open for a while (a sleep, a wait for a signal).
+OPEN_STEP_JOBS = (SLEEP_JOB, WAIT_JOB)
 
 
 def partial_indexes(*, flow: bool = False) -> list[models.Index]:
@@ -184,4 +186,19 @@ def fair_index() -> models.Index:
         condition=ready
         & models.Q(concurrency_key__isnull=True)
         & models.Q(fair_order__isnull=False),
+    )
+
+
+# -- the workflow gauges (migration 0029) -----------------------------------------------------
+
+
+def open_steps_index() -> models.Index:
+    # The sleep and wait steps not ended, by name and queue, oldest first: the Prometheus
+    # view's workflow gauges read these entries alone instead of every unfinished job.
+    # Partial: no other job has an entry, so their dispatches, claims and marks never write
+    # it. MySQL and MariaDB get none (their gauges read the unfinished jobs by state).
+    return models.Index(
+        fields=["name", "queue", "created_at"],
+        name="gator_job_open_steps",
+        condition=models.Q(name__in=OPEN_STEP_JOBS) & models.Q(state__in=ACTIVE_STATES),
     )

@@ -37,6 +37,9 @@ ACTIVE_STATES = (JobState.WAITING, JobState.FAILED, JobState.RUNNING)
 #: States no worker ever leaves on its own.
 FINAL_STATES = (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED)
 
+#: The internal job names of workflow sleep and wait steps (django_gator.workflow_waits).
+SLEEP_JOB, WAIT_JOB = "gator.sleep", "gator.wait"
+
 
 def sql_list(states: Iterable[str]) -> str:
     """``('waiting', 'failed')``: states as an SQL list (they are fixed identifiers, so

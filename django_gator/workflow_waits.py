@@ -19,6 +19,7 @@ from django_gator.databases import for_queue
 from django_gator.exceptions import WaitRejected, WaitTimedOut
 from django_gator.queueable import Queueable
 from django_gator.registry import get_job_class
+from django_gator.states import SLEEP_JOB, WAIT_JOB
 
 #: The deadline of a wait without a timeout: far enough never to come.
 NO_TIMEOUT_SECONDS = 100 * 365 * 24 * 3600.0
@@ -27,7 +28,7 @@ NO_TIMEOUT_SECONDS = 100 * 365 * 24 * 3600.0
 class SleepStep(Queueable):
     """A workflow's sleep step: due when the sleep ends; succeeds at once."""
 
-    name = "gator.sleep"
+    name = SLEEP_JOB
 
     def handle(self) -> None:
         return None
@@ -37,7 +38,7 @@ class WaitStep(Queueable):
     """A workflow's wait step: see the module's docstring. Not retried: a timeout is
     final, and a signal found is a success."""
 
-    name = "gator.wait"
+    name = WAIT_JOB
 
     def handle(self, signal: str, on_timeout: str = "") -> Any:
         from django_gator.models.waits import delivered  # see cancel_requested

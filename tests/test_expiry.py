@@ -4,10 +4,12 @@ worker's expiry sweep ends such jobs ``cancelled`` with the reason."""
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import timedelta
 
 import pytest
+from django.db import connection, transaction
 from django.utils import timezone
 
 from django_gator import Batch, Queueable, Workflow, conf
@@ -17,6 +19,7 @@ from django_gator.expiry import EXPIRED_CLASS, EXPIRED_REASON, settle_expired
 from django_gator.models import Job, JobState, WorkflowStep
 from django_gator.states import StepState
 from django_gator.testing import run_jobs
+from django_gator.worker.lifeline import Lifeline
 from tests.conftest import run_worker
 from tests.testapp.jobs import BatchCompleted, BatchSucceeded, Record
 from tests.testapp.models import Execution
@@ -120,6 +123,39 @@ def test_a_worker_started_after_the_expiry_finds_it_expired():
     time.sleep(1.2)  # deliberate: the deadline passes in real time before any worker runs
     run_worker()
     assert not Execution.objects.exists()
+    assert _expired(job)
+
+
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="no row locks to skip")
+def test_a_stopping_worker_sweeps_again_what_a_lock_hid_from_its_first_sweep():
+    """The start-up sweep skips a row another transaction holds (SKIP LOCKED; a claim
+    walking past an expired row locks it for an instant). A worker that stops right after
+    (a --burst worker with nothing to do) sweeps once more as it stops: the job does not
+    stay waiting until some other worker's beat."""
+    job = SendCode.dispatch(6)
+    _expire(job)
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # a second connection holding the row's lock
+        try:
+            with transaction.atomic():
+                Job.objects.select_for_update().filter(pk=job.pk).exists()
+                locked.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert locked.wait(30)
+
+    def stopped(interval: float) -> bool:  # after the start-up sweep: the lock goes
+        assert Job.objects.get(pk=job.pk).state == JobState.WAITING  # skipped, not settled
+        release.set()
+        holder.join(30)
+        return True
+
+    Lifeline(get_engine("default"), "w-expiry").run(stopped)
     assert _expired(job)
 
 

@@ -4,6 +4,7 @@ from ``django_gator.metrics.view`` served by a real WSGI server in this process.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
@@ -12,12 +13,17 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import pytest
 from django.core.handlers.wsgi import WSGIHandler
+from django.db import connection
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 
 from django_gator import Workflow
 from django_gator.exceptions import WorkflowError
+from django_gator.metrics.workflows import wait_figures
 from django_gator.models import WorkflowRun
-from tests.conftest import run_worker
+from tests.conftest import PARTITIONED_SUITE, analyze, run_worker
+from tests.engines.test_contract_plans import explain
+from tests.factories import JobFactory
 from tests.test_metrics import Samples, value
 from tests.test_metrics import scrape as scrape_port
 from tests.testapp.jobs import Gathers, Produces
@@ -89,3 +95,63 @@ def test_open_waits_sleeps_and_signals_by_outcome_are_scraped_over_http(server):
 
 
 OUTCOMES = ("delivered", "rejected", "duplicate", "refused")
+
+
+@override_settings(GATOR_METRICS_CACHE_SECONDS=0)
+@pytest.mark.skipif(connection.vendor == "mysql", reason="no partial indexes: the state index")
+def test_the_gauges_read_the_open_steps_alone_not_every_unfinished_job():
+    """Migration 0029's partial index holds the unfinished sleep and wait steps only: the
+    gauges' statement reads it, however many other jobs wait or run (before it, the
+    statement read every unfinished row: 295-626 ms of a /metrics scrape at 5,000,000 rows,
+    docs/benchmarks.md)."""
+    _waiting("order 1")
+    run_worker("results")
+    JobFactory.create_batch(2000)  # waiting jobs of other names
+    JobFactory.create_batch(300, running=True)
+    analyze()
+    with CaptureQueriesContext(connection) as queries:
+        figures = wait_figures("default")
+    assert figures["queues"]["results"]["waits"] == 1
+    assert figures["queues"]["results"]["sleeps"] == 1
+    [query] = [q["sql"] for q in queries.captured_queries if "django_gator_job" in q["sql"]]
+    plan = explain(query)
+    assert "gator_job_open_steps" in plan, plan
+    if connection.vendor == "postgresql":
+        # No other index of the jobs table, no table scan: the open steps' entries alone.
+        assert "Seq Scan" not in plan, plan
+        assert plan.count("Index") == plan.count("open_steps"), plan
+        if PARTITIONED_SUITE:
+            assert "django_gator_job_active" in plan, plan
+            assert "_done" not in plan, plan
+    else:
+        assert re.search(r"USING (COVERING )?INDEX gator_job_open_steps\b", plan), plan
+        job_lines = [line for line in plan.splitlines() if "django_gator_job" in line]
+        assert all("INDEX" in line for line in job_lines), plan
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="CREATE INDEX CONCURRENTLY")
+def test_the_open_steps_migration_builds_concurrently_where_the_rows_are():
+    """PostgreSQL builds 0029's index without blocking writers: on the plain table, or on
+    the active partition of partitioned storage (a partitioned parent cannot be indexed
+    concurrently); dropped and built again, it is back where it was and valid."""
+    from django.apps import apps as registry
+
+    from django_gator.engines import schema
+
+    def where() -> tuple[str, bool] | None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT i.indrelid::regclass::text, i.indisvalid FROM pg_index i"
+                " WHERE i.indexrelid = to_regclass('gator_job_open_steps')"
+            )
+            row = cursor.fetchone()
+        return None if row is None else (row[0], bool(row[1]))
+
+    table = "django_gator_job_active" if PARTITIONED_SUITE else "django_gator_job"
+    assert where() == (table, True)
+    with connection.schema_editor(atomic=False) as editor:
+        schema.drop_open_steps_index(registry, editor)
+    assert where() is None
+    with connection.schema_editor(atomic=False) as editor:
+        schema.create_open_steps_index(registry, editor)
+    assert where() == (table, True)

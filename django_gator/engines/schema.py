@@ -1,11 +1,11 @@
 """How each database builds the indexes of ``django_gator.indexes``: the migrations' steps.
 
 PostgreSQL and SQLite build the declared partial indexes through the schema editor
-(PostgreSQL's dead-queue index CONCURRENTLY). MySQL and MariaDB have no partial indexes:
-they get the virtual columns and plain indexes of the ``MYSQL_*`` statements below instead,
-or nothing where their claim does without. SQLite rebuilds the jobs table for some column
-changes, dropping what the migration state does not list: the ``restore_*`` steps put it
-back.
+(those of migrations 0018 and 0029 CONCURRENTLY). MySQL and MariaDB have no partial
+indexes: they get the virtual columns and plain indexes of the ``MYSQL_*`` statements
+below instead, or nothing where their claim does without. SQLite rebuilds the jobs table
+for some column changes, dropping what the migration state does not list: the
+``restore_*`` steps put it back.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from django_gator.indexes import (
     full_batch_index,
     groups_index,
     has_flow,
+    open_steps_index,
     partial_indexes,
     unique_constraint,
 )
@@ -231,29 +232,48 @@ def restore_after_rebuild(apps: Any, schema_editor: Any) -> None:
 
 
 def create_dead_queue_index(apps: Any, schema_editor: Any) -> None:
-    """On PostgreSQL ``CREATE INDEX CONCURRENTLY``: the table's writers are not blocked
-    while it reads the table (the migration is not atomic, as CONCURRENTLY requires). A
-    build that failed half-way leaves an invalid index of that name: it is dropped and
-    built again."""
+    """On PostgreSQL ``CREATE INDEX CONCURRENTLY`` (see _build_concurrently)."""
+    _create_partial(apps, schema_editor, dead_queue_index())
+
+
+def _create_partial(apps: Any, schema_editor: Any, index: models.Index) -> None:
+    """A partial index of a migration that MySQL and MariaDB do without: SQLite builds it
+    where it is missing, PostgreSQL without blocking writers (_build_concurrently)."""
     connection = schema_editor.connection
     if connection.vendor == "mysql":
         return
     job = apps.get_model("django_gator", "Job")
-    index = dead_queue_index()
     if connection.vendor != "postgresql":
-        restore_dead_queue_index(job, schema_editor)
-        return
+        _add_missing(job, schema_editor, index)
+    else:
+        _build_concurrently(job, schema_editor, index)
+
+
+def _build_concurrently(job: Any, schema_editor: Any, index: models.Index) -> None:
+    """PostgreSQL: ``CREATE INDEX CONCURRENTLY``, so the table's writers are not blocked
+    while it reads the table (the migration is not atomic, as CONCURRENTLY requires). A
+    build that failed half-way leaves an invalid index of that name: it is dropped and
+    built again. On partitioned storage, whose parent cannot be indexed concurrently, the
+    index goes on the active partition, where the conversion puts every index whose
+    condition names only active states (engines/partition_indexes.py)."""
+    connection = schema_editor.connection
+    table = job._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass(%s)",
             [index.name],
         )
         row = cursor.fetchone()
+        cursor.execute("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)", [table])
+        partitioned = cursor.fetchone()[0] == "p"
     if row is not None and row[0]:
         return
     if row is not None:
         schema_editor.execute(f"DROP INDEX CONCURRENTLY {connection.ops.quote_name(index.name)}")
     sql = str(index.create_sql(job, schema_editor, concurrently=True))
+    if partitioned:
+        qn = connection.ops.quote_name
+        sql = sql.replace(f" ON {qn(table)} ", f" ON {qn(table + '_active')} ", 1)
     schema_editor.execute(sql)
 
 
@@ -264,14 +284,37 @@ def restore_dead_queue_index(job: Any, schema_editor: Any) -> None:
 
 
 def drop_dead_queue_index(apps: Any, schema_editor: Any) -> None:
+    _drop_partial(apps, schema_editor, dead_queue_index())
+
+
+def _drop_partial(apps: Any, schema_editor: Any, index: models.Index) -> None:
     connection = schema_editor.connection
     if connection.vendor == "mysql":
         return
     if connection.vendor == "postgresql":
-        name = connection.ops.quote_name(dead_queue_index().name)
+        name = connection.ops.quote_name(index.name)
         schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
         return
-    schema_editor.remove_index(apps.get_model("django_gator", "Job"), dead_queue_index())
+    schema_editor.remove_index(apps.get_model("django_gator", "Job"), index)
+
+
+# -- the workflow gauges (migration 0029) ----------------------------------------------------
+
+
+def create_open_steps_index(apps: Any, schema_editor: Any) -> None:
+    """PostgreSQL ``CREATE INDEX CONCURRENTLY`` (writers not blocked), SQLite a plain
+    build; MySQL and MariaDB nothing."""
+    _create_partial(apps, schema_editor, open_steps_index())
+
+
+def drop_open_steps_index(apps: Any, schema_editor: Any) -> None:
+    _drop_partial(apps, schema_editor, open_steps_index())
+
+
+def restore_open_steps_index(job: Any, schema_editor: Any) -> None:
+    """Create 0029's index where it is missing (on SQLite, a later migration that rebuilds
+    the table must call this)."""
+    _add_missing(job, schema_editor, open_steps_index())
 
 
 # -- batch members (migration 0017) ----------------------------------------------------------

@@ -15,8 +15,10 @@ with the queues' figures:
   :func:`~django_gator.metrics.view` reports its own, so scrape each (Prometheus sums
   them over ``instance``).
 
-The gauges come from the jobs table (the active rows of the two internal job names, read
-through the state index), cached like the queues' figures (``GATOR_METRICS_CACHE_SECONDS``).
+The gauges come from the jobs table: the unfinished rows of the two internal job names,
+which PostgreSQL and SQLite read from an index of those rows alone (migration 0029,
+``django_gator.indexes.open_steps_index``) and MySQL and MariaDB through the state index
+(every unfinished job), cached like the queues' figures (``GATOR_METRICS_CACHE_SECONDS``).
 """
 
 from __future__ import annotations
@@ -30,11 +32,10 @@ from typing import Any
 from django_gator import conf
 from django_gator.metrics.cache import cached
 from django_gator.metrics.client import client as prometheus
+from django_gator.states import WAIT_JOB
 
 #: The outcomes of a signal, each always reported (0 until one happens).
 SIGNAL_OUTCOMES = ("delivered", "rejected", "duplicate", "refused")
-#: The internal job names of wait and sleep steps (see django_gator.workflow_waits).
-WAIT_JOB, SLEEP_JOB = "gator.wait", "gator.sleep"
 
 _lock = threading.Lock()
 _signals: Counter[str] = Counter()
@@ -62,12 +63,12 @@ def wait_figures(alias: str | None = None) -> dict[str, Any]:
 def _read(alias: str) -> dict[str, Any]:
     from django.db.models import Count, Min
 
+    from django_gator.indexes import ACTIVE_STATES, OPEN_STEP_JOBS
     from django_gator.models import Job
-    from django_gator.states import ACTIVE_STATES
 
-    rows = (
+    rows = (  # the condition of open_steps_index(), term for term
         Job.objects.using(alias)
-        .filter(state__in=ACTIVE_STATES, name__in=(WAIT_JOB, SLEEP_JOB))
+        .filter(name__in=OPEN_STEP_JOBS, state__in=ACTIVE_STATES)
         .values("queue", "name")
         .annotate(open=Count("id"), oldest=Min("created_at"))
         .order_by()

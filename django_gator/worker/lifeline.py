@@ -83,6 +83,10 @@ class Lifeline:
         self.last_beat = time.monotonic()
         while not stopped(interval):
             self._round(self.beat, "Heartbeat failed")
+        # A sweep skips rows another transaction holds (a claim walking past an expired
+        # row locks it for an instant): once more as the worker stops, so that a --burst
+        # worker leaves nothing expired behind waiting.
+        self._round(self.expire, "Expiry sweep failed")
         self.flush_tally()  # what the last jobs counted (the executors have stopped)
         self.beacon.send(BYE)
 
