@@ -5,18 +5,18 @@ storage (issue 32, item 4).
 For each storage (``--storage plain,partitioned``) it re-creates its database (on a
 throwaway PostgreSQL 15 cluster by default, cluster.py; its name must contain ``soak``),
 migrates, converts the still-empty table for partitioned storage (``--partitioning``
-granularity, hour by default), bulk-loads the rows (fill.py: 93 % succeeded, 1 % each
-cancelled and dead, 0.5 % failed, 2 % due, 2 % scheduled, 0.5 % running, finished over the
-time a day's rate takes to make them; and the rows of the finished jobs' tallies a fleet of
-12 workers would have written for them, fill.fill_tallies), VACUUM ANALYZE (what autovacuum
-would have done),
-then requests each page ``--repeat`` times after one untimed request (the cold one, timed
-apart): the admin's through Django's test Client logged in as a superuser (the whole view,
-templates included; no network), /metrics over real HTTP (Django's WSGI handler behind
-wsgiref on a local port, the queue figures read at every scrape:
-``GATOR_METRICS_CACHE_SECONDS = 0``). Targets: 500 ms per admin page, 100 ms per scrape;
-the report marks each median and max against them. Before loading it checks the free disk
-space of the cluster's directory (about 1 KiB a row, with indexes and WAL).
+granularity, hour by default), bulk-loads the rows (fill.py: the jobs a day's soak leaves
+unfinished at any moment, 2,000 due, 1,000 scheduled, 300 failed, 100 running, and
+``--backlog`` more due; the rest finished, 98 % succeeded, 1 % each cancelled and dead, over
+the time a day's rate takes to make them; and the rows of the finished jobs' tallies a fleet
+of 12 workers would have written for them, fill.fill_tallies), VACUUM ANALYZE (what
+autovacuum would have done), then requests each page ``--repeat`` times after one untimed
+request (the cold one, timed apart): the admin's through Django's test Client logged in as a
+superuser (the whole view, templates included; no network), /metrics over real HTTP
+(Django's WSGI handler behind wsgiref on a local port, the queue figures read at every
+scrape: ``GATOR_METRICS_CACHE_SECONDS = 0``). Targets: 500 ms per admin page, 100 ms per
+scrape; the report marks each median and max against them. Before loading it checks the free
+disk space of the cluster's directory (about 1 KiB a row, with indexes and WAL).
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def measure_storage(url: str, storage: str, args: argparse.Namespace) -> dict[st
         call_command("gator_partitions", "--drop-backup", verbosity=0)
     print(f"{storage}: loading {args.rows:,} rows", flush=True)
     with connection.cursor() as cursor:
-        load_s = fill.fill(cursor, args.rows, spread)
+        load_s = fill.fill(cursor, args.rows, spread, args.backlog)
         fill.fill_tallies(cursor, spread)
         started = time.monotonic()
         cursor.execute("VACUUM ANALYZE django_gator_job")
@@ -185,6 +185,7 @@ def measure_storage(url: str, storage: str, args: argparse.Namespace) -> dict[st
         "storage": storage,
         "partitioning": partitioning or None,
         "rows": count,
+        "unfinished": dict(fill.active_rows(args.backlog)),
         "size_gib": round(size / 2**30, 2),
         "load_s": round(load_s, 1),
         "vacuum_analyze_s": round(vacuum_s, 1),
@@ -248,6 +249,9 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.admin_volume", description=__doc__)
     p.add_argument("--rows", type=int, default=20_000_000)
     p.add_argument("--repeat", type=int, default=5, help="timed requests per page")
+    p.add_argument(
+        "--backlog", type=int, default=0, help="due jobs beyond the soak's (after an outage)"
+    )
     p.add_argument("--storage", default="plain,partitioned", help="plain, partitioned or both")
     p.add_argument("--partitioning", choices=["day", "hour"], default="hour")
     p.add_argument("--cluster", choices=["throwaway", "shared"], default="throwaway")

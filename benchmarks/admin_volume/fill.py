@@ -7,15 +7,19 @@ from __future__ import annotations
 import time
 from typing import Any
 
-#: Shares of the rows by state, per mille (the rest of the 1,000: running).
+#: Shares of the finished rows by state, per mille.
 SHARES = (
-    ("succeeded", 930),
+    ("succeeded", 980),
     ("cancelled", 10),
     ("dead", 10),
-    ("failed", 5),
-    ("due", 20),
-    ("scheduled", 20),
 )
+#: The unfinished rows, a number each rather than a share: what a day's soak leaves at any
+#: moment does not grow with the table's history. Ten times what the soak's validation hour
+#: left at 120 jobs/s (278 waiting, 29 failed, 21 running; docs/benchmarks.md), for the
+#: day's rate: 2,000 due, 1,000 scheduled (the web's delayed dispatches and snoozes), 300
+#: failed and due to retry, 100 running (the fleet's executor slots). ``backlog`` adds due
+#: jobs: the state after an outage.
+ACTIVE = (("due", 2000), ("scheduled", 1000), ("failed", 300), ("running", 100))
 NAMES = (
     "soak.ok",
     "soak.web",
@@ -35,56 +39,84 @@ WORKFLOWS = 10
 STEP = 500_000
 
 
-def _state_sql() -> str:
-    """CASE expressions of row ``i``'s state, its due time, its finish (``t``) and error."""
+def _finished_sql() -> str:
+    """The CASE expression of history row ``i``'s state."""
     bounds = []
     total = 0
     for name, share in SHARES:
         total += share
         bounds.append((name, total))
-    cases = " ".join(f"WHEN i %% 1000 < {b} THEN '{n}'" for n, b in bounds)
-    return f"CASE {cases} ELSE 'running' END"
+    cases = " ".join(f"WHEN i %% 1000 < {b} THEN '{n}'" for n, b in bounds[:-1])
+    return f"CASE {cases} ELSE '{bounds[-1][0]}' END"
 
 
-def fill(cursor: Any, rows: int, spread_s: float) -> float:
-    """Insert ``rows`` jobs whose finish times spread over the last ``spread_s`` seconds
-    (the newest ids the newest); returns the seconds it took."""
+def _active_sql(first: int, active: list[tuple[str, int]]) -> str:
+    """The CASE expression of the state of row ``i`` of the unfinished ones, numbered from
+    ``first``."""
+    bounds, total = [], first
+    for name, count in active:
+        total += count
+        bounds.append((name, total))
+    cases = " ".join(f"WHEN i < {b} THEN '{n}'" for n, b in bounds[:-1])
+    return f"CASE {cases} ELSE '{bounds[-1][0]}' END"
+
+
+def active_rows(backlog: int = 0) -> list[tuple[str, int]]:
+    """The unfinished rows by kind: ACTIVE, with ``backlog`` more due."""
+    return [(kind, count + (backlog if kind == "due" else 0)) for kind, count in ACTIVE]
+
+
+def fill(cursor: Any, rows: int, spread_s: float, backlog: int = 0) -> float:
+    """Insert ``rows`` jobs: the unfinished ones of active_rows(``backlog``) last (the
+    newest ids), the others finished over the last ``spread_s`` seconds, the newest ids the
+    newest; returns the seconds it took."""
     started = time.monotonic()
-    names = "ARRAY[" + ", ".join(f"'{n}'" for n in NAMES) + "]"
-    kind = _state_sql()
-    for first in range(1, rows + 1, STEP):
-        last = min(first + STEP - 1, rows)
-        cursor.execute(
-            "INSERT INTO django_gator_job (name, args, kwargs, queue, priority, "
-            "next_execution_at, state, attempts, rescues, created_at, started_at, "
-            "finished_at, locked_at, last_error, errors, error_class, reserved_by, batch_id) "
-            "SELECT name, '[]', jsonb_build_object('ms', i %% 5, 'token', 'v' || i), "
-            "CASE WHEN name = 'soak.limited' THEN 'soak-limited' WHEN i %% 50 = 0 THEN "
-            "'default' ELSE 'soak' END, 0, "
-            "CASE kind WHEN 'due' THEN now() - (i %% 30) * interval '1 second' "
-            "WHEN 'scheduled' THEN now() + (i %% 3600) * interval '1 second' "
-            "WHEN 'failed' THEN now() + (i %% 60) * interval '1 second' ELSE t END, "
-            "CASE kind WHEN 'due' THEN 'waiting' WHEN 'scheduled' THEN 'waiting' ELSE kind END, "
-            "CASE WHEN kind IN ('due', 'scheduled') THEN 0 ELSE 1 END, 0, "
-            "t - interval '1 second', CASE WHEN kind IN ('due', 'scheduled') THEN NULL "
-            "ELSE t END, CASE WHEN kind IN ('succeeded', 'cancelled', 'dead') THEN t END, "
-            "CASE WHEN kind = 'running' THEN now() END, "
-            "CASE kind WHEN 'dead' THEN 'ValueError: soak: this job always fails' "
-            "WHEN 'failed' THEN 'RuntimeError: soak: attempt 1 of 2 failing attempts' "
-            "ELSE '' END, "
-            "CASE WHEN kind IN ('dead', 'failed') THEN jsonb_build_array(jsonb_build_object("
-            "'class', CASE kind WHEN 'dead' THEN 'ValueError' ELSE 'RuntimeError' END, "
-            "'message', 'soak', 'at', t)) ELSE '[]'::jsonb END, "
-            "CASE kind WHEN 'dead' THEN 'ValueError' WHEN 'failed' THEN 'RuntimeError' END, "
-            "CASE WHEN kind IN ('due', 'scheduled') THEN NULL ELSE 'volume-worker' END, "
-            f"CASE WHEN i %% 100 = 0 THEN 1 + (i / 100) %% {BATCHES} END "
-            f"FROM (SELECT i, ({names})[1 + i %% {len(NAMES)}] AS name, {kind} AS kind, "
-            "now() - (%s - i) * %s * interval '1 second' AS t "
-            "FROM generate_series(%s::bigint, %s::bigint) AS i) AS s",
-            [rows, spread_s / rows, first, last],
-        )
+    active = active_rows(backlog)
+    history = rows - sum(count for _, count in active)
+    if history < 1:
+        raise ValueError(f"--rows {rows:,} leaves no finished rows beside the unfinished ones")
+    for first in range(1, history + 1, STEP):
+        last = min(first + STEP - 1, history)
+        _insert(cursor, first, last, rows, spread_s, _finished_sql())
         print(f"  {last:,} rows", flush=True)
+    for first in range(history + 1, rows + 1, STEP):
+        last = min(first + STEP - 1, rows)
+        _insert(cursor, first, last, rows, spread_s, _active_sql(history + 1, active))
     return time.monotonic() - started
+
+
+def _insert(cursor: Any, first: int, last: int, rows: int, spread_s: float, kind: str) -> None:
+    """Rows ``first`` to ``last`` of ``rows``, their state the SQL expression ``kind``."""
+    names = "ARRAY[" + ", ".join(f"'{n}'" for n in NAMES) + "]"
+    cursor.execute(
+        "INSERT INTO django_gator_job (name, args, kwargs, queue, priority, "
+        "next_execution_at, state, attempts, rescues, created_at, started_at, "
+        "finished_at, locked_at, last_error, errors, error_class, reserved_by, batch_id) "
+        "SELECT name, '[]', jsonb_build_object('ms', i %% 5, 'token', 'v' || i), "
+        "CASE WHEN name = 'soak.limited' THEN 'soak-limited' WHEN i %% 50 = 0 THEN "
+        "'default' ELSE 'soak' END, 0, "
+        "CASE kind WHEN 'due' THEN now() - (i %% 30) * interval '1 second' "
+        "WHEN 'scheduled' THEN now() + (i %% 3600) * interval '1 second' "
+        "WHEN 'failed' THEN now() + (i %% 60) * interval '1 second' ELSE t END, "
+        "CASE kind WHEN 'due' THEN 'waiting' WHEN 'scheduled' THEN 'waiting' ELSE kind END, "
+        "CASE WHEN kind IN ('due', 'scheduled') THEN 0 ELSE 1 END, 0, "
+        "t - interval '1 second', CASE WHEN kind IN ('due', 'scheduled') THEN NULL "
+        "ELSE t END, CASE WHEN kind IN ('succeeded', 'cancelled', 'dead') THEN t END, "
+        "CASE WHEN kind = 'running' THEN now() END, "
+        "CASE kind WHEN 'dead' THEN 'ValueError: soak: this job always fails' "
+        "WHEN 'failed' THEN 'RuntimeError: soak: attempt 1 of 2 failing attempts' "
+        "ELSE '' END, "
+        "CASE WHEN kind IN ('dead', 'failed') THEN jsonb_build_array(jsonb_build_object("
+        "'class', CASE kind WHEN 'dead' THEN 'ValueError' ELSE 'RuntimeError' END, "
+        "'message', 'soak', 'at', t)) ELSE '[]'::jsonb END, "
+        "CASE kind WHEN 'dead' THEN 'ValueError' WHEN 'failed' THEN 'RuntimeError' END, "
+        "CASE WHEN kind IN ('due', 'scheduled') THEN NULL ELSE 'volume-worker' END, "
+        f"CASE WHEN i %% 100 = 0 THEN 1 + (i / 100) %% {BATCHES} END "
+        f"FROM (SELECT i, ({names})[1 + i %% {len(NAMES)}] AS name, {kind} AS kind, "
+        "now() - (%s - i) * %s * interval '1 second' AS t "
+        "FROM generate_series(%s::bigint, %s::bigint) AS i) AS s",
+        [rows, spread_s / rows, first, last],
+    )
 
 
 #: The fleet whose tallies fill_tallies() writes: worker processes, and heartbeats a minute

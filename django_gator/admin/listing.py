@@ -30,6 +30,7 @@ from django.contrib.admin.views.main import PAGE_VAR, ChangeList
 from django.core.paginator import Page, Paginator
 from django.db.models import BigIntegerField, ExpressionWrapper, F, Max, TextField
 from django.db.models.functions import Cast
+from django.db.models.lookups import IContains
 from django.http import HttpRequest, HttpResponse
 from django.utils.functional import cached_property
 
@@ -213,10 +214,10 @@ class JobListing(admin.ModelAdmin):
         if term.isdigit():
             results = results | queryset.filter(pk=int(term))
         else:
-            by_args = searched.annotate(_args_text=Cast("args", TextField())).filter(
-                _args_text__icontains=term
-            )
-            results = results | searched.filter(pk__in=by_args.values("pk"))
+            # A condition on each row, not ``pk IN (subquery)``: on partitioned storage
+            # PostgreSQL planned that subquery once per partition, each reading the window
+            # (0.8 s of a search at 20,000,000 rows, docs/benchmarks.md).
+            results = results | searched.filter(IContains(Cast("args", TextField()), term))
         if start is not None:
             request._gator_searched_from = start  # type: ignore[attr-defined]
         return results, may_have_duplicates

@@ -88,11 +88,12 @@ def test_the_job_list_has_priority_seconds_and_errors_only_where_they_explain_th
 @pytest.mark.django_db(transaction=True)
 def test_the_changelist_searches_argument_text(admin_client: Client):
     dead_jobs()
-    Noop.dispatch("needle-in-args")
-    page = admin_client.get(
-        reverse("admin:django_gator_job_changelist"), {"q": "needle-in"}
-    ).content.decode()
-    assert "1 result" in page or page.count('class="action-select"') == 1
+    needle = Noop.dispatch("needle-in-args")
+    literal = Noop.dispatch("50%_off")
+    Noop.dispatch("500 off")
+    assert _listed(admin_client, q="needle-in")[0] == {needle.pk}
+    # The text is matched literally: % and _ are not wildcards.
+    assert _listed(admin_client, q="50%_off")[0] == {literal.pk}
 
 
 @pytest.mark.django_db(transaction=True)
