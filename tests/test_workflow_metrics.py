@@ -136,7 +136,7 @@ def test_the_open_steps_migration_builds_concurrently_where_the_rows_are():
     concurrently); dropped and built again, it is back where it was and valid."""
     from django.apps import apps as registry
 
-    from django_gator.engines import schema
+    from django_gator.engines import schema_concurrent
 
     def where() -> tuple[str, bool] | None:
         with connection.cursor() as cursor:
@@ -150,8 +150,8 @@ def test_the_open_steps_migration_builds_concurrently_where_the_rows_are():
     table = "django_gator_job_active" if PARTITIONED_SUITE else "django_gator_job"
     assert where() == (table, True)
     with connection.schema_editor(atomic=False) as editor:
-        schema.drop_open_steps_index(registry, editor)
+        schema_concurrent.drop_open_steps_index(registry, editor)
     assert where() is None
     with connection.schema_editor(atomic=False) as editor:
-        schema.create_open_steps_index(registry, editor)
+        schema_concurrent.create_open_steps_index(registry, editor)
     assert where() == (table, True)

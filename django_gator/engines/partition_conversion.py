@@ -28,7 +28,12 @@ from typing import Any
 from django.db import DatabaseError, transaction
 
 from django_gator.engines.ends import move_job_trigger
-from django_gator.engines.partition_indexes import FINISHED_ONLY, finished_only, local_leaves
+from django_gator.engines.partition_indexes import (
+    FINISHED_ONLY,
+    finished_only,
+    local_leaves,
+    move_statistics,
+)
 from django_gator.engines.partitions import (
     ACTIVE_LIST,
     AHEAD,
@@ -272,6 +277,7 @@ class Conversion(Partitions):
             cursor.execute(f"ALTER INDEX {self.qn(name)} RENAME TO {self.qn(name[:57] + '_plain')}")
         cursor.execute(f"ALTER TABLE {new} RENAME TO {plain}")
         move_job_trigger(cursor, self.qn, names["backup"], names["parent"], partitioned=True)
+        move_statistics(cursor, self.qn, names["backup"], names["parent"])
         # The sequences' names follow their tables' (the kept plain table's first).
         cursor.execute(
             f"ALTER SEQUENCE {sequence} RENAME TO {self.qn(names['backup'] + '_id_seq')}"
@@ -344,6 +350,7 @@ class Conversion(Partitions):
         sequence = cursor.fetchone()[0]
         if sequence:
             cursor.execute(f"ALTER SEQUENCE {sequence} OWNED BY NONE")
+        move_statistics(cursor, self.qn, names["parent"], NEW)
         cursor.execute(f"DROP TABLE {parent}")
         cursor.execute(f"ALTER TABLE {plain} RENAME TO {parent}")
         move_job_trigger(cursor, self.qn, names["parent"], names["parent"], partitioned=False)

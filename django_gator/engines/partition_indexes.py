@@ -1,9 +1,11 @@
 """Where each index of the plain jobs table goes in the partitioned layout
-(engines/partitions.py)."""
+(engines/partitions.py), and its extended statistics."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import Any
 
 from django_gator.states import ACTIVE_STATES, JobState, sql_list
 
@@ -44,3 +46,22 @@ def finished_only(definition: str) -> str:
     if " WHERE " in definition or not columns.startswith("(state"):
         return definition
     return definition + FINISHED_ONLY
+
+
+#: pg_statistic_ext.stxkind letters: the kinds CREATE STATISTICS names.
+STATISTICS_KINDS = {"d": "ndistinct", "f": "dependencies", "m": "mcv"}
+
+
+def move_statistics(cursor: Any, qn: Callable[[str], str], source: str, target: str) -> None:
+    """The extended statistics objects of table ``source`` (migration 0030's) re-created,
+    same names, on ``target``: such an object belongs to its table, so a conversion would
+    leave it on the kept plain table, and a revert drop it with the partitioned one."""
+    cursor.execute(
+        "SELECT s.stxname, pg_get_statisticsobjdef_columns(s.oid), s.stxkind::text[]"
+        " FROM pg_statistic_ext s WHERE s.stxrelid = to_regclass(%s)",
+        [source],
+    )
+    for name, columns, kinds in cursor.fetchall():
+        named = ", ".join(STATISTICS_KINDS[k] for k in kinds if k in STATISTICS_KINDS)
+        cursor.execute(f"DROP STATISTICS {qn(name)}")
+        cursor.execute(f"CREATE STATISTICS {qn(name)} ({named}) ON {columns} FROM {qn(target)}")

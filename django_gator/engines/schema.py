@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import models
-
 from django_gator.engines.contract import JobEngine, behind
+from django_gator.engines.schema_concurrent import add_missing, create_partial, drop_partial
+from django_gator.engines.schema_concurrent import existing as table_indexes
 from django_gator.indexes import (
     FULL_BATCH_INDEX,
     READY_STATES_SQL,
@@ -24,7 +24,6 @@ from django_gator.indexes import (
     full_batch_index,
     groups_index,
     has_flow,
-    open_steps_index,
     partial_indexes,
     unique_constraint,
 )
@@ -123,7 +122,7 @@ def create_flow(apps: Any, schema_editor: Any) -> None:
     if _mysql(schema_editor, MYSQL_FLOW_FORWARD):
         return
     job = apps.get_model("django_gator", "Job")
-    existing = _existing(job, schema_editor)
+    existing = table_indexes(job, schema_editor)
     [old_ready, *_] = partial_indexes()
     if old_ready.name in existing:
         schema_editor.remove_index(job, old_ready)
@@ -174,7 +173,7 @@ def restore_claim_indexes(job: Any, schema_editor: Any, *, unique: bool = False)
     adding a NOT NULL column) copies it into a new table built from the migration state, in
     which these indexes do not appear: every such migration must call this afterwards.
     """
-    existing = _existing(job, schema_editor)
+    existing = table_indexes(job, schema_editor)
     flow = has_flow(job)
     for index in partial_indexes(flow=flow) + (flow_indexes() if flow else []):
         if index.name not in existing:
@@ -203,7 +202,7 @@ def drop_groups_index(apps: Any, schema_editor: Any) -> None:
 def restore_groups_index(job: Any, schema_editor: Any) -> None:
     """Re-create the dead-job screen's index of migration 0005 where it is missing (see
     restore_claim_indexes: SQLite table rebuilds drop it)."""
-    _add_missing(job, schema_editor, groups_index())
+    add_missing(job, schema_editor, groups_index())
 
 
 def restore_after_rebuild(apps: Any, schema_editor: Any) -> None:
@@ -217,7 +216,7 @@ def restore_after_rebuild(apps: Any, schema_editor: Any) -> None:
         if not any(index.name == FULL_BATCH_INDEX for index in job._meta.indexes) and any(
             field.name == "batch_id" for field in job._meta.fields
         ):
-            _add_missing(job, schema_editor, batch_index())
+            add_missing(job, schema_editor, batch_index())
         if any(field.name == "dedupe_key" for field in job._meta.fields):
             from django_gator.engines.schema_dedupe import restore_dedupe_indexes  # its layer
 
@@ -232,89 +231,18 @@ def restore_after_rebuild(apps: Any, schema_editor: Any) -> None:
 
 
 def create_dead_queue_index(apps: Any, schema_editor: Any) -> None:
-    """On PostgreSQL ``CREATE INDEX CONCURRENTLY`` (see _build_concurrently)."""
-    _create_partial(apps, schema_editor, dead_queue_index())
-
-
-def _create_partial(apps: Any, schema_editor: Any, index: models.Index) -> None:
-    """A partial index of a migration that MySQL and MariaDB do without: SQLite builds it
-    where it is missing, PostgreSQL without blocking writers (_build_concurrently)."""
-    connection = schema_editor.connection
-    if connection.vendor == "mysql":
-        return
-    job = apps.get_model("django_gator", "Job")
-    if connection.vendor != "postgresql":
-        _add_missing(job, schema_editor, index)
-    else:
-        _build_concurrently(job, schema_editor, index)
-
-
-def _build_concurrently(job: Any, schema_editor: Any, index: models.Index) -> None:
-    """PostgreSQL: ``CREATE INDEX CONCURRENTLY``, so the table's writers are not blocked
-    while it reads the table (the migration is not atomic, as CONCURRENTLY requires). A
-    build that failed half-way leaves an invalid index of that name: it is dropped and
-    built again. On partitioned storage, whose parent cannot be indexed concurrently, the
-    index goes on the active partition, where the conversion puts every index whose
-    condition names only active states (engines/partition_indexes.py)."""
-    connection = schema_editor.connection
-    table = job._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass(%s)",
-            [index.name],
-        )
-        row = cursor.fetchone()
-        cursor.execute("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)", [table])
-        partitioned = cursor.fetchone()[0] == "p"
-    if row is not None and row[0]:
-        return
-    if row is not None:
-        schema_editor.execute(f"DROP INDEX CONCURRENTLY {connection.ops.quote_name(index.name)}")
-    sql = str(index.create_sql(job, schema_editor, concurrently=True))
-    if partitioned:
-        qn = connection.ops.quote_name
-        sql = sql.replace(f" ON {qn(table)} ", f" ON {qn(table + '_active')} ", 1)
-    schema_editor.execute(sql)
+    """On PostgreSQL ``CREATE INDEX CONCURRENTLY`` (see schema_concurrent.build_concurrently)."""
+    create_partial(apps, schema_editor, dead_queue_index(), ("dead",))
 
 
 def restore_dead_queue_index(job: Any, schema_editor: Any) -> None:
     """Create 0018's index where it is missing (on SQLite, a later migration that rebuilds
     the table must call this, as those before it call restore_after_rebuild)."""
-    _add_missing(job, schema_editor, dead_queue_index())
+    add_missing(job, schema_editor, dead_queue_index())
 
 
 def drop_dead_queue_index(apps: Any, schema_editor: Any) -> None:
-    _drop_partial(apps, schema_editor, dead_queue_index())
-
-
-def _drop_partial(apps: Any, schema_editor: Any, index: models.Index) -> None:
-    connection = schema_editor.connection
-    if connection.vendor == "mysql":
-        return
-    if connection.vendor == "postgresql":
-        name = connection.ops.quote_name(index.name)
-        schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
-        return
-    schema_editor.remove_index(apps.get_model("django_gator", "Job"), index)
-
-
-# -- the workflow gauges (migration 0029) ----------------------------------------------------
-
-
-def create_open_steps_index(apps: Any, schema_editor: Any) -> None:
-    """PostgreSQL ``CREATE INDEX CONCURRENTLY`` (writers not blocked), SQLite a plain
-    build; MySQL and MariaDB nothing."""
-    _create_partial(apps, schema_editor, open_steps_index())
-
-
-def drop_open_steps_index(apps: Any, schema_editor: Any) -> None:
-    _drop_partial(apps, schema_editor, open_steps_index())
-
-
-def restore_open_steps_index(job: Any, schema_editor: Any) -> None:
-    """Create 0029's index where it is missing (on SQLite, a later migration that rebuilds
-    the table must call this)."""
-    _add_missing(job, schema_editor, open_steps_index())
+    drop_partial(apps, schema_editor, dead_queue_index(), ("dead",))
 
 
 # -- batch members (migration 0017) ----------------------------------------------------------
@@ -327,8 +255,8 @@ def create_batch_index(apps: Any, schema_editor: Any) -> None:
     if _mysql(schema_editor):
         return
     job = apps.get_model("django_gator", "Job")
-    _add_missing(job, schema_editor, batch_index())
-    if FULL_BATCH_INDEX in _existing(job, schema_editor):
+    add_missing(job, schema_editor, batch_index())
+    if FULL_BATCH_INDEX in table_indexes(job, schema_editor):
         schema_editor.remove_index(job, full_batch_index())
 
 
@@ -336,21 +264,9 @@ def drop_batch_index(apps: Any, schema_editor: Any) -> None:
     if _mysql(schema_editor):
         return
     job = apps.get_model("django_gator", "Job")
-    _add_missing(job, schema_editor, full_batch_index())
-    if batch_index().name in _existing(job, schema_editor):
+    add_missing(job, schema_editor, full_batch_index())
+    if batch_index().name in table_indexes(job, schema_editor):
         schema_editor.remove_index(job, batch_index())
-
-
-def _existing(job: Any, schema_editor: Any) -> dict[str, Any]:
-    """The constraints and indexes the jobs table has now, by name."""
-    connection = schema_editor.connection
-    with connection.cursor() as cursor:
-        return dict(connection.introspection.get_constraints(cursor, job._meta.db_table))
-
-
-def _add_missing(job: Any, schema_editor: Any, index: models.Index) -> None:
-    if index.name not in _existing(job, schema_editor):
-        schema_editor.add_index(job, index)
 
 
 # -- upkeep ------------------------------------------------------------------------------------
@@ -364,3 +280,34 @@ def vacuum_jobs(engine: JobEngine) -> None:
     if engine.vendor == "postgresql" and not connection.in_atomic_block:
         with connection.cursor() as cursor:
             cursor.execute(f"VACUUM ANALYZE {engine.job_table}")
+
+
+# -- the error-class filter's estimate (migration 0030) ---------------------------------------
+
+#: PostgreSQL's statistics of the jobs' (state, error_class) pairs: the most common ones and
+#: how often each occurs.
+ERROR_STATISTICS = "gator_job_state_error"
+
+
+def create_error_statistics(apps: Any, schema_editor: Any) -> None:
+    """PostgreSQL: extended statistics (the most common values) of ``state`` and
+    ``error_class`` together, and an ANALYZE of those two columns (a sample: seconds, and
+    writers are not blocked). Without them the planner takes the two for unrelated and
+    expects a class's dead jobs to be 1 % of what they are (the dead jobs are 1 % of the
+    table), and the job list filtered by error class sorts every job of the class (523 ms
+    at 20,000,000 rows, 200,000 dead). Elsewhere nothing."""
+    if schema_editor.connection.vendor != "postgresql":
+        return
+    qn = schema_editor.connection.ops.quote_name
+    table = qn(apps.get_model("django_gator", "Job")._meta.db_table)
+    schema_editor.execute(
+        f"CREATE STATISTICS IF NOT EXISTS {qn(ERROR_STATISTICS)} (mcv) ON state, error_class"
+        f" FROM {table}"
+    )
+    schema_editor.execute(f"ANALYZE {table} (state, error_class)")
+
+
+def drop_error_statistics(apps: Any, schema_editor: Any) -> None:
+    if schema_editor.connection.vendor == "postgresql":
+        name = schema_editor.connection.ops.quote_name(ERROR_STATISTICS)
+        schema_editor.execute(f"DROP STATISTICS IF EXISTS {name}")

@@ -8,7 +8,7 @@ transaction: the migration is not atomic."""
 
 from django.db import migrations
 
-from django_gator.engines import schema
+from django_gator.engines import schema_concurrent
 
 
 class Migration(migrations.Migration):
@@ -18,5 +18,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RunPython(schema.create_open_steps_index, schema.drop_open_steps_index),
+        migrations.RunPython(
+            schema_concurrent.create_open_steps_index, schema_concurrent.drop_open_steps_index
+        ),
     ]

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from django_gator import pause_queue
 from django_gator.admin import listing
+from django_gator.engines.listing import planned_rows
 from django_gator.models import FinishedTally, Job, JobState
 from tests.admin_helpers import dead_job, dead_jobs, operator
 from tests.conftest import SECRET, analyze, run_worker
@@ -275,3 +276,20 @@ def test_the_queue_filter_lists_live_dead_paused_finished_and_declared_queues(
     chosen = admin_client.get(reverse(CHANGELIST), {"queue": "q-nothing-yet"})
     [spec] = [f for f in chosen.context["cl"].filter_specs if f.title == "queue"]
     assert "q-nothing-yet" in [value for value, _ in spec.lookup_choices]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's estimate")
+def test_the_planner_expects_as_many_jobs_of_an_error_class_as_there_are(admin_client: Client):
+    """Migration 0030: with the (state, error_class) statistics PostgreSQL no longer takes
+    the state and the class for unrelated (it expected 6 of these 300 jobs; at 20,000,000
+    rows, 464 of 200,000, and sorted them all for a page of 50)."""
+    JobFactory.create_batch(300, dead=True, error_class="ValueError")
+    JobFactory.create_batch(100, dead=True, error_class="KeyError")
+    Job.objects.bulk_create(JobFactory.build_batch(20_000, succeeded=True), batch_size=2000)
+    analyze()
+    jobs = Job.objects.filter(state__in=(JobState.DEAD, JobState.FAILED), error_class="ValueError")
+    assert 150 <= planned_rows(jobs) <= 600
+    newest = list(jobs.order_by("-pk").values_list("pk", flat=True)[:50])
+    found, _ = _listed(admin_client, error_class="ValueError")
+    assert found == set(newest)

@@ -22,6 +22,7 @@ from django_gator.engines import get_engine
 from django_gator.engines.checks import check_partitioning
 from django_gator.engines.partition_conversion import Conversion
 from django_gator.engines.partitions import partition_name, slot_start
+from django_gator.engines.schema import ERROR_STATISTICS
 from django_gator.models import Job, JobState
 from django_gator.worker.pruner import Pruner
 from django_gator.worker.queues import parse_queue_specs
@@ -325,3 +326,27 @@ def test_a_conversion_and_its_revert_keep_the_end_trigger_on_the_jobs_table(part
     partitioned.convert("day")
     partitioned.drop_backup()
     assert end_triggers() == PARTITIONED_TRIGGERS
+
+
+def statistics_tables() -> list[str]:
+    """The tables that hold migration 0030's statistics object (one, unless it was lost)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT stxrelid::regclass::text FROM pg_statistic_ext WHERE stxname = %s",
+            [ERROR_STATISTICS],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def test_a_conversion_and_its_revert_keep_the_error_class_statistics_on_the_jobs_table(
+    partitioned,
+):
+    # The statistics object belongs to its table: the conversion would leave it on the
+    # kept plain table and a revert would drop it with the partitioned one.
+    assert statistics_tables() == ["django_gator_job"]
+    Job.objects.all().delete()
+    partitioned.revert()
+    assert statistics_tables() == ["django_gator_job"]
+    partitioned.convert("day")
+    partitioned.drop_backup()
+    assert statistics_tables() == ["django_gator_job"]
