@@ -12,6 +12,7 @@ from typing import Any
 from django_gator import conf
 from django_gator.attempts import Mark, batches_of
 from django_gator.engines.base import JOB_COLUMNS, UNKEYED_SQL, ClaimedJob, Position
+from django_gator.engines.core import BY_PICKED_IDS
 from django_gator.engines.partition_moves import retrying_moves
 from django_gator.engines.postgresql_sessions import PostgresSessions
 from django_gator.states import (
@@ -140,7 +141,7 @@ class PostgresClaims(PostgresSessions):
         worker id."""
         return (
             f"UPDATE {self.job_table} AS j SET {claim_set_sql(self.now_sql, 'j.')}"
-            " FROM picked WHERE j.id = picked.id"
+            f" FROM picked WHERE j.id = picked.id AND {BY_PICKED_IDS}"
             " RETURNING " + ", ".join(f"j.{c.strip()}" for c in JOB_COLUMNS.split(","))
         )
 
@@ -250,19 +251,29 @@ class PostgresClaims(PostgresSessions):
     def marks_sql(self, worker_id: str, done: Sequence[Mark]) -> tuple[str, list[Any]]:
         """One UPDATE of success marks, each row found by its
         primary key (see guard()) and matched on its claim; returns the ids written. The
-        batches of batch members are not settled here (see mark_succeeded)."""
+        batches of batch members are not settled here (see mark_succeeded).
+
+        The ids are named twice: joined to the unnested values, and as ``j.id = ANY(...)``,
+        which is a condition the primary key's index takes. Prepared, this statement runs
+        on the plan made at the session's first mark, with the table's size then; joined
+        alone, that plan could read the whole table (or its whole primary key, with
+        sequential scans off) into a hash join, as it did under a long transaction: 17,149
+        buffers a mark (docs/benchmarks.md)."""
+        ids = [d.id for d in done]
         sql = (
             f"UPDATE {self.job_table} AS j SET state = {SQL_SUCCEEDED}, "
             f"finished_at = {self.now_sql}, result = u.r::jsonb "
             "FROM unnest(%s::bigint[], %s::int[], %s::text[]) AS u(id, attempts, r) "
-            f"WHERE j.id = u.id AND {self._running_first}CASE WHEN j.attempts = u.attempts "
+            "WHERE j.id = ANY(%s::bigint[]) AND j.id = u.id AND "
+            f"{self._running_first}CASE WHEN j.attempts = u.attempts "
             f"AND j.{RUNNING_SQL} "
             "AND j.reserved_by = %s THEN true END RETURNING j.id"
         )
         params: list[Any] = [
-            [d.id for d in done],
+            ids,
             [d.attempts for d in done],
             [d.result for d in done],
+            ids,
             worker_id,
         ]
         return sql, params

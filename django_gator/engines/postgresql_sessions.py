@@ -121,6 +121,15 @@ class PostgresSessions(Engine):
           run (a custom plan: its estimate for the generic one, with a LIMIT it cannot
           see, is higher), which took 0.35-0.7 ms of a claim whose execution takes 0.06-0.25
           ms. The statements this connection sends without parameters are not affected.
+        - ``enable_seqscan = off``: that one plan is made at the session's first claim,
+          with the table's size then (an empty table at a first start), when reading the
+          whole table is the cheapest way to find a few rows; it stayed for the session's
+          life, and the marks then read every page of the jobs table (on partitioned
+          storage, of the active partition) to find their rows, dead tuples included: 1,170
+          pages a mark under a long transaction, the CPU per job doubling in 80 s
+          (docs/benchmarks.md). Off, the planner takes an index wherever one serves, as
+          every statement of these connections means to (a table no index serves is still
+          read whole).
 
         Behind a transaction pooler (``pooled``) a SET would stick to whichever server
         session ran it, so nothing is set there (docs/deployment.md: set
@@ -134,7 +143,7 @@ class PostgresSessions(Engine):
             raw.prepare_threshold = None  # see prepare_worker_session()
             raw._gator_bookkeeping = True
             return
-        sql = "SET plan_cache_mode TO force_generic_plan"
+        sql = "SET plan_cache_mode TO force_generic_plan; SET enable_seqscan TO off"
         if conf.async_commit():
             sql += "; SET synchronous_commit TO off"
         with connection.cursor() as cursor:

@@ -9,6 +9,7 @@ the (state, finished_at) index hold an entry for each of them under that worker.
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -193,26 +194,14 @@ def test_a_claim_checks_its_queue_once_per_statement_by_primary_key(kind):
             assert "DEPENDENT" not in plan, plan
 
 
-@pytest.mark.skipif("connection.vendor != 'postgresql'")
-@pytest.mark.parametrize("kind", ["full", "keyset", "mark"])
-@covers("claim_and_mark", "mark_succeeded")
-def test_the_generic_plans_of_the_prepared_statements_use_the_indexes(kind):
-    """The claims and the batched success mark run as prepared statements, and PostgreSQL
-    may plan a prepared statement once for any parameters (a generic plan) instead of for
-    the values at hand. That plan, too, reads the ready index (the claims) or finds the
-    rows by primary key (the mark), on a table with the history of _history()."""
-    import re
-
+def _sent(kind: str, running: list[tuple[int, int]]) -> tuple[str, list[object]]:
+    """The statement (and its parameters) of a full claim, a keyset claim or a batched
+    success mark of the ``running`` claims, as the engine sends it."""
     from django_gator.engines.core import Position
 
     engine = get_engine("default")
-    running = _history()
     jobs = Noop.dispatch_many([[] for _ in range(50)])
     after = Position({0: (jobs[0].next_execution_at, jobs[0].id)}, 1.0)
-    with connection.cursor() as cursor:
-        # The statistics of this table as it is (autovacuum would keep them so): with those
-        # of an earlier, smaller table a scan of the whole table is the cheapest plan.
-        cursor.execute("ANALYZE django_gator_job")
     actions = {
         "full": lambda: engine.claim_and_mark(WORKER, "default", 10, []),
         "keyset": lambda: engine.claim_and_mark(WORKER, "default", 10, [], after=after),
@@ -227,6 +216,11 @@ def test_the_generic_plans_of_the_prepared_statements_use_the_indexes(kind):
     with connection.execute_wrapper(record):
         actions[kind]()
     [(sql, params)] = [(s, p) for s, p in sent if "django_gator_job" in s]
+    return sql, params
+
+
+def _generic_plan(sql: str, params: list[object]) -> str:
+    """PostgreSQL's generic plan of ``sql`` (one plan for any parameters), in this session."""
     numbers = iter(range(1, len(params) + 1))
     prepared = re.sub("%s", lambda _: f"${next(numbers)}", sql)
     with connection.cursor() as cursor:
@@ -237,13 +231,60 @@ def test_the_generic_plans_of_the_prepared_statements_use_the_indexes(kind):
         plan = "\n".join(row[0] for row in cursor.fetchall())
         cursor.execute("DEALLOCATE gator_generic")
         cursor.execute("RESET plan_cache_mode")
+    return plan
+
+
+def _assert_indexed(kind: str, plan: str) -> None:
     assert "Seq Scan on django_gator_job" not in plan, plan
     assert "django_gator_job_pkey" in plan, plan  # the UPDATE finds its rows by primary key
+    lines = plan.splitlines()
+    for n, line in enumerate(lines):  # ... each by its id, not the whole key read through
+        if "using django_gator_job_pkey" in line:
+            assert "Index Cond" in lines[n + 1], plan
     if kind == "mark":
         assert "gator_job_running" not in plan, plan
+        # Each row looked up by its id, not the whole primary key read into a join.
+        assert re.search(r"Index Cond: \((\w+\.)?id = ANY", plan), plan
     else:
         assert "gator_job_ready" in plan, plan
         assert "One-Time Filter" in plan, plan
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'")
+@pytest.mark.parametrize("kind", ["full", "keyset", "mark"])
+@covers("claim_and_mark", "mark_succeeded")
+def test_the_generic_plans_of_the_prepared_statements_use_the_indexes(kind):
+    """The claims and the batched success mark run as prepared statements, and PostgreSQL
+    may plan a prepared statement once for any parameters (a generic plan) instead of for
+    the values at hand. That plan, too, reads the ready index (the claims) or finds the
+    rows by primary key (the mark), on a table with the history of _history()."""
+    running = _history()
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE django_gator_job")  # statistics of the table as it is
+    _assert_indexed(kind, _generic_plan(*_sent(kind, running)))
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'")
+@pytest.mark.parametrize("kind", ["full", "keyset", "mark"])
+@covers("prepare_bookkeeping", "claim_and_mark", "mark_succeeded")
+def test_a_bookkeeping_sessions_generic_plans_use_the_indexes_however_small_the_table(
+    kind, settings
+):
+    """A worker's bookkeeping session keeps the plan PostgreSQL made at its first claim,
+    with the table as it was then: at a first start, empty and never analyzed, when a scan
+    of the whole table is the cheapest plan (and stays, however large the table grows).
+    prepare_bookkeeping() turns sequential scans off in that session: the indexes still."""
+    settings.GATOR_POOLED_DATABASES = []
+    Worker.objects.create(id=WORKER, hostname="h", pid=1, concurrency=16)
+    Noop.dispatch_many([[] for _ in range(16)])
+    running, _ = get_engine("default").claim_and_mark(WORKER, "default", 16, [])
+    statement = _sent(kind, [(j.id, j.attempts) for j in running])
+    connection.close()
+    try:
+        get_engine("default").prepare_bookkeeping()
+        _assert_indexed(kind, _generic_plan(*statement))
+    finally:
+        connection.close()  # the next test gets a session of its own
 
 
 @covers("claim_and_mark")

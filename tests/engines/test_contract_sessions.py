@@ -74,6 +74,8 @@ def test_prepare_bookkeeping_sets_its_session_once(settings):
             with connection.cursor() as cursor:
                 cursor.execute("SHOW plan_cache_mode")
                 assert cursor.fetchone()[0] == "force_generic_plan"
+                cursor.execute("SHOW enable_seqscan")
+                assert cursor.fetchone()[0] == "off"
         else:
             assert first == []
     finally:
