@@ -41,10 +41,10 @@ JOB_COLUMNS = (
     "next_execution_at, created_at, suspect, batch_id, trace_context, handbacks, outages"
 )
 
-#: The claim's rows looked up by their ids (the primary key's index), whatever the plan
-#: PostgreSQL made for the join at the session's first claim, with the table's size then:
-#: joined alone, a plan made on a near-empty table read the whole table (or its whole
-#: primary key) for each claim (docs/benchmarks.md).
+#: The ordinary claim's rows looked up by their ids (the primary key's index), whatever the plan
+#: PostgreSQL made for the join at the session's first claim, with the table's size then
+#: (joined alone, such a plan made on a near-empty table read the whole primary key for the
+#: marks and the limited claim: docs/benchmarks.md).
 BY_PICKED_IDS = "j.id = ANY(ARRAY(SELECT id FROM picked))"
 
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from django_gator.engines.base import JOB_COLUMNS, KEYED_SQL, UNKEYED_SQL
-from django_gator.engines.core import BY_PICKED_IDS
 from django_gator.engines.flow_keyset import Floor
 from django_gator.states import READY_SQL, RUNNING_SQL, claim_set_sql, live_sql
 
@@ -153,8 +152,7 @@ class ClaimStatement:
         returning = ", ".join(f"j.{c}" for c in _JOB_COLUMN_NAMES)
         add(
             f" upd AS (UPDATE {self.job_table} AS j SET {claim_set_sql(_NOW, 'j.')} FROM picked"
-            f" WHERE j.id = picked.id AND {BY_PICKED_IDS} AND j.{READY_SQL}"
-            f" AND {live_sql(_NOW, 'j.')}"
+            f" WHERE j.id = picked.id AND j.{READY_SQL} AND {live_sql(_NOW, 'j.')}"
             f" RETURNING {returning}, j.concurrency_key AS key)",
             request.worker_id,
         )
