@@ -63,5 +63,6 @@ def move_statistics(cursor: Any, qn: Callable[[str], str], source: str, target: 
     )
     for name, columns, kinds in cursor.fetchall():
         named = ", ".join(STATISTICS_KINDS[k] for k in kinds if k in STATISTICS_KINDS)
+        kinds_sql = f" ({named})" if named else ""  # one expression's: no kinds to name
         cursor.execute(f"DROP STATISTICS {qn(name)}")
-        cursor.execute(f"CREATE STATISTICS {qn(name)} ({named}) ON {columns} FROM {qn(target)}")
+        cursor.execute(f"CREATE STATISTICS {qn(name)}{kinds_sql} ON {columns} FROM {qn(target)}")
