@@ -13,6 +13,7 @@
 #                      1,200 jobs/s, web-like dispatchers, SOAK_DAY_PARTITIONING=hour|day|none
 #   make soak-day-both the hour on partitioned storage, then with DELETE pruning, side by side
 #   make bench-admin-volume  the admin's pages and /metrics timed on 20M jobs (VOLUME_ROWS)
+#   make bench-conversion    the online conversion of 5M jobs to partitioned storage, timed
 #   make bench-peers   django-gator beside Celery, procrastinate, django-q2, django-tasks-db
 #   make browser-deps  what test-browser needs: Chromium (apt-get, as root) and playwright
 #   make lint          ruff check, ruff format --check, mypy, lint-imports (the layers)
@@ -24,9 +25,8 @@
 #   make clean         caches, build files, demo databases;  make distclean also removes venvs
 #
 # Variables, set on the command line: make test PYTHON=python3.12 VENV=.venv-dj6 DJANGO='Django>=6.1,<6.2'
-#   PYTHON VENV DEMO_VENV DJANGO PG_URL MYSQL_URL PYTEST_ARGS TEST_DB_SUFFIX DEMO_ADDR SOAK_* FLEET_* VOLUME_*
-#   (see below).
-#   Without CI=true,
+#   PYTHON VENV DEMO_VENV DJANGO PG_URL MYSQL_URL PYTEST_ARGS TEST_DB_SUFFIX DEMO_ADDR SOAK_*
+#   FLEET_* VOLUME_* CONVERSION_* (see below). Without CI=true,
 #   make test skips (loudly) a database server that does not answer; with CI=true it fails.
 
 PYTHON      ?= python3
@@ -68,11 +68,11 @@ DEMO_CONFIG := $(DEMO_VENV)/.gator-config
 
 .PHONY: help install demo-install sysdeps test-deps test test-sqlite test-postgres test-mysql \
         test-chaos check-dbs lint browser-deps test-browser bench-deps soak soak-day soak-day-both \
-        soak-day-report bench-admin-volume bench-fleet bench-peers demo demo-check \
+        soak-day-report bench-admin-volume bench-conversion bench-fleet bench-peers demo demo-check \
         package-check docs docs-install clean distclean FORCE
 
 help:
-	@sed -n '3,30s/^# \{0,1\}//p' $(MAKEFILE_LIST)
+	@sed -n '3,/^$$/s/^# \{0,1\}//p' $(MAKEFILE_LIST)
 
 # ---------------------------------------------------------------------------------------------
 # Installing
@@ -392,6 +392,16 @@ VOLUME_ROWS ?= 20000000
 VOLUME_ARGS ?=
 bench-admin-volume: install
 	$(VENV_PY) -m benchmarks.admin_volume --rows $(VOLUME_ROWS) $(VOLUME_ARGS)
+
+# The online conversion to partitioned storage (issue 32, item 1): CONVERSION_ROWS jobs
+# bulk-loaded into a throwaway cluster's plain table, then `gator_partitions --convert`'s
+# conversion while a worker claims and a process dispatches 200 jobs/s throughout
+# (benchmarks/conversion): each step's duration, the claims' pickup and gaps per phase, no
+# job lost or run twice. 5M rows need ~12 GiB free in $$TMPDIR.
+CONVERSION_ROWS ?= 5000000
+CONVERSION_ARGS ?=
+bench-conversion: install
+	$(VENV_PY) -m benchmarks.conversion --rows $(CONVERSION_ROWS) $(CONVERSION_ARGS)
 
 # ---------------------------------------------------------------------------------------------
 # The ceiling and a fleet (benchmarks/fleet, issue 32 item 3), on a throwaway PostgreSQL 15

@@ -56,6 +56,7 @@ DATABASE_FREE_MODULES = {
     "tests/management/test_arguments.py",
     "tests/test_attempts.py",
     "tests/test_conf.py",
+    "tests/test_conversion_bench.py",
     "tests/test_demo.py",
     "tests/test_docs.py",
     "tests/test_docs_examples.py",

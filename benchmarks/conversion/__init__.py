@@ -1,0 +1,1 @@
+"""The online conversion to partitioned storage on a large table with a worker running."""
