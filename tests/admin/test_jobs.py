@@ -278,6 +278,20 @@ def test_the_queue_filter_lists_live_dead_paused_finished_and_declared_queues(
     assert "q-nothing-yet" in [value for value, _ in spec.lookup_choices]
 
 
+def copy_rows(job: Job, copies: int) -> None:
+    """``copies`` more rows like ``job``'s, in one INSERT ... SELECT (bulk_create of 20,000
+    built jobs took about 20 s of Python a test run)."""
+    columns = ", ".join(
+        connection.ops.quote_name(f.column) for f in Job._meta.concrete_fields if not f.primary_key
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {Job._meta.db_table} ({columns}) SELECT {columns} FROM"
+            f" {Job._meta.db_table}, generate_series(1, %s) WHERE id = %s",
+            [copies, job.pk],
+        )
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's estimate")
 def test_the_planner_expects_as_many_jobs_of_an_error_class_as_there_are(admin_client: Client):
@@ -286,7 +300,7 @@ def test_the_planner_expects_as_many_jobs_of_an_error_class_as_there_are(admin_c
     rows, 464 of 200,000, and sorted them all for a page of 50)."""
     JobFactory.create_batch(300, dead=True, error_class="ValueError")
     JobFactory.create_batch(100, dead=True, error_class="KeyError")
-    Job.objects.bulk_create(JobFactory.build_batch(20_000, succeeded=True), batch_size=2000)
+    copy_rows(JobFactory(succeeded=True), 19_999)  # 20,000 succeeded jobs
     analyze()
     jobs = Job.objects.filter(state__in=(JobState.DEAD, JobState.FAILED), error_class="ValueError")
     assert 150 <= planned_rows(jobs) <= 600
