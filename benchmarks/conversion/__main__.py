@@ -308,7 +308,8 @@ def run(args: argparse.Namespace, url: str, work: Path) -> dict[str, Any]:
         stop.touch()
         worker.terminate()
         worker.wait(timeout=120)
-        trickle.kill() if trickle.poll() is None else None
+        if trickle.poll() is None:
+            trickle.kill()
     records = [json.loads(line) for line in out.read_text().splitlines()]
     rows = jobs([r["id"] for r in records if "id" in r])
     with connection.cursor() as cursor:
