@@ -34,9 +34,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 FAST = {"GATOR_HEARTBEAT_INTERVAL": "0.2", "GATOR_HEARTBEAT_TIMEOUT": "1.5"}
 
 
-def _run_with_fault(spawn_worker: Any, fault: str, job: Job) -> tuple[Job, list[int]]:
+def _run_with_fault(spawn_worker: Any, fault: str, job: Job) -> tuple[Job, list[int], str]:
     """Run ``job`` on a worker with ``fault``; if that worker dies, on a fresh one. Returns
-    the finished row and the attempts that wrote ledger rows."""
+    the finished row, the attempts that wrote ledger rows, and what to show if the test
+    fails (the row's errors and both workers' output)."""
     faulty = spawn_worker("--concurrency", "1", env={**FAST, "GATOR_TEST_FAULT": fault})
     if fault.startswith("kill_"):
         try:
@@ -61,7 +62,11 @@ def _run_with_fault(spawn_worker: Any, fault: str, job: Job) -> tuple[Job, list[
         assert f"FAULT {fault}" in worker_output(faulty), "the fault never fired"
     assert not Job.objects.filter(state=JobState.RUNNING).exists()
     runs = sorted(Execution.objects.filter(job_id=job.pk).values_list("attempt", flat=True))
-    return Job.objects.get(pk=job.pk), runs
+    done = Job.objects.get(pk=job.pk)
+    shown = f"errors: {done.errors}\n--- faulty worker:\n{worker_output(faulty)}"
+    if finisher is not faulty:
+        shown += f"\n--- fresh worker:\n{worker_output(finisher)}"
+    return done, runs, shown
 
 
 # fault -> (attempts, rescues, ledger rows by attempt) for a job that succeeds at once.
@@ -83,9 +88,9 @@ SUCCESS_PATH = {
 @pytest.mark.parametrize("fault", list(SUCCESS_PATH))
 def test_a_fault_on_the_success_path_never_loses_or_undoes_the_job(spawn_worker, fault):
     job = Record.dispatch(label=fault)
-    done, runs = _run_with_fault(spawn_worker, fault, job)
+    done, runs, shown = _run_with_fault(spawn_worker, fault, job)
     attempts, rescues, expected_runs = SUCCESS_PATH[fault]
-    assert (done.attempts, done.rescues, runs) == (attempts, rescues, expected_runs)
+    assert (done.attempts, done.rescues, runs) == (attempts, rescues, expected_runs), shown
     assert done.result == {"label": fault, "attempt": expected_runs[-1]}
 
 
@@ -104,9 +109,9 @@ FAILURE_PATH = {
 @pytest.mark.parametrize("fault", list(FAILURE_PATH))
 def test_a_fault_on_the_failure_path_still_retries_the_job_once(spawn_worker, fault):
     job = RecordFailsFirst.dispatch(label=fault)
-    done, runs = _run_with_fault(spawn_worker, fault, job)
+    done, runs, shown = _run_with_fault(spawn_worker, fault, job)
     attempts, rescues, expected_runs = FAILURE_PATH[fault]
-    assert (done.attempts, done.rescues, runs) == (attempts, rescues, expected_runs)
+    assert (done.attempts, done.rescues, runs) == (attempts, rescues, expected_runs), shown
     first = done.errors[0]
     if rescues:
         assert first["class"] == "django_gator.exceptions.WorkerLost"
@@ -128,9 +133,9 @@ ATOMIC = {
 @pytest.mark.parametrize("fault", list(ATOMIC))
 def test_an_atomic_job_takes_effect_exactly_once_at_every_boundary(spawn_worker, fault):
     job = AtomicRecord.dispatch(label=fault)
-    done, runs = _run_with_fault(spawn_worker, fault, job)
+    done, runs, shown = _run_with_fault(spawn_worker, fault, job)
     attempts, rescues = ATOMIC[fault]
-    assert (done.attempts, done.rescues) == (attempts, rescues)
+    assert (done.attempts, done.rescues) == (attempts, rescues), shown
     assert runs == [attempts], "the atomic effect must be applied exactly once"
 
 
