@@ -280,7 +280,7 @@ def test_the_queue_filter_lists_live_dead_paused_finished_and_declared_queues(
 
 def copy_rows(job: Job, copies: int) -> None:
     """``copies`` more rows like ``job``'s, in one INSERT ... SELECT (bulk_create of 20,000
-    built jobs took about 20 s of Python a test run)."""
+    built jobs took 20-35 s of Python a test run)."""
     columns = ", ".join(
         connection.ops.quote_name(f.column) for f in Job._meta.concrete_fields if not f.primary_key
     )

@@ -106,11 +106,23 @@ FAILURE_PATH = {
 }
 
 
+#: What a fault may end with instead: the retry is due at once, and a worker claims one job
+#: beyond its threads (the async window: django_gator/worker/async_slots.py), so the dying
+#: worker may have claimed the retry between the failure's commit and its death (seen once
+#: in CI, on a loaded machine). That claim never started: it is rescued, counted as the
+#: second attempt (as "kill_after_claim" is above), and the third runs.
+SPARE_CLAIM = {"kill_after_failure_commit": (3, 1, [1, 3])}
+
+
 @pytest.mark.parametrize("fault", list(FAILURE_PATH))
 def test_a_fault_on_the_failure_path_still_retries_the_job_once(spawn_worker, fault):
     job = RecordFailsFirst.dispatch(label=fault)
     done, runs, shown = _run_with_fault(spawn_worker, fault, job)
     attempts, rescues, expected_runs = FAILURE_PATH[fault]
+    if (done.attempts, done.rescues, runs) == SPARE_CLAIM.get(fault):
+        classes = [error["class"] for error in done.errors]
+        assert classes == ["RuntimeError", "django_gator.exceptions.WorkerLost"], shown
+        return
     assert (done.attempts, done.rescues, runs) == (attempts, rescues, expected_runs), shown
     first = done.errors[0]
     if rescues:
