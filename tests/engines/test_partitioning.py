@@ -350,3 +350,26 @@ def test_a_conversion_and_its_revert_keep_the_error_class_statistics_on_the_jobs
     partitioned.convert("day")
     partitioned.drop_backup()
     assert statistics_tables() == ["django_gator_job"]
+
+
+def test_a_statistics_object_of_one_expression_survives_a_revert_and_a_conversion(partitioned):
+    # Such an object has no kinds to name: CREATE STATISTICS takes no list for it (with an
+    # empty one, `CREATE STATISTICS name () ON ...`, PostgreSQL refuses the statement).
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE STATISTICS gator_test_lower_name ON (lower(name)) FROM django_gator_job"
+        )
+    try:
+        Job.objects.all().delete()
+        partitioned.revert()
+        partitioned.convert("day")
+        partitioned.drop_backup()
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT stxrelid::regclass::text FROM pg_statistic_ext WHERE stxname = %s",
+                ["gator_test_lower_name"],
+            )
+            assert [row[0] for row in cursor.fetchall()] == ["django_gator_job"]
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP STATISTICS IF EXISTS gator_test_lower_name")
