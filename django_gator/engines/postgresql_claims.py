@@ -48,7 +48,7 @@ class PostgresClaims(PostgresSessions):
     ) -> list[ClaimedJob]:
         picked, params = self._picked(queue, limit, after)
         sql = f"WITH picked AS ({picked}) {self._claim_update_sql}"
-        with self._prepared_cursor() as cursor:
+        with self._prepared_cursor(binary=True) as cursor:
             cursor.execute(sql, [*params, worker_id])
             rows = cursor.fetchall()
         jobs = [self.claimed(row) for row in rows]
@@ -92,7 +92,7 @@ class PostgresClaims(PostgresSessions):
             " SELECT m.ids, c.* FROM (SELECT array_agg(id) AS ids FROM marked) AS m"
             " LEFT JOIN claimed AS c ON true"
         )
-        with self._prepared_cursor() as cursor:
+        with self._prepared_cursor(binary=True) as cursor:
             cursor.execute(sql, [*marks_params, *params, worker_id])
             rows = cursor.fetchall()
         written = rows[0][0] or []

@@ -180,7 +180,7 @@ class PostgresSessions(Engine):
             cursor.execute(sql, params)
 
     @contextmanager
-    def _prepared_cursor(self) -> Iterator[Any]:
+    def _prepared_cursor(self, *, binary: bool = False) -> Iterator[Any]:
         """A cursor for the worker's hot statements (the claim, the batched success mark):
         it binds the parameters on the server and has the statement prepared on its first
         run, so PostgreSQL parses and plans each of them once per connection instead of on
@@ -192,7 +192,13 @@ class PostgresSessions(Engine):
 
         The ordinary cursor instead: behind a transaction pooler (``pooled``: nothing may
         stay in a server session), and while queries are logged (DEBUG, or a test capturing
-        them), as Django reads the text of a logged query from the client-side binding."""
+        them), as Django reads the text of a logged query from the client-side binding.
+
+        ``binary``: the rows come back in PostgreSQL's binary format, read by psycopg's C
+        loaders (a claim's rows: Django's loader of timestamps, which text needs, is
+        Python; two timestamps a job). Values are then what those loaders give: aware
+        timestamps in the session's time zone whatever ``USE_TZ`` says, JSON decoded;
+        the ordinary cursor, when it is used instead, gives Django's text forms."""
         connection = self.connection
         if self.pooled or connection.queries_logged:
             with connection.cursor() as cursor:
@@ -203,6 +209,8 @@ class PostgresSessions(Engine):
         connection.validate_thread_sharing()
         with connection.wrap_database_errors:
             raw = _PreparedCursor(connection.connection)
+        if binary:
+            raw.format = Format.BINARY
         with connection.make_cursor(raw) as cursor:
             yield cursor
 
