@@ -414,6 +414,8 @@ bench-conversion: install
 # chart in docs/fleet.png; exits 1 if the throughput fell by more than 10 % as processes were
 # added, or a claim p99 passed its bound. After an interrupted run: FLEET_ARGS=--cleanup.
 #   FLEET_ARGS='--part fleet --processes 1,2,4 --step 30'   a short run
+#   FLEET_ARGS='--part fleet --modes direct --worker raw'   the control: the same steps with a
+#     worker that is not django-gator (benchmarks/fleet/rawworker.py), fleet-control.json
 FLEET_PORT ?= 5498
 FLEET_HOLD ?= 600
 FLEET_STEP ?= 120

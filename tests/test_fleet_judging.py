@@ -9,7 +9,8 @@ from argparse import Namespace
 import pytest
 
 from benchmarks.fleet import ceiling, netns, series
-from benchmarks.fleet.main import numbers
+from benchmarks.fleet.main import main as fleet_main
+from benchmarks.fleet.main import numbers, outputs, parser
 
 OPTIONS = Namespace(max_fall=0.10, claim_p99_max=250.0)
 
@@ -58,6 +59,9 @@ def watched(busy: float, waits: dict[str, float], cores: dict[str, float]) -> di
         (1000.0, 0.95, {"CPU": 1.0}, "CPU: the machine 95% busy"),
         (1000.0, 0.5, {"Lock:transactionid": 0.2, "LWLock:WALInsert": 0.15}, "locks: 35%"),
         (1000.0, 0.5, {"IO:WALSync": 0.4, "CPU": 0.6}, "WAL/fsync I/O: 40%"),
+        # Waiting for another backend's WAL flush is I/O, not a lock held by a peer.
+        (1000.0, 0.5, {"LWLock:WALWrite": 0.25, "IO:WALSync": 0.1}, "WAL/fsync I/O: 35%"),
+        (1000.0, 0.5, {"LWLock:WALWrite": 0.25, "Lock:tuple": 0.1}, "none of CPU (50%)"),
         (1000.0, 0.5, {"CPU": 0.9, "IO:WALSync": 0.1}, "none of CPU (50%)"),
     ],
 )
@@ -119,3 +123,20 @@ def test_bad_lists_and_fleet_sizes_are_refused_by_name():
     with pytest.raises(ValueError, match="not 0"):
         netns.Network(0)
     assert netns.Network(3).host_of("10.231.2.2") == "h2"
+
+
+@pytest.mark.parametrize("given", [["--part", "all"], ["--part", "fleet", "--modes", "both"]])
+def test_the_control_worker_runs_the_direct_fleet_only(given):
+    """The control (rawworker.py) stands in for gator_worker in the direct fleet's steps;
+    asked for elsewhere it is refused before anything starts, saying what to give."""
+    with pytest.raises(SystemExit, match="--part fleet --modes direct"):
+        fleet_main(["--worker", "raw", *given])
+
+
+def test_the_control_reports_beside_the_fleet_not_over_it():
+    control = outputs(parser().parse_args(["--worker", "raw", "--part", "fleet"]))
+    fleet = outputs(parser().parse_args(["--part", "fleet"]))
+    assert (control.out.name, control.chart.name) == ("fleet-control.json", "fleet-control.png")
+    assert (fleet.out.name, fleet.chart.name) == ("fleet.json", "fleet.png")
+    given = outputs(parser().parse_args(["--worker", "raw", "--out", "/tmp/x.json"]))
+    assert str(given.out) == "/tmp/x.json"

@@ -15,8 +15,11 @@ and a verdict naming the resource that ran out, by these rules, first match:
 1. dispatcher: it sent less than 97 % of the rate;
 2. CPU: the machine's CPUs were at least 90 % busy (this benchmark's processes against the
    rest: on a shared machine other programs' load shows here; the roles, largest first);
-3. locks: at least 30 % of the active sessions' samples waited on a lock (Lock:*, LWLock:*);
-4. WAL / fsync I/O: at least 30 % of them waited on I/O (IO:*), or a disk was busy 80 %;
+3. locks: at least 30 % of the active sessions' samples waited on a lock (Lock:*, LWLock:*,
+   but for LWLock:WALWrite);
+4. WAL / fsync I/O: at least 30 % of them waited on I/O (IO:*) or for the WAL to reach the
+   disk (LWLock:WALWrite: a commit waiting for another backend's flush, which its own
+   commit rides on), or a disk was busy 80 %;
 5. otherwise nothing above saturated: the workers' threads (round trips, the GIL).
 """
 
@@ -166,21 +169,34 @@ def verdict(step: dict[str, Any], rate: float) -> str:
             f"(cores: {top})"
         )
     waits = seen["wait_shares"]
-    locks = sum(share for name, share in waits.items() if name.startswith(("Lock:", "LWLock:")))
+    flushes = {name: share for name, share in waits.items() if _flush_wait(name)}
+    locks = sum(
+        share
+        for name, share in waits.items()
+        if name.startswith(("Lock:", "LWLock:")) and name not in flushes
+    )
     if locks >= 0.3:
         return f"locks: {locks:.0%} of active samples waited on one ({_top(waits, 'Lock')})"
-    io = sum(share for name, share in waits.items() if name.startswith("IO:"))
+    io = sum(flushes.values())
     busiest = max((disk["busy_share"] for disk in seen["disks"].values()), default=0.0)
     if io >= 0.3 or busiest >= 0.8:
         wal = seen["server_per_s"]
         return (
-            f"WAL/fsync I/O: {io:.0%} of active samples in I/O ({_top(waits, 'IO:')}), disk "
+            f"WAL/fsync I/O: {io:.0%} of active samples waited on I/O or the WAL flush "
+            f"({_top(flushes, '')}), disk "
             f"busy {busiest:.0%}, {wal.get('wal_sync_per_s', 0):,.0f} WAL syncs/s"
         )
     return (
         f"none of CPU ({seen['host_busy_share']:.0%}), locks ({locks:.0%}), I/O ({io:.0%}) "
         "saturated: the workers' threads"
     )
+
+
+def _flush_wait(name: str) -> bool:
+    """Whether a wait event is I/O: a read or write, or a commit waiting for the WAL flush
+    (``LWLock:WALWrite`` is held by the backend writing the WAL out; the others wait for
+    it: group commit, not contention on a lock)."""
+    return name.startswith("IO:") or name == "LWLock:WALWrite"
 
 
 def _top(waits: dict[str, float], prefix: str) -> str:

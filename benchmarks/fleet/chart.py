@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 STYLE = {"direct": ("tab:blue", "o"), "pgbouncer": ("tab:orange", "s")}
+#: Series of other names (the control, a rerun), in the order they come.
+OTHERS = [("tab:green", "^"), ("tab:gray", "x"), ("tab:purple", "D")]
 
 
 def draw(report: dict[str, Any], path: Path) -> None:
@@ -18,8 +20,10 @@ def draw(report: dict[str, Any], path: Path) -> None:
     run = report["run"]
     options = run["options"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    others = iter(OTHERS)
     for series in report["fleet"]:
-        color, marker = STYLE.get(series["mode"], ("tab:gray", "x"))
+        style = STYLE.get(series["mode"]) or next(others, ("tab:gray", "x"))
+        color, marker = style
         x = [step["processes"] for step in series["steps"]]
         left.plot(
             x,

@@ -12,6 +12,9 @@ fleet's hosts are network namespaces (netns.py).
   throwaway clusters), and exit.
 
 The job is ``fleet.write`` (one row written per job; ``--job noop`` for none: app/jobs.py).
+``--worker raw`` runs the fleet's steps with the control worker instead of gator_worker
+(rawworker.py: the same database work in the fewest statements, no django-gator), directly
+only, to tell the machine's part in the curve from django-gator's.
 Writes a JSON report (``--out``) and a chart (``--chart``); exits 1 when ``--check`` is given
 and a fleet check failed.
 """
@@ -54,6 +57,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cleanup", action="store_true", help="remove leftovers and exit")
     p.add_argument("--job", choices=("write", "noop"), default="write")
     p.add_argument("--concurrency", type=int, default=4, help="threads per worker process")
+    p.add_argument(
+        "--worker",
+        choices=("gator", "raw"),
+        default="gator",
+        help="the fleet's worker processes: gator_worker, or the control (rawworker.py)",
+    )
     g = p.add_argument_group("the ceiling")
     g.add_argument(
         "--rates",
@@ -82,14 +91,27 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--check", action="store_true", help="exit 1 if a fleet check fails")
     p.add_argument("--port", type=int, default=5498, help="port of the throwaway cluster")
     p.add_argument("--pg-bindir", default="/usr/lib/postgresql/15/bin")
-    p.add_argument("--out", type=Path, default=RESULTS / "fleet.json")
-    p.add_argument("--chart", type=Path, default=DOCS / "fleet.png")
+    p.add_argument(
+        "--out", type=Path, help="the JSON report (benchmarks/results/fleet[-control].json)"
+    )
+    p.add_argument("--chart", type=Path, help="the chart (docs/fleet[-control].png)")
     p.add_argument("--note", default="", help="a remark stored in the report (e.g. the load)")
     p.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
     return p
 
 
+def outputs(options: argparse.Namespace) -> argparse.Namespace:
+    """The report's and the chart's paths, unless given: the control's beside the fleet's
+    (``fleet-control.json``), never over them."""
+    suffix = "-control" if options.worker == "raw" else ""
+    options.out = options.out or RESULTS / f"fleet{suffix}.json"
+    options.chart = options.chart or DOCS / f"fleet{suffix}.png"
+    return options
+
+
 def preflight(options: argparse.Namespace) -> None:
+    if options.worker == "raw" and (options.part != "fleet" or options.modes != "direct"):
+        raise SystemExit("--worker raw is the fleet's control: give --part fleet --modes direct")
     if os.geteuid() != 0:
         raise SystemExit(
             "python -m benchmarks.fleet needs root: PostgreSQL runs as the postgres user and "
@@ -106,7 +128,7 @@ def preflight(options: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    options = parser().parse_args(argv)
+    options = outputs(parser().parse_args(argv))
     if options.cleanup:
         if os.geteuid() != 0:
             raise SystemExit("--cleanup needs root (network namespaces, the postgres user)")

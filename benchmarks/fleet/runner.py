@@ -134,7 +134,11 @@ class Bench:
             extra["GATOR_FLEET_DIRECT_URL"] = (
                 f"postgres://postgres@{address}:{self.options.port}/{DATABASE}"
             )
-        command = [sys.executable, "-m", "django", "gator_worker", "-q", "fleet"]
+        if self.options.worker == "raw":
+            command = [sys.executable, "-m", "benchmarks.fleet.rawworker", "--job"]
+            command.append(self.options.job)
+        else:
+            command = [sys.executable, "-m", "django", "gator_worker", "-q", "fleet"]
         command += ["--concurrency", str(self.options.concurrency)]
         if host:
             command = host.command(command)
@@ -206,14 +210,28 @@ class Bench:
 
     # -- the database --------------------------------------------------------------------------
     def wait_registered(self, count: int, timeout: float = 120) -> None:
-        from django_gator.models import Worker
-
+        """Until ``count`` worker processes have registered (the control, rawworker.py,
+        registers nothing: until its processes' sessions are open)."""
         deadline = time.monotonic() + timeout
-        while Worker.objects.count() < count:
+        while self._registered() < count:
             self.check_alive()
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{count} workers did not register within {timeout:.0f} s")
             time.sleep(0.2)
+
+    def _registered(self) -> int:
+        from django.db import connection
+
+        from django_gator.models import Worker
+
+        if self.options.worker != "raw":
+            return Worker.objects.count()
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(DISTINCT application_name) FROM pg_stat_activity "
+                "WHERE application_name LIKE 'gator-fleet-w%%'"
+            )
+            return int(cursor.fetchone()[0])
 
     def reset(self) -> None:
         """Empty the jobs, workers and written rows (no worker may be running) and vacuum."""

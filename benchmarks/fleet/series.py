@@ -34,6 +34,8 @@ from benchmarks.fleet.runner import Bench, claim_latency
 
 def run(bench: Bench, options: Any, pooled: bool) -> dict[str, Any]:
     label = "pgbouncer" if pooled else "direct"
+    if options.worker == "raw":
+        label = "direct, control (rawworker)"
     if pooled:
         bench.start_bouncer()
     steps = []
