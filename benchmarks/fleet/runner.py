@@ -229,7 +229,8 @@ class Bench:
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT count(DISTINCT application_name) FROM pg_stat_activity "
-                "WHERE application_name LIKE 'gator-fleet-w%%'"
+                "WHERE application_name LIKE %s",
+                ["gator-fleet-w%"],
             )
             return int(cursor.fetchone()[0])
 
