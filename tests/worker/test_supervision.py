@@ -128,14 +128,19 @@ def test_a_process_wedged_in_c_code_is_replaced_until_the_job_is_dead(spawn_work
     pill = HoldsTheGil.dispatch()
     others = Record.dispatch_many([["beside", 0.05]] * 40)
 
-    wait_for(lambda: Job.objects.get(pk=pill.pk).state == JobState.DEAD, timeout=180)
-    wait_for(
-        lambda: (
-            Job.objects.filter(pk__in=[j.pk for j in others], state=JobState.SUCCEEDED).count()
-            == len(others)
-        ),
-        timeout=180,
-    )
+    try:  # CI timed out here once (2026-11-28, loaded machine): say where the pill was
+        wait_for(lambda: Job.objects.get(pk=pill.pk).state == JobState.DEAD, timeout=180)
+        wait_for(
+            lambda: (
+                Job.objects.filter(pk__in=[j.pk for j in others], state=JobState.SUCCEEDED).count()
+                == len(others)
+            ),
+            timeout=180,
+        )
+    except AssertionError as exc:
+        pill.refresh_from_db()
+        seen = f"pill {pill.state} rescues={pill.rescues} suspect={pill.suspect}"
+        raise AssertionError(f"{exc}\n{seen}\n{worker_output(proc)}") from None
 
     pill.refresh_from_db()
     assert pill.rescues == 2
