@@ -32,6 +32,7 @@ from typing import Any
 
 from benchmarks.soak.cluster import (
     ThrowawayCluster,
+    end_on_sigterm,
     migrated_django,
     run_facts,
     server_facts,
@@ -243,6 +244,7 @@ def check_same_figures() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    end_on_sigterm()
     cluster = ThrowawayCluster(args.port, args.pg_bindir)
     try:
         url = cluster.start("gator_soak_figures")

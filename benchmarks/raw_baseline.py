@@ -311,8 +311,9 @@ def main() -> None:
     if "raw" not in name and "pickup" not in name:
         raise SystemExit(f"its jobs are deleted: the database name must contain 'raw' ({name!r})")
 
-    from benchmarks.soak.cluster import TABLE_AUTOVACUUM, ThrowawayCluster
+    from benchmarks.soak.cluster import TABLE_AUTOVACUUM, ThrowawayCluster, end_on_sigterm
 
+    end_on_sigterm()
     cluster = None
     if args.cluster == "throwaway":
         cluster = ThrowawayCluster(args.port, args.pg_bindir)

@@ -175,3 +175,31 @@ def test_flow_limited_kinds_are_offered_within_their_limits_at_any_rate():
     assert keyed / ((accounts - 1) * 0.5) > features.FLOW_HEADROOM  # no more than needed
     assert limited * (low + high) / 2 / 1000 / 3 <= features.FLOW_HEADROOM + 0.01
     assert features.flow_sizing(480, weights, 200, limits)[0] == 200  # more is kept
+
+
+def test_a_sigterm_ends_a_benchmark_through_its_finally_blocks(tmp_path):
+    # A make stopped with SIGTERM passes it to the benchmark: its finally blocks must run
+    # (they stop the worker processes and the throwaway cluster), as after Ctrl-C.
+    import signal
+    import subprocess
+    import sys
+
+    cleaned = tmp_path / "cleaned"
+    script = (
+        "import time\n"
+        "from benchmarks.soak.cluster import end_on_sigterm\n"
+        "end_on_sigterm()\n"
+        "try:\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(60)\n"
+        "finally:\n"
+        f"    open({str(cleaned)!r}, 'w').write('stopped')\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    assert cleaned.read_text() == "stopped"

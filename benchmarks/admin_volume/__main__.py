@@ -35,7 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.admin_volume import fill
-from benchmarks.soak.cluster import ThrowawayCluster, recreate_database, server_facts
+from benchmarks.soak.cluster import (
+    ThrowawayCluster,
+    end_on_sigterm,
+    recreate_database,
+    server_facts,
+)
 from benchmarks.soak.day import LEAVES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -265,6 +270,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    end_on_sigterm()
     storages = [s.strip() for s in args.storage.split(",") if s.strip()]
     bad = [s for s in storages if s not in ("plain", "partitioned")]
     if bad or not storages:

@@ -42,6 +42,7 @@ from typing import Any
 from benchmarks.admin_volume import fill
 from benchmarks.soak.cluster import (
     ThrowawayCluster,
+    end_on_sigterm,
     migrated_django,
     run_facts,
     server_facts,
@@ -361,6 +362,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    end_on_sigterm()
     args.out = args.out or ROOT / "benchmarks/results/conversion.json"
     cluster = None
     if args.cluster == "throwaway":

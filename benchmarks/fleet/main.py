@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -138,9 +137,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(f"removed {item}" for item in removed) or "nothing left to remove")
         return 0
     preflight(options)
-    # A SIGTERM ends the run through the finally blocks, like Ctrl-C.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     from benchmarks.fleet.runner import Bench
+    from benchmarks.soak.cluster import end_on_sigterm
+
+    end_on_sigterm()  # through the finally blocks, which remove the namespaces and clusters
 
     bench = Bench(options, hosts=options.hosts if options.part != "ceiling" else 0)
     report: dict[str, Any] = {"run": facts(options)}

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,8 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+
+from benchmarks.soak.cluster import end_on_sigterm
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 1024 * 1024
@@ -50,8 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--database-url", default="")
     options = parser.parse_args(argv)
-    # A SIGTERM ends the benchmark through the finally blocks, which stop its worker.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    end_on_sigterm()  # through the finally blocks, which stop its worker
 
     url = options.database_url or f"sqlite:///{tempfile.mkdtemp()}/bench.sqlite3"
     os.environ["DATABASE_URL"] = url

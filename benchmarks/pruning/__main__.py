@@ -39,6 +39,7 @@ from typing import Any
 from benchmarks.pruning.jobs import NAMES, RARE
 from benchmarks.soak.cluster import (
     ThrowawayCluster,
+    end_on_sigterm,
     migrated_django,
     run_facts,
     server_facts,
@@ -325,6 +326,7 @@ def prune_with_probe() -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    end_on_sigterm()
     cluster = ThrowawayCluster(args.port, args.pg_bindir)
     try:
         url = cluster.start("gator_soak_prune")

@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,14 @@ TABLE_AUTOVACUUM = {
     "autovacuum_analyze_scale_factor": "0.02",
     "autovacuum_vacuum_cost_delay": "0",
 }
+
+
+def end_on_sigterm() -> None:
+    """Make a SIGTERM end this process as Ctrl-C does, through its ``finally`` blocks, which
+    stop its worker processes and its throwaway cluster. By default a SIGTERM (GNU make
+    passes one to its recipe when it is stopped; a timeout sends one) kills the benchmark
+    alone and leaves them running (a soak, 2026-11-28). Call it in a benchmark's main."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 class ThrowawayCluster:

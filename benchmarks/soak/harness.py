@@ -63,6 +63,7 @@ from benchmarks.soak import day, dayrun, features, measure
 from benchmarks.soak.cluster import (
     TABLE_AUTOVACUUM,
     ThrowawayCluster,
+    end_on_sigterm,
     recreate_database,
     server_facts,
 )
@@ -1028,10 +1029,7 @@ def main(argv: list[str] | None = None) -> int:
         draw(document, target)
         print(f"chart: {target}")
         return 0
-    # A SIGTERM (make stopped, a timeout) ends the run through the finally blocks, which
-    # stop the workers, the web processes and the throwaway cluster; by default it killed
-    # the harness alone and left them running (2026-11-28).
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    end_on_sigterm()
     cluster = (
         ThrowawayCluster(args.port, args.pg_bindir, dayrun.cluster_settings(args))
         if args.cluster == "throwaway"
