@@ -485,6 +485,49 @@ def test_the_router_rests_a_queue_whose_limited_claim_found_nothing():
     assert router.route("keyed") == (True, True)
 
 
+def test_a_slot_freed_here_ends_the_rest_of_its_limited_claim():
+    """A limited claim that found every slot taken rests LIMITED_BACKOFF seconds; a job of
+    a limited class ending in this worker ends the rest (its slot is free now), a job
+    without limits in the same queue does not."""
+    engine = get_engine("default")
+    now = [0.0]
+    router = FlowRouter(engine, "w1", clock=lambda: now[0])
+    KeyedSpan.dispatch_many([["/dev/null", "1", 0]] * 3)
+    assert router.route("keyed") == (True, True)
+    running, _ = router.claim("keyed", 5)
+    assert len(running) == 2  # the key's two slots
+    assert router.claim("keyed", 5) == ([], [])
+    assert router.route("keyed") == (True, False)  # resting
+
+    router.slot_freed("keyed", Noop.name)  # no limit: no slot of a limit freed
+    assert router.route("keyed") == (True, False)
+    assert engine.mark_succeeded("w1", [Mark.of(running[0], None)]) == [running[0].id]
+    router.slot_freed("keyed", running[0].name)
+    assert router.route("keyed") == (True, True)
+    [third] = router.claim("keyed", 5)[0]
+    assert third.id not in {j.id for j in running}
+
+
+def test_a_limited_queue_resting_after_its_slots_were_taken_is_claimed_once_one_frees(settings):
+    """A queue with a concurrency limit: in a round that finds other work, a job of it that
+    ended in this worker gets its next job claimed at once, without waiting out the rest
+    of its empty claim (without the freed slot, that round claims the other work only)."""
+    settings.GATOR_QUEUES = {"spans": {"concurrency": 1}}
+    now = [0.0]
+    specs = [QueueSpec("spans"), QueueSpec("other")]
+    claimer = Claimer(get_engine("default"), "w1", specs, clock=lambda: now[0])
+    spans = [Span.dispatch("/dev/null", "s", 0) for _ in range(2)]
+    [first] = claimer.claim(5)[0]
+    assert first.id == spans[0].pk
+    assert claimer.claim(5) == ([], [])  # the slot is taken
+    assert claimer.flow.resting("spans")
+
+    busy = Noop.dispatch(queue="other")
+    jobs, written = claimer.claim(5, [Mark.of(first, None)], freed=[("spans", first.name)])
+    assert written == [first.id]
+    assert sorted(j.id for j in jobs) == sorted([spans[1].pk, busy.pk])
+
+
 def test_the_router_reads_little_when_idle_and_sees_a_new_limit_within_its_ttl(monkeypatch):
     """An idle worker's router reads the queues' limits once per LIMITS_TTL, and looks for
     keyed jobs only while a limited class is registered; a limit set meanwhile reaches it

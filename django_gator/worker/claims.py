@@ -153,7 +153,11 @@ class Claimer:
         self._full: set[str] = set()
 
     def claim(
-        self, limit: int, marks: Sequence[Mark] = (), woken: Collection[str] = ()
+        self,
+        limit: int,
+        marks: Sequence[Mark] = (),
+        woken: Collection[str] = (),
+        freed: Collection[tuple[str, str]] = (),
     ) -> tuple[list[ClaimedJob], list[int]]:
         """Claim up to ``limit`` jobs across the queues, writing the success ``marks`` in
         the same round trip as the first claim (one commit where commits are costly).
@@ -164,7 +168,12 @@ class Claimer:
         claimed first, in their weighted order: their new job would otherwise wait behind
         a backlog elsewhere until the order put its queue first (a job on an idle "emails"
         queue while the worker drains "reports"). A queue whose last claim was filled keeps
-        its place in the weighted order, so a busy queue gains nothing from its wakeups."""
+        its place in the weighted order, so a busy queue gains nothing from its wakeups.
+
+        ``freed``: (queue, job name) of the jobs that ended in this worker since the last
+        claim: a limited claim resting after it found every slot taken is made again."""
+        for queue, name in freed:
+            self.flow.slot_freed(queue, name)
         pending = list(marks)
         names = self._round_order(limit, woken)
         if not names:

@@ -48,3 +48,5 @@ class Round:
     suspect: ClaimedJob | None  # a held suspect that may start now, alone
     #: Queues a wakeup named since the last round that claimed (see Claimer.claim).
     woken: frozenset[str] = frozenset()
+    #: (queue, job name) of the jobs that ended since the last round (see Claimer.claim).
+    freed: frozenset[tuple[str, str]] = frozenset()

@@ -136,7 +136,7 @@ class Fetcher:
                 self.release_orphans(batch)
             marks, written = self.outcomes.write_steps(batch)  # with their workflows
             started = time.perf_counter()
-            jobs, marked = self.claimer.claim(turn.free, marks, turn.woken)
+            jobs, marked = self.claimer.claim(turn.free, marks, turn.woken, turn.freed)
             written += marked
             self.measure(time.perf_counter() - started, batch)
             self._failures = 0

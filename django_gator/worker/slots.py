@@ -66,6 +66,7 @@ class Slots:
         self.in_flight = 0  # claimed and not finished: pending + suspects + running
         self.notified = False  # a NOTIFY came for one of our queues
         self.woken: set[str] = set()  # the queues it named, until a round claims
+        self.freed: set[tuple[str, str]] = set()  # (queue, name) of jobs ended since a round
         self.lingering = False  # the fetcher waits for fuller slots (see lingers_locked)
         #: Set while the fetcher waits with nothing claimed, running or to write (its
         #: last claim found nothing): what a test awaits before it dispatches a job that
@@ -111,12 +112,17 @@ class Slots:
         if free > 0 and self.woken:
             woken = frozenset(self.woken)
             self.woken.clear()
+        freed: frozenset[tuple[str, str]] = frozenset()
+        if self.freed:
+            freed = frozenset(self.freed)
+            self.freed.clear()
         return Round(
             stopping=self.stopping,
             free=free,
             idle=self.in_flight == 0,
             suspect=self.suspects.popleft() if self.may_isolate_locked() else None,
             woken=woken,
+            freed=freed,
         )
 
     def lingers_locked(self) -> bool:
@@ -271,6 +277,7 @@ class Slots:
                 self.isolated = None
             self.in_flight -= 1
             self.processed += 1
+            self.freed.add((entry.job.queue, entry.job.name))
             if finished is not None:
                 self.succeeded.append(finished)
             self.wake_fetcher_locked()
@@ -292,6 +299,7 @@ class Slots:
                 return None
             self.in_flight -= 1
             self.processed += 1
+            self.freed.add((job.queue, job.name))
             if finished is not None:
                 self.succeeded.append(finished)
             self.wake_fetcher_locked()

@@ -184,3 +184,17 @@ def test_a_lingering_fetcher_is_woken_only_by_the_finish_that_ends_its_wait():
     assert not woken.wait(0.3)  # jobs still run: the wait goes on
     assert slots.finish(executors[2], None)
     assert woken.wait(10)  # the last one ends it
+
+
+def test_each_ended_job_is_handed_to_the_next_round_once_as_a_freed_slot():
+    """The fetcher's next round learns which jobs ended (their queue and name), so that a
+    limited claim resting after it found every slot taken is made again (FlowRouter)."""
+    slots = Slots(concurrency=2)
+    me = threading.current_thread()
+    with slots.lock:
+        slots.hand_out_locked([claimed_job(1, name="a", queue="q1"), job(2)])
+    slots.next_job(me, lambda j: None)
+    assert slots.finish(me, None)  # a failure or an outcome written: no batched mark
+    with slots.lock:
+        assert slots.next_round_locked().freed == {("q1", "a")}
+        assert slots.next_round_locked().freed == frozenset()
