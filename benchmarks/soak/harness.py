@@ -555,6 +555,7 @@ class Soak:
             self.pgss = measure.pgss_snapshot(cursor) if self.cluster else {}
             self.window_base = (measure.succeeded_total(cursor), 0.0, time.time())
             self.window_pgss = self.pgss
+            self.window_statements = measure.pgss_statements(cursor) if self.cluster else {}
         while True:
             now = time.time()
             with connection.cursor() as cursor:
@@ -647,6 +648,9 @@ class Soak:
             pgss = measure.pgss_snapshot(cursor)
             window["pgss"] = measure.pgss_delta(self.window_pgss, pgss)
             self.window_pgss = pgss
+            statements = measure.pgss_statements(cursor)
+            window["statements"] = measure.pgss_top(self.window_statements, statements, jobs)
+            self.window_statements = statements
         from django.db import connection
 
         window["claim_plan"] = measure.probe_claim(connection, self.engine, "soak", True)["text"]

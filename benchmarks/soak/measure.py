@@ -365,6 +365,50 @@ def pgss_delta(
     return out
 
 
+def pgss_statements(cursor: Any) -> dict[int, tuple[str, int, float, int]]:
+    """Every statement of the database in pg_stat_statements, by queryid: (its text, calls,
+    total execution ms, shared buffers hit + read)."""
+    cursor.execute(
+        "SELECT queryid, query, calls, total_exec_time, shared_blks_hit + shared_blks_read "
+        "FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database "
+        "WHERE datname = current_database())"
+    )
+    return {
+        int(queryid): (query, int(calls), float(total), int(blocks))
+        for queryid, query, calls, total, blocks in cursor.fetchall()
+    }
+
+
+def pgss_top(
+    before: dict[int, tuple[str, int, float, int]],
+    after: dict[int, tuple[str, int, float, int]],
+    jobs: int,
+    count: int = 12,
+) -> list[dict[str, Any]]:
+    """The ``count`` statements that read the most shared buffers between two
+    :func:`pgss_statements` snapshots, per job done meanwhile: which statement a window's
+    growth comes from, whatever its kind (the limited claim's statements, the gauges, the
+    ledger have no kind of their own in :func:`pgss_kind`)."""
+    rows = []
+    for queryid, (query, calls, total, blocks) in after.items():
+        _, c0, t0, b0 = before.get(queryid, (query, 0, 0.0, 0))
+        if calls == c0:
+            continue
+        rows.append(
+            {
+                "queryid": queryid,
+                "query": " ".join(query.split())[:200],
+                "calls": calls - c0,
+                "buffers": blocks - b0,
+                "buffers_per_call": round((blocks - b0) / (calls - c0), 1),
+                "buffers_per_job": round((blocks - b0) / jobs, 2) if jobs else None,
+                "ms_per_job": round((total - t0) / jobs, 4) if jobs else None,
+            }
+        )
+    rows.sort(key=lambda row: row["buffers"], reverse=True)
+    return rows[:count]
+
+
 # -- EXPLAIN probes -------------------------------------------------------------------------
 class _Explained(Exception):
     """Raised by the probe's wrapper once it has the plan, to roll back and stop."""
