@@ -20,15 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.fleet import bouncer, netns
+from benchmarks.soak.app.timing import CLAIM_KINDS
 from benchmarks.soak.cluster import ThrowawayCluster
 from benchmarks.soak.measure import backlog, quantile
 
 ROOT = Path(__file__).resolve().parents[2]
 DATABASE = "gator_fleet"
 CLUSTER_PREFIX = "gator-fleet-pg-"
-#: The claim statements timed (app/timing.py): a claim, a keyset claim, and the success marks
-#: and a claim in one statement (most claims of a busy worker on PostgreSQL).
-CLAIM_KINDS = ("claim", "claim_keyset", "claim_mark")
 
 
 def cluster_settings(addresses: list[str]) -> dict[str, str]:

@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.soak import day, dayrun, features, measure
+from benchmarks.soak.app.timing import CLAIM_KINDS
 from benchmarks.soak.cluster import (
     TABLE_AUTOVACUUM,
     ThrowawayCluster,
@@ -76,10 +77,6 @@ DEFAULT_MIX = (
 )
 #: Seconds between two dispatches of the jobs due by the rate.
 TICK = 0.05
-#: The worker statements that claim (app/timing.py kind_of). "claim_mark" marks jobs
-#: succeeded and claims the next ones in one statement (a worker that sends them apart has
-#: none).
-CLAIM_KINDS = ("claim", "claim_keyset", "claim_mark")
 #: The EXPLAIN probes (see Soak.probe).
 PROBES = ("claim", "mark", "mark1", "queues")
 
@@ -638,6 +635,12 @@ class Soak:
             "worker_db_cpu_us_per_job": round((cpu - base_cpu) * 1e6 / jobs),
             "claim": measure.summarize([(us, 1) for k, us in raw if k in CLAIM_KINDS]),
             "mark": measure.summarize([(us, 1) for k, us in raw if k == "mark"]),
+            # As the worker's thread waited for them: full claims and keyset claims apart,
+            # with and without the success marks (the claimer chooses by these durations).
+            "claims_by_kind": {
+                kind: measure.summarize([(us, 1) for k, us in raw if k == kind])
+                for kind in CLAIM_KINDS
+            },
             "probe": _probe_medians([(n, r) for t, n, r in self.probes if base_t <= t < now]),
             "statements_per_job": {
                 kind: round(sum(1 for k, _ in raw if k == kind) / jobs, 2)

@@ -15,9 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django_gator import conf
 from django_gator.engines.base import JOB_COLUMNS, KEYED_SQL, UNKEYED_SQL
+from django_gator.engines.core import BY_PICKED_IDS
 from django_gator.engines.flow_keyset import Floor
-from django_gator.states import READY_SQL, RUNNING_SQL, claim_set_sql, live_sql
+from django_gator.states import ACTIVE_SQL, READY_SQL, RUNNING_SQL, claim_set_sql, live_sql
 
 #: No limit, as an SQL integer.
 NO_LIMIT = 2_147_483_647
@@ -119,16 +121,21 @@ class ClaimStatement:
         if rates:
             refused = "q.rate_limit <> '' AND (q.rate_s IS NULL OR q.rate_n < 1)"
             rate_room = (
-                f"COALESCE(q.rate_n - (SELECT count(*) FROM {self.ledger_table} WHERE scope = %s"
-                f" AND started_at > {_NOW} - q.rate_s * interval '1 second'), {NO_LIMIT})"
+                f"CASE WHEN q.rate_n IS NULL THEN {NO_LIMIT} ELSE q.rate_n - (SELECT count(*)"
+                f" FROM {self.ledger_table} WHERE scope = %s"
+                f" AND started_at > {_NOW} - q.rate_s * interval '1 second') END"
             )
         else:
             refused, rate_room = "q.rate_limit <> ''", str(NO_LIMIT)
+        # Each count inside a CASE, which runs it only for a queue with that limit: an
+        # operand of COALESCE is evaluated whether or not its other one is NULL, and the
+        # count of the queue's running rows walks every entry of the partial index, dead
+        # ones too (a long transaction keeps every job's; issue 32 item 5).
         statement.add(
             f" budget AS MATERIALIZED (SELECT CASE WHEN q.paused OR {refused} THEN 0"
-            " ELSE greatest(0, least(%s::int, COALESCE(q.concurrency - (SELECT count(*)"
-            f" FROM {self.job_table} WHERE {RUNNING_SQL} AND queue = %s), {NO_LIMIT}),"
-            f" {rate_room})) END AS n FROM q),",
+            " ELSE greatest(0, least(%s::int, CASE WHEN q.concurrency IS NULL THEN"
+            f" {NO_LIMIT} ELSE q.concurrency - (SELECT count(*) FROM {self.job_table}"
+            f" WHERE {RUNNING_SQL} AND queue = %s) END, {rate_room})) END AS n FROM q),",
             request.want,
             queue,
             *([f"queue:{queue}"] if rates else []),
@@ -150,9 +157,23 @@ class ClaimStatement:
             " LIMIT COALESCE((SELECT n FROM budget), 0)),"
         )
         returning = ", ".join(f"j.{c}" for c in _JOB_COLUMN_NAMES)
+        # The picked rows are found by their ids alone, whatever the plan: the statement is
+        # prepared, and its generic plan is made at a session's first claim, on a table
+        # then near empty, and again after each ANALYZE of it. Joined with ``picked``, it
+        # could walk the whole primary key as the outer side of a nested loop; with the
+        # ready check as a plain condition, the whole (state, finished_at) index from the
+        # first ready state; every entry a long transaction keeps dead too (2,546-2,689
+        # buffers a claim that took nothing on the plain table; issue 32 item 5). So the
+        # ids as an array the primary key takes, without the join (the two together made
+        # the limited drain a quarter slower: docs/benchmarks.md), and the ready check
+        # inside a CASE, which no index serves (as in the success marks); partitioned
+        # storage names the active states outside it, for the planner to read the active
+        # partition only.
+        active = f"j.{ACTIVE_SQL} AND " if conf.partitioning() is not None else ""
         add(
-            f" upd AS (UPDATE {self.job_table} AS j SET {claim_set_sql(_NOW, 'j.')} FROM picked"
-            f" WHERE j.id = picked.id AND j.{READY_SQL} AND {live_sql(_NOW, 'j.')}"
+            f" upd AS (UPDATE {self.job_table} AS j SET {claim_set_sql(_NOW, 'j.')}"
+            f" WHERE {BY_PICKED_IDS} AND {active}CASE WHEN j.{READY_SQL}"
+            f" AND {live_sql(_NOW, 'j.')} THEN true END"
             f" RETURNING {returning}, j.concurrency_key AS key)",
             request.worker_id,
         )

@@ -30,10 +30,11 @@ A keyset claim is a heavier statement than a full one (a scan per priority and p
 between priorities, where the full claim has one), and on a clean index (no long
 transaction holding dead entries) it costs more than it saves: about 0.2 to 0.4 ms more per
 claim on the benchmark machine. So each queue's claims use the plan measured cheaper: the
-Claimer keeps a moving average of the duration of each kind of claim per queue, uses keyset
-claims while full claims take more than KEYSET_MARGIN times as long, and goes on measuring
-full claims at least every FULL_CLAIM_EVERY seconds (the full claims that bound the delay
-of back-dated jobs).
+Claimer keeps the newest durations of each kind of claim per queue, uses keyset claims
+while the least recent full claim took more than KEYSET_MARGIN times as long as the least
+recent keyset claim (see keyset_pays), and goes on measuring full claims at least every
+FULL_CLAIM_EVERY seconds (the full claims that bound the delay of back-dated jobs) and
+keyset claims at least KEYSET_SAMPLES times in that long.
 
 A queue that holds jobs of limited classes is served by both claims (worker/flow.py), each
 claiming what the other left: the ordinary claim first, and the limited one first when none
@@ -56,6 +57,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,10 +81,12 @@ FULL_CLAIM_EVERY = 10.0
 KEYSET_LOOKBACK = 1.0
 
 #: Keyset engines: keyset claims are used while full claims of the queue take more than
-#: this many times as long as keyset claims (a moving average of each, per queue).
+#: this many times as long as keyset claims (each kind's least recent duration, per queue).
 KEYSET_MARGIN = 1.2
-#: Weight of the newest duration in those moving averages.
-COST_WEIGHT = 0.3
+#: The durations of each kind of claim kept per queue (the newest), and how many fresh ones
+#: of the keyset kind the choice needs (fewer: keyset claims are made, to measure them).
+COST_SAMPLES = 5
+KEYSET_SAMPLES = 3
 #: Seconds the ordinary claim of a queue that also holds jobs of limited classes rests
 #: after it found nothing while the limited claim was made: in a queue busy with limited
 #: jobs, each round would otherwise spend a statement finding no unlimited one. A job
@@ -139,10 +143,8 @@ class Claimer:
         self._full_claims: dict[str, float] = {}  # per queue: clock() of the last
         self.keyset = keyset
         self.timer = timer
-        #: Per queue: moving average of a claim's duration, full and keyset (seconds), and
-        #: clock() of each kind's last measure.
-        self._costs: dict[str, dict[bool, float]] = {}
-        self._measured: dict[str, dict[bool, float]] = {}
+        #: Per queue, per kind (keyset or full): (clock(), seconds) of its newest claims.
+        self._samples: dict[str, dict[bool, deque[tuple[float, float]]]] = {}
         #: Queues with limits, or with jobs of limited classes: the limited claim.
         self.flow = FlowRouter(engine, worker_id, clock)
         #: Per queue served by both claims: until when (clock()) its ordinary claim rests.
@@ -329,30 +331,36 @@ class Claimer:
         return Position(dict(positions), KEYSET_LOOKBACK)
 
     def keyset_pays(self, queue: str) -> bool:
-        """Whether keyset claims of ``queue`` are cheaper than full ones, as measured (a
-        first keyset claim is made to measure it, and another whenever its measure is
-        FULL_CLAIM_EVERY old: a figure that is never refreshed could keep the worker on
-        full claims for ever, such as a first keyset claim slowed by its statement's
-        planning while dead entries then pile up in front of the full ones)."""
-        costs = self._costs.get(queue, {})
-        full, keyset = costs.get(False), costs.get(True)
-        if keyset is None or self._stale(queue, keyset=True):
+        """Whether keyset claims of ``queue`` are cheaper than full ones, as measured: the
+        least of each kind's durations of the last FULL_CLAIM_EVERY seconds (the newest
+        COST_SAMPLES). A duration is what the fetcher thread waited for, the statement
+        and then the GIL, which a busy worker's executor threads hold for milliseconds at
+        a time: a noise that only ever adds, so the least of several is the claim's own
+        cost. (A moving average refreshed by a single keyset claim every FULL_CLAIM_EVERY
+        kept a worker of 48 threads on full claims for seconds at a time, each stepping
+        over every entry a long transaction kept dead: issue 32 item 5.) With fewer than
+        KEYSET_SAMPLES fresh keyset durations, keyset claims are made to measure them: a
+        figure that is never refreshed could keep the worker on full claims for ever, such
+        as a first keyset claim slowed by its statement's planning while dead entries
+        then pile up in front of the full ones."""
+        keyset = self._fresh(queue, keyset=True)
+        if len(keyset) < KEYSET_SAMPLES:
             return True
-        return full is None or full > KEYSET_MARGIN * keyset
+        full = self._fresh(queue, keyset=False)
+        return not full or min(full) > KEYSET_MARGIN * min(keyset)
 
-    def _stale(self, queue: str, *, keyset: bool) -> bool:
-        at = self._measured.get(queue, {}).get(keyset)
-        return at is None or self.clock() - at > FULL_CLAIM_EVERY
+    def _fresh(self, queue: str, *, keyset: bool) -> list[float]:
+        """The durations of ``queue``'s claims of that kind in the last FULL_CLAIM_EVERY."""
+        since = self.clock() - FULL_CLAIM_EVERY
+        samples = self._samples.get(queue, {}).get(keyset, ())
+        return [seconds for at, seconds in samples if at >= since]
 
     def _measure(self, queue: str, *, keyset: bool, seconds: float) -> None:
-        """Fold a claim's duration into its kind's average; a stale average is replaced."""
-        costs = self._costs.setdefault(queue, {})
-        old = costs.get(keyset)
-        if old is None or self._stale(queue, keyset=keyset):
-            costs[keyset] = seconds
-        else:
-            costs[keyset] = old + COST_WEIGHT * (seconds - old)
-        self._measured.setdefault(queue, {})[keyset] = self.clock()
+        """Keep a claim's duration among its kind's newest."""
+        kinds = self._samples.setdefault(queue, {})
+        if keyset not in kinds:
+            kinds[keyset] = deque(maxlen=COST_SAMPLES)
+        kinds[keyset].append((self.clock(), seconds))
 
     def _advance(
         self, queue: str, jobs: Sequence[ClaimedJob], *, full: bool, full_batch: bool

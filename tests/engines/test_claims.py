@@ -22,7 +22,13 @@ from django_gator.attempts import Mark
 from django_gator.engines import get_engine
 from django_gator.engines.base import Position
 from django_gator.models import Job, JobState
-from django_gator.worker.claims import FULL_CLAIM_EVERY, KEYSET_LOOKBACK, Claimer
+from django_gator.worker.claims import (
+    COST_SAMPLES,
+    FULL_CLAIM_EVERY,
+    KEYSET_LOOKBACK,
+    KEYSET_SAMPLES,
+    Claimer,
+)
 from django_gator.worker.queues import QueueSpec
 from tests.conftest import wait_for, worker_output
 from tests.testapp.jobs import Noop, Record
@@ -65,14 +71,17 @@ def long_transaction() -> Iterator[None]:
         held.close()
 
 
-def _buffers(sql: str, params: Any) -> int:
-    """Shared buffers the statement reads, from EXPLAIN (ANALYZE, BUFFERS), rolled back."""
+def _buffers(sql: str, params: Any, cte: str | None = None) -> int:
+    """Shared buffers the statement reads, from EXPLAIN (ANALYZE, BUFFERS), rolled back;
+    with ``cte``, those of that CTE of the statement only (a claim's ``picked``: its read
+    of the ready index, not the UPDATE, whose join plan follows the table's statistics)."""
     with connection.cursor() as cursor:
         cursor.execute("BEGIN")
         cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
         plan = "\n".join(row[0] for row in cursor.fetchall())
         cursor.execute("ROLLBACK")
-    found = re.search(r"Buffers: shared hit=(\d+)(?: read=(\d+))?", plan)
+    start = 0 if cte is None else plan.index(f"CTE {cte}\n")
+    found = re.compile(r"Buffers: shared hit=(\d+)(?: read=(\d+))?").search(plan, start)
     assert found, plan
     return int(found.group(1)) + int(found.group(2) or 0)
 
@@ -147,16 +156,39 @@ def test_a_claimer_uses_keyset_claims_only_while_they_are_cheaper():
     for _ in range(6):
         kinds.append(claimer.position("default") is not None)
         assert len(claimer.claim(1)[0]) == 1
-    assert kinds == [False, True, False, False, False, False]  # one keyset claim, measured
+    # The first claim is a full one; then keyset claims until KEYSET_SAMPLES are measured.
+    assert kinds == [False, True, True, True, False, False]
+    assert KEYSET_SAMPLES == 3
 
     # Dead entries pile up (a long transaction): full claims get slower.
     costs[False] = 0.004
-    for _ in range(4):
+    for _ in range(8):
         kinds.append(claimer.position("default") is not None)
         assert len(claimer.claim(1)[0]) == 1
-    assert kinds[6:] == [False, True, True, True]  # once the average passes the margin
+    # Keyset claims once every full claim kept (the newest COST_SAMPLES) is past the margin.
+    assert COST_SAMPLES == 5
+    assert kinds[6:] == [False] * 5 + [True] * 3
     clock.now += FULL_CLAIM_EVERY + 0.1
     assert claimer.position("default") is None  # a full claim is still due in time
+
+
+def test_a_claimer_is_not_kept_on_full_claims_by_one_slow_keyset_claim():
+    # A busy worker's fetcher waits for the GIL after its statements: some claims "take"
+    # far longer than the statement did. One such keyset claim must not put the worker
+    # back on full claims that step over the dead entries of a long transaction.
+    engine = get_engine("default")
+    clock = Clock()
+    claimer = Claimer(engine, "w", [QueueSpec("default")], clock=clock)
+    costs = {False: 0.004, True: 0.0008}
+    claimer.timer = Timer(claimer, costs)
+    Noop.dispatch_many([[i] for i in range(40)])
+    kinds = []
+    for slow in [False] * 6 + [True] + [False] * 6:
+        costs[True] = 0.050 if slow else 0.0008  # the GIL held for 50 ms once
+        kinds.append(claimer.position("default") is not None)
+        assert len(claimer.claim(1)[0]) == 1
+        clock.now += 0.5
+    assert kinds == [False] + [True] * 12
 
 
 def test_a_keyset_claim_measured_slow_once_is_measured_again():
@@ -174,15 +206,16 @@ def test_a_keyset_claim_measured_slow_once_is_measured_again():
     for _ in range(4):
         kinds.append(claimer.position("default") is not None)
         assert len(claimer.claim(1)[0]) == 1
-    assert kinds == [False, True, False, False]  # the keyset claim measured slow
+    assert kinds == [False, True, True, True]
+    assert claimer.position("default") is None  # the keyset claims measured slow
     costs[True] = 0.0008  # its real cost
     clock.now += FULL_CLAIM_EVERY + 0.1
-    for _ in range(4):
+    for _ in range(6):
         kinds.append(claimer.position("default") is not None)
         assert len(claimer.claim(1)[0]) == 1
-    # A full claim is due first, then the stale keyset figure is measured again, replaced,
-    # and keyset claims pay from then on.
-    assert kinds[4:] == [False, True, True, True]
+    # A full claim is due first, then the stale keyset figures are measured again, and
+    # keyset claims pay from then on.
+    assert kinds[4:] == [False] + [True] * 5
 
 
 def test_all_queues_mode_claims_known_queues_and_finds_new_ones():
@@ -226,10 +259,13 @@ def test_keyset_claims_and_queue_search_do_not_step_over_dead_entries(long_trans
     def read() -> dict[str, int]:
         Noop.dispatch("new")  # one due job after the position
         after = Position(position, KEYSET_LOOKBACK)
+        # The claims' read of the ready index (their UPDATE's plan is not the point here).
         return {
-            "full claim": _buffers(*statement(lambda: engine.claim("p", "default", 1))),
+            "full claim": _buffers(
+                *statement(lambda: engine.claim("p", "default", 1)), cte="picked"
+            ),
             "keyset claim": _buffers(
-                *statement(lambda: engine.claim("p", "default", 1, after=after))
+                *statement(lambda: engine.claim("p", "default", 1, after=after)), cte="picked"
             ),
             "queue search": _buffers(*statement(engine.ready_queues)),
             "skipping search": _buffers(*statement(lambda: engine.ready_queues(["default"]))),

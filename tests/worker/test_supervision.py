@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.db import connection
 
 from django_gator.models import Job, JobState, Worker
 from django_gator.worker import beacon
@@ -139,7 +140,11 @@ def test_a_process_wedged_in_c_code_is_replaced_until_the_job_is_dead(spawn_work
         )
     except AssertionError as exc:
         pill.refresh_from_db()
-        seen = f"pill {pill.state} rescues={pill.rescues} suspect={pill.suspect}"
+        seen = (
+            f"pill {pill.state} rescues={pill.rescues} suspect={pill.suspect} "
+            f"isolated={pill.isolated} reserved_by={pill.reserved_by}\n"
+            f"others by state: {_states([j.pk for j in others])}\n{_sessions()}"
+        )
         raise AssertionError(f"{exc}\n{seen}\n{worker_output(proc)}") from None
 
     pill.refresh_from_db()
@@ -159,6 +164,25 @@ def test_a_process_wedged_in_c_code_is_replaced_until_the_job_is_dead(spawn_work
     assert "(stopped)" not in out  # running, not stopped: wedged
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0, worker_output(proc)
+
+
+def _states(ids: list[int]) -> dict[str, int]:
+    states = Job.objects.filter(pk__in=ids).values_list("state", flat=True)
+    return {state: list(states).count(state) for state in set(states)}
+
+
+def _sessions() -> str:
+    """PostgreSQL: the other sessions of the test database, what each does or waits for
+    (a worker blocked on a row lock shows here)."""
+    if connection.vendor != "postgresql":
+        return ""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid, application_name, state, wait_event_type, wait_event,"
+            " now() - xact_start, left(query, 160) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return "\n".join(" | ".join(str(v) for v in row) for row in cursor.fetchall())
 
 
 @pytest.mark.django_db(transaction=True)

@@ -21,6 +21,11 @@ from typing import Any
 
 from django.db.backends.signals import connection_created
 
+#: The kinds of claim statements kind_of() tells apart: a claim, a keyset claim, and the
+#: success marks and a claim in one statement (most claims of a busy worker on PostgreSQL),
+#: full or keyset.
+CLAIM_KINDS = ("claim", "claim_keyset", "claim_mark", "claim_mark_keyset")
+
 _lock = threading.Lock()
 _lines: list[str] = []
 _path: Path | None = None
@@ -30,7 +35,8 @@ _path: Path | None = None
 def kind_of(sql: str) -> str | None:
     """The kind of a worker statement, from the SQL the engine builds (None: not timed)."""
     if sql.startswith("WITH marked AS") and "picked AS" in sql:
-        return "claim_mark"  # PostgreSQL: success marks and the next claim in one statement
+        # PostgreSQL: success marks and the next claim in one statement
+        return "claim_mark_keyset" if "(next_execution_at, id) >" in sql else "claim_mark"
     if sql.startswith("WITH picked AS"):
         return "claim_keyset" if "(next_execution_at, id) >" in sql else "claim"
     if sql.startswith("SELECT") and "ready_rank IS NOT NULL" in sql and "SKIP LOCKED" in sql:
