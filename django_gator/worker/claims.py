@@ -31,10 +31,10 @@ between priorities, where the full claim has one), and on a clean index (no long
 transaction holding dead entries) it costs more than it saves: about 0.2 to 0.4 ms more per
 claim on the benchmark machine. So each queue's claims use the plan measured cheaper: the
 Claimer keeps the newest durations of each kind of claim per queue, uses keyset claims
-while the least recent full claim took more than KEYSET_MARGIN times as long as the least
-recent keyset claim (see keyset_pays), and goes on measuring full claims at least every
-FULL_CLAIM_EVERY seconds (the full claims that bound the delay of back-dated jobs) and
-keyset claims at least KEYSET_SAMPLES times in that long.
+while the shortest recent full claim took more than KEYSET_MARGIN times as long as the
+shortest recent keyset claim (see keyset_pays), and goes on measuring full claims at
+least every FULL_CLAIM_EVERY seconds (the full claims that bound the delay of back-dated
+jobs) and keyset claims at least KEYSET_SAMPLES times in that long.
 
 A queue that holds jobs of limited classes is served by both claims (worker/flow.py), each
 claiming what the other left: the ordinary claim first, and the limited one first when none
@@ -81,7 +81,7 @@ FULL_CLAIM_EVERY = 10.0
 KEYSET_LOOKBACK = 1.0
 
 #: Keyset engines: keyset claims are used while full claims of the queue take more than
-#: this many times as long as keyset claims (each kind's least recent duration, per queue).
+#: this many times as long as keyset claims (the shortest of each kind's recent durations).
 KEYSET_MARGIN = 1.2
 #: The durations of each kind of claim kept per queue (the newest), and how many fresh ones
 #: of the keyset kind the choice needs (fewer: keyset claims are made, to measure them).
