@@ -130,6 +130,18 @@ class PostgresSessions(Engine):
           (docs/benchmarks.md). Off, the planner takes an index wherever one serves, as
           every statement of these connections means to (a table no index serves is still
           read whole).
+        - ``idle_in_transaction_session_timeout`` = GATOR_HEARTBEAT_TIMEOUT: these
+          threads' transactions last milliseconds, and one left open longer means the
+          process stopped between two statements (frozen, or wedged by a job that holds
+          the GIL in C code): the server then ends the session, and its transaction's
+          locks go with it. Without it, a process wedged while its lifeline was inside a
+          rescue's transaction held that row's lock for as long as it lived; another
+          process's lifeline, rescuing the same row, waited on it inside its own round,
+          so no heartbeat round of either ended, and the ``--processes`` supervisor, which
+          takes a round that has not ended for a wait on the database unless another
+          process's round has ended since, replaced neither (tests/worker/
+          test_supervision.py, on a loaded machine). The executors' sessions, which run
+          user code, keep no such limit.
 
         Behind a transaction pooler (``pooled``) a SET would stick to whichever server
         session ran it, so nothing is set there (docs/deployment.md: set
@@ -143,7 +155,11 @@ class PostgresSessions(Engine):
             raw.prepare_threshold = None  # see prepare_worker_session()
             raw._gator_bookkeeping = True
             return
-        sql = "SET plan_cache_mode TO force_generic_plan; SET enable_seqscan TO off"
+        idle_ms = int(conf.heartbeat_timeout() * 1000)
+        sql = (
+            "SET plan_cache_mode TO force_generic_plan; SET enable_seqscan TO off;"
+            f" SET idle_in_transaction_session_timeout TO {idle_ms}"
+        )
         if conf.async_commit():
             sql += "; SET synchronous_commit TO off"
         with connection.cursor() as cursor:

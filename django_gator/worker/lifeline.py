@@ -78,7 +78,7 @@ class Lifeline:
     def run(self, stopped: Callable[[float], bool]) -> None:
         """Beat until ``stopped(interval)`` (which waits up to ``interval``) is true."""
         interval = conf.heartbeat_interval()
-        self._round(self.rescue, "Rescue failed")  # a worker that died just before we started
+        self._round(self._first_rescue, "Rescue failed")
         self._round(self.expire, "Expiry sweep failed")  # what expired while no worker ran
         self.last_beat = time.monotonic()
         while not stopped(interval):
@@ -89,6 +89,12 @@ class Lifeline:
         self._round(self.expire, "Expiry sweep failed")
         self.flush_tally()  # what the last jobs counted (the executors have stopped)
         self.beacon.send(BYE)
+
+    def _first_rescue(self) -> None:
+        """The rescue of a worker that died just before we started, on a bookkeeping
+        session as every later round (see JobEngine.prepare_bookkeeping)."""
+        self.engine.prepare_bookkeeping()
+        self.rescue()
 
     def _round(self, work: Callable[[], object], failure: str) -> None:
         """One round of database work, its begin and end told to the supervisor."""

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from django_gator import Workflow, pause_queue
@@ -80,6 +82,40 @@ def test_prepare_bookkeeping_sets_its_session_once(settings):
             assert first == []
     finally:
         connection.close()  # the next test gets a session of its own
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL's session setting")
+def test_a_bookkeeping_transaction_left_idle_is_ended_by_the_server(settings):
+    # A worker process wedged between two statements of its lifeline's transaction (a job
+    # holding the GIL in C code) held that transaction's row locks for as long as it
+    # lived, and another process's rescue of the row waited on them for ever.
+    engine = get_engine("default")
+    settings.GATOR_POOLED_DATABASES = []
+    settings.GATOR_HEARTBEAT_TIMEOUT = 1.0
+    job = Noop.dispatch()
+    connection.close()
+    try:
+        engine.prepare_bookkeeping()
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW idle_in_transaction_session_timeout")
+            assert cursor.fetchone()[0] == "1s"
+        connection.set_autocommit(False)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT id FROM django_gator_job WHERE id = %s FOR UPDATE", [job.pk])
+        time.sleep(2.0)  # the process "wedged" with the row locked
+        # The server ended the session: the lock is gone, another session takes it at once.
+        other = connections.create_connection("default")
+        try:
+            with other.cursor() as cursor:
+                cursor.execute("SET lock_timeout = '2s'")
+                cursor.execute("SELECT id FROM django_gator_job WHERE id = %s FOR UPDATE", [job.pk])
+                assert cursor.fetchone()[0] == job.pk
+        finally:
+            other.close()
+    finally:
+        with contextlib.suppress(Exception):  # the session the server ended
+            connection.set_autocommit(True)
+        connection.close()
 
 
 @covers("prepare_worker_session")
