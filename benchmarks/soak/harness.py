@@ -553,6 +553,7 @@ class Soak:
             self.window_base = (measure.succeeded_total(cursor), 0.0, time.time())
             self.window_pgss = self.pgss
             self.window_statements = measure.pgss_statements(cursor) if self.cluster else {}
+            self.minute_statements = self.window_statements
         while True:
             now = time.time()
             with connection.cursor() as cursor:
@@ -684,6 +685,7 @@ class Soak:
             finished = measure.finished_between(cursor, start, end)
             table = measure.table_stats(cursor)
             pgss = measure.pgss_snapshot(cursor) if self.cluster else {}
+            statements = measure.pgss_statements(cursor) if self.cluster else {}
             extra = features.tables(cursor, self.stale_after(), self.engine.now_sql)
         scrapes = [features.scrape(port) for port in self.metrics_ports]
         cpu_now = self.cpu.seconds()
@@ -704,6 +706,12 @@ class Soak:
             **_timing_fields(bucket),
             "probe": _probe_medians([(n, r) for n, rs in state["probes"].items() for r in rs]),
             "pgss": measure.pgss_delta(self.pgss, pgss) if self.cluster else None,
+            # The statements that took the most of the server's time this minute, any kind.
+            "statements": (
+                measure.pgss_top(self.minute_statements, statements, jobs, count=10, by="ms")
+                if self.cluster
+                else None
+            ),
             "backlog": {
                 "due_max": max(d for d, _ in backlog),
                 "due_last": backlog[-1][0],
@@ -742,6 +750,7 @@ class Soak:
         with connection.cursor() as cursor:
             record.update(dayrun.minute_extras(self, cursor, record, bucket, state, end))
         self.pgss = pgss
+        self.minute_statements = statements
         self.minutes.append(record)
         self.write(partial=True)
         claim, mark = record["claim"], record["mark"]

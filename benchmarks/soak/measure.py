@@ -384,11 +384,13 @@ def pgss_top(
     after: dict[int, tuple[str, int, float, int]],
     jobs: int,
     count: int = 12,
+    by: str = "buffers",
 ) -> list[dict[str, Any]]:
-    """The ``count`` statements that read the most shared buffers between two
-    :func:`pgss_statements` snapshots, per job done meanwhile: which statement a window's
-    growth comes from, whatever its kind (the limited claim's statements, the gauges, the
-    ledger have no kind of their own in :func:`pgss_kind`)."""
+    """The ``count`` statements that read the most shared buffers (``by="ms"``: that took
+    the most execution time) between two :func:`pgss_statements` snapshots, per job done
+    meanwhile: which statement a window's growth, or a minute's cost, comes from, whatever
+    its kind (the limited claim's statements, the gauges, the ledger have no kind of their
+    own in :func:`pgss_kind`)."""
     rows = []
     for queryid, (query, calls, total, blocks) in after.items():
         _, c0, t0, b0 = before.get(queryid, (query, 0, 0.0, 0))
@@ -403,9 +405,10 @@ def pgss_top(
                 "buffers_per_call": round((blocks - b0) / (calls - c0), 1),
                 "buffers_per_job": round((blocks - b0) / jobs, 2) if jobs else None,
                 "ms_per_job": round((total - t0) / jobs, 4) if jobs else None,
+                "ms": round(total - t0, 1),
             }
         )
-    rows.sort(key=lambda row: row["buffers"], reverse=True)
+    rows.sort(key=lambda row: row[by], reverse=True)
     return rows[:count]
 
 
