@@ -102,7 +102,7 @@ def test_a_bookkeeping_transaction_left_idle_is_ended_by_the_server(settings):
         connection.set_autocommit(False)
         with connection.cursor() as cursor:
             cursor.execute("SELECT id FROM django_gator_job WHERE id = %s FOR UPDATE", [job.pk])
-        time.sleep(2.0)  # the process "wedged" with the row locked
+        time.sleep(2.0)  # deliberate: idle in its transaction past the 1 s limit (a wedged process)
         # The server ended the session: the lock is gone, another session takes it at once.
         other = connections.create_connection("default")
         try:
