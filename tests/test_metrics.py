@@ -223,6 +223,24 @@ def test_one_endpoint_covers_worker_processes_sharing_a_multiprocess_dir(multipr
                 child.kill()
 
 
+def test_an_empty_process_file_does_not_fail_the_scrape(multiprocess_dir):
+    # A process's file exists at 0 bytes between its creation and its sizing; a process
+    # SIGKILLed then leaves it so. prometheus_client's collector failed the whole scrape.
+    path = metrics.prepare_multiprocess_dir(multiprocess_dir)
+    env = worker_env(PROMETHEUS_MULTIPROC_DIR=path)
+    Noop.dispatch_many([[]] * 3, queue="mp-a")
+    child = subprocess.Popen([sys.executable, "-c", CHILD, "mp-a"], cwd=ROOT, env=env)
+    assert child.wait(timeout=120) == 0
+    Path(path, "counter_999999.db").touch()  # the file of a process killed at its start
+    server = metrics.serve(0, "127.0.0.1")
+    try:
+        samples = scrape(server.port)
+        finished = "gator_jobs_finished_total"
+        assert value(samples, finished, job=Noop.name, queue="mp-a", outcome="succeeded") == 3
+    finally:
+        server.close()
+
+
 def test_job_metrics_in_process_and_the_outcome_labels():
     metrics.enable()
     try:

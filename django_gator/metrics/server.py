@@ -3,6 +3,8 @@ heartbeat ages computed at scrape time."""
 
 from __future__ import annotations
 
+import glob
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -54,13 +56,43 @@ def _served_registry(client: Any) -> Any:
     if path is None:
         source: Any = client.REGISTRY
     else:
-        from prometheus_client import multiprocess
-
         source = client.CollectorRegistry()
-        multiprocess.MultiProcessCollector(source, path=path)
+        source.register(_ProcessFiles(path))
     registry = client.CollectorRegistry()
     registry.register(_Combined(source))
     return registry
+
+
+class _ProcessFiles:
+    """The metrics of every process sharing the multiprocess directory, as prometheus_client's
+    MultiProcessCollector reads them, without its empty files: a process creates its file
+    before it sizes it, and a scrape in between failed whole (``struct.error``, HTTP 500;
+    a worker process started by the supervisor meets it; prometheus/client_python#1199). A
+    process SIGKILLed in that window (the supervisor kills wedged ones) would leave the
+    empty file for good, and every scrape after it would fail. A file removed between the
+    listing and the read (a process marked dead meanwhile) is read again without it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def collect(self) -> Any:
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        for attempt in range(3):
+            files = [f for f in glob.glob(os.path.join(self.path, "*.db")) if _sized(f)]
+            try:
+                return MultiProcessCollector.merge(files, accumulate=True)
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+        return []  # unreachable
+
+
+def _sized(path: str) -> bool:
+    try:
+        return os.path.getsize(path) > 0
+    except OSError:
+        return False  # gone since the listing
 
 
 class _Combined:
