@@ -69,8 +69,8 @@ class _ProcessFiles:
     before it sizes it, and a scrape in between failed whole (``struct.error``, HTTP 500;
     a worker process started by the supervisor meets it; prometheus/client_python#1199). A
     process SIGKILLed in that window (the supervisor kills wedged ones) would leave the
-    empty file for good, and every scrape after it would fail. A file removed between the
-    listing and the read (a process marked dead meanwhile) is read again without it."""
+    empty file for good, and every scrape after it would fail. (A live gauge's file that
+    mark_dead removes during the read the library skips itself.)"""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -78,14 +78,8 @@ class _ProcessFiles:
     def collect(self) -> Any:
         from prometheus_client.multiprocess import MultiProcessCollector
 
-        for attempt in range(3):
-            files = [f for f in glob.glob(os.path.join(self.path, "*.db")) if _sized(f)]
-            try:
-                return MultiProcessCollector.merge(files, accumulate=True)
-            except FileNotFoundError:
-                if attempt == 2:
-                    raise
-        return []  # unreachable
+        files = [f for f in glob.glob(os.path.join(self.path, "*.db")) if _sized(f)]
+        return MultiProcessCollector.merge(files, accumulate=True)
 
 
 def _sized(path: str) -> bool:

@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -167,8 +168,7 @@ def test_a_process_wedged_in_c_code_is_replaced_until_the_job_is_dead(spawn_work
 
 
 def _states(ids: list[int]) -> dict[str, int]:
-    states = Job.objects.filter(pk__in=ids).values_list("state", flat=True)
-    return {state: list(states).count(state) for state in set(states)}
+    return dict(Counter(Job.objects.filter(pk__in=ids).values_list("state", flat=True)))
 
 
 def _sessions() -> str:
