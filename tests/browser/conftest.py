@@ -47,6 +47,13 @@ def missing() -> str | None:
     return None
 
 
+# Asked once, when pytest loads this file, and kept: the test modules import playwright's
+# `expect` at collection, so a playwright installed later in the same run (CI installs it for
+# its browser stage while another stage's pytest, sharing the virtualenv, is running) must
+# not turn skipped tests into tests whose `expect` is None.
+MISSING = missing()
+
+
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     """A headless Chromium, shared by the tests of one module.
@@ -55,9 +62,8 @@ def browser() -> Iterator[Any]:
     it is started, which makes Django refuse ORM calls from it (SynchronousOnlyOperation).
     The tests are plain synchronous code, so they allow it, for this module only: the loop
     and the setting both end with the module, before any other test runs."""
-    reason = missing()
-    if reason:
-        unavailable(reason)
+    if MISSING:
+        unavailable(MISSING)
     from playwright.sync_api import Error, sync_playwright
 
     with pytest.MonkeyPatch.context() as mp:
