@@ -12,7 +12,9 @@ interval (the worker still polls, ``GATOR_POLL_INTERVAL``, as the fallback). Not
 ever delays a dispatch by more than a ``sendto`` per worker, or fails it.
 
 PostgreSQL has LISTEN/NOTIFY, which rides in the dispatch's own transaction; its workers
-bind no socket and dispatch sends no datagram there.
+bind no socket and dispatch sends no datagram there, unless ``GATOR_NOTIFY = False``:
+PostgreSQL serializes the commits of every transaction that sent a NOTIFY (a lock held
+through the commit's WAL flush), which caps concurrent dispatches; the datagrams do not.
 """
 
 from __future__ import annotations
@@ -50,8 +52,10 @@ FIRST_READ_WAIT = 0.25
 
 
 def enabled(alias: str) -> bool:
-    """Whether workers of ``alias`` bind a wakeup socket and dispatch sends to them."""
-    return not get_engine(alias).can_listen and conf.wakeup_bind() is not None
+    """Whether workers of ``alias`` bind a wakeup socket and dispatch sends to them:
+    wherever dispatch sends no NOTIFY (SQLite, MariaDB/MySQL, PostgreSQL with
+    ``GATOR_NOTIFY = False``), unless ``GATOR_WAKEUP_BIND`` is None."""
+    return not get_engine(alias).notifies and conf.wakeup_bind() is not None
 
 
 def encode(queues: Iterable[str]) -> bytes:

@@ -1,6 +1,6 @@
-"""Wakeups without LISTEN (SQLite, MariaDB/MySQL): workers publish a UDP address, dispatch
-sends a datagram after its commit, and neither a dead address nor a lost datagram ever
-delays or fails a dispatch."""
+"""Wakeups without LISTEN (SQLite, MariaDB/MySQL, PostgreSQL with ``GATOR_NOTIFY = False``):
+workers publish a UDP address, dispatch sends a datagram after its commit, and neither a
+dead address nor a lost datagram ever delays or fails a dispatch."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django.test import override_settings
 
 from django_gator import conf, wakeup
@@ -26,10 +26,14 @@ from tests.testapp.jobs import Echo
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-no_listen = pytest.mark.skipif(
-    connection.vendor == "postgresql",
-    reason="PostgreSQL wakes workers with LISTEN/NOTIFY; no datagrams there",
-)
+#: The datagram tests run on every database: on PostgreSQL with its NOTIFY turned off.
+datagrams = pytest.mark.usefixtures("without_notify")
+
+
+@pytest.fixture
+def without_notify() -> Iterator[None]:
+    with override_settings(GATOR_NOTIFY=False):
+        yield
 
 
 @pytest.fixture(autouse=True)
@@ -84,7 +88,7 @@ def received(sock: socket.socket, timeout: float) -> list[set[str] | None]:
         return got
 
 
-@no_listen
+@datagrams
 @override_settings(GATOR_HEARTBEAT_TIMEOUT=300)  # the rows stay "live" however slow the run
 def test_dispatch_neither_fails_nor_waits_when_registered_workers_are_gone():
     # Workers that died without removing their rows: a closed local port (the kernel
@@ -125,7 +129,7 @@ def test_dispatch_neither_fails_nor_waits_when_registered_workers_are_gone():
     assert 0 <= sent <= 6
 
 
-@no_listen
+@datagrams
 def test_a_datagram_reaches_the_workers_of_the_queue_after_commit(inbox):
     other = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     other.bind(("127.0.0.1", 0))
@@ -152,7 +156,7 @@ def test_a_datagram_reaches_the_workers_of_the_queue_after_commit(inbox):
         other.close()
 
 
-@no_listen
+@datagrams
 def test_another_hosts_loopback_address_and_stale_rows_are_skipped(inbox):
     get_engine(connection.alias).register_worker(
         "elsewhere", "another-host", 1, "[]", 1, wakeup_address=address_of(inbox)
@@ -171,7 +175,14 @@ def polling_worker() -> Iterator[WorkerProcess]:
     """A worker whose poll interval is 30 s (only a wakeup can start a job within
     seconds), registered; stopped and its row gone at the end."""
     worker = WorkerProcess(concurrency=2, poll_interval=30, install_signal_handlers=False)
-    thread = threading.Thread(target=worker.run)
+
+    def run() -> None:
+        try:
+            worker.run()
+        finally:
+            connections.close_all()  # this thread's, which removed the worker's row
+
+    thread = threading.Thread(target=run)
     thread.start()
     try:
         wait_for(lambda: Worker.objects.filter(id=worker.worker_id).exists(), timeout=20)
@@ -193,7 +204,7 @@ def started_soon(worker: WorkerProcess, *args: object) -> None:
     assert time.monotonic() - started < 10, "started by the worker's poll, not a wakeup"
 
 
-@no_listen
+@datagrams
 def test_an_idle_worker_starts_a_job_long_before_its_next_poll():
     with polling_worker() as worker:
         row = Worker.objects.get(id=worker.worker_id)
@@ -204,7 +215,7 @@ def test_an_idle_worker_starts_a_job_long_before_its_next_poll():
             started_soon(worker, i)
 
 
-@no_listen
+@datagrams
 def test_a_processs_first_dispatch_wakes_an_idle_worker():
     # Before, the first dispatch of a process found its list of workers not read yet
     # (it is read in the background), sent nothing, and the job waited for a poll.
@@ -229,6 +240,51 @@ def test_postgresql_workers_publish_no_address_and_off_means_off():
     finally:
         if worker.registration.wakeup_socket is not None:
             worker.registration.wakeup_socket.close()
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="NOTIFY is PostgreSQL's")
+def test_without_notify_postgresql_wakes_workers_with_datagrams_only(inbox, pg_listener):
+    from django_gator.engines.postgresql_copy import COPY_MIN_ROWS
+
+    engine = get_engine(connection.alias)
+
+    def notified(timeout: float) -> list[str]:
+        return [n.payload for n in pg_listener.notifies(timeout=timeout, stop_after=1)] + [
+            n.payload for n in pg_listener.notifies(timeout=0)
+        ]
+
+    register("of-echo", address_of(inbox), ["echo"])
+    with override_settings(GATOR_NOTIFY=False):
+        assert not engine.notifies
+        assert wakeup.enabled(connection.alias)
+        wakeup.refresh(connection.alias)
+        # Every way a due job is inserted, and a wake of its own (a retry, a resume):
+        Echo.dispatch(1)  # the single INSERT
+        Echo.dispatch_many([[2], [3]])  # INSERT ... unnest()
+        Echo.dispatch_many([[i] for i in range(COPY_MIN_ROWS)])  # COPY
+        engine.wake(["echo"])
+        assert received(inbox, 2.0) == [{"echo"}] * 4
+        with transaction.atomic():
+            Echo.dispatch(4)
+            assert received(inbox, 0.2) == []  # not before the commit
+        assert received(inbox, 2.0) == [{"echo"}]
+        assert notified(0.5) == []
+        # A worker binds a wakeup socket and does not LISTEN.
+        worker = WorkerProcess(concurrency=1, install_signal_handlers=False)
+        worker._bind_wakeups()
+        try:
+            assert worker.listen_on is None
+            assert worker.registration.wakeup_socket is not None
+            assert worker.fetcher.listening
+        finally:
+            worker.registration.wakeup_socket.close()
+    # By default: the NOTIFY, and no datagram.
+    assert engine.notifies
+    assert not wakeup.enabled(connection.alias)
+    Echo.dispatch(5)
+    assert notified(5.0) == ["echo"]
+    assert received(inbox, 0.3) == []
+    assert WorkerProcess(concurrency=1, install_signal_handlers=False).listen_on is engine
 
 
 def test_a_port_in_use_leaves_the_worker_polling(inbox):

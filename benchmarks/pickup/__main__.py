@@ -8,9 +8,11 @@ back over UDP. Between two jobs the dispatcher waits a random 20-100 ms, so the 
 idle when each job arrives. Both ends read ``time.time()`` on the same machine.
 
 For each ``--concurrency`` the modes given with ``--modes`` run one after another
-(A/B/A/B): ``on`` (the default settings: LISTEN on PostgreSQL, wakeup datagrams elsewhere)
-and ``off`` (``GATOR_WAKEUP_BIND = None``: on SQLite and MariaDB the poll of before this
-change; on PostgreSQL the same as ``on``). The worker counts its own SQL statements (a
+(A/B/A/B): ``on`` (the default settings: LISTEN on PostgreSQL, wakeup datagrams elsewhere),
+``off`` (``GATOR_WAKEUP_BIND = None``: on SQLite and MariaDB the poll of before this
+change; on PostgreSQL the same as ``on``) and ``datagrams`` (``GATOR_NOTIFY = False`` in
+the worker and in this process: on PostgreSQL the wakeup datagrams instead of NOTIFY;
+elsewhere the same as ``on``). The worker counts its own SQL statements (a
 Django execute wrapper installed by this benchmark's app), which gives its database load
 while idle (10 s without jobs) and during the samples.
 
@@ -240,12 +242,14 @@ def measure(
     probe: str = "udp",
     warmup: int = 5,
 ) -> dict[str, Any]:
+    from django.conf import settings
     from django.db import connection
 
     from benchmarks.pickup.app.jobs import QUEUE, Stamp, Touch
     from django_gator.models import Job
 
     job_class = Touch if probe == "row" else Stamp
+    settings.GATOR_NOTIFY = mode != "datagrams"  # the dispatching side, as the worker's
     Job.objects.filter(queue=QUEUE).delete()
     make_probe_table()
     finish_jobs(finished)
@@ -302,7 +306,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--database-url", default=os.environ.get("PICKUP_DATABASE_URL"))
     parser.add_argument("--concurrency", type=int, nargs="+", default=[2, 16, 32])
-    parser.add_argument("--modes", nargs="+", default=["on", "off"], choices=["on", "off"])
+    parser.add_argument(
+        "--modes", nargs="+", default=["on", "off"], choices=["on", "off", "datagrams"]
+    )
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=1, help="repeat the whole A/B set")
     parser.add_argument(

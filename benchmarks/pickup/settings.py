@@ -31,6 +31,8 @@ INSTALLED_APPS = ["django_gator", "benchmarks.pickup.app"]
 
 if os.environ.get("GATOR_PICKUP_WAKEUP") == "off":
     GATOR_WAKEUP_BIND = None
+if os.environ.get("GATOR_PICKUP_WAKEUP") == "datagrams":
+    GATOR_NOTIFY = False
 if os.environ.get("GATOR_PICKUP_POLL"):
     GATOR_POLL_INTERVAL = float(os.environ["GATOR_PICKUP_POLL"])
 

@@ -96,6 +96,11 @@ def worker_network_timeout() -> float:
     return heartbeat_timeout() if seconds is None else float(seconds)
 
 
+def notify() -> bool:
+    """GATOR_NOTIFY: whether PostgreSQL's dispatch wakes workers with NOTIFY."""
+    return bool(value("GATOR_NOTIFY"))
+
+
 def wakeup_bind() -> tuple[str, int] | None:
     """GATOR_WAKEUP_BIND as (host, port), or None when wakeups are off."""
     address = value("GATOR_WAKEUP_BIND")

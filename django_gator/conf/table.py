@@ -228,10 +228,19 @@ _CORE: tuple[Setting, ...] = (
         "PostgreSQL: the alias of a direct (not pooled) connection the worker LISTENs on",
     ),
     Setting(
+        "GATOR_NOTIFY",
+        True,
+        Flag(),
+        "PostgreSQL: dispatch wakes idle workers with `NOTIFY` (`False`: with the wakeup "
+        "datagrams of `GATOR_WAKEUP_BIND`, as on SQLite and MariaDB, so that concurrent "
+        'dispatches do not queue on PostgreSQL\'s notification lock); see "Wakeups"',
+    ),
+    Setting(
         "GATOR_WAKEUP_BIND",
         "127.0.0.1:0",
         HostPort("port 0 picks a free one"),
-        "SQLite, MariaDB/MySQL: the UDP address a worker binds for wakeups from dispatch "
+        "SQLite, MariaDB/MySQL (PostgreSQL with `GATOR_NOTIFY = False`): the UDP address a "
+        "worker binds for wakeups from dispatch "
         '(`None`: no wakeups, idle workers poll); see "Wakeups"',
     ),
     Setting(

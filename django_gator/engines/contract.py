@@ -53,8 +53,12 @@ class JobEngine(Protocol):
 
     @property
     def can_listen(self) -> bool:
-        """Whether :meth:`listen` works (PostgreSQL's NOTIFY): dispatch and :meth:`wake`
-        push a wakeup that workers wait for. Otherwise workers poll."""
+        """Whether :meth:`listen` and :meth:`listen_ends` work (PostgreSQL's LISTEN)."""
+
+    @property
+    def notifies(self) -> bool:
+        """Whether dispatch and :meth:`wake` NOTIFY listening workers (:attr:`can_listen`,
+        unless ``GATOR_NOTIFY = False``); if not, :mod:`django_gator.wakeup`'s datagrams."""
 
     @property
     def supports_keyset(self) -> bool:
@@ -79,9 +83,8 @@ class JobEngine(Protocol):
         """A driver's timestamp as an aware datetime (naive values are UTC). No statement."""
 
     def atomic_job(self) -> AbstractContextManager[Any]:
-        """The transaction an atomic job's ``handle()`` and success mark share. SQLite:
-        atomic jobs take turns on the host, so other writers get the write lock between
-        two of them."""
+        """The transaction an atomic job's ``handle()`` and success mark share. SQLite: atomic
+        jobs take turns on the host, so other writers get the write lock between two of them."""
 
     def prepare_bookkeeping(self) -> None:
         """Tune this thread's connection for the worker's own writes (claims, marks,
@@ -113,7 +116,7 @@ class JobEngine(Protocol):
 
     def wake(self, queues: Collection[str]) -> None:
         """Tell idle workers that ``queues`` may have claimable jobs, at the caller's
-        commit: a NOTIFY per queue (PostgreSQL), else wakeup datagrams."""
+        commit: a NOTIFY per queue where :attr:`notifies`, else wakeup datagrams."""
 
     # -- dispatch --------------------------------------------------------------------------
     def streams_rows(self, count: int) -> bool:
@@ -222,18 +225,16 @@ class JobEngine(Protocol):
         any other state or gone. One transaction: the UPDATE, then a read of the row."""
 
     def running_claims(self, worker_id: str) -> list[Claim]:
-        """The claim (id, attempts) of every job ``worker_id`` holds in ``running``. One
-        statement."""
+        """The claims (id, attempts) of the jobs ``worker_id`` holds running. One statement."""
 
     def claim_state(self, job_id: int) -> tuple[str, int, str | None] | None:
         """(state, attempts, reserved_by) of a row, by primary key, to explain a
         compare-and-set that was refused; None if the row is gone. One statement."""
 
     def isolate(self, worker_id: str, job_id: int, attempts: int) -> bool:
-        """Record that this attempt of a claimed job runs alone in its worker (a
-        suspect's test run). A compare-and-set on the claim, by primary key: False, writing
-        nothing, if the claim is no longer ``worker_id``'s at ``attempts``. One
-        statement."""
+        """Record that this attempt of a claimed job runs alone in its worker (a suspect's test
+        run). A compare-and-set on the claim, by primary key: False, writing nothing, if the
+        claim is no longer ``worker_id``'s at ``attempts``. One statement."""
 
     # -- outcomes (each a compare-and-set on its claim, found by primary key) --------------
     def mark_succeeded(self, worker_id: str, done: Sequence[Mark]) -> list[int]:
@@ -382,8 +383,7 @@ class JobEngine(Protocol):
 
     def settle_now(self, batch_ids: Collection[int]) -> list[int]:
         """Settle ``batch_ids`` in the caller's transaction: dispatch the callbacks now due,
-        exactly once (the batch row's lock orders concurrent settlers); returns their
-        ids."""
+        exactly once (the batch row's lock orders concurrent settlers); returns their ids."""
 
     # -- gauges ----------------------------------------------------------------------------
     def queue_gauges(self) -> tuple[datetime, list[QueueGauge]]:

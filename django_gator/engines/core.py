@@ -130,6 +130,11 @@ class EngineCore:
     #: SQL for "now" in database time, as stored by Django for this vendor.
     now_sql = "CURRENT_TIMESTAMP"
 
+    @property
+    def notifies(self) -> bool:
+        """Whether dispatch and wake() NOTIFY listening workers (see the contract)."""
+        return self.can_listen and conf.notify()
+
     def __init__(self, alias: str) -> None:
         self.alias = alias
         qn = connections[alias].ops.quote_name

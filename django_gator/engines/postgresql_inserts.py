@@ -1,6 +1,7 @@
 """PostgreSQL's job inserts: a single dispatch as a plain VALUES insert, a few rows as one
 INSERT ... unnest() statement, many with COPY (engines/postgresql_copy.py); the NOTIFY of
-dispatch rides in the statement and is delivered only on commit."""
+dispatch rides in the statement and is delivered only on commit (with ``GATOR_NOTIFY =
+False``, the wakeup datagrams of Engine.wake instead)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,10 @@ class PostgresInserts(PostgresCopy):
     def insert_jobs(
         self, rows: Sequence[InsertRow], notify: set[str] | None = None
     ) -> list[tuple[int, datetime, datetime]]:
+        if notify and not self.notifies:
+            inserted = self.insert_jobs(rows)
+            self.wake(notify)  # the datagrams, once the caller's transaction commits
+            return inserted
         if len(rows) == 1:
             return [self._insert_one(rows[0], notify)]
         columns = {attr: list(map(attrgetter(attr), rows)) for attr, _, _ in INSERT_COLUMNS}
@@ -55,6 +60,10 @@ class PostgresInserts(PostgresCopy):
         prepare: Callable[[int], None] | None = None,
         meanwhile: Callable[[Inserted], None] | None = None,
     ) -> Inserted:
+        if notify and not self.notifies:
+            inserted = self.insert_rows(rows, None, prepare, meanwhile)
+            self.wake(notify)  # the datagrams, once the caller's transaction commits
+            return inserted
         count = len(rows)
         if not self.streams_rows(count):
             rows.settle()

@@ -46,7 +46,11 @@ class PostgresSessions(Engine):
 
     def wake(self, queues: Collection[str]) -> None:
         """A NOTIFY per queue, as dispatch sends: listening workers claim at once (delivered
-        when the caller's transaction commits, if there is one)."""
+        when the caller's transaction commits, if there is one). With ``GATOR_NOTIFY =
+        False``, the wakeup datagrams instead (see Engine.wake)."""
+        if not self.notifies:
+            super().wake(queues)
+            return
         with self.connection.cursor() as cursor:
             for queue in sorted(queues):
                 cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, queue])

@@ -45,9 +45,9 @@ def listen_engine(engine: JobEngine, poll_interval: float) -> JobEngine | None:
                 f"GATOR_LISTEN_DATABASE = {alias!r} is in GATOR_POOLED_DATABASES: LISTEN "
                 "needs a direct connection"
             )
-        return listener if engine.can_listen else None
-    if not engine.can_listen:
-        return None
+        return listener if engine.notifies else None
+    if not engine.notifies:
+        return None  # SQLite, MariaDB, or GATOR_NOTIFY = False: wakeup datagrams instead
     if engine.pooled:
         logger.warning(
             "No LISTEN: database %r is behind a transaction pooler (GATOR_POOLED_DATABASES) "

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection, connections, transaction
+from django.test import override_settings
 from django.utils import timezone
 
 from django_gator import Workflow, pause_queue
@@ -160,6 +161,27 @@ def test_wakeups_reach_a_listener_where_the_engine_can_listen():
         assert received == {"echo", "other"}
         Echo.dispatch("notified")  # dispatch's INSERT notifies too
         assert "echo" in listener.wait(10)
+
+
+@covers("notifies")
+def test_notify_is_the_wakeup_of_engines_that_listen_unless_turned_off():
+    engine = get_engine("default")
+    assert engine.notifies == engine.can_listen
+    with override_settings(GATOR_NOTIFY=False):
+        assert not engine.notifies
+    if not engine.can_listen:
+        return
+    with engine.listen() as listener:
+        with override_settings(GATOR_NOTIFY=False):
+            # Neither a dispatch (its single INSERT, its unnest() INSERT) nor a wake
+            # NOTIFYs: the wakeup datagrams of django_gator.wakeup instead
+            # (tests/test_wakeup.py, the COPY too).
+            Echo.dispatch("single")
+            Echo.dispatch_many([["a"], ["b"]])
+            engine.wake(["echo"])
+            assert listener.wait(0.5) == set()
+        Echo.dispatch("notified")
+        assert listener.wait(10) == {"echo"}
 
 
 @covers("listen_ends", "flag_awaited", "flag_awaited_run")
