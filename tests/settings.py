@@ -94,6 +94,8 @@ GATOR_FAIRNESS = {"fair": {"weights": {"tenant:big": 3}}}
 GATOR_HEARTBEAT_INTERVAL = float(os.environ.get("GATOR_HEARTBEAT_INTERVAL", "0.5"))
 GATOR_HEARTBEAT_TIMEOUT = float(os.environ.get("GATOR_HEARTBEAT_TIMEOUT", "3"))
 GATOR_POLL_INTERVAL = float(os.environ.get("GATOR_POLL_INTERVAL", "0.05"))
+# GATOR_TEST_NOTIFY=off: the suite with PostgreSQL's wakeups by datagram (GATOR_NOTIFY).
+GATOR_NOTIFY = os.environ.get("GATOR_TEST_NOTIFY", "on") != "off"
 GATOR_SCHEDULER_INTERVAL = float(os.environ.get("GATOR_SCHEDULER_INTERVAL", "0.05"))
 # The scheduler's clock: a file the test moves forward (see tests/clock.py), or real time.
 if os.environ.get("GATOR_TEST_CLOCK_FILE"):

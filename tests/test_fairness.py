@@ -75,9 +75,16 @@ def test_a_bad_fairness_key_is_refused_naming_the_job_and_value(returned, error,
     assert not Job.objects.filter(name=BadKey.name).exists()
 
 
-def test_fair_jobs_carry_their_key_and_stamps_a_step_of_one_over_the_weight_apart():
-    small = _backlog("tenant:a", 3)
-    big = _backlog("tenant:big", 3)
+@pytest.mark.parametrize("notify", [True, False], ids=["notify", "datagrams"])
+def test_fair_jobs_carry_their_key_and_stamps_a_step_of_one_over_the_weight_apart(notify):
+    # GATOR_NOTIFY = False: PostgreSQL's INSERT without its NOTIFY is stamped once too.
+    with override_settings(GATOR_NOTIFY=notify):
+        small = _backlog("tenant:a", 3)
+        big = _backlog("tenant:big", 3)
+    _check_stamps(small, big)
+
+
+def _check_stamps(small: list[Job], big: list[Job]) -> None:
     rows = {j.pk: j for j in Job.objects.filter(queue="fair")}
     assert [rows[j.pk].fairness_key for j in small] == ["tenant:a"] * 3
     a_stamps = [rows[j.pk].fair_order for j in small]

@@ -225,6 +225,7 @@ def test_a_processs_first_dispatch_wakes_an_idle_worker():
         started_soon(worker, "first")
 
 
+@override_settings(GATOR_NOTIFY=True)  # the default (the suite may run with it off)
 def test_postgresql_workers_publish_no_address_and_off_means_off():
     with override_settings(GATOR_WAKEUP_BIND=None):
         assert not wakeup.enabled(connection.alias)
@@ -279,12 +280,13 @@ def test_without_notify_postgresql_wakes_workers_with_datagrams_only(inbox, pg_l
         finally:
             worker.registration.wakeup_socket.close()
     # By default: the NOTIFY, and no datagram.
-    assert engine.notifies
-    assert not wakeup.enabled(connection.alias)
-    Echo.dispatch(5)
-    assert notified(5.0) == ["echo"]
-    assert received(inbox, 0.3) == []
-    assert WorkerProcess(concurrency=1, install_signal_handlers=False).listen_on is engine
+    with override_settings(GATOR_NOTIFY=True):
+        assert engine.notifies
+        assert not wakeup.enabled(connection.alias)
+        Echo.dispatch(5)
+        assert notified(5.0) == ["echo"]
+        assert received(inbox, 0.3) == []
+        assert WorkerProcess(concurrency=1, install_signal_handlers=False).listen_on is engine
 
 
 def test_a_port_in_use_leaves_the_worker_polling(inbox):

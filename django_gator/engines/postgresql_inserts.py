@@ -41,7 +41,9 @@ class PostgresInserts(PostgresCopy):
         self, rows: Sequence[InsertRow], notify: set[str] | None = None
     ) -> list[tuple[int, datetime, datetime]]:
         if notify and not self.notifies:
-            inserted = self.insert_jobs(rows)
+            # The statement without its NOTIFY, here and not through self.insert_jobs():
+            # what the engine's other layers (fair queues) wrap around it runs once.
+            inserted = PostgresInserts.insert_jobs(self, rows)
             self.wake(notify)  # the datagrams, once the caller's transaction commits
             return inserted
         if len(rows) == 1:
@@ -61,7 +63,7 @@ class PostgresInserts(PostgresCopy):
         meanwhile: Callable[[Inserted], None] | None = None,
     ) -> Inserted:
         if notify and not self.notifies:
-            inserted = self.insert_rows(rows, None, prepare, meanwhile)
+            inserted = PostgresInserts.insert_rows(self, rows, None, prepare, meanwhile)
             self.wake(notify)  # the datagrams, once the caller's transaction commits
             return inserted
         count = len(rows)

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from django.db import DataError, OperationalError, connection, transaction
+from django.test import override_settings
 from django.utils import timezone
 
 from django_gator import Queueable
@@ -102,6 +103,7 @@ def test_wait_and_at_apply_to_every_copied_row():
     }
 
 
+@override_settings(GATOR_NOTIFY=True)  # the default (the suite may run with it off)
 def test_copied_rows_and_their_notify_wait_for_the_commit(pg_listener):
     with transaction.atomic():
         jobs = CopyProbe.dispatch_many([[i] for i in range(ROWS)])

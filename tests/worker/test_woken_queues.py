@@ -98,7 +98,7 @@ def test_a_job_on_an_idle_queue_starts_before_another_queues_backlog_drains(spaw
         "-q", "reports,1000", "-q", "emails,1", "--concurrency", "2", "--no-scheduler"
     )
     wait_for(lambda: Worker.objects.filter(pid=proc.pid).exists(), timeout=30)
-    if connection.vendor != "postgresql":
+    if not get_engine(connection.alias).notifies:
         wakeup.refresh(connection.alias)  # dispatch learns the worker's address now
     wait_for(lambda: Execution.objects.count() >= 5, timeout=30)
     email = Record.dispatch(label="email", queue="emails")
