@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from django.db import IntegrityError, OperationalError, connection, connections, transaction
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -446,6 +447,7 @@ def test_the_row_is_written_in_the_callers_transaction():
 
 @postgres_only
 @pytest.mark.django_db(transaction=True)
+@override_settings(GATOR_NOTIFY=True)  # the default (the suite may run with it off)
 def test_postgres_row_and_wakeup_are_invisible_to_others_until_commit(pg_listener):
     def count(pk: int | None) -> int:
         return pg_listener.execute(
@@ -496,6 +498,7 @@ def connection_options(**options: Any) -> Iterator[None]:
 
 @postgres_only
 @pytest.mark.django_db(transaction=True)
+@override_settings(GATOR_NOTIFY=True)  # the default (the suite may run with it off)
 def test_postgres_dispatch_runs_prepared_with_server_side_binding(pg_listener):
     """Django binds on the client and turns psycopg's prepared statements off by default;
     with both turned on, dispatch's statements work, the single INSERT runs prepared, and
@@ -519,6 +522,7 @@ def test_postgres_dispatch_runs_prepared_with_server_side_binding(pg_listener):
 
 @postgres_only
 @pytest.mark.django_db(transaction=True)
+@override_settings(GATOR_NOTIFY=True)  # the default (the suite may run with it off)
 def test_postgres_single_dispatch_is_prepared_on_a_direct_alias_only(pg_listener, settings):
     """With Django's defaults the single INSERT is still prepared, once per connection, on
     a cursor kept with it: its rows, timestamps and NOTIFY are as before. Not behind a

@@ -515,6 +515,7 @@ def test_a_routed_database_is_listened_to_on_its_own_connection(routed: Any, set
     if connection.vendor != "postgresql":
         pytest.skip("LISTEN is PostgreSQL's")
     settings.GATOR_LISTEN_DATABASE = "default"  # a direct connection to GATOR_DATABASE
+    settings.GATOR_NOTIFY = True  # the default (the suite may run with it off)
     bulk_engine = get_engine(BULK)
     expected = bulk_engine if bulk_engine.can_listen else None  # SQLite polls
     assert listen_engine(bulk_engine, 1.0) is expected
