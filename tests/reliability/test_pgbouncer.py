@@ -28,10 +28,12 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 from django.db import connection
+from django.test import override_settings
 
+from django_gator import wakeup
 from django_gator.conf import InvalidSetting
 from django_gator.engines import get_engine
-from django_gator.models import Job, JobState
+from django_gator.models import Job, JobState, Worker
 from django_gator.worker.connections import NetworkBounds
 from django_gator.worker.supervisor import WorkerProcess
 from tests.conftest import (
@@ -258,6 +260,27 @@ def test_without_gator_listen_database_a_pooled_worker_polls_and_says_so(pgbounc
         r"jobs every 0.2 s",
         output,
     ), output
+
+
+@on_postgres
+@pytest.mark.django_db(transaction=True)
+def test_with_notify_off_a_pooled_worker_is_woken_by_datagrams(pgbouncer, spawn_worker):
+    # GATOR_NOTIFY = False in the worker and here: no LISTEN anywhere, no direct alias,
+    # and a 30 s poll, so a job that starts within seconds was woken by a datagram.
+    env = pgbouncer.env(GATOR_TEST_NOTIFY="off", GATOR_POLL_INTERVAL="30", GATOR_LOG_LEVEL="DEBUG")
+    worker = spawn_worker("--concurrency", "2", env=env)
+    wait_for(lambda: Worker.objects.exclude(wakeup_address=None).exists(), timeout=60)
+    with override_settings(GATOR_NOTIFY=False):
+        wakeup.refresh(connection.alias)  # this process learns the worker's address now
+        for i in range(3):
+            wait_for(lambda i=i: worker_output(worker).count("Worker idle") > i, timeout=30)
+            started = time.monotonic()
+            job = Record.dispatch(f"wake-{i}")
+            wait_for(lambda job=job: Execution.objects.filter(job_id=job.pk).exists(), timeout=20)
+            assert time.monotonic() - started < 10, worker_output(worker)
+    assert listening_backends() == 0
+    stop_worker(worker)
+    assert "No LISTEN" not in worker_output(worker)
 
 
 @on_postgres
