@@ -259,7 +259,7 @@ def test_without_notify_postgresql_wakes_workers_with_datagrams_only(inbox, pg_l
         assert not engine.notifies
         assert wakeup.enabled(connection.alias)
         wakeup.refresh(connection.alias)
-        # Every way a due job is inserted, and a wake of its own (a retry, a resume):
+        # Every way a due job is inserted, and a wake of its own (a resume, a signal):
         Echo.dispatch(1)  # the single INSERT
         Echo.dispatch_many([[2], [3]])  # INSERT ... unnest()
         Echo.dispatch_many([[i] for i in range(COPY_MIN_ROWS)])  # COPY
