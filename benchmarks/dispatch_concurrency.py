@@ -37,7 +37,6 @@ import time
 from typing import Any
 
 MODES = ("notify", "datagrams", "raw", "raw-notify")
-CHANNEL = "django_gator"  # engines/postgresql_sessions.py's
 RAW_SQL = (
     "INSERT INTO django_gator_job (name, args, kwargs, queue, priority, next_execution_at, "
     "created_at) VALUES (%s, %s::jsonb, '{{}}'::jsonb, %s, 0, statement_timestamp(), "
@@ -53,13 +52,14 @@ def _setup(url: str) -> None:
     django.setup()
 
 
-def _dispatcher(url: str, mode: str, seconds: float, start: Any, out: Any) -> None:
-    """One process: dispatches until ``seconds`` after ``start`` is set; puts its count."""
+def _dispatcher(url: str, mode: str, seconds: float, start: Any, out: Any, channel: str) -> None:
+    """One process: dispatches until ``seconds`` after ``start`` is set; puts its count.
+    ``channel``: the one dispatch NOTIFYs (``raw-notify`` sends on it too)."""
     if mode.startswith("raw"):
         import psycopg
 
         connection = psycopg.connect(_dsn(url), autocommit=True)
-        notify = f", pg_notify('{CHANNEL}', 'raw')" if mode == "raw-notify" else ""
+        notify = f", pg_notify('{channel}', 'raw')" if mode == "raw-notify" else ""
         sql = RAW_SQL.format(notify)
 
         def one(n: int) -> None:
@@ -92,10 +92,12 @@ def _dsn(url: str) -> str:
 
 
 def run_mode(url: str, mode: str, processes: int, seconds: float) -> float:
+    from django_gator.engines.postgresql_sessions import CHANNEL
+
     context = multiprocessing.get_context("spawn")
     start, out = context.Event(), context.Queue()
     children = [
-        context.Process(target=_dispatcher, args=(url, mode, seconds, start, out))
+        context.Process(target=_dispatcher, args=(url, mode, seconds, start, out, CHANNEL))
         for _ in range(processes)
     ]
     for child in children:
@@ -122,6 +124,7 @@ class Targets:
 
         from django_gator.bench import QUEUE
         from django_gator.engines import get_engine
+        from django_gator.engines.postgresql_sessions import CHANNEL
 
         self.sockets = []
         self.received = 0
