@@ -24,7 +24,7 @@ def _minutes(count: int, *, late_from: int | None = None, **late: float) -> list
                 "minute": minute,
                 "partial": False,
                 "claim": {"p50": 1.0, "p99": v["claim_p99"]},
-                "storage": {"total_mb": v["size"], "hot_mb": 10.0},
+                "storage": {"total_mb": v["size"], "hot_mb": 10.0, "claimed_mb": 10.0},
                 "backlog": {"due_max": int(v["due"]), "oldest_s_max": v["oldest"]},
             }
         )
@@ -86,9 +86,49 @@ def test_growth_checks_fail_on_claim_p99_or_size_grown_past_the_limit():
     )
     assert claim.ok
     assert size.ok
-    # The hot part is judged on partitioned storage: there the total may grow until a drop.
-    (_, hot) = day.check_growth(_minutes(60, late_from=51, size=500.0), 360, (5.0, 5.0), "hot_mb")
-    assert hot.ok  # fmt: skip
+    # The part claims read is judged on partitioned storage: there the total may grow until
+    # a drop.
+    (_, claimed) = day.check_growth(
+        _minutes(60, late_from=51, size=500.0), 360, (5.0, 5.0), "claimed_mb"
+    )
+    assert claimed.ok
+
+
+def _with_dead(minutes: list, per_job_kib: float, late_per_job_kib: float, late_from: int) -> list:
+    """Give each minute 300 more dead jobs than the one before, in a dead partition of
+    ``per_job_kib`` KiB a dead job (``late_per_job_kib`` from minute ``late_from`` on)."""
+    for m in minutes:
+        dead = 300 * m["minute"]
+        kib = late_per_job_kib if m["minute"] >= late_from else per_job_kib
+        m["table"] = {"by_state": {"dead": dead, "succeeded": 1000}}
+        m["storage"]["dead_partition_mb"] = dead * kib / 1024
+        m["storage"]["claimed_mb"] = 10.0
+    return minutes
+
+
+def test_the_dead_partition_may_grow_with_the_dead_jobs_but_not_per_dead_job():
+    # Dead jobs are kept until an operator retries or prunes them: their partition grows
+    # six-fold over the hour here, which is no bloat, and passes.
+    grown = day.check_dead_partition(_with_dead(_minutes(60), 1.0, 1.0, 61), 360)
+    assert grown.ok, grown.detail
+    assert "1.0 -> 1.0 KiB (x1.0)" in grown.detail
+    # The same jobs taking 1.5x the room each from minute 51 on (bloat) fail it.
+    bloated = day.check_dead_partition(_with_dead(_minutes(60), 1.0, 1.5, 51), 360)
+    assert not bloated.ok
+    assert "(x1.5)" in bloated.detail
+    # A report without the dead partition's size cannot pass it.
+    assert not day.check_dead_partition(_minutes(60), 360).ok
+
+
+def test_the_ledger_bound_allows_a_quiet_scopes_rows_two_windows_and_the_margin():
+    from benchmarks.soak.features import ledger_stale_after
+    from django_gator.worker.pruner import IDLE_MARGIN
+
+    # The soak's keyed class allows 30 starts a minute: a scope's rows span up to 60 s below
+    # its newest, which the pruner deletes once 60 s and the margin old, at its next pass
+    # (up to 1.5 intervals on). The earlier bound, one window, failed the hour of
+    # 2026-11-28 on 10 rows of one such scope.
+    assert ledger_stale_after(60, 60) == 60 + 60 + IDLE_MARGIN + 90 + 30
 
 
 def test_growth_check_fails_a_run_too_short_to_judge():

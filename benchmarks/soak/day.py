@@ -31,6 +31,11 @@ from benchmarks.soak.features import Check
 TABLE = "django_gator_job"
 #: Partitions of the hot part (the others are the finished jobs' time partitions).
 HOT = (f"{TABLE}_active", f"{TABLE}_dead", f"{TABLE}_done_default", TABLE)
+#: The part of the hot part that claims and marks read: the hot part but the dead jobs'
+#: partition, which grows with every job that ends dead (kept until an operator retries or
+#: prunes it, on either storage) and is judged per dead job instead (check_dead_partition).
+CLAIMED = (f"{TABLE}_active", f"{TABLE}_done_default", TABLE)
+DEAD = f"{TABLE}_dead"
 PARTITION_SECONDS = {"none": 0, "day": 86400, "hour": 3600}
 #: The backlog is bounded while nothing due waits longer than this, and no more jobs are
 #: due than the rate makes in this many seconds.
@@ -72,12 +77,14 @@ def storage(cursor: Any, vacuums: VacuumCounts) -> dict[str, Any]:
         "LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid",
         [TABLE, TABLE],
     )
-    heap = index = total = hot = 0
+    heap = index = total = hot = claimed = dead_part = 0
     live = dead = leaves = 0
     for name, n_live, n_dead, autovacuum, vacuum, rel, idx, tot in cursor.fetchall():
         vacuums.update(name, int(autovacuum), int(vacuum))
         heap, index, total = heap + rel, index + idx, total + tot
         hot += tot if name in HOT else 0
+        claimed += tot if name in CLAIMED else 0
+        dead_part += tot if name == DEAD else 0
         live, dead, leaves = live + int(n_live), dead + int(n_dead), leaves + 1
     autovacuum_total, vacuum_total = vacuums.totals()
     mib = 2**20
@@ -86,6 +93,8 @@ def storage(cursor: Any, vacuums: VacuumCounts) -> dict[str, Any]:
         "heap_mb": round(heap / mib, 2),
         "index_mb": round(index / mib, 2),
         "hot_mb": round(hot / mib, 2),
+        "claimed_mb": round(claimed / mib, 2),
+        "dead_partition_mb": round(dead_part / mib, 2),
         "n_live_tup": live,
         "n_dead_tup": dead,
         "autovacuum_runs": autovacuum_total,
@@ -271,6 +280,40 @@ def check_growth(
         _growth(f"claim p99 last window <= x{limit:g}", window, claim_p99, "ms", limit),
         _growth(f"jobs table {size_key} last window <= x{limit:g}", window, (s0, s1), "MiB", limit),
     ]
+
+
+def check_dead_partition(
+    minutes: list[dict[str, Any]], warmup_s: float, limit: float = GROWTH_LIMIT
+) -> Check:
+    """Partitioned storage: the dead jobs' partition grows with the jobs that end dead (kept
+    until an operator retries or prunes them: growth by design, not bloat), so its size is
+    judged per dead job: the last window's KiB per dead job at most ``limit`` times the
+    first's."""
+    first, last = judged_windows(minutes, warmup_s)
+    name = f"dead jobs' partition, KiB per dead job, last window <= x{limit:g}"
+    if not first or "dead_partition_mb" not in first[0]["storage"]:
+        return Check(name, False, "run too short, or sizes without the dead partition's")
+
+    def per_job(window: list[dict[str, Any]]) -> float | None:
+        sizes = [
+            m["storage"]["dead_partition_mb"] * 1024 / m["table"]["by_state"]["dead"]
+            for m in window
+            if m["table"]["by_state"].get("dead")
+        ]
+        return _median(sizes)
+
+    a, b = per_job(first), per_job(last)
+    ratio = round(b / a, 2) if a and b is not None else None
+    mb = (first[0]["storage"]["dead_partition_mb"], last[-1]["storage"]["dead_partition_mb"])
+    jobs = (first[0]["table"]["by_state"].get("dead"), last[-1]["table"]["by_state"].get("dead"))
+    return Check(
+        f"{name} the first after retention",
+        ratio is not None and ratio <= limit,
+        f"minutes {first[0]['minute']}-{first[-1]['minute']} vs "
+        f"{last[0]['minute']}-{last[-1]['minute']}: {a and round(a, 2)} -> "
+        f"{b and round(b, 2)} KiB (x{ratio}); {mb[0]} MiB for {jobs[0]} dead jobs at minute "
+        f"{first[0]['minute']}, {mb[1]} MiB for {jobs[1]} at minute {last[-1]['minute']}",
+    )
 
 
 def _growth(

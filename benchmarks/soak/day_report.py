@@ -21,6 +21,7 @@ SERIES: list[tuple[str, str, Any]] = [
     ("claim p99", "ms", lambda m: m["claim"]["p99"]),
     ("size MiB", "MiB", lambda m: (m.get("storage") or {}).get("total_mb")),
     ("hot MiB", "MiB", lambda m: (m.get("storage") or {}).get("hot_mb")),
+    ("claimed MiB", "MiB", lambda m: (m.get("storage") or {}).get("claimed_mb")),
     ("dead tup", "tuples", lambda m: (m.get("storage") or {}).get("n_dead_tup")),
     ("autovac", "runs", lambda m: (m.get("storage") or {}).get("autovacuum_runs")),
     ("db us/job", "us", lambda m: m.get("cluster_cpu_us_per_job")),
@@ -37,7 +38,12 @@ PANELS = [
     ),
     ("Dispatch latency (web processes)", "ms", ["dispatch p50", "dispatch p99"], True),
     ("Claim latency (worker-side)", "ms", ["claim p50", "claim p99"], True),
-    ("Jobs table + indexes (all partitions; hot part)", "MiB", ["size MiB", "hot MiB"], False),
+    (
+        "Jobs table + indexes (all partitions; hot part; the part claims read)",
+        "MiB",
+        ["size MiB", "hot MiB", "claimed MiB"],
+        False,
+    ),
     ("Dead tuples (all partitions)", "tuples", ["dead tup"], False),
     ("Autovacuum runs so far (all partitions)", "runs", ["autovac"], False),
     (
@@ -107,7 +113,7 @@ def draw(documents: list[dict[str, Any]], path: Path) -> None:
         for d, color in zip(documents, colors, strict=False):
             minutes = [m for m in d["minutes"] if not m.get("partial")]
             x = [m["minute"] for m in minutes]
-            for column, style in zip(columns, ("-", "--"), strict=False):
+            for column, style in zip(columns, ("-", "--", ":"), strict=False):
                 y = [getters[column](m) for m in minutes]
                 ax.plot(x, y, style, color=color, label=f"{column}, {label(d)}")
         ax.set_title(title, fontsize=11)

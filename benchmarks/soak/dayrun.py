@@ -222,7 +222,10 @@ def day_checks(soak: Soak, summary: dict[str, Any]) -> list[Check]:
         "partition_drops": soak.partition_ledger.drops,
         "autovacuum_runs": soak.vacuums.totals()[0],
     }
-    size_key = "hot_mb" if soak.args.partitioning != "none" else "total_mb"
+    # Partitioned: the part claims read (the time partitions grow until they are dropped,
+    # by design, and are bounded by check_time_partitions; the dead jobs' by the jobs that
+    # end dead, judged per dead job by check_dead_partition).
+    size_key = "claimed_mb" if soak.args.partitioning != "none" else "total_mb"
     checks = [day.check_backlog(soak.minutes, soak.rate)]
     if soak.web.count:
         checks.append(
@@ -236,6 +239,8 @@ def day_checks(soak: Soak, summary: dict[str, Any]) -> list[Check]:
             size_key,
             soak.args.growth_limit,
         )
+        if soak.args.partitioning != "none":
+            checks.append(day.check_dead_partition(soak.minutes, warmup, soak.args.growth_limit))
     if soak.args.partitioning != "none" and soak.prune_after is not None:
         checks.append(
             day.check_drops(

@@ -231,6 +231,18 @@ def scrape(port: int, timeout: float = 5.0) -> dict[str, Any]:
     }
 
 
+def ledger_stale_after(window_s: float, prune_interval_s: float) -> float:
+    """Seconds after which no row of the rate-limit ledger should be left, for scopes whose
+    rate window is ``window_s``. The pruner deletes a scope's rows once its *newest* row is
+    older than the window and the margin for quiet scopes (IDLE_MARGIN); the scope's other
+    rows are at most a window older than its newest (its last start's claim deleted those
+    before), so its oldest row can reach two windows and the margin, plus the wait for the
+    next pass (up to 1.5 intervals, the pruner's jitter), plus 30 s."""
+    from django_gator.worker.pruner import IDLE_MARGIN
+
+    return 2 * window_s + IDLE_MARGIN + 1.5 * prune_interval_s + 30
+
+
 def tables(cursor: Any, stale_after: float, now_sql: str = "now()") -> dict[str, Any]:
     """Row counts of the tables this round added (which no pruning of jobs empties), and
     the rate-limit ledger: its rows, and those older than ``stale_after`` seconds (past
@@ -609,8 +621,8 @@ def check_minutes(
             Check(
                 "rate-limit ledger (FlowStart) pruned as its windows pass",
                 max(stale) == 0,
-                f"rows older than {stale_after:g} s (window + the pruner's margin for quiet "
-                f"scopes + 1.5 x prune interval + 30 s): "
+                f"rows older than {stale_after:g} s (two windows + the pruner's margin for "
+                f"quiet scopes + 1.5 x prune interval + 30 s): "
                 f"max {max(stale, default=0)}, at the end {stale[-1] if stale else '-'}; "
                 f"ledger rows max {max(f['rows'] for f in flows)}, at the end "
                 f"{flows[-1]['rows']} over {flows[-1]['scopes']} scopes",

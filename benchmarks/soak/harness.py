@@ -779,16 +779,14 @@ class Soak:
         )
 
     def stale_after(self) -> float:
-        """Rate-limit ledger rows older than this should be gone: past their window (the
-        soak's longest, the keyed class's) and the pruner's margin for quiet scopes by
-        more than a pruning interval and a half, plus 30 s."""
+        """Rate-limit ledger rows older than this should be gone (see
+        features.ledger_stale_after): the soak's longest window is the keyed class's."""
         from benchmarks.soak.app import jobs
         from django_gator.limits import parse_rate
-        from django_gator.worker.pruner import IDLE_MARGIN
 
         rate = parse_rate(jobs.KEY_RATE)
         window = rate.seconds if rate is not None else 0
-        return window + IDLE_MARGIN + 1.5 * self.args.prune_interval + 30
+        return features.ledger_stale_after(window, self.args.prune_interval)
 
     def row_bound(self) -> float | None:
         """Most rows (not dead) the jobs table should hold with pruning on."""
