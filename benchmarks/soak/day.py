@@ -303,6 +303,8 @@ def check_dead_partition(
         return _median(sizes)
 
     a, b = per_job(first), per_job(last)
+    if a is None and b is None:
+        return Check(f"{name} the first after retention", True, "no dead jobs in either window")
     ratio = round(b / a, 2) if a and b is not None else None
     mb = (first[0]["storage"]["dead_partition_mb"], last[-1]["storage"]["dead_partition_mb"])
     jobs = (first[0]["table"]["by_state"].get("dead"), last[-1]["table"]["by_state"].get("dead"))

@@ -223,7 +223,7 @@ def day_checks(soak: Soak, summary: dict[str, Any]) -> list[Check]:
         "autovacuum_runs": soak.vacuums.totals()[0],
     }
     # Partitioned: the part claims read (the time partitions grow until they are dropped,
-    # by design, and are bounded by check_time_partitions; the dead jobs' by the jobs that
+    # by design, and are bounded by check_drops and the row check; the dead jobs' by the jobs that
     # end dead, judged per dead job by check_dead_partition).
     size_key = "claimed_mb" if soak.args.partitioning != "none" else "total_mb"
     checks = [day.check_backlog(soak.minutes, soak.rate)]
