@@ -15,6 +15,12 @@ by one each block) so that a drift in the machine's load falls on every step ali
 Per step: the client's CPU per job (``time.process_time``) and the wall time per job, the
 median of the blocks; and ``dispatch``'s rate over ``raw``'s, block by block (median and
 range). The database's name must contain ``raw``: every job in it is deleted.
+
+``--think 0,100,200``: instead, the ``raw`` statement alone, with that many microseconds of
+client CPU (a busy loop) before each one, ``--block`` statements per think time, the think
+times in turn, ``--blocks`` rounds: the wall time of the statement alone, median per think
+time (on a virtual machine, a round trip can cost more when the client worked longer
+since the last one).
 """
 
 from __future__ import annotations
@@ -44,6 +50,11 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=8)
     parser.add_argument("--synchronous-commit", choices=["on", "off"], default="on")
     parser.add_argument("--json", action="store_true", help="one JSON line instead of a table")
+    parser.add_argument(
+        "--think",
+        type=lambda text: [int(part) for part in text.split(",")],
+        help="comma-separated microseconds of client CPU before each raw statement",
+    )
     args = parser.parse_args()
     url = args.database_url or ""
     if not url.startswith(("postgres://", "postgresql://")) or "raw" not in url.rsplit("/", 1)[-1]:
@@ -56,6 +67,16 @@ def main() -> None:
     import django
 
     django.setup()
+    if args.think:
+        thought = think(args.think, args.block, args.blocks, args.synchronous_commit)
+        if args.json:
+            print(json.dumps(thought))
+            return
+        print(f"raw statement's wall time after client CPU, {args.blocks} rounds of {args.block}")
+        for micros, walls in thought["wall_us"].items():
+            rounds = ", ".join(f"{wall:.0f}" for wall in walls)
+            print(f"think {micros:>5} us: median {statistics.median(walls):.0f} us ({rounds})")
+        return
     result = run(url, args.block, args.blocks, args.synchronous_commit)
     if args.json:
         print(json.dumps(result))
@@ -74,14 +95,9 @@ def main() -> None:
     )
 
 
-def run(url: str, block: int, blocks: int, synchronous_commit: str) -> dict[str, Any]:
+def _raw_connection(synchronous_commit: str) -> Any:
     import psycopg
     from django.db import connection
-    from psycopg.pq import Format
-
-    from django_gator.bench import QUEUE, BenchNoop
-    from django_gator.engines import get_engine
-    from django_gator.engines.postgresql_sessions import CHANNEL
 
     dsn = connection.get_connection_params()
     raw = psycopg.connect(
@@ -89,6 +105,44 @@ def run(url: str, block: int, blocks: int, synchronous_commit: str) -> dict[str,
         autocommit=True,
     )
     raw.execute(f"SET synchronous_commit TO {synchronous_commit}")
+    return raw
+
+
+def think(micros: list[int], block: int, blocks: int, synchronous_commit: str) -> dict[str, Any]:
+    """The raw statement's wall time (the median of ``block``) after ``m`` microseconds of
+    client CPU before each, for each ``m`` of ``micros`` in turn, ``blocks`` rounds."""
+    raw = _raw_connection(synchronous_commit)
+    counter = iter(range(10**9))
+    walls: dict[int, list[float]] = {m: [] for m in micros}
+    load = os.getloadavg()[0]
+    for _ in range(blocks):
+        raw.execute("DELETE FROM django_gator_job")
+        for m in micros:
+            times = []
+            for _ in range(block):
+                end = time.perf_counter() + m / 1e6
+                while time.perf_counter() < end:
+                    pass
+                start = time.perf_counter()
+                raw.execute(
+                    RAW_SQL, ["raw.noop", json.dumps([next(counter)]), "{}", "raw", 0], prepare=True
+                ).fetchone()
+                times.append((time.perf_counter() - start) * 1e6)
+            walls[m].append(round(statistics.median(times), 1))
+    raw.execute("DELETE FROM django_gator_job")
+    raw.close()
+    return {"load": load, "block": block, "blocks": blocks, "wall_us": walls}
+
+
+def run(url: str, block: int, blocks: int, synchronous_commit: str) -> dict[str, Any]:
+    from django.db import connection
+    from psycopg.pq import Format
+
+    from django_gator.bench import QUEUE, BenchNoop
+    from django_gator.engines import get_engine
+    from django_gator.engines.postgresql_sessions import CHANNEL
+
+    raw = _raw_connection(synchronous_commit)
     statement_cursor = raw.cursor()
     statement_cursor.format = Format.BINARY
     with connection.cursor() as cursor:

@@ -13,10 +13,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.test import override_settings
 
 from django_gator import conf, databases, replicas
-from django_gator.conf import InvalidSetting
+from django_gator.conf import InvalidSetting, access
 
 #: For every declared setting, values its declaration refuses, with the text that the error
 #: must show for the value. A setting added to conf.SETTINGS without an entry here fails
@@ -257,11 +260,49 @@ def test_an_invalid_setting_is_improperly_configured_and_a_value_error():
     assert issubclass(InvalidSetting, ValueError)
 
 
-def test_the_accessors_read_the_settings_each_time(settings):
+def test_the_accessors_see_every_change_django_signals(settings):
     settings.GATOR_CONCURRENCY = 7
     assert conf.concurrency() == 7
     settings.GATOR_CONCURRENCY = 2
     assert conf.concurrency() == 2
+    with override_settings(GATOR_CONCURRENCY=5, GATOR_QUEUE_DATABASES={"bulk": "default"}):
+        assert conf.concurrency() == 5
+        assert conf.get("GATOR_QUEUE_DATABASES") == {"bulk": "default"}
+    assert conf.concurrency() == 2
+    assert conf.get("GATOR_QUEUE_DATABASES") == {}
+
+
+def test_a_value_read_is_kept_until_a_setting_changes(settings):
+    settings.GATOR_CONCURRENCY = 7
+    assert conf.concurrency() == 7
+    # Kept: the settings object is not read again (a change made behind Django's back,
+    # which Django does not support either, is not seen) ...
+    holder = django_settings._wrapped
+    holder.GATOR_CONCURRENCY = 3
+    assert conf.concurrency() == 7
+    # ... until a setting_changed signal, of any setting.
+    setting_changed.send(sender=None, setting="ANYTHING", value=None, enter=True)
+    assert conf.concurrency() == 3
+
+
+def test_a_bad_value_is_refused_at_every_read(settings):
+    settings.GATOR_CONCURRENCY = 0
+    for _ in range(2):
+        with pytest.raises(InvalidSetting):
+            conf.concurrency()
+    assert conf.get("GATOR_CONCURRENCY") == 0  # the raw read is kept: the checks report it
+
+
+def test_a_value_read_across_a_change_is_not_kept(settings):
+    """A thread that began reading before a change was signalled, and keeps what it read
+    after, must not leave the old value behind."""
+    settings.GATOR_CONCURRENCY = 7
+    began = access._generation
+    access.forget()
+    access._keep(access._VALID, "GATOR_CONCURRENCY", 99, began)
+    assert conf.concurrency() == 7
+    access._keep(access._VALID, "GATOR_CONCURRENCY", 7, access._generation)
+    assert access._VALID["GATOR_CONCURRENCY"] == 7
 
 
 def test_redact_keys_are_lowercased_and_a_set_is_accepted(settings):

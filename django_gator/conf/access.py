@@ -3,10 +3,12 @@ a setting, and the error a bad value raises. The package re-exports every name h
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
 from django.utils.functional import empty
 
 from django_gator.conf.rules import Number, Setting
@@ -56,28 +58,70 @@ def get(name: str) -> Any:
     """The raw value of a declared setting (its default when unset), not validated.
 
     Read from the settings object behind ``django.conf.settings`` (the one
-    ``override_settings`` swaps in): through the lazy wrapper, a setting left unset
-    costs a raised AttributeError, about 2 microseconds, and dispatch reads four."""
+    ``override_settings`` swaps in) the first time, then kept until Django says a setting
+    changed (``setting_changed``: ``override_settings``, pytest-django's ``settings``
+    fixture). Through the lazy wrapper a setting left unset costs a raised AttributeError,
+    about 2 microseconds, and a dispatch reads eight."""
+    found = _RAW.get(name, _MISSING)
+    if found is not _MISSING:
+        return found
+    generation = _generation
     wrapped = settings._wrapped  # type: ignore[misc]  # LazyObject's own attribute
     if wrapped is empty:
-        return getattr(settings, name, BY_NAME[name].default)
-    return getattr(wrapped, name, BY_NAME[name].default)
-
-
-#: Immutable values that passed their setting's check, by name: the same object passes again.
-_ALLOWED: dict[str, Any] = {}
-_IMMUTABLE = (bool, int, float, str, type(None))
+        found = getattr(settings, name, BY_NAME[name].default)
+    else:
+        found = getattr(wrapped, name, BY_NAME[name].default)
+    _keep(_RAW, name, found, generation)
+    return found
 
 
 def value(name: str) -> Any:
     """The value of a declared setting; :class:`InvalidSetting` when its declaration does
-    not allow it, with the message of the system check."""
+    not allow it, with the message of the system check (every time it is read: a bad
+    value is not kept)."""
+    found = _VALID.get(name, _MISSING)
+    if found is not _MISSING:
+        return found
+    generation = _generation
     raw = get(name)
-    if name in _ALLOWED and _ALLOWED[name] is raw:
-        return raw
     problem = BY_NAME[name].problem(raw)
     if problem is not None:
         raise InvalidSetting(problem)
-    if type(raw) in _IMMUTABLE:
-        _ALLOWED[name] = raw
+    _keep(_VALID, name, raw, generation)
     return raw
+
+
+# -- what was read, until a setting changes ----------------------------------------------------
+#
+# Settings do not change while a process runs, but for override_settings (and what is built on
+# it), which sends ``setting_changed`` after swapping the settings object in or out. The values
+# read are kept by name until then: a dispatch reads eight settings, and reading one through
+# the lazy settings object and checking it cost about a microsecond each (two for a list or a
+# dict). A value read by another thread while a setting changes is kept only if no change was
+# signalled since that read began (the generation), so a stale value cannot outlive the
+# change. A value changed in place (a GATOR_QUEUES dict edited at run time) is not seen: Django
+# does not support changing settings at run time either.
+
+_MISSING = object()
+_RAW: dict[str, Any] = {}
+_VALID: dict[str, Any] = {}
+_generation = 0
+_lock = threading.Lock()
+
+
+def _keep(kept: dict[str, Any], name: str, found: Any, generation: int) -> None:
+    with _lock:
+        if generation == _generation:
+            kept[name] = found
+
+
+def forget(**_: Any) -> None:
+    """Drop every value kept (a setting changed). Connected to ``setting_changed``."""
+    global _generation
+    with _lock:
+        _generation += 1
+        _RAW.clear()
+        _VALID.clear()
+
+
+setting_changed.connect(forget, dispatch_uid="django_gator.conf.forget")

@@ -264,19 +264,22 @@ class PostgresSessions(Engine):
             wrapper = raw._gator_row_cursor = connection.make_cursor(cursor)
         wrapper.execute(sql, params)
         return tuple(
-            self._as_django(value) if isinstance(value, datetime) else value
-            for value in wrapper.cursor.fetchone()
+            [
+                _as_django(connection, value) if isinstance(value, datetime) else value
+                for value in wrapper.cursor.fetchone()
+            ]
         )
 
-    def _as_django(self, value: datetime) -> datetime:
-        """A timestamp psycopg's binary loader read (aware, in the session's time zone
-        when its loader was made: it may have changed since) as Django's cursors give it:
-        in the connection's time zone with ``USE_TZ``, else naive, in ``TIME_ZONE``."""
-        connection = self.connection
-        zone = connection.timezone
-        if zone is not None:
-            return value.astimezone(zone)
-        return value.astimezone(ZoneInfo(connection.timezone_name)).replace(tzinfo=None)
+
+def _as_django(connection: Any, value: datetime) -> datetime:
+    """A timestamp psycopg's binary loader read (aware, in the session's time zone when
+    its loader was made: it may have changed since) as Django's cursors give it on
+    ``connection``: in the connection's time zone with ``USE_TZ``, else naive, in
+    ``TIME_ZONE``."""
+    zone = connection.timezone
+    if zone is not None:
+        return value.astimezone(zone)
+    return value.astimezone(ZoneInfo(connection.timezone_name)).replace(tzinfo=None)
 
 
 class _PreparedCursor(psycopg.Cursor[Any]):
