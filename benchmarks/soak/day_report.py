@@ -60,7 +60,8 @@ def label(document: dict[str, Any]) -> str:
     meta = document["meta"]
     storage = meta.get("partitioning") or "none"
     name = "DELETE pruning" if storage == "none" else f"partitioned by {storage}"
-    return f"{name}, {meta['rate']:g}/s"
+    notify = ", GATOR_NOTIFY off" if meta.get("notify") == "off" else ""
+    return f"{name}{notify}, {meta['rate']:g}/s"
 
 
 def table(documents: list[dict[str, Any]]) -> str:
@@ -104,7 +105,8 @@ def draw(documents: list[dict[str, Any]], path: Path) -> None:
     fig.suptitle(
         "django-gator, a day's load in an hour: "
         + " vs ".join(label(d) for d in documents)
-        + f"\n{meta['machine']['cpus']} CPUs (shared, loaded), {meta['date'][:16]}, "
+        + f"\n{meta['machine']['cpus']} CPUs, {meta['cluster']} PostgreSQL cluster, "
+        f"{meta['date'][:16]}, "
         f"commit {meta['git_commit']}",
         fontsize=12,
     )

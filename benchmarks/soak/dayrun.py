@@ -29,6 +29,12 @@ def arguments(p: argparse.ArgumentParser) -> None:
         "or 'none': the plain table, DELETE pruning",
     )
     p.add_argument(
+        "--notify",
+        choices=["on", "off"],
+        default="on",
+        help="GATOR_NOTIFY in every process: 'off' wakes PostgreSQL's workers with datagrams",
+    )
+    p.add_argument(
         "--web", type=int, default=0, metavar="N", help="web-like dispatching processes (web.py)"
     )
     p.add_argument(

@@ -286,6 +286,7 @@ class Soak:
             "GATOR_SOAK_PARTITIONING": (
                 "" if self.args.partitioning == "none" else self.args.partitioning
             ),
+            "GATOR_SOAK_NOTIFY": self.args.notify,
         }
 
     def spawn(self, index: int) -> subprocess.Popen[bytes]:
@@ -439,6 +440,7 @@ class Soak:
             ),
             "prefill": self.args.prefill,
             "partitioning": self.args.partitioning,
+            "notify": self.args.notify,
             "web_processes": self.web.count,
             "web_share": self.web.share,
             "web_ways": self.args.web_ways,
@@ -1062,6 +1064,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["GATOR_SOAK_PARTITIONING"] = (
             "" if args.partitioning == "none" else args.partitioning
         )
+        os.environ["GATOR_SOAK_NOTIFY"] = args.notify
         import django
 
         django.setup()

@@ -6,7 +6,8 @@ as it is deployed, not the test suite's fast heartbeats. Except: the queue ``soa
 has a concurrency limit, and the harness sets the automatic pruner's retention and
 interval (``--prune-after``, ``--prune-interval``) through ``GATOR_SOAK_PRUNE_AFTER`` and
 ``GATOR_SOAK_PRUNE_INTERVAL`` (``off``: no automatic pruning), and partitioned storage
-(``--partitioning``) through ``GATOR_SOAK_PARTITIONING``.
+(``--partitioning``) through ``GATOR_SOAK_PARTITIONING``, and ``GATOR_NOTIFY`` (``--notify``)
+through ``GATOR_SOAK_NOTIFY``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ if GATOR_AUTO_PRUNE:
     GATOR_PRUNE_INTERVAL = float(os.environ.get("GATOR_SOAK_PRUNE_INTERVAL", "300"))
 
 GATOR_PARTITIONING = os.environ.get("GATOR_SOAK_PARTITIONING") or None
+GATOR_NOTIFY = os.environ.get("GATOR_SOAK_NOTIFY", "on") != "off"  # --notify
 
 LOGGING = {
     "version": 1,
