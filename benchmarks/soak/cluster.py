@@ -22,6 +22,7 @@ CLUSTER_SETTINGS = {
     "autovacuum": "on",
     "shared_preload_libraries": "'pg_stat_statements'",
     "pg_stat_statements.max": "1000",
+    "pg_stat_statements.track_planning": "on",  # planning apart (measure.pgss_statements)
     "log_autovacuum_min_duration": "0",  # each autovacuum run in the cluster's log
 }
 

@@ -379,6 +379,11 @@ class Soak:
             if held is not None:
                 held.close()
         with connection.cursor() as cursor:
+            if self.args.partitioning != "none":
+                # A partition dropped during the drain (past retention meanwhile) is noticed,
+                # its rows counted as pruned: without this look a run that crossed an hour
+                # near its end missed them in the census below.
+                dayrun.sample_partitions(self, cursor)
             cursor.execute(
                 "SELECT state, count(*) FROM django_gator_job GROUP BY state ORDER BY state"
             )
@@ -744,6 +749,12 @@ class Soak:
             "worker_db_cpu_us_per_job": (
                 round(cpu.get("worker", 0.0) * 1e6 / jobs) if jobs and roles else None
             ),
+            # The server's planning time of every statement (all roles), per job.
+            "plan_us_per_job": (
+                round(measure.planning_ms(self.minute_statements, statements) * 1000 / jobs)
+                if self.cluster and jobs
+                else None
+            ),
             "host": {
                 "cpu_busy_pct": round(100 * (busy1 - busy0) / max(total1 - total0, 1), 1),
                 "loadavg": measure.loadavg(),
@@ -765,7 +776,8 @@ class Soak:
             f"backlog {record['backlog']['due_last']}, dead tuples "
             f"{record.get('storage', table).get('n_dead_tup')}, RSS "
             + "/".join(f"{w['rss_mb']:.0f}" for w in record["workers"])
-            + f" MiB, worker DB CPU {record['worker_db_cpu_us_per_job']} us/job",
+            + f" MiB, worker DB CPU {record['worker_db_cpu_us_per_job']} us/job, planning "
+            f"{record['plan_us_per_job']} us/job",
             flush=True,
         )
         flow = extra["flow_start"]

@@ -365,23 +365,32 @@ def pgss_delta(
     return out
 
 
-def pgss_statements(cursor: Any) -> dict[int, tuple[str, int, float, int]]:
+Statements = dict[int, tuple[str, int, float, int, float]]
+
+
+def pgss_statements(cursor: Any) -> Statements:
     """Every statement of the database in pg_stat_statements, by queryid: (its text, calls,
-    total execution ms, shared buffers hit + read)."""
+    total execution ms, shared buffers hit + read, total planning ms: the throwaway
+    cluster tracks planning, see cluster.CLUSTER_SETTINGS)."""
     cursor.execute(
-        "SELECT queryid, query, calls, total_exec_time, shared_blks_hit + shared_blks_read "
-        "FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database "
+        "SELECT queryid, query, calls, total_exec_time, shared_blks_hit + shared_blks_read, "
+        "total_plan_time FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database "
         "WHERE datname = current_database())"
     )
     return {
-        int(queryid): (query, int(calls), float(total), int(blocks))
-        for queryid, query, calls, total, blocks in cursor.fetchall()
+        int(queryid): (query, int(calls), float(total), int(blocks), float(plan))
+        for queryid, query, calls, total, blocks, plan in cursor.fetchall()
     }
 
 
+def planning_ms(before: Statements, after: Statements) -> float:
+    """The server's planning time, in ms, of every statement between two snapshots."""
+    return sum(row[4] - (before[q][4] if q in before else 0.0) for q, row in after.items())
+
+
 def pgss_top(
-    before: dict[int, tuple[str, int, float, int]],
-    after: dict[int, tuple[str, int, float, int]],
+    before: Statements,
+    after: Statements,
     jobs: int,
     count: int = 12,
     by: str = "buffers",
@@ -392,8 +401,8 @@ def pgss_top(
     its kind (the limited claim's statements, the gauges, the ledger have no kind of their
     own in :func:`pgss_kind`)."""
     rows = []
-    for queryid, (query, calls, total, blocks) in after.items():
-        _, c0, t0, b0 = before.get(queryid, (query, 0, 0.0, 0))
+    for queryid, (query, calls, total, blocks, plan) in after.items():
+        _, c0, t0, b0, p0 = before.get(queryid, (query, 0, 0.0, 0, 0.0))
         if calls == c0:
             continue
         rows.append(
@@ -406,6 +415,7 @@ def pgss_top(
                 "buffers_per_job": round((blocks - b0) / jobs, 2) if jobs else None,
                 "ms_per_job": round((total - t0) / jobs, 4) if jobs else None,
                 "ms": round(total - t0, 1),
+                "plan_ms": round(plan - p0, 1),  # planning, apart from the execution
             }
         )
     rows.sort(key=lambda row: row[by], reverse=True)

@@ -55,6 +55,7 @@ other queues with work jumps over them (see ``JobEngine.ready_queues``).
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections import deque
@@ -70,6 +71,10 @@ from django_gator.worker.queues import QueueSpec, weighted_order
 
 #: How long the all-queues mode trusts its list of queues with ready work.
 QUEUE_LIST_TTL = 2.0
+#: After a round that claimed nothing, the all-queues mode looks for new queues again at
+#: the next round, but not sooner than this after its last look: a busy worker's rounds
+#: that find nothing (woken for jobs it has claimed already) come many times a second.
+QUEUE_LIST_RECHECK = 0.5
 #: Keyset engines: longest time between two full claims of a queue (from the start of its
 #: ready index), in seconds: the bound on the delay of a job placed more than
 #: KEYSET_LOOKBACK before the worker's position in its queue (see the module docstring).
@@ -137,7 +142,10 @@ class Claimer:
         self.specs = list(specs)
         self.rng = rng or random.Random()
         self.clock = clock
-        self._queue_cache: tuple[float, list[str]] = (0.0, [])
+        #: clock() of the last search for queues with work (None: look at the next round)
+        #: and the queues it found.
+        self._queue_cache: tuple[float | None, list[str]] = (None, [])
+        self._look_again = False  # a round found nothing: look soon (QUEUE_LIST_RECHECK)
         #: Per queue, per priority: (next_execution_at, id) of the last job claimed.
         self._positions: dict[str, dict[int, tuple[Any, int]]] = {}
         self._full_claims: dict[str, float] = {}  # per queue: clock() of the last
@@ -191,7 +199,7 @@ class Claimer:
         if round_.pending:
             round_.written += self.engine.mark_succeeded(self.worker_id, round_.pending)
         if not round_.claimed and not self.specs:
-            self._queue_cache = (0.0, [])  # look for new queues next time
+            self._look_again = True  # look for new queues soon
         return round_.claimed, round_.written
 
     def _round_order(self, limit: int, woken: Collection[str]) -> list[str]:
@@ -310,10 +318,15 @@ class Claimer:
             return weighted_order(self.specs, self.rng)
         known = sorted(self._positions)
         fetched_at, names = self._queue_cache
-        if self.clock() - fetched_at > QUEUE_LIST_TTL:
+        age = math.inf if fetched_at is None else self.clock() - fetched_at
+        if age > QUEUE_LIST_TTL or (self._look_again and age >= QUEUE_LIST_RECHECK):
             names = self.engine.ready_queues(known)
-            # An empty list is never trusted: a job may be inserted right after.
-            self._queue_cache = (self.clock() if names else 0.0, names)
+            # Only queues not known yet are listed, so with known queues an empty list is
+            # the usual answer, kept like any other (a wakeup naming a queue adds it to
+            # the round). Without known queues an empty list is never trusted: a job may
+            # be inserted right after.
+            self._queue_cache = (self.clock() if names or known else None, names)
+            self._look_again = False
         names = sorted({*names, *known, *self.flow.queues()})
         self.rng.shuffle(names)
         return names

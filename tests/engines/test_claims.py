@@ -27,6 +27,8 @@ from django_gator.worker.claims import (
     FULL_CLAIM_EVERY,
     KEYSET_LOOKBACK,
     KEYSET_SAMPLES,
+    QUEUE_LIST_RECHECK,
+    QUEUE_LIST_TTL,
     Claimer,
 )
 from django_gator.worker.queues import QueueSpec
@@ -227,14 +229,61 @@ def test_all_queues_mode_claims_known_queues_and_finds_new_ones():
     assert claimer.queue_order() == ["default"]  # known, though empty now
     assert engine.ready_queues(["default"]) == []
     other = Noop.dispatch("b", queue="other")
-    # The list of queues is trusted for QUEUE_LIST_TTL, or until a round finds nothing.
+    # The list of queues is trusted for QUEUE_LIST_TTL, or after a round that finds
+    # nothing, QUEUE_LIST_RECHECK after it was read.
     assert claimer.claim(4) == ([], [])
+    assert claimer.claim(4) == ([], [])
+    clock.now += QUEUE_LIST_RECHECK
     [claimed], _ = claimer.claim(4)
     assert claimed.id == other.pk
     Noop.dispatch("c", queue="zeta")
     Noop.dispatch("d", queue="alpha")
     assert engine.ready_queues(["default", "other"]) == ["alpha", "zeta"]
     assert engine.ready_queues() == ["alpha", "zeta"]
+
+
+def test_all_queues_mode_searches_for_new_queues_at_most_twice_a_second(monkeypatch):
+    # The search lists only queues not known yet: busy on a known queue, the usual answer
+    # is empty. It was never kept, and a round that found nothing asked for a search at the
+    # next one, so a busy worker searched at almost every round (one of its dearest
+    # statements to plan: about 1 ms on partitioned storage, 0.7 ms on a plain table).
+    engine = get_engine("default")
+    clock = Clock()
+    claimer = Claimer(engine, "w", clock=clock)
+    searches: list[list[str]] = []
+    search = engine.ready_queues
+
+    def counted(known: Any = ()) -> list[str]:
+        searches.append(list(known))
+        return search(known)
+
+    monkeypatch.setattr(engine, "ready_queues", counted)
+    Noop.dispatch_many([[i] for i in range(10)])
+    assert len(claimer.claim(1)[0]) == 1
+    known = ["default"] if engine.supports_keyset else []
+    for _ in range(2):
+        clock.now += QUEUE_LIST_TTL + 0.1
+        for _ in range(3):
+            assert len(claimer.claim(1)[0]) == 1
+    assert searches == [[], known, known]  # once a TTL, whatever the answer
+    other = Noop.dispatch("b", queue="other")
+    assert len(claimer.claim(1)[0]) == 1  # from "default": the answer is kept until the TTL
+    assert len(searches) == 3
+    clock.now += QUEUE_LIST_TTL + 0.1
+    claimed = [job.id for job in claimer.claim(10)[0]]
+    assert searches[3:] == [known]
+    assert other.pk in claimed
+    assert len(claimed) == 3  # the two left in "default" and the new queue's
+    # Rounds that find nothing look again, but not sooner than QUEUE_LIST_RECHECK after
+    # the last look (here the round above): a busy worker makes many such rounds.
+    before = len(searches)
+    for _ in range(5):
+        assert claimer.claim(10) == ([], [])
+    assert len(searches) == before
+    clock.now += QUEUE_LIST_RECHECK
+    for _ in range(5):
+        assert claimer.claim(10) == ([], [])
+    assert len(searches) == before + 1
 
 
 def test_keyset_claims_and_queue_search_do_not_step_over_dead_entries(long_transaction):

@@ -158,10 +158,14 @@ def test_a_process_wedged_in_c_code_is_replaced_until_the_job_is_dead(spawn_work
     # The upper bound leaves the supervisor's look (every 0.1 s) room to be late on a loaded
     # machine: with CI's two test lines on 2 cores one kill came at 3.6 s.
     assert all(limit - 0.05 <= float(silent) < limit + 2 for silent, _ in kills), kills
-    for _, pid in kills:  # dead before its heartbeat lapsed and its job was rescued
+    for silent, pid in kills:  # dead, and its job rescued
         rescued = re.search(rf"from lost worker=[^ ]*:{pid}:", out)
         assert rescued, out
-        assert out.index(f"killing it pid={pid} ") < rescued.start()
+        # Killed in time (before its heartbeat lapsed), it was dead before any rescue. A
+        # late kill (the supervisor's look delayed past the lapse on a loaded machine)
+        # may follow the rescue: CI saw that once (2026-11-29, the 6.1 line's run).
+        if float(silent) < TIMEOUT - INTERVAL / 2:
+            assert out.index(f"killing it pid={pid} ") < rescued.start(), out
     assert "(stopped)" not in out  # running, not stopped: wedged
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0, worker_output(proc)
