@@ -8,13 +8,25 @@ The engine is composed of its parts, one module each: the inserts and COPY
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
 import psycopg
 
 from django_gator import conf
 from django_gator.engines.fairness import FairInserts
 from django_gator.engines.postgresql_claims import PostgresClaims
 from django_gator.engines.postgresql_inserts import PostgresInserts
-from django_gator.states import ACTIVE_SQL, RUNNING_SQL
+from django_gator.states import ACTIVE_SQL, RUNNING_SQL, JobState, sql_list, sql_literal
+
+if TYPE_CHECKING:
+    from django_gator.models.settling import FinishedStep
+
+#: The final states of the finished jobs' time partitions, and the dead jobs' partition's.
+ENDED_SQL = sql_list([JobState.SUCCEEDED, JobState.CANCELLED])
+DEAD_SQL = sql_literal(JobState.DEAD)
+CLOCK_MARGIN = timedelta(minutes=1)
 
 
 class PostgresEngine(FairInserts, PostgresInserts, PostgresClaims):
@@ -30,6 +42,33 @@ class PostgresEngine(FairInserts, PostgresInserts, PostgresClaims):
         return isinstance(exc, psycopg.errors.DeadlockDetected) or isinstance(
             exc.__cause__, psycopg.errors.DeadlockDetected
         )
+
+    def finished_steps(self, job_ids: Sequence[int]) -> list[FinishedStep] | None:
+        """On partitioned storage, the rows looked up where they now are with the finished
+        jobs' partitions to plan bounded by time. Found by id alone, PostgreSQL planned
+        every partition of the finished jobs (a day of hourly ones made ahead: 5-11 ms a
+        lookup, against 0.3 ms to run it; docs/benchmarks.md). The write that ended them
+        ran in this transaction, so their ``finished_at`` lies between the transaction's
+        start and now: read first, and given as constants (a minute wider each side),
+        those bound the partitions planned to the one or two of that time. Dead jobs have
+        their own partition."""
+        if conf.partitioning() is None:
+            return None  # one table: the ORM's query plans cheaply
+        ids = ", ".join(["%s"] * len(job_ids))
+        columns = "id, chain_id, chain_position, state, batch_id"
+        where = f"id IN ({ids}) AND chain_id IS NOT NULL"
+        with self.connection.cursor() as cursor:
+            cursor.execute("SELECT transaction_timestamp(), statement_timestamp()")
+            since, until = cursor.fetchone()
+            cursor.execute(
+                f"SELECT {columns} FROM {self.job_table} WHERE {where} AND state IN {ENDED_SQL}"
+                " AND finished_at >= %s AND finished_at <= %s"
+                f" UNION ALL SELECT {columns} FROM {self.job_table} WHERE {where}"
+                f" AND state = {DEAD_SQL}",
+                # A minute's margin each side, against a step of the server's clock.
+                [*job_ids, since - CLOCK_MARGIN, until + CLOCK_MARGIN, *job_ids],
+            )
+            return [tuple(row) for row in cursor.fetchall()]
 
     def _guard(self, condition: str) -> str:
         # Inside a CASE the conditions can neither drive an index scan nor prove a partial

@@ -17,7 +17,7 @@ from django_gator.engines.deadlocks import retrying_deadlocks
 from django_gator.engines.dispatching import DispatchStatements
 from django_gator.exceptions import JobNotRegistered
 from django_gator.models.batches import Batch
-from django_gator.models.settling import Settled, settle
+from django_gator.models.settling import FinishedStep, Settled, settle
 from django_gator.models.waits import signal_waiting
 from django_gator.models.workflows import WorkflowRun, WorkflowStep
 from django_gator.registry import get_job_class
@@ -61,7 +61,15 @@ class WorkflowStatements(DispatchStatements):
         """Inside an open transaction: release or cancel what follows the steps among
         ``job_ids`` that reached a final state (exactly once; a step settled already is
         left alone)."""
-        self._insert_settled(settle(self.alias, job_ids), inserted)
+        finished = self.finished_steps(job_ids)
+        self._insert_settled(settle(self.alias, job_ids, finished=finished), inserted)
+
+    def finished_steps(self, job_ids: Sequence[int]) -> list[FinishedStep] | None:
+        """Inside the transaction whose write just ended some of ``job_ids``: those rows
+        that are workflow steps in a final state, for :func:`settle`; None lets it read
+        them with the ORM (the PostgreSQL engine reads them its own way on partitioned
+        storage)."""
+        return None
 
     def _insert_settled(self, settled: Settled, inserted: list[int] | None) -> None:
         """Insert what ``settled`` asks for, in the open transaction: the job of each

@@ -60,22 +60,36 @@ class Settled:
     handlers: list[tuple[str, uuid.UUID, int]]
 
 
-def settle(alias: str, job_ids: Iterable[int], states: Sequence[str] = FINAL_STATES) -> Settled:
+#: A finished workflow step's job: (id, workflow id, position, state, batch id).
+FinishedStep = tuple[int, uuid.UUID | None, int | None, str, int | None]
+
+
+def settle(
+    alias: str,
+    job_ids: Iterable[int],
+    states: Sequence[str] = FINAL_STATES,
+    finished: Iterable[FinishedStep] | None = None,
+) -> Settled:
     """Inside the transaction that wrote the final state of some of ``job_ids``: settle
     the workflow steps among them. Jobs not in a workflow, not final, or already settled
-    are left alone, so calling it again (or for jobs that are not steps) is harmless."""
+    are left alone, so calling it again (or for jobs that are not steps) is harmless.
+
+    ``finished``: the rows among ``job_ids`` that are steps in one of ``states``, when the
+    caller has read them (see WorkflowStatements.finished_steps); else read here."""
     out = Settled([], [])
     ids = list(job_ids)
     if not ids:
         return out
-    finished = (
-        Job.objects.using(alias)
+    rows: Iterable[FinishedStep] = (
+        finished
+        if finished is not None
+        else Job.objects.using(alias)
         .filter(pk__in=ids, chain_id__isnull=False, state__in=states)
         .values_list("pk", "chain_id", "chain_position", "state", "batch_id")
-        .order_by("pk")
+        .order_by()  # sorted below (on partitioned storage an ORDER BY plans a merge)
     )
     seen: set[int] = set()
-    for job_id, workflow_id, position, state, batch_id in list(finished):
+    for job_id, workflow_id, position, state, batch_id in sorted(rows, key=lambda r: r[0]):
         if workflow_id is None or position is None:
             continue
         if batch_id is None:

@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 import threading
+import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
-from django.db import connection, connections
+from django.db import connection, connections, transaction
+from django.db.models.functions import Now
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
@@ -373,3 +377,38 @@ def test_a_statistics_object_of_one_expression_survives_a_revert_and_a_conversio
     finally:
         with connection.cursor() as cursor:
             cursor.execute("DROP STATISTICS IF EXISTS gator_test_lower_name")
+
+
+def test_a_workflow_steps_end_is_read_from_the_partition_of_its_time(partitioned):
+    # Found by id alone, the settling's read planned every finished jobs' partition (5-11
+    # ms a lookup with a day of hourly ones); bounded by the ending transaction's time it
+    # plans the partition of now (two within a minute of midnight) and the dead one.
+    engine = get_engine("default")
+    chain = uuid.uuid4()
+    waiting = {"name": Noop.name, "state": JobState.WAITING, "chain_id": chain}
+    step = Job.objects.create(**waiting, chain_position=1)
+    dead = Job.objects.create(**waiting, chain_position=2)
+    earlier = finished_job(days_ago=2)  # a step that ended days ago: another partition
+    Job.objects.filter(pk=earlier.pk).update(chain_id=chain, chain_position=3)
+    plain = Job.objects.create(name=Noop.name)  # not in a workflow
+    ids = [step.pk, dead.pk, earlier.pk, plain.pk]
+    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+        Job.objects.filter(pk__in=[step.pk, plain.pk]).update(
+            state=JobState.SUCCEEDED, finished_at=Now()
+        )
+        Job.objects.filter(pk=dead.pk).update(state=JobState.DEAD, finished_at=Now())
+        found = engine.finished_steps(ids)
+    assert sorted(found) == [
+        (step.pk, chain, 1, JobState.SUCCEEDED, None),
+        (dead.pk, chain, 2, JobState.DEAD, None),
+    ]
+    [read] = [q["sql"] for q in queries.captured_queries if "UNION ALL" in q["sql"]]
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (COSTS OFF) {read}")
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    scanned = set(re.findall(r" on (django_gator_job_\w+)", plan))
+    now = slot_start(timezone.now(), "day")
+    near = {partition_name(now + timedelta(days=d)) for d in (-1, 0, 1)}
+    assert partition_of(step.pk) in scanned
+    assert scanned - near == {"django_gator_job_dead"}, plan
+    assert len(scanned) <= 3, plan
