@@ -350,6 +350,30 @@ def start_worker_thread(worker: WorkerProcess) -> threading.Thread:
     return thread
 
 
+def learn_wakeup_targets(*procs: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    """Read this process's list of workers to wake (SQLite, MariaDB, PostgreSQL with
+    GATOR_NOTIFY = False) until it has the wakeup address of each worker in ``procs`` (by
+    pid): a test whose worker polls rarely dispatches next, and only a datagram can start
+    that job in time. One read is not enough: a read that failed, or that came while a
+    worker's heartbeat was late on a loaded machine (the list holds the workers with a
+    heartbeat within GATOR_HEARTBEAT_TIMEOUT), leaves the list without it."""
+    from django_gator import conf, wakeup
+    from django_gator.models import Worker
+
+    pids = [proc.pid for proc in procs]
+
+    def known() -> bool:
+        rows = Worker.objects.filter(pid__in=pids).values_list("wakeup_address", flat=True)
+        addresses = {conf.split_host_port(address) for address in rows if address}
+        if len(addresses) < len(pids):
+            return False
+        wakeup.refresh(connection.alias)
+        listed = {target.address for target in wakeup._directory(connection.alias).targets}
+        return addresses <= listed
+
+    wait_for(known, timeout=timeout, interval=0.2)
+
+
 def wait_for(
     predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.05
 ) -> None:

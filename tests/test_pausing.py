@@ -20,13 +20,14 @@ from django.test import Client
 from django.urls import reverse
 
 import django_gator
-from django_gator import stats, wakeup
+from django_gator import stats
 from django_gator.engines import get_engine
 from django_gator.engines.core import Position
-from django_gator.models import Job, JobState, Queue, Worker
+from django_gator.models import Job, JobState, Queue
 from tests.admin_helpers import operator
 from tests.conftest import (
     ROOT,
+    learn_wakeup_targets,
     listening_backends,
     stop_worker,
     wait_for,
@@ -217,8 +218,7 @@ def test_resume_wakes_idle_workers_at_once(spawn_worker):
     if get_engine(connection.alias).notifies:
         wait_for(lambda: listening_backends() == 1, timeout=30)
     else:
-        wait_for(lambda: Worker.objects.exclude(wakeup_address=None).exists(), timeout=30)
-        wakeup.refresh(connection.alias)  # dispatch learns the worker's address now
+        learn_wakeup_targets(proc)  # dispatch learns the worker's address now
     wait_for(lambda: "Worker idle" in worker_output(proc), timeout=30)
     assert job.refresh_state() == JobState.WAITING, worker_output(proc)
     started = time.monotonic()

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from django_gator import Chain, Workflow, wakeup
 from django_gator.models import Batch, Job, Worker
-from tests.conftest import stop_worker, wait_for, worker_output
+from tests.conftest import learn_wakeup_targets, stop_worker, wait_for, worker_output
 from tests.testapp.jobs import Echo
 
 #: A worker's poll interval in the latency test: only a wakeup can start a job within
@@ -83,7 +83,7 @@ def test_an_idle_worker_starts_workflows_and_chains_as_fast_as_a_plain_dispatch(
     try:
         wait_for(lambda: Worker.objects.filter(pid=proc.pid).exists(), timeout=60)
         assert Worker.objects.get(pid=proc.pid).wakeup_address
-        wakeup.refresh(connection.alias)  # this process now knows the worker's address
+        learn_wakeup_targets(proc)  # this process now knows the worker's address
         kinds: dict[str, Callable[[str], Job]] = {
             "plain": lambda label: Echo.dispatch(label),
             "many": lambda label: Echo.dispatch_many([[label], [label]])[0],
@@ -128,12 +128,14 @@ def test_jobs_an_outcome_inserts_wake_the_workers_of_their_queue(spawn_worker, k
     first = spawn_worker("--concurrency", "2", "-q", "default", "--poll-interval", str(LONG_POLL))
     second = spawn_worker("--concurrency", "2", "-q", "echo", "--poll-interval", str(LONG_POLL))
     try:
-        for proc in (first, second):
-            wait_for(lambda proc=proc: Worker.objects.filter(pid=proc.pid).exists(), timeout=60)
-        wakeup.refresh(connection.alias)
+        learn_wakeup_targets(first, second, timeout=60)
         # The second worker runs a job, then is idle: its next claim found nothing and it
         # waits LONG_POLL seconds unless a wakeup comes.
         probe = Echo.dispatch("probe")
+        try:
+            _started_within(probe, WOKEN)
+        except AssertionError:
+            raise AssertionError(_not_woken("probe", probe, second, {})) from None
         wait_for(lambda: Job.objects.filter(pk=probe.pk, state="succeeded").exists(), 30)
         if kind == "chain":
             Chain(Noop, Echo).dispatch()

@@ -30,14 +30,14 @@ from django.conf import settings
 from django.db import connection
 from django.test import override_settings
 
-from django_gator import wakeup
 from django_gator.conf import InvalidSetting
 from django_gator.engines import get_engine
-from django_gator.models import Job, JobState, Worker
+from django_gator.models import Job, JobState
 from django_gator.worker.connections import NetworkBounds
 from django_gator.worker.supervisor import WorkerProcess
 from tests.conftest import (
     ROOT,
+    learn_wakeup_targets,
     listening_backends,
     stop_worker,
     wait_for,
@@ -50,6 +50,11 @@ from tests.testapp.models import Execution
 on_postgres = pytest.mark.skipif(
     settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql",
     reason="PgBouncer is a PostgreSQL pooler",
+)
+#: The tests of LISTEN through a pooler: a run with GATOR_TEST_NOTIFY=off sends no NOTIFY.
+listening = pytest.mark.skipif(
+    not getattr(settings, "GATOR_NOTIFY", True),
+    reason="GATOR_NOTIFY is off in this run: workers bind a wakeup socket and do not LISTEN",
 )
 
 #: Server connections per (database, user) pair: fewer than two workers' threads.
@@ -227,6 +232,7 @@ def test_heartbeats_and_rescue_work_through_pgbouncer(pgbouncer, spawn_worker, t
 
 
 @on_postgres
+@listening
 @pytest.mark.django_db(transaction=True)
 def test_the_listener_works_through_gator_listen_database(pgbouncer, spawn_worker):
     # A 30 s poll: a job that starts within seconds was woken by NOTIFY.
@@ -253,6 +259,7 @@ def _woken_three_times(worker: subprocess.Popen[bytes]) -> None:
 
 
 @on_postgres
+@listening
 @pytest.mark.django_db(transaction=True)
 def test_without_gator_listen_database_a_pooled_worker_polls_and_says_so(pgbouncer, spawn_worker):
     worker = spawn_worker("--concurrency", "2", env=pgbouncer.env(GATOR_POLL_INTERVAL="0.2"))
@@ -275,9 +282,8 @@ def test_with_notify_off_a_pooled_worker_is_woken_by_datagrams(pgbouncer, spawn_
     # and a 30 s poll, so a job that starts within seconds was woken by a datagram.
     env = pgbouncer.env(GATOR_TEST_NOTIFY="off", GATOR_POLL_INTERVAL="30", GATOR_LOG_LEVEL="DEBUG")
     worker = spawn_worker("--concurrency", "2", env=env)
-    wait_for(lambda: Worker.objects.exclude(wakeup_address=None).exists(), timeout=60)
     with override_settings(GATOR_NOTIFY=False):
-        wakeup.refresh(connection.alias)  # this process learns the worker's address now
+        learn_wakeup_targets(worker, timeout=60)  # this process learns the worker's address
         _woken_three_times(worker)
     assert listening_backends() == 0
     stop_worker(worker)

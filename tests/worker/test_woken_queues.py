@@ -10,13 +10,12 @@ import signal
 import pytest
 from django.db import connection
 
-from django_gator import wakeup
 from django_gator.engines import get_engine
 from django_gator.models import Job, JobState, Worker
 from django_gator.worker.claims import Claimer
 from django_gator.worker.queues import parse_queue_specs
 from django_gator.worker.slots import Slots
-from tests.conftest import wait_for, worker_output
+from tests.conftest import learn_wakeup_targets, wait_for, worker_output
 from tests.testapp.jobs import Noop, Record, Sleep
 from tests.testapp.models import Execution
 
@@ -97,9 +96,10 @@ def test_a_job_on_an_idle_queue_starts_before_another_queues_backlog_drains(spaw
     proc = spawn_worker(
         "-q", "reports,1000", "-q", "emails,1", "--concurrency", "2", "--no-scheduler"
     )
-    wait_for(lambda: Worker.objects.filter(pid=proc.pid).exists(), timeout=30)
-    if not get_engine(connection.alias).notifies:
-        wakeup.refresh(connection.alias)  # dispatch learns the worker's address now
+    if get_engine(connection.alias).notifies:
+        wait_for(lambda: Worker.objects.filter(pid=proc.pid).exists(), timeout=30)
+    else:
+        learn_wakeup_targets(proc)  # dispatch learns the worker's address now
     wait_for(lambda: Execution.objects.count() >= 5, timeout=30)
     email = Record.dispatch(label="email", queue="emails")
     wait_for(lambda: Execution.objects.filter(job_id=email.pk).exists(), timeout=30)
