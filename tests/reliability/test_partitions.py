@@ -217,7 +217,12 @@ def _check_partition(timeline, job, row, zombie, rescuer, hold) -> None:
         timeline
     )
     assert seen.get("server dropped the zombie's session", 1e9) <= NETWORK_TIMEOUT + SLACK, timeline
-    assert seen.get("zombie noticed", 1e9) <= HEARTBEAT_INTERVAL + NETWORK_TIMEOUT + SLACK, timeline
+    # CI's loaded machine once saw the zombie notice only when the partition healed (10 s,
+    # against 3.4-3.7 s in every run by hand): its log says which round of its heartbeat
+    # thread was not bounded by the network timeout, if one was.
+    assert seen.get("zombie noticed", 1e9) <= HEARTBEAT_INTERVAL + NETWORK_TIMEOUT + SLACK, (
+        f"{timeline}\nthe zombie's log:\n{worker_output(zombie)}"
+    )
     if connection.vendor == "postgresql":  # its LISTEN and idle sessions too
         assert seen.get("server dropped all its sessions", 1e9) <= NETWORK_TIMEOUT + SLACK
     done = Job.objects.get(pk=job.pk)
